@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Idempotent set-up for `make demo` and `make test`: Debian packages (when root), kernel header links and
+# tracefs for eBPF, a venv with the project installed, and Debian's bcc made importable from that venv.
+# Each step checks whether it is already done and skips if so.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+APT_PACKAGES=(python3-bpfcc bpfcc-tools linux-headers-amd64 prometheus prometheus-alertmanager nftables stress-ng fio iproute2)
+
+say() { printf 'setup: %s\n' "$*"; }
+
+install_apt_packages() {
+    local missing=()
+    for p in "${APT_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && { say "Debian packages present"; return; }
+    say "installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+link_kernel_headers() {
+    # bcc compiles against /lib/modules/$(uname -r)/build; Debian's headers may be for another kernel
+    # version than the one running (a VM kernel), which is fine for tracepoint programs with BTF.
+    local mod="/lib/modules/$(uname -r)"
+    [ -e "$mod/build/Makefile" ] && { say "kernel headers linked"; return; }
+    local arch common
+    arch=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1)
+    common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n 1)
+    [ -n "$arch" ] && [ -n "$common" ] || { say "no kernel headers under /usr/src: eBPF probes will be unavailable"; return; }
+    mkdir -p "$mod"
+    ln -sfn "$arch" "$mod/build"
+    ln -sfn "$common" "$mod/source"
+    say "linked $mod/build -> $arch"
+}
+
+mount_tracefs() {
+    mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null || true
+    mountpoint -q /sys/kernel/debug || mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null || true
+}
+
+make_venv() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        say "creating $VENV"
+        "$PYTHON" -m venv "$VENV" 2>/dev/null || {
+            [ "$(id -u)" -eq 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+            "$PYTHON" -m venv "$VENV"
+        }
+    fi
+    local stamp="$VENV/.installed" want
+    want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        say "installing sloscope and its dependencies into $VENV"
+        "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+        "$VENV/bin/python" -m pip install -q -e ".[test]"
+        echo "$want" > "$stamp"
+    else
+        say "venv up to date"
+    fi
+}
+
+expose_bcc() {
+    # Debian ships bcc for the system Python only; its package is pure Python over libbcc.so, so a link
+    # into the venv's site-packages is enough (and keeps the rest of dist-packages out of the venv).
+    local site
+    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    [ -d /usr/lib/python3/dist-packages/bcc ] || { say "bcc not installed: eBPF probes will be unavailable"; return; }
+    [ -e "$site/bcc" ] || ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
+}
+
+if [ "$(id -u)" -eq 0 ]; then
+    install_apt_packages
+    link_kernel_headers
+    mount_tracefs
+else
+    say "not root: skipping Debian packages, kernel header links and tracefs (eBPF probes need root)"
+fi
+make_venv
+expose_bcc

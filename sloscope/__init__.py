@@ -1,0 +1,1 @@
+"""sloscope: SLO tiers to physical causes for AI inference fleets."""

@@ -1,0 +1,102 @@
+"""The signal catalog (DESIGN.md, Contract 1): the one place that names every signal sloscope emits or reads.
+
+Probes emit these names, analytics reads them, rules and dashboards query them. A signal's `harmful`
+direction says which way of moving hurts requests; attribution only counts movement that way.
+`noise_floor` is the smallest change (in the signal's unit) worth calling a change: it keeps a signal that
+was perfectly flat in its baseline from producing an infinite anomaly score on the first jitter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Instrument(str, Enum):
+    GAUGE = "gauge"
+    COUNTER = "counter"  # OTLP Sum, monotonic; stored as per-interval deltas
+    HISTOGRAM = "histogram"  # OTLP exponential histogram; stored as per-interval deltas
+
+
+class Direction(str, Enum):
+    UP = "up"
+    DOWN = "down"
+
+
+@dataclass(frozen=True)
+class Signal:
+    name: str
+    instrument: Instrument
+    unit: str
+    attributes: tuple[str, ...]
+    source: str
+    harmful: Direction = Direction.UP
+    noise_floor: float = 0.0
+    description: str = ""
+
+
+def _signal(name, instrument, unit, attributes=(), source="", harmful=Direction.UP, noise_floor=0.0, description=""):
+    return Signal(name, Instrument(instrument), unit, tuple(attributes), source, Direction(harmful), noise_floor, description)
+
+
+SIGNALS: tuple[Signal, ...] = (
+    _signal("sloscope.syscall.duration", "histogram", "s", ["syscall.name", "process.pid"],
+            "eBPF syscalls:sys_enter/exit_*", noise_floor=2e-6, description="syscall latency"),
+    _signal("sloscope.tcp.retransmits", "counter", "{segment}", [],
+            "eBPF tcp:tcp_retransmit_skb, else /proc/net/snmp RetransSegs", noise_floor=1.0,
+            description="TCP segments retransmitted"),
+    _signal("sloscope.tcp.state_transitions", "counter", "{transition}", ["network.connection.state"],
+            "eBPF sock:inet_sock_set_state", noise_floor=2.0, description="TCP state transitions by new state"),
+    _signal("system.network.connection.count", "gauge", "{connection}",
+            ["network.connection.state", "network.transport"], "/proc/net/tcp{,6}", noise_floor=5.0,
+            description="TCP connections per state"),
+    _signal("sloscope.block.io.duration", "histogram", "s", ["system.device"],
+            "eBPF block:block_rq_issue/complete", noise_floor=1e-4, description="block request latency"),
+    _signal("system.disk.io_time", "counter", "s", ["system.device"], "/proc/diskstats field 10",
+            noise_floor=0.02, description="time the device was busy"),
+    _signal("sloscope.cpu.runqueue.delay", "histogram", "s", [],
+            "eBPF sched:sched_wakeup/sched_switch, else /proc/schedstat run_delay (Sum, s)", noise_floor=2e-5,
+            description="wake-up to running delay"),
+    _signal("sloscope.pressure.stall", "counter", "s", ["pressure.resource", "pressure.kind"],
+            "/proc/pressure/* total", noise_floor=0.01, description="time stalled on a resource (PSI)"),
+    _signal("hw.gpu.utilization", "gauge", "1", ["hw.id", "hw.gpu.task"], "NVML / DCGM_FI_DEV_GPU_UTIL",
+            noise_floor=0.05, description="GPU utilization"),
+    _signal("sloscope.gpu.sm.active.max", "gauge", "1", ["hw.id"],
+            "max of NVML utilization samples or DCGM_FI_PROF_SM_ACTIVE in the window", noise_floor=0.05,
+            description="peak SM activity within the collection window"),
+    _signal("sloscope.gpu.dram.active", "gauge", "1", ["hw.id"], "DCGM_FI_PROF_DRAM_ACTIVE", noise_floor=0.05,
+            description="HBM bandwidth utilization"),
+    _signal("hw.gpu.memory.usage", "gauge", "By", ["hw.id"], "NVML memory info / DCGM_FI_DEV_FB_USED",
+            noise_floor=256 * 2**20, description="framebuffer in use"),
+    _signal("hw.gpu.memory.limit", "gauge", "By", ["hw.id"], "NVML / DCGM FB total", noise_floor=2**30,
+            description="framebuffer size"),
+    _signal("hw.gpu.io", "counter", "By", ["hw.id", "network.io.direction", "sloscope.gpu.link"],
+            "NVML NVLink throughput / DCGM_FI_PROF_{NVLINK,PCIE}_{TX,RX}_BYTES", harmful="down",
+            noise_floor=2**26, description="GPU interconnect bytes (falls when contended)"),
+    _signal("hw.gpu.temperature", "gauge", "Cel", ["hw.id"], "NVML / DCGM_FI_DEV_GPU_TEMP", noise_floor=2.0,
+            description="GPU temperature"),
+    _signal("spdk.bdev.io.wait", "gauge", "s", ["spdk.bdev.name", "disk.io.direction"],
+            "SPDK bdev_get_iostat", noise_floor=2e-4, description="mean bdev I/O wait"),
+    _signal("spdk.bdev.queue_depth", "gauge", "{io}", ["spdk.bdev.name"], "SPDK bdev_get_iostat",
+            noise_floor=2.0, description="mean bdev queue depth"),
+    _signal("spdk.bdev.utilization", "gauge", "1", ["spdk.bdev.name"], "SPDK bdev_get_iostat", noise_floor=0.05,
+            description="bdev busy ratio"),
+    _signal("spdk.reactor.busy", "gauge", "1", ["spdk.reactor.lcore"], "SPDK framework_get_reactors",
+            noise_floor=0.05, description="SPDK reactor busy ratio"),
+    _signal("sloscope.nvme.temperature", "gauge", "Cel", ["spdk.bdev.name", "system.device"],
+            "SPDK NVMe health info, else /sys/class/nvme/*/hwmon*", noise_floor=2.0,
+            description="NVMe composite temperature"),
+)
+
+BY_NAME: dict[str, Signal] = {s.name: s for s in SIGNALS}
+
+
+def signal(name: str) -> Signal:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not in the signal catalog") from None
+
+
+# Resource attributes every metric carries; analytics resolves a sample's node with this precedence.
+NODE_ATTRIBUTES = ("k8s.node.name", "host.name")

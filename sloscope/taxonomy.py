@@ -1,0 +1,95 @@
+"""The cause taxonomy (DESIGN.md, Contract 5): SLO layer -> intermediate signals -> physical cause.
+
+Cause ids are fixed by contract. Each cause names the catalog signals (optionally narrowed to one attribute
+value, e.g. PSI for the cpu resource only) whose harmful movement is evidence for it, and the remediation
+that the alerting side maps it to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sloscope import catalog
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One catalog signal, optionally restricted to data points whose attributes match `where`."""
+
+    signal: str
+    where: tuple[tuple[str, str], ...] = ()
+    feature: str = "level"  # "level": the value itself; "growth": relative growth per minute
+
+    def matches(self, attributes: dict) -> bool:
+        return all(str(attributes.get(k)) == v for k, v in self.where)
+
+
+@dataclass(frozen=True)
+class Cause:
+    id: str
+    layer: str
+    evidence: tuple[Evidence, ...]
+    physical: str
+    remediation: str  # formatted with node=
+    seed_threshold: dict = field(default_factory=dict)  # signal -> absolute level that is harmful by itself
+
+
+def _ev(signal, feature="level", **where):
+    catalog.signal(signal)  # fail at import on a name the catalog does not know
+    return Evidence(signal, tuple((k.replace("__", "."), v) for k, v in sorted(where.items())), feature)
+
+
+CAUSES: tuple[Cause, ...] = (
+    Cause("gpu_sm_contention", "gpu",
+          (_ev("sloscope.gpu.sm.active.max"), _ev("hw.gpu.utilization")),
+          "SM time-slice preemption, warp-scheduler contention (co-tenant kernels)",
+          "shift new requests away from {node} (GPU saturated)"),
+    Cause("gpu_memory_bandwidth", "gpu", (_ev("sloscope.gpu.dram.active"),),
+          "HBM channel arbitration / bandwidth saturation",
+          "shift new requests away from {node} (HBM bandwidth saturated); check co-tenant memory-bound jobs"),
+    Cause("gpu_memory_leak", "gpu", (_ev("hw.gpu.memory.usage", feature="growth"),),
+          "framebuffer leak (3 samples in a row growing > 5 %/min)",
+          "restart the leaking inference workload on {node}"),
+    Cause("gpu_interconnect", "gpu", (_ev("hw.gpu.io"),),
+          "NVLink / PCIe DMA contention",
+          "move tensor-parallel peers on {node} off the contended NVLink/PCIe path"),
+    Cause("gpu_thermal", "gpu", (_ev("hw.gpu.temperature"),),
+          "thermal throttling",
+          "shift new requests away from {node} and check its cooling (GPU thermal throttling)",
+          {"hw.gpu.temperature": 85.0}),
+    Cause("storage_queue", "storage",
+          (_ev("spdk.bdev.io.wait"), _ev("spdk.bdev.queue_depth"), _ev("spdk.reactor.busy")),
+          "NVMe queue congestion / reactor saturation",
+          "throttle background I/O on {node}'s SPDK bdev (queue congestion)",
+          {"spdk.bdev.io.wait": 0.005, "spdk.reactor.busy": 0.7}),
+    Cause("storage_thermal", "storage", (_ev("sloscope.nvme.temperature"),),
+          "NVMe thermal throttle (> 65 C)",
+          "throttle the bdev on {node} to queue depth 32 (NVMe thermal throttle)",
+          {"sloscope.nvme.temperature": 65.0}),
+    Cause("disk_io", "storage",
+          (_ev("sloscope.block.io.duration"), _ev("system.disk.io_time"),
+           _ev("sloscope.pressure.stall", pressure__resource="io")),
+          "kernel block-device latency",
+          "move I/O-heavy co-tenants off {node}'s disk"),
+    Cause("network_loss", "network", (_ev("sloscope.tcp.retransmits"),),
+          "packet loss on the path",
+          "drain traffic from {node}'s network path and check its link"),
+    Cause("connection_churn", "network",
+          (_ev("system.network.connection.count", network__connection__state="time_wait"),
+           _ev("sloscope.tcp.state_transitions")),
+          "connection exhaustion / short-lived connections",
+          "enable connection pooling / keep-alive for clients of {node}"),
+    Cause("cpu_contention", "cpu",
+          (_ev("sloscope.cpu.runqueue.delay"), _ev("sloscope.pressure.stall", pressure__resource="cpu")),
+          "CPU run-queue contention (noisy neighbour)",
+          "move the noisy neighbour off {node} or pin the inference pods' CPUs"),
+    Cause("memory_pressure", "memory", (_ev("sloscope.pressure.stall", pressure__resource="memory"),),
+          "reclaim / memory stalls",
+          "evict or limit memory-hungry co-tenants on {node}"),
+    Cause("syscall_overhead", "runtime", (_ev("sloscope.syscall.duration"),),
+          "slow syscall path (sandboxed runtimes, lock contention)",
+          "check {node}'s container runtime and lock contention (slow syscalls)"),
+)
+
+BY_ID: dict[str, Cause] = {c.id: c for c in CAUSES}
+CAUSE_IDS: tuple[str, ...] = tuple(BY_ID)
