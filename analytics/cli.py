@@ -1,0 +1,90 @@
+"""`sloscope ingest` and `sloscope rca`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from enrich.tiers import TierResolver
+from sloscope.slo_spec import SpecError, load_spec, parse_spec
+
+from analytics.store import DEFAULT_DB, Store, StoreError
+
+EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
+
+
+def register(subparsers) -> None:
+    ingest = subparsers.add_parser(
+        "ingest", help="load OTLP-JSON files into the DuckDB store",
+        description="Load OTLP-JSON files (one Export{Traces,Metrics,Logs}ServiceRequest per line, as the "
+        "OpenTelemetry Collector's file exporter writes them; gzip recognised) into the store. Malformed lines "
+        "are reported as FILE:LINE: reason, counted and skipped; the rest loads. Loading the same data twice "
+        "adds nothing. Exit status: 0 all loaded, 1 some lines rejected, 2 usage or spec error.")
+    ingest.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    ingest.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"DuckDB file (default: {DEFAULT_DB})")
+    ingest.add_argument("--slo", type=Path, metavar="SLO.yaml",
+                        help="SLO spec whose tiers are the allow-list for the untrusted x-slo-tier header "
+                        "(default: the spec last used with this database, else the built-in spec)")
+    ingest.add_argument("--batch-rows", type=int, default=250_000,
+                        help="rows per transaction (default: %(default)s)")
+    ingest.set_defaults(func=run_ingest)
+
+    rca = subparsers.add_parser(
+        "rca", help="find SLO violations per tier and rank their physical causes",
+        description="Find SLO violations per tier, merge them into incidents per (tier, service, node), and "
+        "rank each incident's physical-layer causes with evidence (DESIGN.md, Contracts 4 and 5).")
+    rca.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"DuckDB file (default: {DEFAULT_DB})")
+    rca.add_argument("--slo", type=Path, metavar="SLO.yaml",
+                     help="SLO spec (default: the spec last used with this database, else the built-in spec)")
+    rca.add_argument("--since", help="RFC 3339 time or a duration back from the newest request (e.g. 1h)")
+    rca.add_argument("--until", help="RFC 3339 time")
+    rca.add_argument("--format", choices=["json", "table"],
+                     help="json (Contract 4) or table for people (default: table on a terminal, else json)")
+    rca.add_argument("--top", type=int, default=5, help="causes shown per incident (default: %(default)s)")
+    rca.set_defaults(func=run_rca)
+
+
+def _spec_for(store: Store, path: Path | None):
+    """The spec given, else the one recorded with the database, else the built-in one. Recorded so later
+    commands on the same database use the same tiers."""
+    if path is not None:
+        spec = load_spec(path)
+        if not store.read_only:
+            store.set_meta("slo_spec", Path(path).read_text())
+        return spec
+    recorded = store.meta("slo_spec")
+    if recorded:
+        return parse_spec(recorded, f"{store.path} (recorded spec)")
+    return load_spec(None)
+
+
+def run_ingest(args) -> int:
+    from analytics.ingest import Ingestor
+
+    try:
+        store = Store(args.db)
+        spec = _spec_for(store, args.slo)
+    except (SpecError, StoreError) as exc:
+        print(f"sloscope ingest: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    with store:
+        report = Ingestor(store, TierResolver.from_spec(spec), batch_rows=args.batch_rows).ingest_files(args.files)
+    for line in report.rejected:
+        print(line, file=sys.stderr)
+    if report.rejected_count > len(report.rejected):
+        print(f"... and {report.rejected_count - len(report.rejected)} more rejected lines", file=sys.stderr)
+    c = report.counts
+    rate = report.rows_loaded / report.seconds if report.seconds else 0.0
+    print(f"ingested {report.lines} lines into {args.db} in {report.seconds:.1f}s ({rate:,.0f} rows/s): "
+          f"{c['requests_loaded']} requests, {c['samples_loaded']} samples, {c['histograms_loaded']} histograms; "
+          f"duplicates skipped: {c['requests_duplicate'] + c['samples_duplicate'] + c['histograms_duplicate']}; "
+          f"tier header defaulted: {c['tier_invalid']} invalid, {c['tier_missing']} missing; "
+          f"lines rejected: {report.rejected_count}", file=sys.stderr)
+    return EXIT_REJECTED if report.rejected_count else EXIT_OK
+
+
+def run_rca(args) -> int:
+    from analytics.rca import run as rca_run
+
+    return rca_run(args)

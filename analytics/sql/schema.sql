@@ -1,0 +1,63 @@
+-- sloscope store, schema version 1. Times are UTC; counters and histograms are per-interval deltas.
+CREATE TABLE IF NOT EXISTS meta (
+    key   VARCHAR PRIMARY KEY,
+    value VARCHAR NOT NULL
+);
+
+-- One row per SERVER span (a request). The tier is already resolved against the SLO spec's allow-list.
+CREATE TABLE IF NOT EXISTS requests (
+    trace_id    VARCHAR NOT NULL,
+    span_id     VARCHAR NOT NULL,
+    start_time  TIMESTAMP NOT NULL,
+    duration_ms DOUBLE NOT NULL,
+    service     VARCHAR NOT NULL,
+    node        VARCHAR NOT NULL,
+    tier        VARCHAR NOT NULL,
+    route       VARCHAR,
+    status_code SMALLINT,
+    failed      BOOLEAN NOT NULL
+);
+
+-- Gauges (value as measured, interval_s NULL) and counters (value = increase over interval_s seconds).
+CREATE TABLE IF NOT EXISTS samples (
+    ts         TIMESTAMP NOT NULL,
+    node       VARCHAR NOT NULL,
+    metric     VARCHAR NOT NULL,
+    attributes VARCHAR NOT NULL,
+    value      DOUBLE NOT NULL,
+    interval_s DOUBLE
+);
+
+-- Exponential histograms at scale 0 over a fixed bucket range (see sloscope/records.py), as deltas.
+CREATE TABLE IF NOT EXISTS histograms (
+    ts         TIMESTAMP NOT NULL,
+    node       VARCHAR NOT NULL,
+    metric     VARCHAR NOT NULL,
+    attributes VARCHAR NOT NULL,
+    interval_s DOUBLE,
+    count      UBIGINT NOT NULL,
+    sum        DOUBLE NOT NULL,
+    min        DOUBLE,
+    max        DOUBLE,
+    buckets    UBIGINT[] NOT NULL
+);
+
+-- Last cumulative point per series, so that deltas continue across batches, files and ingest runs.
+CREATE TABLE IF NOT EXISTS cumulative_state (
+    node       VARCHAR NOT NULL,
+    metric     VARCHAR NOT NULL,
+    attributes VARCHAR NOT NULL,
+    start_ns   BIGINT NOT NULL,
+    time_ns    BIGINT NOT NULL,
+    value      DOUBLE,
+    count      UBIGINT,
+    sum        DOUBLE,
+    buckets    UBIGINT[],
+    PRIMARY KEY (node, metric, attributes)
+);
+
+-- Ingest and rejection counters, kept across runs (what was loaded, skipped, rejected, and why).
+CREATE TABLE IF NOT EXISTS ingest_counters (
+    name  VARCHAR PRIMARY KEY,
+    value BIGINT NOT NULL
+);

@@ -1,0 +1,11 @@
+-- One tier's SLI per (service, node) and step: request count, failures, and the tier's latency percentile.
+SELECT service,
+       node,
+       time_bucket(to_seconds($step_s), start_time) AS window_start,
+       count(*) AS requests,
+       count(*) FILTER (WHERE failed) AS failures,
+       quantile_cont(duration_ms, $quantile) AS latency_ms
+FROM requests
+WHERE tier = $tier AND start_time >= $since AND start_time < $until
+GROUP BY ALL
+ORDER BY service, node, window_start

@@ -1,0 +1,258 @@
+"""The DuckDB store: schema (versioned), and batch writes that are idempotent.
+
+Every write of a batch is one transaction. Re-writing data that is already stored adds nothing: requests are
+keyed by (trace_id, span_id), samples by (node, metric, attributes, ts), and cumulative series continue from
+their last stored point, so a point at or before it is recognised as already seen.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from importlib import resources
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from sloscope.records import Batch
+
+SCHEMA_VERSION = 1
+DEFAULT_DB = Path(os.environ.get("SLOSCOPE_DB", "var/sloscope.duckdb"))
+SERIES = ["node", "metric", "attributes"]
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+def sql(name: str) -> str:
+    """The text of analytics/sql/NAME.sql."""
+    return resources.files("analytics").joinpath("sql", f"{name}.sql").read_text()
+
+
+class Store:
+    def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False, memory_limit: str = "3GB"):
+        self.path = Path(path)
+        self.read_only = read_only
+        if read_only and not self.path.exists():
+            raise StoreError(f"{self.path}: no such database (ingest something first)")
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.con = duckdb.connect(str(self.path), read_only=read_only,
+                                      config={"memory_limit": memory_limit, "preserve_insertion_order": False})
+        except duckdb.Error as exc:
+            raise StoreError(f"{self.path}: cannot open the database: {exc}") from None
+        if not read_only:
+            self._migrate()
+        self._check_version()
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- schema ---------------------------------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        self.con.execute(sql("schema"))
+        self.con.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+
+    def _check_version(self) -> None:
+        try:
+            found = self.scalar("SELECT value FROM meta WHERE key = 'schema_version'")
+        except duckdb.CatalogException:
+            raise StoreError(f"{self.path}: not a sloscope database (no meta table)") from None
+        if found is None or int(found) != SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: schema version {found}, this sloscope reads version {SCHEMA_VERSION}")
+
+    def frame(self, query: str, params=None) -> pl.DataFrame:
+        return self.con.sql(query, params=params).pl()
+
+    def rows(self, query: str, params=None) -> list[tuple]:
+        return self.con.execute(query, params or []).fetchall()
+
+    def scalar(self, query: str, params=None):
+        rows = self.rows(query, params)
+        return rows[0][0] if rows else None
+
+    def meta(self, key: str) -> str | None:
+        return self.scalar("SELECT value FROM meta WHERE key = ?", [key])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, value])
+
+    # --- counters -------------------------------------------------------------------------------------
+
+    def add_counters(self, counts: dict[str, int]) -> None:
+        rows = [(k, int(v)) for k, v in counts.items() if v]
+        if rows:
+            self.con.executemany(
+                "INSERT INTO ingest_counters VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = ingest_counters.value + excluded.value", rows)
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.rows("SELECT name, value FROM ingest_counters ORDER BY name"))
+
+    # --- writes ---------------------------------------------------------------------------------------
+
+    def write(self, batch: Batch, extra_counts: dict[str, int] | None = None) -> dict[str, int]:
+        """Store a batch and its ingest counters in one transaction; returns the counters, which include how
+        many rows were added and skipped, by kind."""
+        counts = Counter(extra_counts or {})
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            if len(batch.spans):
+                counts.update(self._write_requests(batch))
+            if len(batch.points):
+                counts.update(self._write_points(batch))
+            if len(batch.histograms):
+                counts.update(self._write_histograms(batch))
+            self.add_counters(counts)
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        return counts
+
+    def _insert_new(self, table: str, frame: pl.DataFrame, key: list[str], time_column: str) -> int:
+        """Insert the rows of frame whose key is not stored yet (nor repeated within frame)."""
+        if frame.is_empty():
+            return 0
+        frame = frame.unique(subset=key, keep="first")
+        lo, hi = frame[time_column].min(), frame[time_column].max()
+        before = self._count(table)
+        self.con.register("incoming", frame)
+        try:
+            cols = ", ".join(frame.columns)
+            keys = ", ".join(key)
+            self.con.execute(
+                f"INSERT INTO {table} ({cols}) SELECT {cols} FROM incoming ANTI JOIN "
+                f"(SELECT {keys} FROM {table} WHERE {time_column} BETWEEN ? AND ?) stored USING ({keys})",
+                [lo, hi])
+        finally:
+            self.con.unregister("incoming")
+        return self._count(table) - before
+
+    def _count(self, table: str) -> int:
+        return self.scalar(f"SELECT count(*) FROM {table}")
+
+    def _write_requests(self, batch: Batch) -> dict[str, int]:
+        s = batch.spans
+        frame = pl.DataFrame({
+            "trace_id": s.trace_id, "span_id": s.span_id,
+            "start_time": pl.Series(s.start_ns, dtype=pl.Int64),
+            "duration_ms": pl.Series([(e - b) / 1e6 for b, e in zip(s.start_ns, s.end_ns)], dtype=pl.Float64),
+            "service": s.service, "node": s.node, "tier": s.tier, "route": s.route,
+            "status_code": pl.Series(s.status_code, dtype=pl.Int16), "failed": pl.Series(s.failed, dtype=pl.Boolean),
+        }).with_columns(pl.from_epoch("start_time", time_unit="ns").dt.cast_time_unit("us"))
+        added = self._insert_new("requests", frame, ["trace_id", "span_id"], "start_time")
+        return {"requests_loaded": added, "requests_duplicate": len(frame) - added}
+
+    def _write_points(self, batch: Batch) -> dict[str, int]:
+        p = batch.points
+        frame = pl.DataFrame(p.as_dict(), schema={
+            "node": pl.String, "metric": pl.String, "attributes": pl.String, "is_sum": pl.Boolean,
+            "cumulative": pl.Boolean, "start_ns": pl.Int64, "time_ns": pl.Int64, "value": pl.Float64})
+        direct = frame.filter(~pl.col("cumulative")).with_columns(
+            interval_s=pl.when(pl.col("is_sum") & (pl.col("start_ns") > 0) & (pl.col("start_ns") < pl.col("time_ns")))
+            .then((pl.col("time_ns") - pl.col("start_ns")) / 1e9))
+        deltas, stale, no_baseline = self._cumulative_to_delta(frame.filter(pl.col("cumulative")), ["value"])
+        rows = pl.concat([
+            direct.select(SERIES + ["time_ns", "value", "interval_s"]),
+            deltas.select(SERIES + ["time_ns", "value", "interval_s"]),
+        ]).with_columns(ts=pl.from_epoch("time_ns", time_unit="ns").dt.cast_time_unit("us")).drop("time_ns")
+        added = self._insert_new("samples", rows, ["ts"] + SERIES, "ts")
+        return {"samples_loaded": added, "samples_duplicate": stale + len(rows) - added,
+                "points_without_baseline": no_baseline}
+
+    def _write_histograms(self, batch: Batch) -> dict[str, int]:
+        h = batch.histograms
+        frame = pl.DataFrame(h.as_dict(), schema={
+            "node": pl.String, "metric": pl.String, "attributes": pl.String, "cumulative": pl.Boolean,
+            "start_ns": pl.Int64, "time_ns": pl.Int64, "count": pl.Int64, "sum": pl.Float64,
+            "min": pl.Float64, "max": pl.Float64, "buckets": pl.List(pl.Int64)})
+        direct = frame.filter(~pl.col("cumulative")).with_columns(
+            interval_s=pl.when((pl.col("start_ns") > 0) & (pl.col("start_ns") < pl.col("time_ns")))
+            .then((pl.col("time_ns") - pl.col("start_ns")) / 1e9))
+        deltas, stale, no_baseline = self._cumulative_to_delta(
+            frame.filter(pl.col("cumulative")), ["count", "sum", "buckets"])
+        # Cumulative min/max cover the whole life of the series, not the interval: not kept for deltas.
+        deltas = deltas.with_columns(min=pl.lit(None, pl.Float64), max=pl.lit(None, pl.Float64))
+        columns = SERIES + ["time_ns", "interval_s", "count", "sum", "min", "max", "buckets"]
+        rows = pl.concat([direct.select(columns), deltas.select(columns)]).filter(pl.col("count") > 0).with_columns(
+            ts=pl.from_epoch("time_ns", time_unit="ns").dt.cast_time_unit("us")).drop("time_ns")
+        added = self._insert_new("histograms", rows, ["ts"] + SERIES, "ts")
+        return {"histograms_loaded": added, "histograms_duplicate": stale + len(rows) - added,
+                "points_without_baseline": no_baseline}
+
+    def _cumulative_to_delta(self, frame: pl.DataFrame, fields: list[str]) -> tuple[pl.DataFrame, int, int]:
+        """Turn cumulative points into per-interval deltas, continuing from the stored state of each series.
+
+        A reset is a new start time (the producer restarted) or a value that went down; the delta after a
+        reset is the value itself. A series' first point ever counts from its start time when it has one.
+        """
+        if frame.is_empty():
+            return frame.with_columns(interval_s=pl.lit(None, pl.Float64)), 0, 0
+        state = self._load_state(frame, fields)
+        data = frame.select(SERIES + ["start_ns", "time_ns"] + fields).with_columns(is_state=pl.lit(False))
+        data = data.join(state.select(SERIES + [pl.col("time_ns").alias("state_ns")]), on=SERIES, how="left")
+        stale = data.filter(pl.col("time_ns") <= pl.col("state_ns").fill_null(-1))
+        data = data.filter(pl.col("time_ns") > pl.col("state_ns").fill_null(-1)).drop("state_ns")
+        data = data.unique(subset=SERIES + ["time_ns"], keep="first")
+        merged = pl.concat([state.with_columns(is_state=pl.lit(True)).select(data.columns), data])
+        merged = merged.sort(SERIES + ["time_ns"])
+        prev = {c: pl.col(c).shift(1).over(SERIES) for c in ["start_ns", "time_ns"] + fields}
+        first_value = fields[0]  # "value" for sums, "count" for histograms
+        restarted = prev["start_ns"].is_null() | (pl.col("start_ns") != prev["start_ns"])
+        went_down = pl.col(first_value) < prev[first_value]
+        has_start = (pl.col("start_ns") > 0) & (pl.col("start_ns") < pl.col("time_ns"))
+        merged = merged.with_columns(
+            _restarted=restarted, _went_down=went_down.fill_null(False),
+            _first=prev["time_ns"].is_null(), _has_start=has_start,
+            **{f"_prev_{c}": prev[c] for c in ["time_ns"] + fields})
+        from_start = pl.col("_restarted") & pl.col("_has_start") & (
+            pl.col("_first") | (pl.col("start_ns") > pl.col("_prev_time_ns")))
+        restarted_unknown_start = pl.col("_restarted") & ~from_start
+        deltas = {}
+        for c in fields:
+            deltas[c] = (pl.when(from_start | pl.col("_went_down")).then(pl.col(c))
+                         .when(restarted_unknown_start).then(None)
+                         .otherwise(pl.col(c) - pl.col(f"_prev_{c}")))
+        interval = (pl.when(from_start).then((pl.col("time_ns") - pl.col("start_ns")) / 1e9)
+                    .when(restarted_unknown_start).then(None)
+                    .otherwise((pl.col("time_ns") - pl.col("_prev_time_ns")) / 1e9))
+        merged = merged.with_columns(interval_s=interval, **{f"_delta_{c}": d for c, d in deltas.items()})
+        new_state = merged.group_by(SERIES).agg(pl.all().sort_by("time_ns").last()).select(
+            SERIES + ["start_ns", "time_ns"] + fields)
+        self._save_state(new_state, fields)
+        fresh = merged.filter(~pl.col("is_state"))
+        out = fresh.filter(pl.col("interval_s").is_not_null()).with_columns(
+            **{c: pl.col(f"_delta_{c}") for c in fields})
+        return out, len(stale), len(fresh) - len(out)
+
+    def _load_state(self, frame: pl.DataFrame, fields: list[str]) -> pl.DataFrame:
+        keys = frame.select(SERIES).unique()
+        self.con.register("batch_series", keys)
+        try:
+            state = self.frame(
+                f"SELECT s.node, s.metric, s.attributes, s.start_ns, s.time_ns, {', '.join('s.' + f for f in fields)} "
+                "FROM cumulative_state s JOIN batch_series USING (node, metric, attributes)")
+        finally:
+            self.con.unregister("batch_series")
+        casts = {"start_ns": pl.Int64, "time_ns": pl.Int64, "value": pl.Float64, "count": pl.Int64,
+                 "sum": pl.Float64, "buckets": pl.List(pl.Int64)}
+        return state.with_columns(*(pl.col(c).cast(casts[c]) for c in ["start_ns", "time_ns"] + fields))
+
+    def _save_state(self, state: pl.DataFrame, fields: list[str]) -> None:
+        self.con.register("new_state", state)
+        try:
+            cols = ", ".join(SERIES + ["start_ns", "time_ns"] + fields)
+            self.con.execute(f"INSERT OR REPLACE INTO cumulative_state ({cols}) SELECT {cols} FROM new_state")
+        finally:
+            self.con.unregister("new_state")

@@ -1,0 +1,347 @@
+"""Decoding of OTLP/JSON export requests (the OpenTelemetry Collector file exporter's lines, OTLP/HTTP JSON
+bodies) into protocol-neutral records.
+
+OTLP/JSON differs from protobuf's canonical JSON: ids are hex, not base64; 64-bit integers arrive as
+strings (or numbers); enums are integers; keys are lowerCamelCase (snake_case is accepted as the spec
+allows). A request is decoded as a whole or rejected as a whole with a `DecodeError` saying why, so a bad
+line never half-loads.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import orjson
+
+from sloscope import catalog
+from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET, Batch
+
+SPAN_KIND_SERVER = 2
+STATUS_CODE_ERROR = 2
+TEMPORALITY_DELTA = 1
+TEMPORALITY_CUMULATIVE = 2
+FLAG_NO_RECORDED_VALUE = 1
+MAX_ATTRIBUTE_DEPTH = 8
+_HEX_TRACE = re.compile(r"^[0-9a-fA-F]{32}$")
+_HEX_SPAN = re.compile(r"^[0-9a-fA-F]{16}$")
+TIER_ATTRIBUTES = ("http.request.header.x-slo-tier", "slo.tier")
+
+
+class DecodeError(ValueError):
+    pass
+
+
+def _get(obj: dict, camel: str, snake: str | None = None, default=None):
+    value = obj.get(camel)
+    if value is None and snake is not None:
+        value = obj.get(snake)
+    return default if value is None else value
+
+
+def _list(obj: dict, camel: str, snake: str | None = None) -> list:
+    value = _get(obj, camel, snake, [])
+    if not isinstance(value, list):
+        raise DecodeError(f"{camel}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _int(value, what: str) -> int:
+    if isinstance(value, bool):
+        raise DecodeError(f"{what}: expected an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise DecodeError(f"{what}: expected an integer, got {str(value)[:40]!r}")
+
+
+def _float(value, what: str) -> float:
+    if isinstance(value, bool):
+        raise DecodeError(f"{what}: expected a number, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)  # also "NaN", "Infinity" as OTLP/JSON writes them
+        except ValueError:
+            pass
+    raise DecodeError(f"{what}: expected a number, got {str(value)[:40]!r}")
+
+
+def any_value(value, depth: int = 0):
+    """An OTLP AnyValue as a plain Python value (str, bool, int, float, list, dict)."""
+    if depth > MAX_ATTRIBUTE_DEPTH:
+        raise DecodeError(f"attribute value nested deeper than {MAX_ATTRIBUTE_DEPTH}")
+    if not isinstance(value, dict):
+        raise DecodeError(f"attribute value: expected an AnyValue object, got {type(value).__name__}")
+    if "stringValue" in value:
+        text = value["stringValue"]
+        if not isinstance(text, str):
+            raise DecodeError("stringValue: expected a string")
+        return text
+    if "intValue" in value:
+        return _int(value["intValue"], "intValue")
+    if "doubleValue" in value:
+        return _float(value["doubleValue"], "doubleValue")
+    if "boolValue" in value:
+        if not isinstance(value["boolValue"], bool):
+            raise DecodeError("boolValue: expected true or false")
+        return value["boolValue"]
+    if "arrayValue" in value:
+        values = _list(value["arrayValue"] or {}, "values")
+        return [any_value(v, depth + 1) for v in values]
+    if "kvlistValue" in value:
+        return attributes(_list(value["kvlistValue"] or {}, "values"), depth + 1)
+    if "bytesValue" in value:
+        return str(value["bytesValue"])
+    return None
+
+
+def attributes(items, depth: int = 0) -> dict:
+    if not isinstance(items, list):
+        raise DecodeError(f"attributes: expected a list, got {type(items).__name__}")
+    out = {}
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str):
+            raise DecodeError("attributes: expected {key, value} objects")
+        out[item["key"]] = any_value(item.get("value", {}), depth)
+    return out
+
+
+def _node(resource_attrs: dict, overrides: dict | None = None) -> str | None:
+    for source in (overrides or {}, resource_attrs):
+        for key in catalog.NODE_ATTRIBUTES:
+            value = source.get(key)
+            if isinstance(value, str) and value:
+                return value
+    return None
+
+
+def _resource_attributes(resource_block: dict) -> dict:
+    resource = _get(resource_block, "resource", None, {})
+    if not isinstance(resource, dict):
+        raise DecodeError("resource: expected an object")
+    return attributes(_get(resource, "attributes", None, []))
+
+
+class Decoder:
+    """Turns export requests into a Batch. Keeps a cache of canonical attribute texts, which repeat for
+    every data point of a series."""
+
+    def __init__(self):
+        self._attr_text: dict[tuple, str] = {}
+        self.skipped: dict[str, int] = {}
+
+    def _skip(self, reason: str, n: int = 1) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + n
+
+    def _canonical(self, attrs: dict) -> str:
+        key = tuple(sorted((k, repr(v)) for k, v in attrs.items()))
+        text = self._attr_text.get(key)
+        if text is None:
+            text = orjson.dumps(attrs, option=orjson.OPT_SORT_KEYS).decode()
+            if len(self._attr_text) < 100_000:
+                self._attr_text[key] = text
+        return text
+
+    def decode(self, request) -> Batch:
+        if not isinstance(request, dict):
+            raise DecodeError(f"expected a JSON object, got {type(request).__name__}")
+        batch = Batch()
+        known = False
+        if "resourceSpans" in request or "resource_spans" in request:
+            known = True
+            for block in _list(request, "resourceSpans", "resource_spans"):
+                self._resource_spans(block, batch)
+        if "resourceMetrics" in request or "resource_metrics" in request:
+            known = True
+            for block in _list(request, "resourceMetrics", "resource_metrics"):
+                self._resource_metrics(block, batch)
+        if "resourceLogs" in request or "resource_logs" in request:
+            known = True
+            _list(request, "resourceLogs", "resource_logs")  # logs carry no SLI or catalog signal
+        if not known:
+            raise DecodeError("not an OTLP export request (no resourceSpans, resourceMetrics or resourceLogs)")
+        return batch
+
+    # --- traces ---------------------------------------------------------------------------------------
+
+    def _resource_spans(self, block, batch: Batch) -> None:
+        if not isinstance(block, dict):
+            raise DecodeError("resourceSpans: expected objects")
+        resource = _resource_attributes(block)
+        service = resource.get("service.name")
+        service = service if isinstance(service, str) and service else "unknown_service"
+        for scope in _list(block, "scopeSpans", "scope_spans"):
+            if not isinstance(scope, dict):
+                raise DecodeError("scopeSpans: expected objects")
+            for span in _list(scope, "spans"):
+                self._span(span, resource, service, batch)
+
+    def _span(self, span, resource: dict, service: str, batch: Batch) -> None:
+        if not isinstance(span, dict):
+            raise DecodeError("spans: expected objects")
+        kind = _int(_get(span, "kind", None, 0), "span kind")
+        if kind != SPAN_KIND_SERVER:
+            self._skip("spans_not_server")
+            return
+        trace_id, span_id = _get(span, "traceId", "trace_id", ""), _get(span, "spanId", "span_id", "")
+        if not isinstance(trace_id, str) or not _HEX_TRACE.match(trace_id):
+            raise DecodeError(f"traceId: expected 32 hex digits, got {str(trace_id)[:40]!r}")
+        if not isinstance(span_id, str) or not _HEX_SPAN.match(span_id):
+            raise DecodeError(f"spanId: expected 16 hex digits, got {str(span_id)[:40]!r}")
+        start = _int(_get(span, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano")
+        end = _int(_get(span, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano")
+        if start <= 0 or end < start:
+            raise DecodeError(f"span {span_id}: end time before start time or no start time")
+        attrs = attributes(_get(span, "attributes", None, []))
+        node = _node(resource, attrs)
+        if node is None:
+            raise DecodeError("span has neither k8s.node.name nor host.name (span or resource attribute)")
+        status = attrs.get("http.response.status_code", attrs.get("http.status_code"))
+        status = _int(status, "http.response.status_code") if status is not None else None
+        span_status = _get(span, "status", None, {})
+        status_error = isinstance(span_status, dict) and _get(span_status, "code", None, 0) in (STATUS_CODE_ERROR, "STATUS_CODE_ERROR")
+        route = attrs.get("http.route")
+        tier_header = next((attrs[k] for k in TIER_ATTRIBUTES if k in attrs), None)
+        cols = batch.spans
+        cols.trace_id.append(trace_id.lower())
+        cols.span_id.append(span_id.lower())
+        cols.service.append(service)
+        cols.node.append(node)
+        cols.route.append(route if isinstance(route, str) else str(_get(span, "name", None, ""))[:256])
+        cols.tier_header.append(tier_header)
+        cols.tier.append(None)
+        cols.start_ns.append(start)
+        cols.end_ns.append(end)
+        cols.status_code.append(status)
+        cols.failed.append(status_error or (status is not None and status >= 500))
+
+    # --- metrics --------------------------------------------------------------------------------------
+
+    def _resource_metrics(self, block, batch: Batch) -> None:
+        if not isinstance(block, dict):
+            raise DecodeError("resourceMetrics: expected objects")
+        resource = _resource_attributes(block)
+        node = _node(resource)
+        if node is None:
+            raise DecodeError("resource has neither k8s.node.name nor host.name")
+        for scope in _list(block, "scopeMetrics", "scope_metrics"):
+            if not isinstance(scope, dict):
+                raise DecodeError("scopeMetrics: expected objects")
+            for metric in _list(scope, "metrics"):
+                self._metric(metric, node, batch)
+
+    def _metric(self, metric, node: str, batch: Batch) -> None:
+        if not isinstance(metric, dict) or not isinstance(metric.get("name"), str):
+            raise DecodeError("metrics: expected objects with a name")
+        name = metric["name"]
+        if name not in catalog.BY_NAME:
+            self._skip("points_not_in_catalog")
+            return
+        if "gauge" in metric:
+            self._number_points(metric["gauge"], name, node, batch, is_sum=False)
+        elif "sum" in metric:
+            self._number_points(metric["sum"], name, node, batch, is_sum=True)
+        elif "exponentialHistogram" in metric or "exponential_histogram" in metric:
+            self._exp_histogram(_get(metric, "exponentialHistogram", "exponential_histogram"), name, node, batch)
+        else:
+            self._skip("points_unsupported_type")
+
+    def _number_points(self, data, name: str, node: str, batch: Batch, is_sum: bool) -> None:
+        if not isinstance(data, dict):
+            raise DecodeError(f"{name}: expected an object")
+        cumulative = is_sum and self._temporality(data, name) == TEMPORALITY_CUMULATIVE
+        cols = batch.points
+        for point in _list(data, "dataPoints", "data_points"):
+            if not isinstance(point, dict):
+                raise DecodeError(f"{name}: dataPoints: expected objects")
+            if _int(_get(point, "flags", None, 0), "flags") & FLAG_NO_RECORDED_VALUE:
+                continue
+            if "asDouble" in point or "as_double" in point:
+                value = _float(_get(point, "asDouble", "as_double"), f"{name}: asDouble")
+            elif "asInt" in point or "as_int" in point:
+                value = float(_int(_get(point, "asInt", "as_int"), f"{name}: asInt"))
+            else:
+                raise DecodeError(f"{name}: data point has neither asDouble nor asInt")
+            if not math.isfinite(value):
+                self._skip("points_not_finite")
+                continue
+            cols.node.append(node)
+            cols.metric.append(name)
+            cols.attributes.append(self._canonical(attributes(_get(point, "attributes", None, []))))
+            cols.is_sum.append(is_sum)
+            cols.cumulative.append(cumulative)
+            cols.start_ns.append(_int(_get(point, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano"))
+            cols.time_ns.append(self._time(point, name))
+            cols.value.append(value)
+
+    def _exp_histogram(self, data, name: str, node: str, batch: Batch) -> None:
+        if not isinstance(data, dict):
+            raise DecodeError(f"{name}: expected an object")
+        cumulative = self._temporality(data, name) == TEMPORALITY_CUMULATIVE
+        cols = batch.histograms
+        for point in _list(data, "dataPoints", "data_points"):
+            if not isinstance(point, dict):
+                raise DecodeError(f"{name}: dataPoints: expected objects")
+            if _int(_get(point, "flags", None, 0), "flags") & FLAG_NO_RECORDED_VALUE:
+                continue
+            cols.node.append(node)
+            cols.metric.append(name)
+            cols.attributes.append(self._canonical(attributes(_get(point, "attributes", None, []))))
+            cols.cumulative.append(cumulative)
+            cols.start_ns.append(_int(_get(point, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano"))
+            cols.time_ns.append(self._time(point, name))
+            cols.count.append(_int(_get(point, "count", None, 0), f"{name}: count"))
+            cols.sum.append(_float(_get(point, "sum", None, 0.0), f"{name}: sum"))
+            cols.min.append(_float(point["min"], f"{name}: min") if "min" in point else None)
+            cols.max.append(_float(point["max"], f"{name}: max") if "max" in point else None)
+            cols.buckets.append(self._buckets(point, name))
+
+    @staticmethod
+    def _buckets(point: dict, name: str) -> list[int]:
+        scale = _int(_get(point, "scale", None, 0), f"{name}: scale")
+        if not -10 <= scale <= 20:
+            raise DecodeError(f"{name}: scale {scale} outside [-10, 20]")
+        out = [0] * HISTOGRAM_BUCKETS
+        out[0] += _int(_get(point, "zeroCount", "zero_count", 0), f"{name}: zeroCount")
+        positive = _get(point, "positive", None, {})
+        if not isinstance(positive, dict):
+            raise DecodeError(f"{name}: positive: expected an object")
+        offset = _int(_get(positive, "offset", None, 0), f"{name}: positive.offset")
+        for k, raw in enumerate(_list(positive, "bucketCounts", "bucket_counts")):
+            n = _int(raw, f"{name}: bucketCounts")
+            if n < 0:
+                raise DecodeError(f"{name}: negative bucket count")
+            if n:
+                index = offset + k
+                index = index >> scale if scale >= 0 else index << -scale
+                out[min(max(index - HISTOGRAM_OFFSET, 0), HISTOGRAM_BUCKETS - 1)] += n
+        return out
+
+    @staticmethod
+    def _temporality(data: dict, name: str) -> int:
+        temporality = _get(data, "aggregationTemporality", "aggregation_temporality", 0)
+        if temporality in ("AGGREGATION_TEMPORALITY_DELTA", TEMPORALITY_DELTA):
+            return TEMPORALITY_DELTA
+        if temporality in ("AGGREGATION_TEMPORALITY_CUMULATIVE", TEMPORALITY_CUMULATIVE):
+            return TEMPORALITY_CUMULATIVE
+        raise DecodeError(f"{name}: aggregationTemporality must be 1 (delta) or 2 (cumulative), got {temporality!r}")
+
+    @staticmethod
+    def _time(point: dict, name: str) -> int:
+        t = _int(_get(point, "timeUnixNano", "time_unix_nano", 0), f"{name}: timeUnixNano")
+        if t <= 0:
+            raise DecodeError(f"{name}: data point without timeUnixNano")
+        return t
+
+
+def decode_line(decoder: Decoder, line: bytes) -> Batch:
+    try:
+        request = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"not valid JSON: {exc}") from None
+    return decoder.decode(request)

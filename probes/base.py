@@ -1,0 +1,203 @@
+"""The one probe interface, and how a probe says what it is missing.
+
+Every probe, eBPF or procfs, has the same life: `check()` (never raises: lists what is missing),
+`start()` (raises `ProbeUnavailable` with that list, or with the compile/attach error, and leaves nothing
+attached), `collect()` (samples since the previous collect: counters and histograms as deltas, gauges as
+readings) and `stop()` (detaches everything; idempotent; also run by `with probe:` on Ctrl-C or error).
+
+The host checks go through `Host`, so a test or a caller can substitute a host that lacks something.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import time
+from dataclasses import dataclass, field
+from typing import ClassVar, Iterable
+
+from sloscope import catalog
+
+from .sample import AnySample
+
+TRACEFS_MOUNTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+BTF_PATH = "/sys/kernel/btf/vmlinux"
+KHEADERS_PATH = "/sys/kernel/kheaders.tar.xz"
+
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+CAP_BPF = 39
+
+
+class ProbeError(RuntimeError):
+    """A started probe failed (e.g. a map could not be read)."""
+
+
+class ProbeUnavailable(ProbeError):
+    """A probe cannot run on this host; `missing` says exactly why, one item per missing thing."""
+
+    def __init__(self, probe: str, missing: Iterable[str]):
+        self.probe = probe
+        self.missing = tuple(missing)
+        super().__init__(f"probe {probe!r} unavailable: " + "; ".join(self.missing))
+
+
+@dataclass(frozen=True, slots=True)
+class Availability:
+    probe: str
+    missing: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # things that limit the probe without stopping it
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing
+
+    def explain(self) -> str:
+        if self.ok:
+            return f"{self.probe}: available" + "".join(f"; {n}" for n in self.notes)
+        return f"{self.probe}: unavailable: " + "; ".join(self.missing)
+
+
+class Host:
+    """What the availability checks ask of the machine. Override methods to describe another host."""
+
+    def euid(self) -> int:
+        return os.geteuid()
+
+    def effective_capabilities(self) -> int | None:
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("CapEff:"):
+                        return int(line.split()[1], 16)
+        except OSError:
+            pass
+        return None
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def accessible(self, path: str) -> bool:
+        return os.access(path, os.R_OK | os.X_OK)
+
+    def kernel_release(self) -> str:
+        return os.uname().release
+
+    def bcc_import_error(self) -> str | None:
+        try:
+            import bcc  # noqa: F401
+        except Exception as exc:  # ImportError, or libbcc failing to load
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+
+def privilege_missing(host: Host) -> str | None:
+    caps = host.effective_capabilities()
+    uid = host.euid()
+    if caps is None:
+        ok = uid == 0
+    else:
+        ok = bool(caps >> CAP_SYS_ADMIN & 1) or bool((caps >> CAP_BPF & 1) and (caps >> CAP_PERFMON & 1))
+    if ok:
+        return None
+    return (f"privilege: loading eBPF needs root (CAP_SYS_ADMIN) or CAP_BPF+CAP_PERFMON; "
+            f"this process (euid {uid}) has neither")
+
+
+def find_tracefs(host: Host) -> tuple[str | None, str | None]:
+    """(tracefs root, None) or (None, what is wrong)."""
+    present = [m for m in TRACEFS_MOUNTS if host.exists(os.path.join(m, "events"))]
+    for m in present:
+        if host.accessible(m) and host.accessible(os.path.join(m, "events")):
+            return m, None
+    if present:
+        return None, (f"tracefs: {present[0]} is not readable by euid {host.euid()} "
+                      "(tracepoints cannot be listed or attached)")
+    return None, ("tracefs: not mounted at " + " or ".join(TRACEFS_MOUNTS)
+                  + " (mount -t tracefs tracefs /sys/kernel/tracing)")
+
+
+def tracepoint_exists(host: Host, tracefs: str, tracepoint: str) -> bool:
+    category, event = tracepoint.split(":", 1)
+    return host.exists(os.path.join(tracefs, "events", category, event, "format"))
+
+
+def ebpf_missing(host: Host, tracepoints: Iterable[str], *, any_of: bool = False) -> tuple[list[str], list[str]]:
+    """(missing, notes) for a bcc probe needing `tracepoints` (all of them, or with any_of at least one).
+    Checks: the bcc module, privilege, BTF, kernel headers, tracefs, each tracepoint."""
+    missing: list[str] = []
+    notes: list[str] = []
+    err = host.bcc_import_error()
+    if err:
+        missing.append(f"bcc: Python module not importable (Debian package python3-bpfcc): {err}")
+    priv = privilege_missing(host)
+    if priv:
+        missing.append(priv)
+    if not host.exists(BTF_PATH):
+        missing.append(f"BTF: {BTF_PATH} not found (kernel built without CONFIG_DEBUG_INFO_BTF)")
+    release = host.kernel_release()
+    build = f"/lib/modules/{release}/build"
+    if not (host.exists(os.path.join(build, "include")) or host.exists(KHEADERS_PATH)):
+        missing.append(f"kernel headers: {build} not found and no {KHEADERS_PATH} "
+                       "(install linux-headers for this kernel, or link /lib/modules/$(uname -r)/build to them)")
+    tracefs, problem = find_tracefs(host)
+    if problem:
+        missing.append(problem)
+    else:
+        tps = list(tracepoints)
+        absent = [tp for tp in tps if not tracepoint_exists(host, tracefs, tp)]
+        if absent and (not any_of or len(absent) == len(tps)):
+            missing.extend(f"tracepoint {tp}: not in {tracefs}/events (this kernel lacks it)" for tp in absent)
+        elif absent:
+            notes.extend(f"tracepoint {tp}: not in {tracefs}/events, skipped" for tp in absent)
+    return missing, notes
+
+
+class Probe(abc.ABC):
+    """A signal source. Subclasses set `name`, `source` ("ebpf" or "procfs") and `signals` (catalog names)."""
+
+    name: ClassVar[str]
+    source: ClassVar[str]
+    signals: ClassVar[tuple[str, ...]]
+    description: ClassVar[str] = ""
+
+    def __init__(self, host: Host | None = None):
+        self.host = host or Host()
+        for s in self.signals:
+            catalog.signal(s)  # a probe may only emit catalog signals
+
+    @abc.abstractmethod
+    def check(self) -> Availability:
+        """What this probe lacks on this host; never raises."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Attach / take the baseline. Raises ProbeUnavailable (nothing left attached) if it cannot run."""
+
+    @abc.abstractmethod
+    def collect(self) -> list[AnySample]:
+        """Samples since the previous collect (or since start)."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Detach everything. Idempotent."""
+
+    @property
+    @abc.abstractmethod
+    def running(self) -> bool:
+        ...
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.stop()
+        return False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} ({self.source}){' running' if self.running else ''}>"
+
+
+def now_ns() -> int:
+    return time.time_ns()

@@ -1,0 +1,88 @@
+"""Protocol-neutral records that flow between the stages: decoders fill them, enrich completes them, analytics
+stores them. Columnar (a list per field) because a batch holds hundreds of thousands of rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+# Exponential histograms are normalised to scale 0 over one fixed bucket range, so that deltas and merges are
+# element-wise: bucket i holds values in (2**(i + HISTOGRAM_OFFSET), 2**(i + 1 + HISTOGRAM_OFFSET)].
+# 2**-40 s is about 1 ps and 2**8 s about 4 min: every latency the catalog measures fits.
+HISTOGRAM_OFFSET = -40
+HISTOGRAM_BUCKETS = 48
+
+
+@dataclass
+class Columns:
+    def __len__(self) -> int:
+        return len(getattr(self, fields(self)[0].name))
+
+    def as_dict(self) -> dict[str, list]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def extend(self, other: "Columns") -> None:
+        for f in fields(self):
+            getattr(self, f.name).extend(getattr(other, f.name))
+
+
+@dataclass
+class SpanColumns(Columns):
+    """One row per SERVER span. `tier_header` is the raw, untrusted header value until enrich resolves `tier`."""
+
+    trace_id: list = field(default_factory=list)
+    span_id: list = field(default_factory=list)
+    service: list = field(default_factory=list)
+    node: list = field(default_factory=list)
+    route: list = field(default_factory=list)
+    tier_header: list = field(default_factory=list)
+    tier: list = field(default_factory=list)  # filled by enrich
+    start_ns: list = field(default_factory=list)
+    end_ns: list = field(default_factory=list)
+    status_code: list = field(default_factory=list)
+    failed: list = field(default_factory=list)
+
+
+@dataclass
+class PointColumns(Columns):
+    """Gauge and sum data points. `cumulative` sums still need turning into per-interval deltas."""
+
+    node: list = field(default_factory=list)
+    metric: list = field(default_factory=list)
+    attributes: list = field(default_factory=list)  # canonical JSON text, sorted keys
+    is_sum: list = field(default_factory=list)
+    cumulative: list = field(default_factory=list)
+    start_ns: list = field(default_factory=list)
+    time_ns: list = field(default_factory=list)
+    value: list = field(default_factory=list)
+
+
+@dataclass
+class HistogramColumns(Columns):
+    """Exponential-histogram data points, normalised to scale 0 over the fixed bucket range above."""
+
+    node: list = field(default_factory=list)
+    metric: list = field(default_factory=list)
+    attributes: list = field(default_factory=list)
+    cumulative: list = field(default_factory=list)
+    start_ns: list = field(default_factory=list)
+    time_ns: list = field(default_factory=list)
+    count: list = field(default_factory=list)
+    sum: list = field(default_factory=list)
+    min: list = field(default_factory=list)
+    max: list = field(default_factory=list)
+    buckets: list = field(default_factory=list)  # list[int] of HISTOGRAM_BUCKETS; zero bucket folded into 0
+
+
+@dataclass
+class Batch:
+    spans: SpanColumns = field(default_factory=SpanColumns)
+    points: PointColumns = field(default_factory=PointColumns)
+    histograms: HistogramColumns = field(default_factory=HistogramColumns)
+
+    def __len__(self) -> int:
+        return len(self.spans) + len(self.points) + len(self.histograms)
+
+    def extend(self, other: "Batch") -> None:
+        self.spans.extend(other.spans)
+        self.points.extend(other.points)
+        self.histograms.extend(other.histograms)
