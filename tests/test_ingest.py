@@ -1,0 +1,152 @@
+import gzip
+import json
+
+import pytest
+
+from analytics.cli import EXIT_OK, EXIT_REJECTED
+from analytics.store import Store
+from sloscope.cli import main
+from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces, write_lines
+
+T0 = 1_764_410_400_000_000_000  # 2025-11-29T10:00:00Z
+S = 1_000_000_000
+
+
+def trace_id(i):
+    return f"{i:032x}"
+
+
+def span_id(i):
+    return f"{i:016x}"
+
+
+def ingest(tmp_path, *files, db="x.duckdb"):
+    return main(["ingest", "--db", str(tmp_path / db), *map(str, files)])
+
+
+def query(tmp_path, q, db="x.duckdb"):
+    with Store(tmp_path / db, read_only=True) as store:
+        return store.rows(q)
+
+
+def test_spans_load_with_tiers_resolved_against_the_allow_list(tmp_path):
+    spans = [
+        span(trace_id(1), span_id(1), T0, 120, tier=["p99-latency-critical"]),
+        span(trace_id(2), span_id(2), T0, 130, tier="standard"),  # Envoy custom tag: plain string
+        span(trace_id(3), span_id(3), T0, 140, tier=["platinum"]),  # not in the spec
+        span(trace_id(4), span_id(4), T0, 150, tier="x" * 10_000),  # oversized
+        span(trace_id(5), span_id(5), T0, 160),  # no header
+        span(trace_id(6), span_id(6), T0, 170, tier=["standard", "p99-latency-critical"]),  # ambiguous
+        span(trace_id(7), span_id(7), T0, 180, extra={"slo.tier": "p99-latency-critical"}),  # Istio tag
+        span(trace_id(8), span_id(8), T0, 190, kind=3),  # CLIENT: not a request
+        span(trace_id(9), span_id(9), T0, 200, status=503),
+    ]
+    f = write_lines(tmp_path / "t.jsonl", [traces(spans)])
+    assert ingest(tmp_path, f) == EXIT_OK
+    rows = dict(query(tmp_path, "SELECT trace_id, tier FROM requests"))
+    assert rows[trace_id(1)] == "p99-latency-critical"
+    assert rows[trace_id(2)] == "standard"
+    assert rows[trace_id(3)] == rows[trace_id(4)] == rows[trace_id(5)] == rows[trace_id(6)] == "standard"
+    assert rows[trace_id(7)] == "p99-latency-critical"
+    assert trace_id(8) not in rows
+    assert query(tmp_path, "SELECT failed FROM requests WHERE status_code = 503") == [(True,)]
+    with Store(tmp_path / "x.duckdb", read_only=True) as store:
+        c = store.counters()
+    assert c["tier_invalid"] == 3 and c["tier_missing"] == 2 and c["spans_not_server"] == 1
+
+
+def test_malformed_lines_are_reported_counted_and_the_rest_loads(tmp_path, capsys):
+    good = traces([span(trace_id(1), span_id(1), T0, 100)])
+    bad_id = traces([span("nothex", span_id(2), T0, 100)])
+    f = tmp_path / "mixed.jsonl"
+    f.write_text("\n".join([json.dumps(good), "{not json", json.dumps(bad_id), json.dumps({"x": 1}),
+                            json.dumps(traces([span(trace_id(3), span_id(3), T0, 100)]))]) + "\n")
+    assert ingest(tmp_path, f) == EXIT_REJECTED
+    err = capsys.readouterr().err
+    assert f"{f}:2: not valid JSON" in err
+    assert f"{f}:3: traceId: expected 32 hex digits" in err
+    assert f"{f}:4: not an OTLP export request" in err
+    assert query(tmp_path, "SELECT count(*) FROM requests") == [(2,)]
+    with Store(tmp_path / "x.duckdb", read_only=True) as store:
+        assert store.counters()["lines_rejected"] == 3
+
+
+def test_gzip_is_recognised_and_a_second_ingest_adds_nothing(tmp_path):
+    lines = [traces([span(trace_id(i), span_id(i), T0 + i * S, 100) for i in range(50)]),
+             metrics([gauge("hw.gpu.temperature", [(T0 + i * S, 60.0 + i) for i in range(10)], {"hw.id": "GPU-a"}),
+                      counter("sloscope.tcp.retransmits", T0 - S, [(T0 + i * S, 10 * i) for i in range(10)]),
+                      exp_histogram("sloscope.cpu.runqueue.delay", T0 - S,
+                                    [(T0 + i * S, 3 * i, 1e-4 * i, -14, [i, 2 * i]) for i in range(1, 10)])])]
+    f = tmp_path / "data.otlp"  # no .gz suffix: recognised by content
+    with gzip.open(f, "wt") as out:
+        out.writelines(json.dumps(x) + "\n" for x in lines)
+    assert ingest(tmp_path, f) == EXIT_OK
+    counts = query(tmp_path, "SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM samples), "
+                             "(SELECT count(*) FROM histograms)")
+    assert ingest(tmp_path, f) == EXIT_OK
+    assert query(tmp_path, "SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM samples), "
+                           "(SELECT count(*) FROM histograms)") == counts
+    assert counts[0][0] == 50 and counts[0][1] == 20 and counts[0][2] == 9
+
+
+def test_cumulative_counters_become_deltas_across_files_and_resets(tmp_path):
+    start, restart = T0 - S, T0 + 5 * S + S // 2
+    first = metrics([counter("sloscope.tcp.retransmits", start, [(T0, 100), (T0 + S, 110), (T0 + 2 * S, 130)])])
+    # The producer restarted (new start time) between the 3rd and 4th point; then a plain drop (reset
+    # without a new start time) before the last one.
+    second = metrics([counter("sloscope.tcp.retransmits", start, [
+        (T0 + 3 * S, 135), (T0 + 6 * S, 4, restart), (T0 + 7 * S, 9, restart), (T0 + 8 * S, 2, restart)])])
+    ingest(tmp_path, write_lines(tmp_path / "a.jsonl", [first]))
+    ingest(tmp_path, write_lines(tmp_path / "b.jsonl", [second]))
+    rows = query(tmp_path, "SELECT value, interval_s FROM samples ORDER BY ts")
+    assert rows == [(100.0, 1.0), (10.0, 1.0), (20.0, 1.0), (5.0, 1.0), (4.0, 0.5), (5.0, 1.0), (2.0, 1.0)]
+
+
+def test_cumulative_histograms_become_bucket_deltas(tmp_path):
+    hist = exp_histogram("sloscope.syscall.duration", T0 - S, [
+        (T0, 3, 0.003, -10, [1, 2]), (T0 + S, 7, 0.010, -11, [1, 2, 4])], attrs={"syscall.name": "read"})
+    ingest(tmp_path, write_lines(tmp_path / "h.jsonl", [metrics([hist])]))
+    rows = query(tmp_path, "SELECT count, round(sum, 6), buckets FROM histograms ORDER BY ts")
+    (c1, s1, b1), (c2, s2, b2) = rows
+    assert (c1, s1, c2, s2) == (3, 0.003, 4, 0.007)
+    offset = -40
+    assert b1[-10 - offset] == 1 and b1[-9 - offset] == 2
+    assert b2[-11 - offset] == 1 and b2[-10 - offset] == 1 and b2[-9 - offset] == 2 and sum(b2) == 4
+
+
+def test_node_is_k8s_node_name_else_host_name(tmp_path):
+    a = metrics([gauge("hw.gpu.temperature", [(T0, 50.0)])], node="ip-10-0-0-1", k8s_node="gpu-node-7")
+    b = metrics([gauge("hw.gpu.temperature", [(T0, 51.0)])], node="gpu-node-8")
+    ingest(tmp_path, write_lines(tmp_path / "n.jsonl", [a, b]))
+    assert sorted(query(tmp_path, "SELECT node FROM samples")) == [("gpu-node-7",), ("gpu-node-8",)]
+
+
+def test_metrics_outside_the_catalog_are_counted_not_stored(tmp_path):
+    ingest(tmp_path, write_lines(tmp_path / "o.jsonl", [metrics([gauge("process.cpu.utilization", [(T0, 0.5)])])]))
+    assert query(tmp_path, "SELECT count(*) FROM samples") == [(0,)]
+    with Store(tmp_path / "x.duckdb", read_only=True) as store:
+        assert store.counters()["points_not_in_catalog"] == 1
+
+
+@pytest.mark.parametrize("mutate,reason", [
+    (lambda m: m["resourceMetrics"][0]["resource"].update(attributes=[]), "neither k8s.node.name nor host.name"),
+    (lambda m: m["resourceMetrics"][0]["scopeMetrics"][0]["metrics"][0]["gauge"]["dataPoints"][0].update(
+        asDouble="hot"), "expected a number"),
+    (lambda m: m["resourceMetrics"][0]["scopeMetrics"][0]["metrics"][0]["gauge"]["dataPoints"][0].update(
+        timeUnixNano="yesterday"), "timeUnixNano"),
+])
+def test_bad_metric_payloads_are_rejected_with_a_reason(tmp_path, capsys, mutate, reason):
+    m = metrics([gauge("hw.gpu.temperature", [(T0, 50.0)])])
+    mutate(m)
+    assert ingest(tmp_path, write_lines(tmp_path / "bad.jsonl", [m])) == EXIT_REJECTED
+    assert reason in capsys.readouterr().err
+
+
+def test_an_unreadable_file_is_reported_and_the_others_load(tmp_path, capsys):
+    good = write_lines(tmp_path / "good.jsonl", [traces([span(trace_id(1), span_id(1), T0, 100)])])
+    broken = tmp_path / "broken.gz"
+    broken.write_bytes(gzip.compress(b'{"resourceSpans": []}\n' * 100)[:40])
+    assert ingest(tmp_path, tmp_path / "missing.jsonl", broken, good) == EXIT_REJECTED
+    err = capsys.readouterr().err
+    assert "missing.jsonl" in err and "broken.gz" in err
+    assert query(tmp_path, "SELECT count(*) FROM requests") == [(1,)]
