@@ -47,7 +47,7 @@ def gauge(name, points, attrs=None):
 def counter(name, start_ns, points, attrs=None, temporality=2):
     return {"name": name, "sum": {"aggregationTemporality": temporality, "isMonotonic": True, "dataPoints": [
         {"attributes": [attr(k, v) for k, v in (attrs or {}).items()], "startTimeUnixNano": str(start),
-         "timeUnixNano": str(t), "asInt": str(v)}
+         "timeUnixNano": str(t), **({"asDouble": v} if isinstance(v, float) else {"asInt": str(v)})}
         for start, t, v in ((p[2], p[0], p[1]) if len(p) == 3 else (start_ns, p[0], p[1]) for p in points)]}}
 
 
