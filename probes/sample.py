@@ -140,7 +140,7 @@ def counter_delta(previous: float | None, current: float) -> float:
     """Increase of a monotonic counter; a counter that went backwards was reset, which counts as 0."""
     if previous is None or current < previous:
         return 0.0
-    return current - previous
+    return float(current - previous)
 
 
 def by_name(samples: Iterable[AnySample], name: str) -> list[AnySample]:

@@ -43,8 +43,7 @@ class BlockIoProbe(BccProbe):
         return self._names[dev]
 
     def read(self, bpf, start_ns: int, now: int) -> list[AnySample]:
-        counts = read_map(bpf["hist"])
-        sums = {k.value: v for k, v in read_map(bpf["sums"]).items()}
-        slots = group_slots(counts, lambda k: (k.dev, k.slot))
+        slots = group_slots(read_map(bpf[b"hist"], lambda k: (k.dev, k.slot)))
+        sums = read_map(bpf[b"sums"])
         return [log2_histogram(SIGNAL, {"system.device": self._name(dev)}, delta, sum_ns / 1e9, start_ns, now)
                 for dev, (delta, sum_ns) in sorted(self._deltas.update(slots, sums).items())]

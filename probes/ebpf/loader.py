@@ -26,10 +26,11 @@ def map_value(value: Any) -> int:
     return int(sum(int(v) for v in value))
 
 
-def read_map(table) -> dict[Any, int]:
-    out: dict[Any, int] = {}
-    for key, value in table.items():
-        out[key] = map_value(value)
+def read_map(table, key=lambda k: k.value) -> dict[Hashable, int]:
+    """{key(map key): value} for every entry; `key` turns a ctypes key into something hashable."""
+    out: dict[Hashable, int] = {}
+    for k, value in table.items():
+        out[key(k)] = out.get(key(k), 0) + map_value(value)
     return out
 
 
@@ -54,11 +55,10 @@ class HistogramDeltas:
         return out
 
 
-def group_slots(counts: dict[Any, int], split) -> dict[Hashable, dict[int, int]]:
-    """Turn {map key: count} into {group: {slot: count}}; split(map key) -> (group, slot)."""
+def group_slots(counts: dict[tuple, int]) -> dict[Hashable, dict[int, int]]:
+    """Turn {(group, slot): count} into {group: {slot: count}}."""
     grouped: dict[Hashable, dict[int, int]] = defaultdict(dict)
-    for key, count in counts.items():
-        group, slot = split(key)
+    for (group, slot), count in counts.items():
         grouped[group][slot] = grouped[group].get(slot, 0) + count
     return dict(grouped)
 

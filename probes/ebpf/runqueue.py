@@ -23,13 +23,13 @@ class RunqueueProbe(BccProbe):
         return ["sched:sched_wakeup", "sched:sched_wakeup_new", "sched:sched_switch"]
 
     def read(self, bpf, start_ns: int, now: int) -> list[AnySample]:
-        hist = bpf["hist"]
+        hist = bpf[b"hist"]
         slots = {}
         for slot in range(SLOTS):
             count = map_value(hist[slot])
             if count:
                 slots[slot] = count
-        sum_ns = map_value(bpf["sums"][0])
+        sum_ns = map_value(bpf[b"sums"][0])
         deltas = self._deltas.update({None: slots}, {None: sum_ns})
         if None not in deltas:
             return []

@@ -116,11 +116,11 @@ class SyscallLatencyProbe(BccProbe):
         if not pairs:
             raise RuntimeError(f"none of the syscalls {', '.join(self.syscalls)} has tracepoints here")
         if self.pids:
-            table = bpf["pid_filter"]
+            table = bpf[b"pid_filter"]
             for pid in self.pids:
                 table[table.Key(pid)] = table.Leaf(1)
         if self.cgroups:
-            table = bpf["cgroup_filter"]
+            table = bpf[b"cgroup_filter"]
             for cg in self.cgroups:
                 table[table.Key(cgroup_id(cg))] = table.Leaf(1)
         # exits first: an enter never waits for an exit program that is not there yet
@@ -128,9 +128,8 @@ class SyscallLatencyProbe(BccProbe):
         self.attached = tuple(attached)
 
     def read(self, bpf, start_ns: int, now: int) -> list[AnySample]:
-        counts = read_map(bpf["hist"])
-        sums = {(k.nr, k.pid): v for k, v in read_map(bpf["sums"]).items()}
-        slots = group_slots(counts, lambda k: ((k.nr, k.pid), k.slot))
+        slots = group_slots(read_map(bpf[b"hist"], lambda k: ((k.nr, k.pid), k.slot)))
+        sums = read_map(bpf[b"sums"], lambda k: (k.nr, k.pid))
         samples: list[AnySample] = []
         for (nr, pid), (delta, sum_ns) in sorted(self._deltas.update(slots, sums).items()):
             attributes: dict[str, str | int] = {"syscall.name": self._names.get(nr, f"nr_{nr}")}

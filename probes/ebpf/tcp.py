@@ -26,8 +26,8 @@ class TcpProbe(BccProbe):
         return ["tcp:tcp_retransmit_skb", "sock:inet_sock_set_state"]
 
     def read(self, bpf, start_ns: int, now: int) -> list[AnySample]:
-        current = {"retransmits": map_value(bpf["retransmits"][0])}
-        transitions = bpf["transitions"]
+        current = {"retransmits": map_value(bpf[b"retransmits"][0])}
+        transitions = bpf[b"transitions"]
         for state, name in STATE_NAMES.items():
             current[name] = map_value(transitions[state])
         samples = [Sample(RETRANSMITS, {}, now, counter_delta(self._prev.get("retransmits", 0),

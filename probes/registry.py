@@ -1,0 +1,165 @@
+"""Probe names, and choosing eBPF with a procfs fallback.
+
+Each eBPF probe names the procfs probes that stand in for it when it cannot run (no root, no BTF, no
+tracefs, no kernel headers, or its program fails to compile or attach):
+
+    syscall  -> (nothing: no procfs source has per-syscall latency)
+    tcp      -> netstat    (sloscope.tcp.retransmits from /proc/net/snmp RetransSegs; no state transitions)
+    block    -> diskstats  (system.disk.io_time instead of the latency histogram)
+    runqueue -> schedstat  (sloscope.cpu.runqueue.delay as a Sum in s instead of a histogram)
+
+`ProbeSet` starts the chosen probes, records a `Decision` per requested name (what runs, what is missing,
+which signals are lost), collects from all of them (one failing probe never stops the others) and stops
+them all, also on Ctrl-C or error (`with ProbeSet(...) as probes:`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .base import Host, Probe, ProbeError, ProbeUnavailable
+from .ebpf.block_io import BlockIoProbe
+from .ebpf.runqueue import RunqueueProbe
+from .ebpf.syscall_latency import SyscallLatencyProbe
+from .ebpf.tcp import TcpProbe
+from .procfs.diskstats import DiskstatsProbe
+from .procfs.netstat import NetstatProbe
+from .procfs.pressure import PressureProbe
+from .procfs.schedstat import SchedstatProbe
+from .procfs.tcp_connections import TcpConnectionsProbe
+from .sample import AnySample
+
+log = logging.getLogger(__name__)
+
+PROBES: dict[str, type[Probe]] = {cls.name: cls for cls in (
+    SyscallLatencyProbe, TcpProbe, BlockIoProbe, RunqueueProbe,
+    PressureProbe, DiskstatsProbe, NetstatProbe, SchedstatProbe, TcpConnectionsProbe)}
+
+FALLBACKS: dict[str, tuple[str, ...]] = {
+    "syscall": (),
+    "tcp": ("netstat",),
+    "block": ("diskstats",),
+    "runqueue": ("schedstat",),
+}
+
+# What a node runs by default: every eBPF probe (falling back as above) and the procfs probes that are not
+# only fallbacks.
+NODE_PROBES = ("syscall", "tcp", "block", "runqueue", "pressure", "diskstats", "tcp_connections")
+
+
+def probe_class(name: str) -> type[Probe]:
+    try:
+        return PROBES[name]
+    except KeyError:
+        raise KeyError(f"unknown probe {name!r}; known: {', '.join(PROBES)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    requested: str
+    running: tuple[str, ...]  # probe names actually started for this request (itself, or its fallbacks)
+    missing: tuple[str, ...] = ()  # why the requested probe itself did not run
+    lost_signals: tuple[str, ...] = ()  # catalog signals of the request that nothing produces now
+
+    @property
+    def fallback(self) -> bool:
+        return self.requested not in self.running
+
+    def explain(self) -> str:
+        if not self.missing:
+            return f"{self.requested}: running"
+        text = f"{self.requested}: unavailable: " + "; ".join(self.missing)
+        if self.running:
+            text += f" -> falling back to {', '.join(self.running)}"
+        else:
+            text += " -> no fallback"
+        if self.lost_signals:
+            text += f" (not produced: {', '.join(self.lost_signals)})"
+        return text
+
+    def to_dict(self) -> dict:
+        return {"requested": self.requested, "running": list(self.running), "missing": list(self.missing),
+                "lost_signals": list(self.lost_signals)}
+
+
+class ProbeSet:
+    """Start probes by name with fallbacks; collect from all; stop all.
+
+    options: per probe name, keyword arguments for its constructor (e.g. {"syscall": {"pids": [42]}}).
+    """
+
+    def __init__(self, names: Iterable[str] = NODE_PROBES, *, options: Mapping[str, Mapping[str, Any]] | None = None,
+                 host: Host | None = None):
+        self.names = tuple(dict.fromkeys(names))
+        for n in self.names:
+            probe_class(n)
+        self.options = {k: dict(v) for k, v in (options or {}).items()}
+        self.host = host
+        self.probes: dict[str, Probe] = {}
+        self.decisions: list[Decision] = []
+        self.errors: dict[str, str] = {}  # probe name -> last collect error
+
+    def _make(self, name: str) -> Probe:
+        return probe_class(name)(host=self.host, **self.options.get(name, {}))
+
+    def _try_start(self, name: str) -> tuple[str, ...]:
+        """Start `name` unless running; () when it runs, else what is missing."""
+        if name in self.probes:
+            return ()
+        try:
+            probe = self._make(name)
+            probe.start()
+        except ProbeUnavailable as exc:
+            return exc.missing or ("unavailable",)
+        except Exception as exc:  # a probe must never take the caller down
+            log.debug("starting %s failed", name, exc_info=True)
+            return (f"start failed: {type(exc).__name__}: {exc}",)
+        self.probes[name] = probe
+        return ()
+
+    def start(self) -> list[Decision]:
+        try:
+            for name in self.names:
+                missing = self._try_start(name)
+                if not missing:
+                    self.decisions.append(Decision(name, (name,)))
+                    continue
+                running = tuple(fb for fb in FALLBACKS.get(name, ()) if not self._try_start(fb))
+                produced = {s for fb in running for s in PROBES[fb].signals}
+                lost = tuple(s for s in PROBES[name].signals if s not in produced)
+                decision = Decision(name, running, missing, lost)
+                log.warning("%s", decision.explain())
+                self.decisions.append(decision)
+        except BaseException:
+            self.stop()
+            raise
+        return self.decisions
+
+    def collect(self) -> list[AnySample]:
+        samples: list[AnySample] = []
+        for name, probe in self.probes.items():
+            try:
+                samples.extend(probe.collect())
+                self.errors.pop(name, None)
+            except Exception as exc:
+                self.errors[name] = f"{type(exc).__name__}: {exc}"
+                log.warning("collecting %s failed: %s", name, exc)
+        return samples
+
+    def stop(self) -> None:
+        probes, self.probes = self.probes, {}
+        for name, probe in probes.items():
+            try:
+                probe.stop()
+            except Exception as exc:
+                log.warning("stopping %s failed: %s", name, exc)
+
+    def __enter__(self) -> "ProbeSet":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.stop()
+        return False
