@@ -6,8 +6,11 @@ A malformed line is reported as `file:line: reason`, counted, and skipped; every
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import time
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,55 +43,123 @@ class IngestReport:
         return sum(v for k, v in self.counts.items() if k.endswith("_loaded"))
 
 
-class Ingestor:
-    """Feeds decoded export requests to the store in batches of about `batch_rows` rows."""
+_worker_state: dict = {}
 
-    def __init__(self, store: Store, resolver: TierResolver, batch_rows: int = 250_000):
+
+def decode_chunk(chunk: list[tuple[str, bytes]], allowed: frozenset, default_tier: str):
+    """Decode and enrich a chunk of lines: (batch, [(where, reason)], counts). Runs in worker processes,
+    which keep their decoder (and its attribute cache) between chunks."""
+    key = (allowed, default_tier)
+    if _worker_state.get("key") != key:
+        _worker_state.update(key=key, decoder=Decoder(), resolver=TierResolver(allowed, default_tier))
+    decoder, resolver = _worker_state["decoder"], _worker_state["resolver"]
+    batch, rejects = Batch(), []
+    for where, line in chunk:
+        try:
+            decoded = decode_line(decoder, line)
+        except DecodeError as exc:
+            rejects.append((where, str(exc)))
+            continue
+        resolve_tiers(decoded.spans, resolver)
+        batch.extend(decoded)
+    counts = Counter(resolver.counts) + Counter(decoder.skipped)
+    resolver.counts.clear()
+    decoder.skipped.clear()
+    return batch, rejects, counts
+
+
+def _chunks(paths: list[Path], report: IngestReport, lines_per_chunk: int):
+    """Lines of all files in chunks; an unreadable file is reported and the next one read."""
+    chunk = []
+    for path in paths:
+        try:
+            for lineno, line in read_lines(path):
+                chunk.append((f"{path}:{lineno}", line))
+                if len(chunk) >= lines_per_chunk:
+                    yield chunk
+                    chunk = []
+        except FileReadError as exc:
+            report.reject(str(path), str(exc))
+    if chunk:
+        yield chunk
+
+
+class Ingestor:
+    """Decodes lines (in worker processes when there is enough input to pay for them) and feeds the store in
+    transactions of about `batch_rows` rows, in the order the lines were read."""
+
+    LINES_PER_CHUNK = 32
+    PARALLEL_ABOVE_BYTES = 8 * 2**20
+
+    def __init__(self, store: Store, resolver: TierResolver, batch_rows: int = 250_000, jobs: int | None = None):
         self.store = store
         self.resolver = resolver
         self.batch_rows = batch_rows
-        self.decoder = Decoder()
+        self.jobs = jobs
         self.pending = Batch()
+        self.pending_counts: Counter = Counter()
         self.report = IngestReport()
         self._lines_flushed = self._rejected_flushed = 0
 
-    def add_line(self, where: str, line: bytes) -> None:
-        self.report.lines += 1
-        try:
-            batch = decode_line(self.decoder, line)
-        except DecodeError as exc:
-            self.report.reject(where, str(exc))
-            return
-        resolve_tiers(batch.spans, self.resolver)
+    def _take(self, result, lines: int) -> None:
+        batch, rejects, counts = result
+        self.report.lines += lines
+        for where, reason in rejects:
+            self.report.reject(where, reason)
         self.pending.extend(batch)
+        self.pending_counts.update(counts)
         if len(self.pending) >= self.batch_rows:
             self.flush()
 
     def flush(self) -> None:
         """Write what is pending, with the counters gathered since the last flush, in one transaction."""
-        extra = Counter(self.resolver.counts)
-        extra.update(self.decoder.skipped)
+        extra = self.pending_counts
         extra["lines_read"] = self.report.lines - self._lines_flushed
         extra["lines_rejected"] = self.report.rejected_count - self._rejected_flushed
-        self.resolver.counts.clear()
-        self.decoder.skipped.clear()
         self._lines_flushed, self._rejected_flushed = self.report.lines, self.report.rejected_count
         self.report.counts.update(self.store.write(self.pending, extra))
-        self.pending = Batch()
+        self.pending, self.pending_counts = Batch(), Counter()
+
+    def _workers(self, paths: list[Path]) -> int:
+        if self.jobs is not None:
+            return self.jobs
+        size = sum(p.stat().st_size for p in paths if p.is_file())
+        return min(os.cpu_count() or 1, 4) if size > self.PARALLEL_ABOVE_BYTES else 1
 
     def ingest_files(self, paths: list[Path], progress_every_s: float = 5.0) -> IngestReport:
         started = last_progress = time.monotonic()
-        for path in paths:
-            try:
-                for lineno, line in read_lines(path):
-                    self.add_line(f"{path}:{lineno}", line)
-                    now = time.monotonic()
-                    if now - last_progress >= progress_every_s:
-                        last_progress = now
-                        log.info("%s: line %d, %d rows loaded so far", path, lineno,
-                                 self.report.rows_loaded + len(self.pending))
-            except FileReadError as exc:
-                self.report.reject(str(path), str(exc))
+        args = (self.resolver.allowed, self.resolver.default_tier)
+        chunks = _chunks(paths, self.report, self.LINES_PER_CHUNK)
+        workers = self._workers(paths)
+        if workers <= 1:
+            results = ((decode_chunk(c, *args), len(c)) for c in chunks)
+        else:
+            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+            results = _ordered(pool, chunks, args, in_flight=workers * 4)
+        try:
+            for result, lines in results:
+                self._take(result, lines)
+                now = time.monotonic()
+                if now - last_progress >= progress_every_s:
+                    last_progress = now
+                    log.info("%d lines read, %d rows loaded so far", self.report.lines,
+                             self.report.rows_loaded + len(self.pending))
+        finally:
+            if workers > 1:
+                pool.shutdown(cancel_futures=True)
         self.flush()
         self.report.seconds = time.monotonic() - started
         return self.report
+
+
+def _ordered(pool, chunks, args, in_flight: int):
+    """Results of decode_chunk over chunks, in order, with at most in_flight chunks submitted at once."""
+    queue = deque()
+    for chunk in chunks:
+        queue.append((pool.submit(decode_chunk, chunk, *args), len(chunk)))
+        if len(queue) >= in_flight:
+            future, lines = queue.popleft()
+            yield future.result(), lines
+    while queue:
+        future, lines = queue.popleft()
+        yield future.result(), lines

@@ -47,21 +47,19 @@ def _list(obj: dict, camel: str, snake: str | None = None) -> list:
 
 
 def _int(value, what: str) -> int:
-    if isinstance(value, bool):
-        raise DecodeError(f"{what}: expected an integer, got {value!r}")
-    if isinstance(value, int):
+    kind = type(value)
+    if kind is int:
         return value
-    if isinstance(value, str) and value.lstrip("-").isdigit():
+    if kind is str and value.lstrip("-").isdigit():
         return int(value)
-    if isinstance(value, float) and value.is_integer():
+    if kind is float and value.is_integer():
         return int(value)
     raise DecodeError(f"{what}: expected an integer, got {str(value)[:40]!r}")
 
 
 def _float(value, what: str) -> float:
-    if isinstance(value, bool):
-        raise DecodeError(f"{what}: expected a number, got {value!r}")
-    if isinstance(value, (int, float)):
+    kind = type(value)
+    if kind is float or kind is int:
         return float(value)
     if isinstance(value, str):
         try:
@@ -111,6 +109,24 @@ def attributes(items, depth: int = 0) -> dict:
     return out
 
 
+SPAN_ATTRIBUTES = frozenset({"http.response.status_code", "http.status_code", "http.route",
+                             *TIER_ATTRIBUTES, *catalog.NODE_ATTRIBUTES})
+
+
+def _selected_attributes(items, wanted: frozenset) -> dict:
+    """Only the attributes analytics reads; the others are neither decoded nor kept."""
+    if type(items) is not list:
+        raise DecodeError(f"attributes: expected a list, got {type(items).__name__}")
+    out = {}
+    for item in items:
+        if type(item) is not dict:
+            raise DecodeError("attributes: expected {key, value} objects")
+        key = item.get("key")
+        if key in wanted:
+            out[key] = any_value(item.get("value", {}))
+    return out
+
+
 def _node(resource_attrs: dict, overrides: dict | None = None) -> str | None:
     for source in (overrides or {}, resource_attrs):
         for key in catalog.NODE_ATTRIBUTES:
@@ -132,17 +148,18 @@ class Decoder:
     every data point of a series."""
 
     def __init__(self):
-        self._attr_text: dict[tuple, str] = {}
+        self._attr_text: dict[bytes, str] = {}
         self.skipped: dict[str, int] = {}
 
     def _skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n
 
-    def _canonical(self, attrs: dict) -> str:
-        key = tuple(sorted((k, repr(v)) for k, v in attrs.items()))
+    def _canonical(self, raw) -> str:
+        """Canonical JSON text (sorted keys) of a data point's raw attribute list, cached by its raw form."""
+        key = orjson.dumps(raw) if raw else b""
         text = self._attr_text.get(key)
         if text is None:
-            text = orjson.dumps(attrs, option=orjson.OPT_SORT_KEYS).decode()
+            text = orjson.dumps(attributes(raw or []), option=orjson.OPT_SORT_KEYS).decode()
             if len(self._attr_text) < 100_000:
                 self._attr_text[key] = text
         return text
@@ -197,7 +214,7 @@ class Decoder:
         end = _int(_get(span, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano")
         if start <= 0 or end < start:
             raise DecodeError(f"span {span_id}: end time before start time or no start time")
-        attrs = attributes(_get(span, "attributes", None, []))
+        attrs = _selected_attributes(_get(span, "attributes", None, []), SPAN_ATTRIBUTES)
         node = _node(resource, attrs)
         if node is None:
             raise DecodeError("span has neither k8s.node.name nor host.name (span or resource attribute)")
@@ -257,22 +274,25 @@ class Decoder:
         cumulative = is_sum and self._temporality(data, name) == TEMPORALITY_CUMULATIVE
         cols = batch.points
         for point in _list(data, "dataPoints", "data_points"):
-            if not isinstance(point, dict):
+            if type(point) is not dict:
                 raise DecodeError(f"{name}: dataPoints: expected objects")
-            if _int(_get(point, "flags", None, 0), "flags") & FLAG_NO_RECORDED_VALUE:
+            flags = point.get("flags")
+            if flags and _int(flags, "flags") & FLAG_NO_RECORDED_VALUE:
                 continue
-            if "asDouble" in point or "as_double" in point:
-                value = _float(_get(point, "asDouble", "as_double"), f"{name}: asDouble")
-            elif "asInt" in point or "as_int" in point:
-                value = float(_int(_get(point, "asInt", "as_int"), f"{name}: asInt"))
+            raw = _get(point, "asDouble", "as_double")
+            if raw is not None:
+                value = _float(raw, f"{name}: asDouble")
             else:
-                raise DecodeError(f"{name}: data point has neither asDouble nor asInt")
+                raw = _get(point, "asInt", "as_int")
+                if raw is None:
+                    raise DecodeError(f"{name}: data point has neither asDouble nor asInt")
+                value = float(_int(raw, f"{name}: asInt"))
             if not math.isfinite(value):
                 self._skip("points_not_finite")
                 continue
             cols.node.append(node)
             cols.metric.append(name)
-            cols.attributes.append(self._canonical(attributes(_get(point, "attributes", None, []))))
+            cols.attributes.append(self._canonical(point.get("attributes")))
             cols.is_sum.append(is_sum)
             cols.cumulative.append(cumulative)
             cols.start_ns.append(_int(_get(point, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano"))
@@ -291,7 +311,7 @@ class Decoder:
                 continue
             cols.node.append(node)
             cols.metric.append(name)
-            cols.attributes.append(self._canonical(attributes(_get(point, "attributes", None, []))))
+            cols.attributes.append(self._canonical(point.get("attributes")))
             cols.cumulative.append(cumulative)
             cols.start_ns.append(_int(_get(point, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano"))
             cols.time_ns.append(self._time(point, name))
