@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar, Iterable
 
 from sloscope import catalog
@@ -186,6 +186,11 @@ class Probe(abc.ABC):
     @abc.abstractmethod
     def running(self) -> bool:
         ...
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What limits a running probe without stopping it (e.g. a syscall without tracepoints here)."""
+        return ()
 
     def __enter__(self):
         self.start()

@@ -24,7 +24,7 @@ probes (eBPF ones need root, BTF, tracefs and kernel headers; without them they 
 output:
   --format table   for people: one block per interval.
   --format json    for machines: JSON Lines. First one {{"record": "status", "requested", "running",
-                   "missing", "lost_signals"}} per requested probe, then one {{"record": "sample", "name",
+                   "missing", "lost_signals", "notes"}} per requested probe, then one {{"record": "sample", "name",
                    "unit", "instrument", "kind", "attributes", "start_time_unix_nano", "time_unix_nano", ...}}
                    per sample: "value" for kind gauge/counter_delta (deltas over the interval), or the OTLP
                    exponential-histogram fields (count, sum, scale, zero_count, positive_offset,

@@ -16,10 +16,10 @@ them all, also on Ctrl-C or error (`with ProbeSet(...) as probes:`).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from .base import Host, Probe, ProbeError, ProbeUnavailable
+from .base import Host, Probe, ProbeUnavailable
 from .ebpf.block_io import BlockIoProbe
 from .ebpf.runqueue import RunqueueProbe
 from .ebpf.syscall_latency import SyscallLatencyProbe
@@ -62,6 +62,7 @@ class Decision:
     running: tuple[str, ...]  # probe names actually started for this request (itself, or its fallbacks)
     missing: tuple[str, ...] = ()  # why the requested probe itself did not run
     lost_signals: tuple[str, ...] = ()  # catalog signals of the request that nothing produces now
+    notes: tuple[str, ...] = ()  # limits of a probe that runs (e.g. syscalls without tracepoints)
 
     @property
     def fallback(self) -> bool:
@@ -69,7 +70,7 @@ class Decision:
 
     def explain(self) -> str:
         if not self.missing:
-            return f"{self.requested}: running"
+            return f"{self.requested}: running" + "".join(f"; {n}" for n in self.notes)
         text = f"{self.requested}: unavailable: " + "; ".join(self.missing)
         if self.running:
             text += f" -> falling back to {', '.join(self.running)}"
@@ -81,7 +82,7 @@ class Decision:
 
     def to_dict(self) -> dict:
         return {"requested": self.requested, "running": list(self.running), "missing": list(self.missing),
-                "lost_signals": list(self.lost_signals)}
+                "lost_signals": list(self.lost_signals), "notes": list(self.notes)}
 
 
 class ProbeSet:
@@ -120,11 +121,13 @@ class ProbeSet:
         return ()
 
     def start(self) -> list[Decision]:
+        if self.decisions:
+            return self.decisions
         try:
             for name in self.names:
                 missing = self._try_start(name)
                 if not missing:
-                    self.decisions.append(Decision(name, (name,)))
+                    self.decisions.append(Decision(name, (name,), notes=self.probes[name].notes))
                     continue
                 running = tuple(fb for fb in FALLBACKS.get(name, ()) if not self._try_start(fb))
                 produced = {s for fb in running for s in PROBES[fb].signals}

@@ -160,6 +160,20 @@ def test_cgroup_filter_sees_only_processes_in_the_cgroup():
         path.rmdir()
 
 
+def test_unknown_syscalls_are_noted_and_the_rest_traced():
+    options = {"syscall": {"syscalls": ["read", "no_such_call"], "pids": [os.getpid()]}}
+    with ProbeSet(["syscall"], options=options) as probes:
+        (decision,) = probes.decisions
+        assert decision.running == ("syscall",) and decision.missing == ()
+        assert any("syscalls:sys_enter_no_such_call" in n for n in decision.notes)
+        assert probes.probes["syscall"].attached == ("read",)
+        fd = os.open("/dev/null", os.O_RDONLY)
+        os.read(fd, 1)
+        os.close(fd)
+        names = {s.attributes["syscall.name"] for s in probes.collect()}
+        assert names == {"read"}
+
+
 # -- TCP --------------------------------------------------------------------------------------------------
 
 def ip(*args):
@@ -370,7 +384,7 @@ def test_cli_prints_a_syscall_histogram(capsys):
 
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert records[0] == {"record": "status", "requested": "syscall", "running": ["syscall"], "missing": [],
-                          "lost_signals": []}
+                          "lost_signals": [], "notes": []}
     (h,) = [r for r in records if r["record"] == "sample"]
     # the CLI's own 0.3 s sleep, in the bucket (0.25 s, 0.5 s]
     assert h["name"] == "sloscope.syscall.duration" and h["attributes"] == {"syscall.name": "clock_nanosleep"}

@@ -101,6 +101,10 @@ class BccProbe(Probe):
     def running(self) -> bool:
         return self._bpf is not None
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self._notes
+
     def start(self) -> None:
         if self._bpf is not None:
             return
@@ -108,8 +112,6 @@ class BccProbe(Probe):
         if not availability.ok:
             raise ProbeUnavailable(self.name, availability.missing)
         self._notes = availability.notes
-        for note in availability.notes:
-            log.info("%s: %s", self.name, note)
         from bcc import BPF
 
         path = os.path.join(HERE, self.c_file)

@@ -8,6 +8,8 @@
 
 #define SLOSCOPE_TASK_STATE_MASK 0xff
 
+/* Time each thread became runnable; 0 = not waiting. Rewritten in place, not inserted and deleted per
+ * switch (sched_switch is hot); LRU, so exited threads age out. */
 BPF_TABLE("lru_hash", u32, u64, start, 65536);
 BPF_PERCPU_ARRAY(hist, u64, SLOSCOPE_HIST_SLOTS);
 BPF_PERCPU_ARRAY(sums, u64, 1);
@@ -17,7 +19,11 @@ static __always_inline int enqueued(u32 tid)
     if (tid == 0)
         return 0;
     u64 ts = bpf_ktime_get_ns();
-    start.update(&tid, &ts);
+    u64 *tsp = start.lookup(&tid);
+    if (tsp)
+        *tsp = ts;
+    else
+        start.update(&tid, &ts);
     return 0;
 }
 
@@ -40,10 +46,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
     if (tid == 0)
         return 0;
     u64 *tsp = start.lookup(&tid);
-    if (!tsp)
+    if (!tsp || *tsp == 0)
         return 0;
     u64 delta = bpf_ktime_get_ns() - *tsp;
-    start.delete(&tid);
+    *tsp = 0;
 
     u32 slot = sloscope_slot(delta);
     u64 *count = hist.lookup(&slot);

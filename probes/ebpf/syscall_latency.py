@@ -107,8 +107,10 @@ class SyscallLatencyProbe(BccProbe):
         pairs, attached = [], []
         for s in self.syscalls:
             enter, exit_ = f"syscalls:sys_enter_{s}", f"syscalls:sys_exit_{s}"
-            if s not in numbers or not (tracepoint_exists(self.host, tracefs, enter)
-                                        and tracepoint_exists(self.host, tracefs, exit_)):
+            if not (tracepoint_exists(self.host, tracefs, enter) and tracepoint_exists(self.host, tracefs, exit_)):
+                continue  # already in the availability notes
+            if s not in numbers:
+                self._notes += (f"syscall {s}: number unknown on this architecture, skipped",)
                 continue
             self._names[numbers[s]] = s
             pairs += [(exit_, "on_sys_exit"), (enter, "on_sys_enter")]

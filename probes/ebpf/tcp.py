@@ -3,7 +3,6 @@ state transitions per new state (sloscope.tcp.state_transitions, from sock:inet_
 
 from __future__ import annotations
 
-from ..base import now_ns
 from ..sample import AnySample, Sample, counter_delta
 from ..tcp_states import STATE_NAMES
 from .loader import BccProbe, map_value
