@@ -1,0 +1,129 @@
+"""`sloscope simulate`: write a simulated fleet's OTLP-JSON metrics and spans plus its ground truth."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+from sloscope import taxonomy
+
+DEFAULT_SERVICES = ("llm-gateway", "embedder", "reranker")  # = simulator.traffic.DEFAULT_SERVICES
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'20m', '1h30m', '90s', '1.5h', '600' (seconds) -> seconds."""
+    t = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        return float(t)
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|min|s|m|h|d)", t)
+    if not parts or "".join(a + b for a, b in parts) != t:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (examples: 90s, 20m, 1h, 1h30m)")
+    return sum(float(a) * _UNITS[b] for a, b in parts)
+
+
+def _seconds(text: str) -> int:
+    value = parse_duration(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: whole seconds only")
+    return int(value)
+
+
+def _fault(text: str) -> str:
+    if text == "none" or text in taxonomy.CAUSE_IDS:
+        return text
+    raise argparse.ArgumentTypeError(f"unknown cause {text!r}; choose none or one of: {', '.join(taxonomy.CAUSE_IDS)}")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "simulate",
+        help="write a simulated GPU inference fleet (OTLP-JSON metrics + spans) with an optional injected fault",
+        description="Simulate a GPU inference fleet: every catalog signal on every node at 1 s resolution, "
+        "request spans per service and SLO tier, and optionally one injected physical fault with its "
+        "confounders. Writes metrics.jsonl.gz and traces.jsonl.gz (OTLP/JSON, one export request per line, "
+        "as the OpenTelemetry Collector's file exporter writes) and ground_truth.json (what really happened; "
+        "root-cause analysis must not read it).",
+        epilog="causes: " + ", ".join(taxonomy.CAUSE_IDS) + ". Durations: 90s, 20m, 1h, 1h30m. Example: "
+        "sloscope simulate --out /tmp/fleet --fault gpu_thermal --nodes 8 --duration 30m --seed 3",
+    )
+    p.add_argument("--out", required=True, type=Path, help="output directory (created)")
+    p.add_argument("--nodes", type=int, default=4, help="number of nodes, named gpu-node-1..N (default: 4)")
+    p.add_argument("--duration", type=_seconds, default=1200, help="run length (default: 20m)")
+    p.add_argument("--start", default=None,
+                   help="run start, RFC 3339 (default: now minus duration, truncated to the second)")
+    p.add_argument("--seed", type=int, default=0, help="random seed: the same seed and start give the same files (default: 0)")
+    p.add_argument("--rate", type=float, default=10.0, help="requests per second per service per node, before bursts (default: 10)")
+    p.add_argument("--services", default=",".join(DEFAULT_SERVICES),
+                   help="comma-separated service names (default: %(default)s)")
+    p.add_argument("--fault", type=_fault, default="none", metavar="CAUSE",
+                   help="cause to inject (a taxonomy cause id, listed below), or none for a healthy control (default: none)")
+    p.add_argument("--fault-node", default=None,
+                   help="node for the fault: name or 1-based number (default: drawn by seed)")
+    p.add_argument("--fault-at", type=_seconds, default=None,
+                   help="fault onset as an offset into the run (default: mid-run, >= 10 min of baseline)")
+    p.add_argument("--fault-duration", type=_seconds, default=300, help="how long the fault lasts (default: 5m)")
+    p.add_argument("--flush-interval", type=_seconds, default=10,
+                   help="collector batching: one line per node per interval (default: 10s)")
+    p.add_argument("--plain", action="store_true", help="write uncompressed .jsonl instead of .jsonl.gz")
+    p.add_argument("--workers", type=int, default=None,
+                   help="rendering processes (default: 1 for small runs, else up to 8 by CPU count)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from simulator.fleet import SimulationConfig, simulate
+
+    services = tuple(s.strip() for s in args.services.split(",") if s.strip())
+    cfg = SimulationConfig(
+        out=args.out, nodes=args.nodes, duration_s=args.duration, start=args.start, seed=args.seed,
+        rate=args.rate, services=services, fault=None if args.fault == "none" else args.fault,
+        fault_node=args.fault_node, fault_at_s=args.fault_at, fault_duration_s=args.fault_duration,
+        flush_interval_s=args.flush_interval, compress=not args.plain, workers=args.workers,
+    )
+    t0 = time.monotonic()
+    try:
+        truth = simulate(cfg)
+    except ValueError as e:
+        print(f"sloscope simulate: error: {e}", file=sys.stderr)
+        return 2
+    elapsed = time.monotonic() - t0
+    counts = truth.extra["counts"]
+    files = truth.extra["files"]
+    out = Path(args.out)
+    print(f"simulated {len(truth.nodes)} nodes x {args.duration}s from {truth.start} in {elapsed:.1f}s",
+          file=sys.stderr)
+    print(f"  {out / files['metrics']}: {counts['metric_lines']} lines, {counts['data_points']} data points",
+          file=sys.stderr)
+    print(f"  {out / files['traces']}: {counts['trace_lines']} lines, {counts['server_spans']} server spans, "
+          f"{counts['client_spans']} client spans", file=sys.stderr)
+    print(f"  {out / 'ground_truth.json'}", file=sys.stderr)
+    if truth.fault:
+        f = truth.fault
+        where = f.get("hw.id") or f.get("spdk.bdev.name")
+        print(f"  fault: {f['cause']} on {f['node']}{' ' + where if where else ''} from {f['onset']} to {f['end']} "
+              f"(SLI from {f['sli_onset']})", file=sys.stderr)
+        if truth.effect:
+            print(f"  effect confounder: {truth.effect['kind']} from {truth.effect['onset']}", file=sys.stderr)
+    else:
+        print("  fault: none (healthy control)", file=sys.stderr)
+    if truth.fleet_wide:
+        print(f"  fleet-wide confounder: {truth.fleet_wide['kind']} from {truth.fleet_wide['onset']}",
+              file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="simulate")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(["simulate", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

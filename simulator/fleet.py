@@ -1,0 +1,537 @@
+"""The fleet simulator: OTLP-JSON metrics and spans of a GPU inference fleet, healthy or with one injected
+fault, plus a separate ground-truth file.
+
+Root-cause analysis may only read what a real fleet would show, so everything the simulator knows beyond
+the telemetry (the fault, its onset, the confounders) goes to `ground_truth.json` and nowhere else.
+
+    from simulator.fleet import SimulationConfig, simulate
+    truth = simulate(SimulationConfig(out="/tmp/run", nodes=4, duration_s=1200, fault="cpu_contention"))
+
+Output, in `out`: `metrics.jsonl.gz`, `traces.jsonl.gz` (one Export*ServiceRequest per line, one line per
+node per flush interval; several gzip members, which every gzip reader concatenates) and `ground_truth.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import zlib
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+
+from sloscope import catalog, taxonomy
+from simulator import faults, otlp_json, signals, traffic
+from simulator.signals import Counter, Gauge, Histogram, NodeSeries
+
+METRICS_FILE = "metrics.jsonl"
+TRACES_FILE = "traces.jsonl"
+TRUTH_FILE = "ground_truth.json"
+COLLECTOR_SERVICE = "sloscope-collector"
+NODE_PREFIX = "gpu-node-"
+NAMESPACE = "inference"
+RESTART_GAP_S = 3
+CHUNK_S = 60  # rendering unit (and the span RNG's unit): output does not depend on the worker count
+
+
+@dataclass
+class SimulationConfig:
+    out: str | Path | None = None
+    nodes: int = 4
+    duration_s: int = 1200
+    start: datetime | str | None = None  # RFC 3339; default: now minus duration, truncated to the second
+    seed: int = 0
+    rate: float = 10.0  # requests/s per service per node
+    services: tuple = traffic.DEFAULT_SERVICES
+    fault: str | None = None  # a taxonomy cause id; None or "none": healthy control
+    fault_node: str | int | None = None  # node name or 1-based number; default drawn by seed
+    fault_at_s: int | None = None  # onset, seconds after start; default mid-run, >= 10 min of baseline
+    fault_duration_s: int = 300
+    flush_interval_s: int = 10
+    compress: bool = True
+    workers: int | None = None  # processes for rendering; None: automatic
+
+
+@dataclass
+class GroundTruth:
+    seed: int
+    start: str
+    end: str
+    nodes: list
+    services: list
+    fault: dict | None
+    effect: dict | None
+    fleet_wide: dict | None
+    counter_reset: dict | None
+    extra: dict = field(default_factory=dict)  # slo, bursts, files, counts, config
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(d.pop("extra"))
+        return d
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------ time
+
+
+def rfc3339(t: datetime) -> str:
+    t = t.astimezone(timezone.utc)
+    if t.microsecond:
+        return t.strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0") + "Z"
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | datetime) -> datetime:
+    if isinstance(value, datetime):
+        t = value
+    else:
+        t = datetime.fromisoformat(value.strip().replace("z", "Z").replace("Z", "+00:00"))
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t.astimezone(timezone.utc)
+
+
+# ------------------------------------------------------------------------------------------------ the fleet
+
+
+@dataclass
+class Fleet:
+    """A planned, generated fleet (all numbers, nothing serialised yet)."""
+
+    config: SimulationConfig
+    n: int
+    start: datetime
+    start_ns: int
+    names: list
+    nodes: list  # NodeSeries
+    plan: traffic.TrafficPlan
+    truth: GroundTruth
+    reset: tuple | None  # (node index, second of restart, gap)
+
+    def at(self, second: float) -> str:
+        return rfc3339(self.start + timedelta(seconds=float(second)))
+
+
+def _resolve_node(value, names: list, rng: np.random.Generator) -> int:
+    if value is None:
+        return int(rng.integers(0, len(names)))
+    if isinstance(value, str) and value in names:
+        return names.index(value)
+    try:
+        i = int(str(value).removeprefix(NODE_PREFIX))
+    except ValueError:
+        raise ValueError(f"unknown node {value!r}: expected one of {names[0]}..{names[-1]} or 1..{len(names)}")
+    if not 1 <= i <= len(names):
+        raise ValueError(f"node {value!r} out of range 1..{len(names)}")
+    return i - 1
+
+
+def default_onset(n: int) -> int:
+    """Mid-run, leaving at least 10 min of healthy baseline where the run is long enough."""
+    return int(max(n // 2, min(600, int(0.6 * n))))
+
+
+def _validate(cfg: SimulationConfig) -> None:
+    if cfg.nodes < 1:
+        raise ValueError("nodes must be >= 1")
+    if int(cfg.duration_s) < 120:
+        raise ValueError("duration must be at least 2 min")
+    if cfg.flush_interval_s < 1 or int(cfg.flush_interval_s) != cfg.flush_interval_s:
+        raise ValueError("flush interval must be a whole number of seconds")
+    if cfg.rate <= 0:
+        raise ValueError("rate must be > 0")
+    if not cfg.services or len(set(cfg.services)) != len(cfg.services):
+        raise ValueError("services must be non-empty and distinct")
+    if cfg.fault not in (None, "none") and cfg.fault not in taxonomy.CAUSE_IDS:
+        raise ValueError(f"unknown fault {cfg.fault!r}: expected none or one of {', '.join(taxonomy.CAUSE_IDS)}")
+    traffic.check_latency_margin(cfg.services)
+
+
+def build_fleet(cfg: SimulationConfig) -> Fleet:
+    """Plan and generate every series and the traffic plan; deterministic for (seed, start, shape)."""
+    _validate(cfg)
+    n = int(cfg.duration_s)
+    if cfg.start is None:
+        start = (datetime.now(timezone.utc) - timedelta(seconds=n)).replace(microsecond=0)
+    else:
+        start = parse_time(cfg.start)
+    start_ns = int(start.timestamp()) * 10**9 + start.microsecond * 1000
+    names = [f"{NODE_PREFIX}{i + 1}" for i in range(cfg.nodes)]
+    seed = int(cfg.seed)
+    rng = np.random.default_rng([seed, 0])
+    nodes = [signals.build_node(seed, i, names[i], n) for i in range(cfg.nodes)]
+    cause = None if cfg.fault in (None, "none") else cfg.fault
+    services = tuple(cfg.services)
+
+    def at(second: float) -> str:
+        return rfc3339(start + timedelta(seconds=float(second)))
+
+    # ---- the fault: its evidence, then the request response 5-15 s later
+    fault_truth = effect_truth = None
+    latency = None
+    onset = int(cfg.fault_at_s) if cfg.fault_at_s is not None else default_onset(n)
+    fault_node = _resolve_node(cfg.fault_node, names, rng)
+    s_cause = 0.0
+    if cause is not None:
+        if not 30 <= onset <= n - 30:
+            raise ValueError(f"fault onset {onset}s must lie within the run, 30 s from either end (run: {n}s)")
+        duration = int(min(cfg.fault_duration_s, n - onset))
+        if duration < 20:
+            raise ValueError("the fault must last at least 20 s")
+        frng = np.random.default_rng([seed, 5])
+        ramp = float(frng.uniform(10, 20))
+        spec = faults.FaultSpec(cause, fault_node, onset, duration, ramp)
+        node = nodes[fault_node]
+        target = faults.apply_cause(node, spec, n, frng)
+        evidence = faults.cause_series(node, cause, target)
+        base = faults.baseline_window(onset)
+        active = (onset + int(math.ceil(ramp)), onset + duration)
+        s_cause = max(faults.robust_score(s, base, active, feat) for s, feat in evidence)
+        lag = int(frng.integers(5, 16))
+        sli_onset = onset + lag
+        affected = _affected_services(cause, services, frng)
+        mult, errors = {}, {}
+        probe_plan = traffic.make_plan(seed, n, start_ns, cfg.flush_interval_s, services, names, cfg.rate)
+        for i, svc in enumerate(services):
+            p99 = traffic.base_p99_critical(probe_plan, fault_node, i)
+            want = (frng.uniform(1.5, 3.0) if svc in affected else frng.uniform(0.35, 0.7)) * \
+                traffic.TIERS[traffic.CRITICAL]["threshold_s"]
+            mult[svc] = round(max(want / p99, 1.2), 3)
+            if cause == "network_loss":
+                errors[svc] = round(frng.uniform(0.03, 0.08) / (1 if svc in affected else 3), 4)
+        latency = traffic.LatencyFault(fault_node, float(sli_onset), 5.0, float(onset + duration + lag), mult,
+                                       errors)
+        fault_truth = {
+            "cause": cause, "layer": taxonomy.BY_ID[cause].layer, "node": names[fault_node],
+            "onset": at(onset), "end": at(onset + duration), **target,
+            "evidence": faults.describe_series([s for s, _ in evidence]),
+            "ramp_s": round(ramp, 1), "sli_onset": at(sli_onset),
+            "affected_services": [s for s in services if s in affected],
+            "latency_multiplier": mult, "error_ratio": errors or None,
+            "reference_score": round(s_cause, 2),
+        }
+
+        # ---- (a) an effect on the fault node, 20-60 s after the SLI breaks
+        cands = [c for c in faults.EFFECTS if not faults.overlaps(c, cause, node)]
+        conf = cands[int(frng.integers(0, len(cands)))]
+        e0 = int(min(sli_onset + 5 + frng.uniform(20, 60), n - 10))
+        e1 = int(min(n, onset + duration + frng.uniform(0, 30)))
+        e1 = max(e1, e0 + 10)
+        ratio = _ratio(frng)
+        amounts = faults.calibrate(node, conf, max(ratio * min(s_cause, faults.SCORE_CAP),
+                                                   faults.MIN_CONFOUNDER_SCORE), base)
+        faults.apply_confounder(node, conf, amounts, faults.profile(n, e0, 8.0, e1))
+        series = faults.confounder_series(node, conf)
+        effect_truth = {
+            "kind": conf.kind, "description": conf.description, "node": names[fault_node],
+            "onset": at(e0), "end": at(min(e1, n)), "signals": faults.describe_series(series),
+            "reference_score": round(max(faults.robust_score(s, base, (e0 + 8, e1)) for s in series), 2),
+        }
+        effect_signals = {s.name for s in series}
+    else:
+        frng = np.random.default_rng([seed, 5])
+        effect_signals = set()
+
+    # ---- (b) a fleet-wide change within 2 min of the fault (or mid-run in a healthy control)
+    ref = nodes[fault_node]
+    cands = [c for c in faults.FLEET_WIDE
+             if not faults.overlaps(c, cause, ref) and not ({s for s, _ in c.signals} & effect_signals)]
+    conf = cands[int(frng.integers(0, len(cands)))]
+    f0 = int(np.clip(onset + frng.uniform(-120, 120), min(60, n // 4), max(n - 60, n // 2)))
+    framp = float(frng.uniform(5, 15))
+    fbase = faults.baseline_window(f0)
+    target_score = _ratio(frng) * min(s_cause, faults.SCORE_CAP) if cause else frng.uniform(8, 40)
+    target_score = max(target_score, faults.MIN_CONFOUNDER_SCORE)
+    prof = faults.profile(n, f0, framp)
+    for node in nodes:  # calibrated per node, so it is strong on every node whatever its baseline
+        faults.apply_confounder(node, conf, faults.calibrate(node, conf, target_score, fbase), prof)
+    series = faults.confounder_series(ref, conf)
+    fleet_truth = {
+        "kind": conf.kind, "description": conf.description, "nodes": list(names), "onset": at(f0), "end": None,
+        "signals": [{"signal": s, "attributes": dict(w)} for s, w in conf.signals],
+        "reference_node": names[fault_node],
+        "reference_score": round(max(faults.robust_score(s, fbase, (f0 + int(framp) + 1, n)) for s in series), 2),
+    }
+
+    # ---- a collector restart: counters and histograms start over on one node
+    rnode = int(rng.integers(0, len(nodes)))
+    r = int(rng.integers(int(0.2 * n), int(0.45 * n)))
+    if cause is not None and abs(r - onset) < 120:
+        r = max(10, onset - 150)
+    reset = (rnode, r, RESTART_GAP_S)
+    reset_truth = {"node": names[rnode], "at": at(r), "gap_s": RESTART_GAP_S,
+                   "restarted_at": at(r + RESTART_GAP_S - 1)}
+
+    plan = traffic.make_plan(seed, n, start_ns, int(cfg.flush_interval_s), services, names, cfg.rate, latency)
+    truth = GroundTruth(
+        seed=seed, start=at(0), end=at(n), nodes=list(names), services=list(services),
+        fault=fault_truth, effect=effect_truth, fleet_wide=fleet_truth, counter_reset=reset_truth,
+        extra={
+            "slo": {"default_tier": traffic.DEFAULT_TIER,
+                    "tiers": {t: {"latency": {"percentile": v["percentile"], "threshold_ms": v["threshold_s"] * 1e3},
+                                  "availability": v["availability"]} for t, v in traffic.TIERS.items()},
+                    "resolution": "10s"},
+            "bursts": {s: [at(b) for b in plan.bursts[s].tolist()] for s in services},
+            "reference_score": "median over the anomaly of the harmful-direction deviation from the median of "
+                               "the 10 min before it (ending 30 s before), in baseline IQRs floored at the "
+                               "catalog noise floor; per-second gauge values, counter deltas, histogram means",
+        },
+    )
+    return Fleet(cfg, n, start, start_ns, names, nodes, plan, truth, reset)
+
+
+def _ratio(rng: np.random.Generator) -> float:
+    lo, hi = faults.CONFOUNDER_RATIO
+    return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+def _affected_services(cause: str, services: tuple, rng: np.random.Generator) -> set:
+    affected = {s for s in services if rng.random() < 0.5}
+    if taxonomy.BY_ID[cause].layer == "gpu" and "llm-gateway" in services:
+        affected.add("llm-gateway")
+    if not affected:
+        affected.add(services[int(rng.integers(0, len(services)))])
+    return affected
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+
+
+def _cumulative(inc: np.ndarray, initial, reset_at: int | None) -> np.ndarray:
+    cum = np.cumsum(inc, axis=0)
+    cum = cum + initial
+    if reset_at is not None and reset_at < len(inc):
+        cum[reset_at:] = np.cumsum(inc[reset_at:], axis=0)
+    return cum
+
+
+def materialize(fleet: Fleet, idx: int) -> list:
+    """[(metric name, [SeriesRender, ...]), ...] in catalog order for node `idx`."""
+    node: NodeSeries = fleet.nodes[idx]
+    n = fleet.n
+    warm = min(300, n)
+    start_before = fleet.start_ns - int(node.uptime_s * 1e9)
+    reset_at = start_after = None
+    if fleet.reset and fleet.reset[0] == idx:
+        _, r, g = fleet.reset
+        reset_at = r + g
+        start_after = fleet.start_ns + node.phase_ns + (reset_at - 1) * 10**9
+    groups = {}
+    for s in node.series:
+        if isinstance(s, Gauge):
+            values = s.realize()
+            if s.signal.unit == "By":
+                sr = otlp_json.SeriesRender(s.name, s.attrs, "gauge", value_format="%d")
+                sr.values = values.astype(np.int64)
+            else:
+                sr = otlp_json.SeriesRender(s.name, s.attrs, "gauge", value_format="%.6g")
+                sr.values = values
+        elif isinstance(s, Counter):
+            inc = s.increments()
+            sr = otlp_json.SeriesRender(s.name, s.attrs, "counter", start_before, start_after, reset_at, s.integer)
+            if s.integer:
+                inc = inc.astype(np.int64)
+                sr.values = _cumulative(inc, int(round(float(inc[:warm].mean()) * node.uptime_s)), reset_at)
+            elif s.signal.unit == "By":
+                sr = otlp_json.SeriesRender(s.name, s.attrs, "counter", start_before, start_after, reset_at,
+                                            value_format="%d")
+                inc = np.round(inc).astype(np.int64)
+                sr.values = _cumulative(inc, int(round(float(inc[:warm].mean()) * node.uptime_s)), reset_at)
+            else:
+                cum = _cumulative(inc, float(inc[:warm].mean()) * node.uptime_s, reset_at)
+                sr.values = np.round(cum, 6)
+        else:
+            sr = _histogram_render(s, node, warm, start_before, start_after, reset_at)
+        groups.setdefault(s.name, []).append(sr)
+    return [(sig.name, groups[sig.name]) for sig in catalog.SIGNALS if sig.name in groups]
+
+
+def _histogram_render(s: Histogram, node, warm, start_before, start_after, reset_at) -> otlp_json.SeriesRender:
+    real = s.realize()
+    counts = real["counts"].astype(np.int64)
+    init = np.round(counts[:warm].mean(axis=0) * node.uptime_s).astype(np.int64)
+    cum = _cumulative(counts, init, reset_at)
+    used = np.flatnonzero(cum.any(axis=0))
+    lo_col, hi_col = (int(used[0]), int(used[-1])) if len(used) else (0, 0)
+    cum = cum[:, lo_col:hi_col + 1]
+    offset = real["offset"] + lo_col
+    lower = np.exp2(np.arange(offset, offset + cum.shape[1], dtype=np.float64))
+    count = cum.sum(axis=1)
+    total = _cumulative(real["sum"], float(real["sum"][:warm].mean()) * node.uptime_s, reset_at)
+    cf = cum.astype(np.float64)
+    total = np.clip(total, cf @ lower * 1.0001, cf @ (2 * lower) * 0.9999)
+    nz = cum > 0
+    lo_idx = np.argmax(nz, axis=1)
+    hi_idx = cum.shape[1] - 1 - np.argmax(nz[:, ::-1], axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, total / np.maximum(count, 1), 0.0)
+    mn = np.where(count > 0, np.minimum(np.exp2(offset + lo_idx) * 1.05, mean), 0.0)
+    mx = np.where(count > 0, np.maximum(np.exp2(offset + hi_idx + 1) * 0.95, mean), 0.0)
+    sr = otlp_json.SeriesRender(s.name, s.attrs, "histogram", start_before, start_after, reset_at)
+    sr.counts, sr.count, sr.offset = cum, count, int(offset)
+    sr.sum = np.round(total, 9)
+    sr.min, sr.max = _sig(mn), _sig(mx)
+    return sr
+
+
+def _sig(x: np.ndarray, digits: int = 6) -> np.ndarray:
+    """Round to `digits` significant digits (shorter JSON for tiny seconds values)."""
+    out = np.zeros_like(x)
+    nz = x > 0
+    mag = np.floor(np.log10(x[nz]))
+    q = 10.0 ** (digits - 1 - mag)
+    out[nz] = np.round(x[nz] * q) / q
+    return out
+
+
+class _Renderer:
+    def __init__(self, fleet: Fleet, release: bool = False):
+        self.fleet = fleet
+        self.renders = []
+        for i, node in enumerate(fleet.nodes):
+            self.renders.append(materialize(fleet, i))
+            if release:  # the native series are not needed once rendered: halve peak memory on big runs
+                node.series = []
+        cfg = fleet.config
+        self.metric_heads = {name: otlp_json.metric_head(name) for name, _ in self.renders[0]}
+        self.line_heads = [otlp_json.metrics_line_head([("host.name", nm), ("k8s.node.name", nm),
+                                                        ("service.name", COLLECTOR_SERVICE)]) for nm in fleet.names]
+        self.span_heads = [[otlp_json.traces_resource_head([
+            ("service.name", svc), ("service.namespace", NAMESPACE), ("host.name", nm), ("k8s.node.name", nm),
+            ("k8s.namespace.name", NAMESPACE), ("k8s.pod.name", _pod(fleet.config.seed, svc, i))])
+            for svc in cfg.services] for i, nm in enumerate(fleet.names)]
+        self.flush = int(cfg.flush_interval_s)
+        self.chunk_s = max(1, CHUNK_S // self.flush) * self.flush
+        self.chunks = int(math.ceil(fleet.n / self.chunk_s))
+
+    def render(self, ci: int) -> tuple[str, str, dict]:
+        f = self.fleet
+        a, b = ci * self.chunk_s, min(f.n, (ci + 1) * self.chunk_s)
+        intervals = range(a // self.flush, (b - 1) // self.flush + 1)
+        stats = {"metric_lines": 0, "data_points": 0, "trace_lines": 0, "server_spans": 0, "client_spans": 0}
+        mlines: dict = {j: [] for j in intervals}
+        for i, groups in enumerate(self.renders):
+            node = f.nodes[i]
+            ts = [str(f.start_ns + node.phase_ns + k * 10**9) for k in range(a, b)]
+            pts = [(name, [sr.points(ts, a, b) for sr in srs]) for name, srs in groups]
+            gap = None
+            if f.reset and f.reset[0] == i:
+                gap = (f.reset[1], f.reset[1] + f.reset[2])
+            for j in intervals:
+                lo, hi = max(a, j * self.flush), min(b, (j + 1) * self.flush)
+                keep = [k - a for k in range(lo, hi) if gap is None or not gap[0] <= k < gap[1]]
+                if not keep:
+                    continue
+                ka, kb = keep[0], keep[-1] + 1
+                contiguous = len(keep) == kb - ka
+                parts = []
+                for name, lists in pts:
+                    if contiguous:
+                        dp = [p for lst in lists for p in lst[ka:kb]]
+                    else:
+                        dp = [lst[k] for lst in lists for k in keep]
+                    stats["data_points"] += len(dp)
+                    h, t = self.metric_heads[name]
+                    parts.append(h + ",".join(dp) + t)
+                mlines[j].append(self.line_heads[i] + ",".join(parts) + otlp_json.METRICS_LINE_TAIL)
+        tlines: dict = {j: [] for j in intervals}
+        for i in range(len(f.nodes)):
+            batches = [traffic.chunk_spans(f.plan, i, s, ci, a, b) for s in range(len(f.plan.services))]
+            for sb in batches:
+                stats["server_spans"] += sb.server
+                stats["client_spans"] += sb.client
+            for j in intervals:
+                res = [self.span_heads[i][s] + ",".join(sb.by_interval[j]) + otlp_json.TRACES_RESOURCE_TAIL
+                       for s, sb in enumerate(batches) if sb.by_interval.get(j)]
+                if res:
+                    tlines[j].append('{"resourceSpans":[' + ",".join(res) + "]}")
+        mtext = "".join(["\n".join(mlines[j]) + "\n" for j in intervals if mlines[j]])
+        ttext = "".join(["\n".join(tlines[j]) + "\n" for j in intervals if tlines[j]])
+        stats["metric_lines"] = sum(len(v) for v in mlines.values())
+        stats["trace_lines"] = sum(len(v) for v in tlines.values())
+        return mtext, ttext, stats
+
+
+def _pod(seed: int, service: str, node: int) -> str:
+    h = zlib.crc32(f"{seed}/{service}/{node}".encode())
+    return f"{service}-{h:08x}"[:63]
+
+
+_ACTIVE: _Renderer | None = None  # shared with forked workers
+
+
+def _render_compressed(args: tuple) -> tuple[bytes, bytes, dict]:
+    ci, compress = args
+    mtext, ttext, stats = _ACTIVE.render(ci)
+    return _encode(mtext, compress), _encode(ttext, compress), stats
+
+
+def _encode(text: str, compress: bool) -> bytes:
+    data = text.encode("utf-8")
+    if not compress:
+        return data
+    z = zlib.compressobj(1, zlib.DEFLATED, 31)  # one gzip member
+    return z.compress(data) + z.flush()
+
+
+def _workers(cfg: SimulationConfig, fleet: Fleet) -> int:
+    if cfg.workers is not None:
+        return max(1, int(cfg.workers))
+    if len(fleet.nodes) * fleet.n < 20 * 3600:
+        return 1
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def simulate(cfg: SimulationConfig) -> GroundTruth:
+    """Generate the fleet and write metrics, traces and ground truth into `cfg.out`."""
+    global _ACTIVE
+    if cfg.out is None:
+        raise ValueError("SimulationConfig.out is required")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    fleet = build_fleet(cfg)
+    renderer = _Renderer(fleet, release=True)
+    suffix = ".gz" if cfg.compress else ""
+    mpath, tpath = out / (METRICS_FILE + suffix), out / (TRACES_FILE + suffix)
+    for stale in (out / METRICS_FILE, out / TRACES_FILE, out / (METRICS_FILE + ".gz"), out / (TRACES_FILE + ".gz")):
+        if stale.exists() and stale not in (mpath, tpath):
+            stale.unlink()
+    totals = {"metric_lines": 0, "data_points": 0, "trace_lines": 0, "server_spans": 0, "client_spans": 0}
+    tasks = [(ci, cfg.compress) for ci in range(renderer.chunks)]
+    workers = _workers(cfg, fleet)
+    _ACTIVE = renderer
+    try:
+        with open(mpath, "wb") as mf, open(tpath, "wb") as tf:
+            if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+                ctx = multiprocessing.get_context("fork")
+                with ctx.Pool(workers) as pool:
+                    results = pool.imap(_render_compressed, tasks)
+                    _drain(results, mf, tf, totals)
+            else:
+                _drain(map(_render_compressed, tasks), mf, tf, totals)
+    finally:
+        _ACTIVE = None
+    truth = fleet.truth
+    truth.extra["files"] = {"metrics": mpath.name, "traces": tpath.name}
+    truth.extra["counts"] = totals
+    truth.extra["config"] = {
+        "nodes": cfg.nodes, "duration_s": fleet.n, "rate": cfg.rate, "flush_interval_s": int(cfg.flush_interval_s),
+        "services": list(cfg.services), "fault": cfg.fault or "none", "fault_duration_s": cfg.fault_duration_s,
+    }
+    truth.write(out / TRUTH_FILE)
+    return truth
+
+
+def _drain(results, mf, tf, totals) -> None:
+    for mbytes, tbytes, stats in results:
+        mf.write(mbytes)
+        tf.write(tbytes)
+        for k, v in stats.items():
+            totals[k] += v

@@ -1,0 +1,547 @@
+"""The fleet simulator: OTLP/JSON wire format, catalog coverage, a healthy fleet that keeps its SLOs, faults
+whose evidence precedes the latency they cause, confounders, determinism and the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gzip
+import hashlib
+import json
+import math
+import re
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simulator import faults, traffic
+from simulator.fleet import SimulationConfig, build_fleet, simulate
+from sloscope import catalog, taxonomy
+
+START = "2026-03-01T12:00:00Z"
+START_NS = int(datetime.fromisoformat(START.replace("Z", "+00:00")).timestamp()) * 10**9
+TIERS = {"p99-latency-critical": (99, 0.8, 0.001), "standard": (95, 0.2, 0.005)}
+INSTRUMENT_KEY = {catalog.Instrument.GAUGE: "gauge", catalog.Instrument.COUNTER: "sum",
+                  catalog.Instrument.HISTOGRAM: "exponentialHistogram"}
+DIGITS = re.compile(r"^[0-9]+$")
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def read_lines(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def attrs(kvs) -> dict:
+    out = {}
+    for kv in kvs or []:
+        v = kv["value"]
+        if "stringValue" in v:
+            out[kv["key"]] = v["stringValue"]
+        elif "intValue" in v:
+            out[kv["key"]] = int(v["intValue"])
+        elif "doubleValue" in v:
+            out[kv["key"]] = v["doubleValue"]
+        elif "arrayValue" in v:
+            out[kv["key"]] = [x.get("stringValue", x.get("intValue")) for x in v["arrayValue"].get("values", [])]
+        else:
+            out[kv["key"]] = None
+    return out
+
+
+def fold_tier(a: dict) -> str:
+    """Contract 2: only declared tiers survive; anything else is the default tier."""
+    v = a.get("http.request.header.x-slo-tier", a.get("slo.tier"))
+    if isinstance(v, list):
+        v = v[0] if len(v) == 1 else None
+    return v if isinstance(v, str) and v in TIERS else "standard"
+
+
+def server_spans(lines: list[dict]) -> list[tuple]:
+    """(node, service, tier, start_ns, end_ns, failed) per SERVER span."""
+    out = []
+    for line in lines:
+        for rs in line["resourceSpans"]:
+            res = attrs(rs["resource"]["attributes"])
+            for ss in rs["scopeSpans"]:
+                for sp in ss["spans"]:
+                    if sp["kind"] != 2:
+                        continue
+                    a = attrs(sp["attributes"])
+                    node = a.get("k8s.node.name", res["k8s.node.name"])
+                    failed = a["http.response.status_code"] >= 500 or sp.get("status", {}).get("code") == 2
+                    out.append((node, res["service.name"], fold_tier(a), int(sp["startTimeUnixNano"]),
+                                int(sp["endTimeUnixNano"]), failed))
+    return out
+
+
+def steps(spans, key=lambda s: s[3]):
+    """(tier, service, node, 10 s step) -> (latencies in s, failures)."""
+    groups = defaultdict(lambda: ([], [0]))
+    for s in spans:
+        g = groups[(s[2], s[1], s[0], key(s) // 10**10)]
+        g[0].append((s[4] - s[3]) / 1e9)
+        g[1][0] += s[5]
+    return groups
+
+
+def metric_points(lines: list[dict]):
+    """node -> name -> attribute key -> list of (time, point) and the metric's instrument key and unit."""
+    out = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    kinds = {}
+    for line in lines:
+        for rm in line["resourceMetrics"]:
+            node = attrs(rm["resource"]["attributes"])["k8s.node.name"]
+            for sm in rm["scopeMetrics"]:
+                for m in sm["metrics"]:
+                    key = next(k for k in ("gauge", "sum", "exponentialHistogram") if k in m)
+                    kinds[m["name"]] = (key, m["unit"], m[key])
+                    for dp in m[key]["dataPoints"]:
+                        ak = json.dumps(attrs(dp.get("attributes")), sort_keys=True)
+                        out[node][m["name"]][ak].append((int(dp["timeUnixNano"]), dp))
+    return out, kinds
+
+
+def percentile(values, q):
+    return float(np.percentile(np.asarray(values), q))
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    out = tmp_path_factory.mktemp("healthy")
+    truth = simulate(SimulationConfig(out=out, nodes=3, duration_s=300, seed=11, start=START, rate=12))
+    return out, truth
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    out = tmp_path_factory.mktemp("faulty")
+    truth = simulate(SimulationConfig(out=out, nodes=3, duration_s=420, seed=5, start=START, fault="cpu_contention",
+                                      fault_node="gpu-node-2", fault_at_s=240, fault_duration_s=120, compress=False))
+    return out, truth
+
+
+# ------------------------------------------------------------------------------------------------ wire format
+
+
+def test_metrics_are_otlp_json_with_exact_encodings(healthy):
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    out, _ = healthy
+    raw = gzip.open(out / "metrics.jsonl.gz", "rt").read().splitlines()
+    for line in raw[:40]:
+        json_format.Parse(line, ExportMetricsServiceRequest())  # strict: unknown fields fail
+    seen = set()
+    for line in map(json.loads, raw):
+        assert list(line) == ["resourceMetrics"] and len(line["resourceMetrics"]) == 1
+        rm = line["resourceMetrics"][0]
+        res = attrs(rm["resource"]["attributes"])
+        assert res["service.name"] == "sloscope-collector"
+        assert res["host.name"] == res["k8s.node.name"] and re.fullmatch(r"gpu-node-\d+", res["host.name"])
+        for m in rm["scopeMetrics"][0]["metrics"]:
+            sig = catalog.signal(m["name"])
+            key = INSTRUMENT_KEY[sig.instrument]
+            assert key in m and m["unit"] == sig.unit
+            body = m[key]
+            if key != "gauge":
+                assert body["aggregationTemporality"] == 2
+            if key == "sum":
+                assert body["isMonotonic"] is True
+            for dp in body["dataPoints"]:
+                assert DIGITS.match(dp["timeUnixNano"])
+                if key == "gauge":
+                    assert isinstance(dp["asDouble"], (int, float)) and "startTimeUnixNano" not in dp
+                    continue
+                assert DIGITS.match(dp["startTimeUnixNano"])
+                assert int(dp["startTimeUnixNano"]) < int(dp["timeUnixNano"])
+                if key == "sum":
+                    if sig.unit.startswith("{"):
+                        assert DIGITS.match(dp["asInt"]) and "asDouble" not in dp
+                    else:
+                        assert isinstance(dp["asDouble"], (int, float)) and "asInt" not in dp
+                else:
+                    assert dp["scale"] == 0 and dp["zeroCount"] == "0"
+                    assert DIGITS.match(dp["count"]) and isinstance(dp["sum"], float)
+                    buckets = dp["positive"]["bucketCounts"]
+                    assert all(DIGITS.match(b) for b in buckets) and isinstance(dp["positive"]["offset"], int)
+                    assert sum(map(int, buckets)) == int(dp["count"])
+                    off = dp["positive"]["offset"]
+                    nz = [i for i, b in enumerate(buckets) if int(b)]
+                    # scale 0: bucket index i covers (2^i, 2^(i+1)]
+                    assert 2.0 ** (off + nz[0]) < dp["min"] <= 2.0 ** (off + nz[0] + 1)
+                    assert 2.0 ** (off + nz[-1]) < dp["max"] <= 2.0 ** (off + nz[-1] + 1)
+                    assert dp["min"] <= dp["sum"] / int(dp["count"]) <= dp["max"]
+                seen.add(key)
+    assert seen == {"sum", "exponentialHistogram"}
+
+
+def test_traces_are_otlp_json_with_exact_encodings(healthy):
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    out, truth = healthy
+    lines = read_lines(out / "traces.jsonl.gz")
+    kinds, encodings = defaultdict(int), defaultdict(int)
+    for line in lines:
+        assert list(line) == ["resourceSpans"]
+        for rs in line["resourceSpans"]:
+            res = attrs(rs["resource"]["attributes"])
+            assert res["service.name"] in truth.services and res["host.name"] == res["k8s.node.name"]
+            for sp in rs["scopeSpans"][0]["spans"]:
+                assert re.fullmatch(r"[0-9a-f]{32}", sp["traceId"]) and re.fullmatch(r"[0-9a-f]{16}", sp["spanId"])
+                assert DIGITS.match(sp["startTimeUnixNano"]) and DIGITS.match(sp["endTimeUnixNano"])
+                assert int(sp["endTimeUnixNano"]) > int(sp["startTimeUnixNano"])
+                kinds[sp["kind"]] += 1
+                a = {kv["key"]: kv["value"] for kv in sp["attributes"]}
+                assert DIGITS.match(a["http.response.status_code"]["intValue"])
+                if sp["kind"] == 2:
+                    assert "http.route" in a
+                if "http.request.header.x-slo-tier" in a:
+                    encodings[next(iter(a["http.request.header.x-slo-tier"]))] += 1
+                elif "slo.tier" in a:
+                    encodings["istio"] += 1
+                if sp.get("status", {}).get("code"):
+                    assert sp["status"]["code"] == 2
+    assert kinds[2] > 10 * kinds[3] > 0 and set(kinds) == {2, 3}
+    assert encodings["arrayValue"] > encodings["stringValue"] > 0 and encodings["istio"] > 0
+    # protobuf's own JSON parser (ids are base64 there: OTLP/JSON's hex ids are the one documented difference)
+    for line in lines[:20]:
+        for rs in line["resourceSpans"]:
+            for sp in rs["scopeSpans"][0]["spans"]:
+                for k in ("traceId", "spanId", "parentSpanId"):
+                    if k in sp:
+                        sp[k] = base64.b64encode(bytes.fromhex(sp[k])).decode()
+        json_format.ParseDict(line, ExportTraceServiceRequest())
+
+
+def test_batching_one_line_per_node_per_flush_interval(healthy):
+    out, truth = healthy
+    lines = read_lines(out / "metrics.jsonl.gz")
+    per = defaultdict(int)
+    for line in lines:
+        rm = line["resourceMetrics"][0]
+        node = attrs(rm["resource"]["attributes"])["host.name"]
+        times = {int(dp["timeUnixNano"]) for m in rm["scopeMetrics"][0]["metrics"]
+                 for k in ("gauge", "sum", "exponentialHistogram") if k in m for dp in m[k]["dataPoints"]}
+        steps_ = {(t - START_NS) // 10**10 for t in times}
+        assert len(steps_) == 1, "a line holds one flush interval"
+        per[(node, steps_.pop())] += 1
+        assert len(times) <= 10
+        for m in rm["scopeMetrics"][0]["metrics"]:  # several points per metric, one per 1 s sample per series
+            key = next(k for k in ("gauge", "sum", "exponentialHistogram") if k in m)
+            assert len(m[key]["dataPoints"]) >= len(times)
+    assert set(per.values()) == {1} and len(per) == 3 * 30
+    assert truth.extra["counts"]["metric_lines"] == len(lines)
+
+
+def test_every_catalog_signal_on_every_node_at_1s(healthy):
+    out, truth = healthy
+    pts, kinds = metric_points(read_lines(out / "metrics.jsonl.gz"))
+    assert set(pts) == set(truth.nodes)
+    for node, by_name in pts.items():
+        assert set(by_name) == {s.name for s in catalog.SIGNALS}, node
+        for name, series in by_name.items():
+            sig = catalog.signal(name)
+            assert kinds[name][0] == INSTRUMENT_KEY[sig.instrument] and kinds[name][1] == sig.unit
+            for ak, points in series.items():
+                assert set(json.loads(ak)) <= set(sig.attributes), (name, ak)
+                times = sorted(t for t, _ in points)
+                gaps = np.diff(times)
+                assert np.median(gaps) == 10**9, (node, name)
+                if node != truth.counter_reset["node"]:
+                    assert len(times) == 300
+    node = pts[truth.nodes[0]]
+    assert len(node["hw.gpu.io"]) == 8  # 2 GPUs x transmit/receive x nvlink/pcie
+    assert len(node["sloscope.syscall.duration"]) == 5
+    assert len(node["sloscope.pressure.stall"]) == 5
+    assert {json.loads(k)["network.connection.state"] for k in node["system.network.connection.count"]} == \
+        {"established", "time_wait", "close_wait"}
+    gpu_ids = {json.loads(k)["hw.id"] for k in node["hw.gpu.temperature"]}
+    assert len(gpu_ids) == 2 and all(re.fullmatch(r"GPU-[0-9a-f-]{36}", g) for g in gpu_ids)
+
+
+def test_plausible_healthy_levels(healthy):
+    out, _ = healthy
+    pts, _ = metric_points(read_lines(out / "metrics.jsonl.gz"))
+
+    def values(node, name):
+        return np.array([dp["asDouble"] for series in pts[node][name].values() for _, dp in series])
+
+    for node in pts:
+        assert 0.35 < np.median(values(node, "hw.gpu.utilization")) < 0.7
+        assert 0.45 < np.median(values(node, "sloscope.gpu.sm.active.max")) < 0.8
+        assert 50 < np.median(values(node, "hw.gpu.temperature")) < 70
+        assert 38 < np.median(values(node, "sloscope.nvme.temperature")) < 52
+        assert 2e-4 < np.median(values(node, "spdk.bdev.io.wait")) < 1.2e-3
+        assert 0.15 < np.median(values(node, "spdk.reactor.busy")) < 0.5
+
+
+def test_counter_reset_is_a_collector_restart(healthy):
+    out, truth = healthy
+    pts, _ = metric_points(read_lines(out / "metrics.jsonl.gz"))
+    reset_node = truth.counter_reset["node"]
+    for node, by_name in pts.items():
+        for name in ("sloscope.tcp.retransmits", "system.disk.io_time", "sloscope.cpu.runqueue.delay"):
+            for series in by_name[name].values():
+                series.sort(key=lambda x: x[0])
+                starts = [dp["startTimeUnixNano"] for _, dp in series]
+                vals = [float(dp.get("asInt", dp.get("asDouble", dp.get("count")))) for _, dp in series]
+                drops = [i for i in range(1, len(vals)) if vals[i] < vals[i - 1]]
+                if node == reset_node:
+                    assert len(set(starts)) == 2 and len(drops) == 1
+                    i = drops[0]
+                    assert starts[i] != starts[i - 1] and int(starts[i]) < series[i][0]
+                    assert series[i][0] - series[i - 1][0] > 10**9  # a short gap while it restarted
+                else:
+                    assert len(set(starts)) == 1 and not drops
+
+
+# ------------------------------------------------------------------------------------------------ SLO
+
+
+def test_healthy_fleet_never_violates_any_slo_step(healthy):
+    out, truth = healthy
+    spans = server_spans(read_lines(out / "traces.jsonl.gz"))
+    assert len(spans) > 3 * 3 * 12 * 300 * 0.9
+    tiers_seen = defaultdict(int)
+    for s in spans:
+        tiers_seen[s[2]] += 1
+    assert tiers_seen["p99-latency-critical"] > 0.2 * len(spans)
+    worst = {}
+    for key in (lambda s: s[3], lambda s: s[4]):  # steps by start and by end time
+        for (tier, svc, node, step), (lat, failed) in steps(spans, key).items():
+            pct, threshold, budget = TIERS[tier]
+            p = percentile(lat, pct)
+            assert p < 0.75 * threshold, (tier, svc, node, step, p)
+            assert failed[0] / len(lat) < budget, (tier, svc, node, step, failed[0], len(lat))
+            worst[tier] = max(worst.get(tier, 0), p / threshold)
+    assert 0.2 < worst["p99-latency-critical"] < 0.75 and 0.2 < worst["standard"] < 0.75
+
+
+def test_latency_model_margin_holds_by_construction():
+    traffic.check_latency_margin(traffic.DEFAULT_SERVICES + ("some-other-service",))
+    for svc in traffic.DEFAULT_SERVICES:
+        for tier, slo in traffic.TIERS.items():
+            assert traffic.worst_latency_s(svc, tier) < 0.75 * slo["threshold_s"]
+
+
+def test_hostile_and_missing_tier_values_are_present_and_behave_as_default(healthy):
+    out, _ = healthy
+    hostile = defaultdict(list)
+    for line in read_lines(out / "traces.jsonl.gz"):
+        for rs in line["resourceSpans"]:
+            for sp in rs["scopeSpans"][0]["spans"]:
+                if sp["kind"] != 2:
+                    continue
+                a = attrs(sp["attributes"])
+                raw = a.get("http.request.header.x-slo-tier", a.get("slo.tier", "<missing>"))
+                if raw not in ("p99-latency-critical", "standard", ["p99-latency-critical"], ["standard"]):
+                    lat = (int(sp["endTimeUnixNano"]) - int(sp["startTimeUnixNano"])) / 1e9
+                    hostile[json.dumps(raw)[:40]].append(lat)
+    assert '"<missing>"' in hostile
+    assert any(len(k) >= 40 for k in hostile)  # the 10 kB value
+    assert any("Latency-Critical" in k for k in hostile) and '[""]' in hostile and '[]' in hostile
+    # folded into the default tier, and served like it
+    for lats in hostile.values():
+        assert max(lats) < 0.75 * 0.2
+
+
+def test_network_loss_breaks_availability_on_the_fault_node(tmp_path):
+    truth = simulate(SimulationConfig(out=tmp_path, nodes=2, duration_s=240, seed=3, start=START,
+                                      fault="network_loss", fault_at_s=120, fault_duration_s=90))
+    spans = server_spans(read_lines(tmp_path / "traces.jsonl.gz"))
+    onset = START_NS + 120 * 10**9
+    fnode = truth.fault["node"]
+    after = [s for s in spans if s[0] == fnode and onset + 30 * 10**9 <= s[3] < onset + 90 * 10**9]
+    assert sum(s[5] for s in after) / len(after) > 0.01
+    before = [s for s in spans if s[3] < onset]
+    assert sum(s[5] for s in before) / len(before) < 0.001
+
+
+# ------------------------------------------------------------------------------------------------ faults
+
+
+@pytest.mark.parametrize("cause", taxonomy.CAUSE_IDS)
+def test_fault_evidence_moves_harmfully_after_onset_on_fault_node_only(cause):
+    onset, dur = 240, 120
+    fleet = build_fleet(SimulationConfig(nodes=3, duration_s=420, seed=17, start=START, fault=cause,
+                                         fault_at_s=onset, fault_duration_s=dur))
+    truth = fleet.truth.fault
+    fidx = fleet.names.index(truth["node"])
+    ramp = math.ceil(truth["ramp_s"])
+    base, during, quiet = (0, onset - 10), (onset + ramp, onset + dur), (onset - 60, onset)
+    hit = {k: truth[k] for k in ("hw.id", "spdk.bdev.name") if k in truth}
+    evidence = faults.cause_series(fleet.nodes[fidx], cause, hit)
+    assert evidence
+    scores = [faults.robust_score(s, base, during, feat) for s, feat in evidence]
+    assert max(scores) > 4, scores  # several IQRs, harmful direction
+    # before onset the evidence is quiet
+    assert max(faults.robust_score(s, (0, onset - 60), quiet, feat) for s, feat in evidence) < 2
+    # other nodes: the same signals stay put (the fleet-wide confounder never uses the cause's signals)
+    for i, node in enumerate(fleet.nodes):
+        if i == fidx:
+            continue
+        for s, feat in faults.cause_series(node, cause, {}):
+            assert abs(faults.robust_score(s, base, during, feat)) < 3, (node.name, s.name, s.attrs)
+    # seed thresholds of the taxonomy are crossed
+    obs = {s.name: s.observations()[during[0]:during[1]] for s, _ in evidence}
+    if cause == "gpu_thermal":
+        assert np.median(obs["hw.gpu.temperature"]) > 85
+    if cause == "storage_thermal":
+        assert np.median(obs["sloscope.nvme.temperature"]) > 65
+    if cause == "storage_queue":
+        waits = [np.median(s.observations()[during[0]:during[1]]) for s, _ in evidence if s.name == "spdk.bdev.io.wait"]
+        assert min(waits) > 5e-3
+    if cause == "gpu_memory_leak":
+        g = faults.growth_per_min(obs["hw.gpu.memory.usage"])
+        assert np.median(g) > 0.05
+        run = np.convolve(g > 0.05, np.ones(3), mode="valid")
+        assert (run == 3).any()
+    if cause == "gpu_interconnect":
+        assert all(sc > 0 for sc in scores)  # throughput falls (harmful = down)
+        s = next(s for s, _ in evidence)
+        assert np.median(s.observations()[during[0]:during[1]]) < 0.6 * np.median(s.observations()[base[0]:base[1]])
+
+
+def test_latency_rises_after_onset_on_fault_node(faulty):
+    out, truth = faulty
+    spans = server_spans(read_lines(out / "traces.jsonl"))
+    onset = START_NS + 240 * 10**9
+    sli = int(datetime.fromisoformat(truth.fault["sli_onset"].replace("Z", "+00:00")).timestamp()) * 10**9
+    assert onset + 5 * 10**9 <= sli <= onset + 15 * 10**9
+    fnode = truth.fault["node"]
+    p99 = {}
+    for (tier, svc, node, step), (lat, _) in steps(spans).items():
+        if tier != "p99-latency-critical":
+            continue
+        p = percentile(lat, 99)
+        t0 = step * 10**10
+        if node != fnode or t0 + 10**10 <= onset + 5 * 10**9:  # other nodes, and the fault node before
+            assert p < 0.6, (node, svc, step, p)
+        p99[(svc, node, t0)] = p
+    for svc in truth.fault["affected_services"]:
+        late = [p for (s, n, t0), p in p99.items() if s == svc and n == fnode and sli + 10**10 <= t0 < onset + 110 * 10**9]
+        assert late and np.median(late) > 1.2 * 0.8, (svc, late)
+    for svc in truth.services:  # every service on the node slows down somewhat
+        late = [p for (s, n, t0), p in p99.items() if s == svc and n == fnode and sli + 10**10 <= t0 < onset + 110 * 10**9]
+        early = [p for (s, n, t0), p in p99.items() if s == svc and n == fnode and t0 < onset - 60 * 10**9]
+        assert np.median(late) > 1.15 * np.median(early)
+
+
+def test_confounders_are_recorded_and_move_where_they_should(faulty):
+    out, truth = faulty
+    gt = json.loads((out / "ground_truth.json").read_text())
+    assert gt["fault"]["cause"] == "cpu_contention" and gt["fault"]["node"] == "gpu-node-2"
+    assert gt["fault"]["onset"] == "2026-03-01T12:04:00Z" and gt["fault"]["end"] == "2026-03-01T12:06:00Z"
+
+    def t(s):
+        return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+
+    assert 20 <= t(gt["effect"]["onset"]) - t(gt["fault"]["sli_onset"]) <= 70
+    assert gt["effect"]["node"] == "gpu-node-2"
+    assert abs(t(gt["fleet_wide"]["onset"]) - t(gt["fault"]["onset"])) <= 120
+    assert gt["fleet_wide"]["nodes"] == gt["nodes"]
+    cause_signals = {e.signal for e in taxonomy.BY_ID["cpu_contention"].evidence}
+    assert not {s["signal"] for s in gt["effect"]["signals"]} & {"sloscope.cpu.runqueue.delay"}
+    for s in gt["effect"]["signals"] + gt["fleet_wide"]["signals"]:
+        ev = [e for e in taxonomy.BY_ID["cpu_contention"].evidence if e.signal == s["signal"]]
+        assert not any(e.matches(s["attributes"]) for e in ev) or s["signal"] not in cause_signals
+    assert gt["effect"]["reference_score"] > 3 and gt["fleet_wide"]["reference_score"] > 3
+
+
+def test_fleet_wide_confounder_moves_on_all_nodes():
+    fleet = build_fleet(SimulationConfig(nodes=4, duration_s=600, seed=2, start=START, fault="gpu_thermal"))
+    fw = fleet.truth.fleet_wide
+    conf = next(c for c in faults.FLEET_WIDE if c.kind == fw["kind"])
+    f0 = int(datetime.fromisoformat(fw["onset"].replace("Z", "+00:00")).timestamp() - START_NS / 1e9)
+    for node in fleet.nodes:
+        scores = [faults.robust_score(s, faults.baseline_window(f0), (f0 + 20, 600))
+                  for s in faults.confounder_series(node, conf)]
+        assert max(scores) > 3, (node.name, fw["kind"], scores)
+
+
+def test_confounders_fool_a_max_score_baseline_in_a_good_share_of_seeds():
+    fooled = total = 0
+    for seed in range(6):
+        for cause in ("gpu_sm_contention", "disk_io", "cpu_contention", "storage_thermal"):
+            fleet = build_fleet(SimulationConfig(nodes=2, duration_s=600, seed=seed, start=START, fault=cause))
+            fidx = fleet.names.index(fleet.truth.fault["node"])
+            onset = 360
+            base, active = faults.baseline_window(onset), (onset + 60, 600)
+            node = fleet.nodes[fidx]
+            evid = {id(s) for s, _ in faults.cause_series(node, cause, {})}
+            best = max(node.series, key=lambda s: faults.robust_score(s, base, active))
+            total += 1
+            fooled += id(best) not in evid
+    assert 0.25 <= fooled / total <= 0.95, (fooled, total)
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_deterministic_by_seed_and_start(tmp_path):
+    runs = []
+    for name, seed, workers in (("a", 4, 1), ("b", 4, 2), ("c", 5, 1)):
+        out = tmp_path / name
+        simulate(SimulationConfig(out=out, nodes=2, duration_s=150, seed=seed, start=START, fault="disk_io",
+                                  fault_at_s=90, compress=False, workers=workers))
+        runs.append({f: _digest(out / f) for f in ("metrics.jsonl", "traces.jsonl", "ground_truth.json")})
+    assert runs[0] == runs[1]  # the worker count does not change a byte
+    assert all(runs[0][f] != runs[2][f] for f in runs[0])
+
+
+def test_ground_truth_written(healthy):
+    out, truth = healthy
+    gt = json.loads((out / "ground_truth.json").read_text())
+    for key in ("seed", "start", "end", "fault", "effect", "fleet_wide", "counter_reset", "nodes", "services",
+                "files", "counts", "slo"):
+        assert key in gt
+    assert gt["fault"] is None and gt["effect"] is None and gt["seed"] == 11
+    assert gt["start"] == START and gt["end"] == "2026-03-01T12:05:00Z"
+    assert (out / gt["files"]["metrics"]).exists() and (out / gt["files"]["traces"]).exists()
+    assert truth.to_dict() == gt
+
+
+def test_invalid_configs_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown fault"):
+        simulate(SimulationConfig(out=tmp_path, fault="cosmic_rays", duration_s=300))
+    with pytest.raises(ValueError, match="onset"):
+        simulate(SimulationConfig(out=tmp_path, fault="disk_io", duration_s=300, fault_at_s=290))
+    with pytest.raises(ValueError, match="node"):
+        simulate(SimulationConfig(out=tmp_path, fault="disk_io", duration_s=300, fault_node="gpu-node-9"))
+
+
+def test_cli_simulate(tmp_path, capsys):
+    import simulator.cli as cli
+
+    parser = argparse.ArgumentParser(prog="sloscope")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cli.register(sub)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["simulate", "--help"])
+    assert "--fault-duration" in capsys.readouterr().out
+    args = parser.parse_args(["simulate", "--out", str(tmp_path), "--nodes", "2", "--duration", "3m",
+                              "--start", START, "--fault", "gpu_memory_leak", "--fault-at", "100s",
+                              "--fault-node", "2", "--services", "llm-gateway,embedder", "--rate", "4", "--plain"])
+    assert args.func(args) == 0
+    err = capsys.readouterr().err
+    assert "gpu_memory_leak on gpu-node-2" in err and "data points" in err
+    gt = json.loads((tmp_path / "ground_truth.json").read_text())
+    assert gt["fault"]["node"] == "gpu-node-2" and gt["fault"]["hw.id"].startswith("GPU-")
+    assert gt["services"] == ["llm-gateway", "embedder"]
+    assert (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "metrics.jsonl.gz").exists()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["simulate", "--out", str(tmp_path), "--fault", "nonsense"])
+    assert cli.parse_duration("1h30m") == 5400 and cli.parse_duration("90") == 90
+    assert cli.DEFAULT_SERVICES == traffic.DEFAULT_SERVICES
