@@ -4,7 +4,8 @@ For every signal series of every node: a robust baseline (median and IQR, as BAR
 before the incident, and a robust z-score per step, counted only in the signal's harmful direction. A series
 is evidence for a cause (taxonomy) when
 
-- it moved: its median during the incident is many robust deviations from baseline (magnitude);
+- it moved: its median during the incident, and around the moment the SLI broke, are many robust deviations
+  from baseline (magnitude);
 - it moved first: its onset (first of two consecutive anomalous steps) is at or before the SLI broke; a
   signal that only moves afterwards is an effect of the incident, not its cause (precedence);
 - it stayed moved: anomalous in most of the incident's steps (consistency);
@@ -24,7 +25,6 @@ import polars as pl
 
 from sloscope import catalog, taxonomy
 
-from analytics.slo import Incident
 from analytics.store import Store, sql
 
 THRESHOLD = 3.0  # robust z above which a step counts as anomalous
@@ -47,10 +47,10 @@ class Window:
     resolution_s: float  # the SLO spec's SLI step
 
     @classmethod
-    def around(cls, incident: Incident, resolution_s: float) -> "Window":
-        analysis_start = incident.start - LOOKBACK
-        return cls(analysis_start - BASELINE, analysis_start, incident.start,
-                   min(incident.end, incident.start + MAX_OBSERVED), resolution_s)
+    def around(cls, start: datetime, end: datetime, resolution_s: float) -> "Window":
+        """The window for an episode of trouble that began at `start` (the first SLI break) and lasted to `end`."""
+        analysis_start = start - LOOKBACK
+        return cls(analysis_start - BASELINE, analysis_start, start, min(end, start + MAX_OBSERVED), resolution_s)
 
     @property
     def step_s(self) -> float:
@@ -111,16 +111,20 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True)
     recent = recent.sort(key + ["step"]).with_columns(z=z)
     recent = recent.with_columns(
         sustained=(pl.col("z") > THRESHOLD) & (pl.col("z").shift(-1).over(key) > THRESHOLD),
-        in_incident=pl.col("step") >= window.incident_start)
+        in_incident=pl.col("step") >= window.incident_start,
+        at_break=pl.col("step").is_between(window.incident_start - timedelta(seconds=window.resolution_s),
+                                           window.incident_start + window.precedence_tolerance))
     per_series = recent.group_by(key).agg(
         baseline=pl.col("median").first(),
         observed=pl.col("value").filter(pl.col("in_incident")).median(),
+        z_at_break=pl.col("z").filter(pl.col("at_break")).median(),
         onset=pl.col("step").filter(pl.col("sustained")).min(),
         consistency=(pl.col("z").filter(pl.col("in_incident")) > THRESHOLD).mean(),
         scale=pl.col("scale").first(), direction=pl.col("direction").first())
     observed_dev = (pl.col("observed") - pl.col("baseline")) / pl.col("scale")
     return per_series.with_columns(
         z_observed=(observed_dev * pl.col("direction") if directional else observed_dev.abs()).fill_null(0.0),
+        z_at_break=pl.col("z_at_break").fill_null(0.0),
         consistency=pl.col("consistency").fill_null(0.0))
 
 
@@ -175,7 +179,9 @@ def rank_causes(scores: pl.DataFrame, node: str, window: Window, top: int = 5) -
 
 def _score_series(cause: taxonomy.Cause, row: dict, attributes: dict, fleet_share: float, window: Window) -> dict:
     signal = row["metric"].removesuffix(GROWTH_SUFFIX)
-    magnitude = _magnitude(row["z_observed"])
+    # A cause has moved by the time the SLI breaks; an effect keeps growing after it. Counting only what both
+    # the break and the whole incident show keeps a large late effect from outranking an early cause.
+    magnitude = _magnitude(min(row["z_observed"], row["z_at_break"]))
     if _seed_exceeded(cause, signal, row["baseline"], row["observed"]):
         magnitude = max(magnitude, 0.9)
     onset = row["onset"]

@@ -12,6 +12,8 @@ from analytics.attribution import Window, rank_causes, series_scores, signal_ste
 from analytics.slo import Incident, find_incidents
 from analytics.store import Store, StoreError, sql
 
+EPISODE_GAP = timedelta(minutes=2)
+
 
 def rfc3339(t: datetime) -> str:
     return t.replace(tzinfo=None).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -42,12 +44,26 @@ def analyse(store: Store, spec, since: datetime | None = None, until: datetime |
     incidents = find_incidents(store, spec, since, until)
     scored: dict[Window, object] = {}
     out = []
-    for incident in incidents:
-        window = Window.around(incident, spec.resolution_s)
+    for incident, episode_start in zip(incidents, episode_starts(incidents)):
+        window = Window.around(episode_start, incident.end, spec.resolution_s)
         if window not in scored:
             scored[window] = series_scores(signal_steps(store, window), window)
         out.append(incident_json(incident, rank_causes(scored[window], incident.node, window, top)))
     return {"incidents": out}
+
+
+def episode_starts(incidents: list[Incident]) -> list[datetime]:
+    """For each incident, when its node's trouble began: the start of the earliest incident on the same node
+    that it overlaps or follows within EPISODE_GAP. An SLI that recovers briefly and breaks again during one
+    fault must be explained from the fault's start, not from a baseline that already contains the fault."""
+    starts, episode = [], {}
+    for incident in incidents:  # sorted by start
+        current = episode.get(incident.node)
+        if current is None or incident.start > current[1] + EPISODE_GAP:
+            current = (incident.start, incident.end)
+        episode[incident.node] = (current[0], max(current[1], incident.end))
+        starts.append(current[0])
+    return starts
 
 
 def incident_json(incident: Incident, causes: list[dict]) -> dict:

@@ -23,7 +23,7 @@ from analytics.store import Store, sql
 ERROR_ALPHA = 1e-3
 MIN_REQUESTS = 5  # below this a window's percentile says nothing
 MIN_WINDOWS = 2
-MAX_GAP_WINDOWS = 1
+MAX_GAP_WINDOWS = 3
 
 
 @dataclass(frozen=True)

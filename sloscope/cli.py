@@ -10,6 +10,7 @@ import sys
 STAGE_COMMANDS = (
     "simulator.cli",
     "analytics.cli",
+    "sloscope.demo",
     "probes.cli",
 )
 
