@@ -35,6 +35,7 @@ GROWTH_WINDOW = timedelta(minutes=1)
 GROWTH_SUFFIX = ":growth_per_min"
 GROWTH_NOISE_FLOOR = 0.01
 EFFECT_PENALTY = 0.25
+MIN_SCORE = 0.05  # causes scoring below this are not worth a reader's attention
 IQR_TO_SIGMA = 1.349
 
 
@@ -164,13 +165,14 @@ def rank_causes(scores: pl.DataFrame, node: str, window: Window, top: int = 5) -
                 attributes = json.loads(row["attributes"])
                 if ev.matches(attributes):
                     candidates.append(_score_series(cause, row, attributes, fleet_share.get(name, 0.0), window))
-        candidates = [c for c in candidates if c["score"] > 0]
-        if not candidates:
-            continue
         candidates.sort(key=lambda c: -c["score"])
+        if not candidates or candidates[0]["score"] < MIN_SCORE:
+            continue
+        # The best series, and the others that moved too.
+        evidence = [candidates[0]] + [c for c in candidates[1:3] if c["evidence"]["z"] > THRESHOLD]
         ranked.append({
             "cause": cause.id, "layer": cause.layer, "score": round(candidates[0]["score"], 3),
-            "evidence": [c["evidence"] for c in candidates[:3]],
+            "evidence": [c["evidence"] for c in evidence],
             "remediation": cause.remediation.format(node=node),
         })
     ranked.sort(key=lambda c: -c["score"])

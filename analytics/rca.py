@@ -44,26 +44,29 @@ def analyse(store: Store, spec, since: datetime | None = None, until: datetime |
     incidents = find_incidents(store, spec, since, until)
     scored: dict[Window, object] = {}
     out = []
-    for incident, episode_start in zip(incidents, episode_starts(incidents)):
-        window = Window.around(episode_start, incident.end, spec.resolution_s)
+    for incident, (start, end) in zip(incidents, episodes(incidents)):
+        window = Window.around(start, end, spec.resolution_s)
         if window not in scored:
             scored[window] = series_scores(signal_steps(store, window), window)
         out.append(incident_json(incident, rank_causes(scored[window], incident.node, window, top)))
     return {"incidents": out}
 
 
-def episode_starts(incidents: list[Incident]) -> list[datetime]:
-    """For each incident, when its node's trouble began: the start of the earliest incident on the same node
-    that it overlaps or follows within EPISODE_GAP. An SLI that recovers briefly and breaks again during one
-    fault must be explained from the fault's start, not from a baseline that already contains the fault."""
-    starts, episode = [], {}
+def episodes(incidents: list[Incident]) -> list[tuple[datetime, datetime]]:
+    """For each incident, the (start, end) of its node's episode of trouble: incidents on the same node that
+    overlap or follow each other within EPISODE_GAP. An SLI that recovers briefly and breaks again during one
+    fault is explained from the fault's start, not from a baseline that already contains the fault; and all
+    incidents of an episode share one analysis."""
+    ids, spans, open_episode = [], [], {}
     for incident in incidents:  # sorted by start
-        current = episode.get(incident.node)
-        if current is None or incident.start > current[1] + EPISODE_GAP:
-            current = (incident.start, incident.end)
-        episode[incident.node] = (current[0], max(current[1], incident.end))
-        starts.append(current[0])
-    return starts
+        current = open_episode.get(incident.node)
+        if current is None or incident.start > spans[current][1] + EPISODE_GAP:
+            current = len(spans)
+            spans.append((incident.start, incident.end))
+            open_episode[incident.node] = current
+        spans[current] = (spans[current][0], max(spans[current][1], incident.end))
+        ids.append(current)
+    return [spans[i] for i in ids]
 
 
 def incident_json(incident: Incident, causes: list[dict]) -> dict:
