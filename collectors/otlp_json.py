@@ -273,7 +273,10 @@ class Decoder:
             raise DecodeError(f"{name}: expected an object")
         cumulative = is_sum and self._temporality(data, name) == TEMPORALITY_CUMULATIVE
         cols = batch.points
-        for point in _list(data, "dataPoints", "data_points"):
+        points = _list(data, "dataPoints", "data_points")
+        canonical, time_of = self._canonical, self._time
+        values, times, starts, attrs = [], [], [], []
+        for point in points:
             if type(point) is not dict:
                 raise DecodeError(f"{name}: dataPoints: expected objects")
             flags = point.get("flags")
@@ -281,7 +284,7 @@ class Decoder:
                 continue
             raw = _get(point, "asDouble", "as_double")
             if raw is not None:
-                value = _float(raw, f"{name}: asDouble")
+                value = raw if type(raw) is float else _float(raw, f"{name}: asDouble")
             else:
                 raw = _get(point, "asInt", "as_int")
                 if raw is None:
@@ -290,14 +293,19 @@ class Decoder:
             if not math.isfinite(value):
                 self._skip("points_not_finite")
                 continue
-            cols.node.append(node)
-            cols.metric.append(name)
-            cols.attributes.append(self._canonical(point.get("attributes")))
-            cols.is_sum.append(is_sum)
-            cols.cumulative.append(cumulative)
-            cols.start_ns.append(_int(_get(point, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano"))
-            cols.time_ns.append(self._time(point, name))
-            cols.value.append(value)
+            values.append(value)
+            times.append(time_of(point, name))
+            starts.append(_int(_get(point, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano"))
+            attrs.append(canonical(point.get("attributes")))
+        n = len(values)
+        cols.node.extend([node] * n)
+        cols.metric.extend([name] * n)
+        cols.is_sum.extend([is_sum] * n)
+        cols.cumulative.extend([cumulative] * n)
+        cols.attributes.extend(attrs)
+        cols.start_ns.extend(starts)
+        cols.time_ns.extend(times)
+        cols.value.extend(values)
 
     def _exp_histogram(self, data, name: str, node: str, batch: Batch) -> None:
         if not isinstance(data, dict):
@@ -353,7 +361,9 @@ class Decoder:
 
     @staticmethod
     def _time(point: dict, name: str) -> int:
-        t = _int(_get(point, "timeUnixNano", "time_unix_nano", 0), f"{name}: timeUnixNano")
+        raw = point.get("timeUnixNano")
+        t = int(raw) if type(raw) is str and raw.isdigit() else _int(
+            _get(point, "timeUnixNano", "time_unix_nano", 0), f"{name}: timeUnixNano")
         if t <= 0:
             raise DecodeError(f"{name}: data point without timeUnixNano")
         return t
