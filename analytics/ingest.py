@@ -19,7 +19,7 @@ from collectors.otlp_json import DecodeError, Decoder, decode_line
 from enrich.tiers import TierResolver, resolve_tiers
 from sloscope.records import Batch
 
-from analytics.store import Store
+from analytics.store import Frames, Store
 
 log = logging.getLogger("sloscope.ingest")
 MAX_REPORTED_ERRORS = 20
@@ -65,7 +65,7 @@ def decode_chunk(chunk: list[tuple[str, bytes]], allowed: frozenset, default_tie
     counts = Counter(resolver.counts) + Counter(decoder.skipped)
     resolver.counts.clear()
     decoder.skipped.clear()
-    return batch, rejects, counts
+    return Frames.of(batch), rejects, counts
 
 
 def _chunks(paths: list[Path], report: IngestReport, lines_per_chunk: int):
@@ -88,7 +88,7 @@ class Ingestor:
     """Decodes lines (in worker processes when there is enough input to pay for them) and feeds the store in
     transactions of about `batch_rows` rows, in the order the lines were read."""
 
-    LINES_PER_CHUNK = 32
+    LINES_PER_CHUNK = 64
     PARALLEL_ABOVE_BYTES = 8 * 2**20
 
     def __init__(self, store: Store, resolver: TierResolver, batch_rows: int = 250_000, jobs: int | None = None):
@@ -96,19 +96,21 @@ class Ingestor:
         self.resolver = resolver
         self.batch_rows = batch_rows
         self.jobs = jobs
-        self.pending = Batch()
+        self.pending: list[Frames] = []
+        self.pending_rows = 0
         self.pending_counts: Counter = Counter()
         self.report = IngestReport()
         self._lines_flushed = self._rejected_flushed = 0
 
     def _take(self, result, lines: int) -> None:
-        batch, rejects, counts = result
+        frames, rejects, counts = result
         self.report.lines += lines
         for where, reason in rejects:
             self.report.reject(where, reason)
-        self.pending.extend(batch)
+        self.pending.append(frames)
+        self.pending_rows += len(frames)
         self.pending_counts.update(counts)
-        if len(self.pending) >= self.batch_rows:
+        if self.pending_rows >= self.batch_rows:
             self.flush()
 
     def flush(self) -> None:
@@ -117,8 +119,8 @@ class Ingestor:
         extra["lines_read"] = self.report.lines - self._lines_flushed
         extra["lines_rejected"] = self.report.rejected_count - self._rejected_flushed
         self._lines_flushed, self._rejected_flushed = self.report.lines, self.report.rejected_count
-        self.report.counts.update(self.store.write(self.pending, extra))
-        self.pending, self.pending_counts = Batch(), Counter()
+        self.report.counts.update(self.store.write(Frames.concat(self.pending), extra))
+        self.pending, self.pending_rows, self.pending_counts = [], 0, Counter()
 
     def _workers(self, paths: list[Path]) -> int:
         if self.jobs is not None:
@@ -143,7 +145,7 @@ class Ingestor:
                 if now - last_progress >= progress_every_s:
                     last_progress = now
                     log.info("%d lines read, %d rows loaded so far", self.report.lines,
-                             self.report.rows_loaded + len(self.pending))
+                             self.report.rows_loaded + self.pending_rows)
         finally:
             if workers > 1:
                 pool.shutdown(cancel_futures=True)

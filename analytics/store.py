@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
@@ -29,6 +30,46 @@ class StoreError(RuntimeError):
 def sql(name: str) -> str:
     """The text of analytics/sql/NAME.sql."""
     return resources.files("analytics").joinpath("sql", f"{name}.sql").read_text()
+
+
+POINT_SCHEMA = {"node": pl.String, "metric": pl.String, "attributes": pl.String, "is_sum": pl.Boolean,
+                "cumulative": pl.Boolean, "start_ns": pl.Int64, "time_ns": pl.Int64, "value": pl.Float64}
+HISTOGRAM_SCHEMA = {"node": pl.String, "metric": pl.String, "attributes": pl.String, "cumulative": pl.Boolean,
+                    "start_ns": pl.Int64, "time_ns": pl.Int64, "count": pl.Int64, "sum": pl.Float64,
+                    "min": pl.Float64, "max": pl.Float64, "buckets": pl.List(pl.Int64)}
+
+
+@dataclass
+class Frames:
+    """A decoded batch as data frames: requests in the shape of their table, points and histograms as
+    received (cumulative ones become deltas only when written, against the stored state)."""
+
+    requests: pl.DataFrame
+    points: pl.DataFrame
+    histograms: pl.DataFrame
+
+    @classmethod
+    def of(cls, batch: Batch) -> "Frames":
+        s = batch.spans
+        requests = pl.DataFrame({
+            "trace_id": pl.Series(s.trace_id, dtype=pl.String), "span_id": pl.Series(s.span_id, dtype=pl.String),
+            "start_time": pl.Series(s.start_ns, dtype=pl.Int64),
+            "duration_ms": pl.Series([(e - b) / 1e6 for b, e in zip(s.start_ns, s.end_ns)], dtype=pl.Float64),
+            "service": pl.Series(s.service, dtype=pl.String), "node": pl.Series(s.node, dtype=pl.String),
+            "tier": pl.Series(s.tier, dtype=pl.String), "route": pl.Series(s.route, dtype=pl.String),
+            "status_code": pl.Series(s.status_code, dtype=pl.Int16), "failed": pl.Series(s.failed, dtype=pl.Boolean),
+        }).with_columns(pl.from_epoch("start_time", time_unit="ns").dt.cast_time_unit("us"))
+        return cls(requests, pl.DataFrame(batch.points.as_dict(), schema=POINT_SCHEMA),
+                   pl.DataFrame(batch.histograms.as_dict(), schema=HISTOGRAM_SCHEMA))
+
+    @classmethod
+    def concat(cls, parts: list["Frames"]) -> "Frames":
+        if not parts:
+            return cls.of(Batch())
+        return cls(*(pl.concat([getattr(p, f.name) for p in parts], rechunk=False) for f in fields(cls)))
+
+    def __len__(self) -> int:
+        return len(self.requests) + len(self.points) + len(self.histograms)
 
 
 class Store:
@@ -101,18 +142,18 @@ class Store:
 
     # --- writes ---------------------------------------------------------------------------------------
 
-    def write(self, batch: Batch, extra_counts: dict[str, int] | None = None) -> dict[str, int]:
-        """Store a batch and its ingest counters in one transaction; returns the counters, which include how
-        many rows were added and skipped, by kind."""
+    def write(self, frames: "Frames", extra_counts: dict[str, int] | None = None) -> dict[str, int]:
+        """Store decoded rows and their ingest counters in one transaction; returns the counters, which include
+        how many rows were added and skipped, by kind."""
         counts = Counter(extra_counts or {})
         self.con.execute("BEGIN TRANSACTION")
         try:
-            if len(batch.spans):
-                counts.update(self._write_requests(batch))
-            if len(batch.points):
-                counts.update(self._write_points(batch))
-            if len(batch.histograms):
-                counts.update(self._write_histograms(batch))
+            if not frames.requests.is_empty():
+                counts.update(self._write_requests(frames.requests))
+            if not frames.points.is_empty():
+                counts.update(self._write_points(frames.points))
+            if not frames.histograms.is_empty():
+                counts.update(self._write_histograms(frames.histograms))
             self.add_counters(counts)
             self.con.execute("COMMIT")
         except BaseException:
@@ -142,23 +183,11 @@ class Store:
     def _count(self, table: str) -> int:
         return self.scalar(f"SELECT count(*) FROM {table}")
 
-    def _write_requests(self, batch: Batch) -> dict[str, int]:
-        s = batch.spans
-        frame = pl.DataFrame({
-            "trace_id": s.trace_id, "span_id": s.span_id,
-            "start_time": pl.Series(s.start_ns, dtype=pl.Int64),
-            "duration_ms": pl.Series([(e - b) / 1e6 for b, e in zip(s.start_ns, s.end_ns)], dtype=pl.Float64),
-            "service": s.service, "node": s.node, "tier": s.tier, "route": s.route,
-            "status_code": pl.Series(s.status_code, dtype=pl.Int16), "failed": pl.Series(s.failed, dtype=pl.Boolean),
-        }).with_columns(pl.from_epoch("start_time", time_unit="ns").dt.cast_time_unit("us"))
+    def _write_requests(self, frame: pl.DataFrame) -> dict[str, int]:
         added = self._insert_new("requests", frame, ["trace_id", "span_id"], "start_time")
         return {"requests_loaded": added, "requests_duplicate": len(frame) - added}
 
-    def _write_points(self, batch: Batch) -> dict[str, int]:
-        p = batch.points
-        frame = pl.DataFrame(p.as_dict(), schema={
-            "node": pl.String, "metric": pl.String, "attributes": pl.String, "is_sum": pl.Boolean,
-            "cumulative": pl.Boolean, "start_ns": pl.Int64, "time_ns": pl.Int64, "value": pl.Float64})
+    def _write_points(self, frame: pl.DataFrame) -> dict[str, int]:
         direct = frame.filter(~pl.col("cumulative")).with_columns(
             interval_s=pl.when(pl.col("is_sum") & (pl.col("start_ns") > 0) & (pl.col("start_ns") < pl.col("time_ns")))
             .then((pl.col("time_ns") - pl.col("start_ns")) / 1e9))
@@ -171,12 +200,7 @@ class Store:
         return {"samples_loaded": added, "samples_duplicate": stale + len(rows) - added,
                 "points_without_baseline": no_baseline}
 
-    def _write_histograms(self, batch: Batch) -> dict[str, int]:
-        h = batch.histograms
-        frame = pl.DataFrame(h.as_dict(), schema={
-            "node": pl.String, "metric": pl.String, "attributes": pl.String, "cumulative": pl.Boolean,
-            "start_ns": pl.Int64, "time_ns": pl.Int64, "count": pl.Int64, "sum": pl.Float64,
-            "min": pl.Float64, "max": pl.Float64, "buckets": pl.List(pl.Int64)})
+    def _write_histograms(self, frame: pl.DataFrame) -> dict[str, int]:
         direct = frame.filter(~pl.col("cumulative")).with_columns(
             interval_s=pl.when((pl.col("start_ns") > 0) & (pl.col("start_ns") < pl.col("time_ns")))
             .then((pl.col("time_ns") - pl.col("start_ns")) / 1e9))
