@@ -33,6 +33,8 @@ class DecodeError(ValueError):
 
 
 def _get(obj: dict, camel: str, snake: str | None = None, default=None):
+    if type(obj) is not dict:
+        raise DecodeError(f"expected an object holding {camel}, got {type(obj).__name__}")
     value = obj.get(camel)
     if value is None and snake is not None:
         value = obj.get(snake)
@@ -122,7 +124,7 @@ def _selected_attributes(items, wanted: frozenset) -> dict:
         if type(item) is not dict:
             raise DecodeError("attributes: expected {key, value} objects")
         key = item.get("key")
-        if key in wanted:
+        if type(key) is str and key in wanted:
             out[key] = any_value(item.get("value", {}))
     return out
 
