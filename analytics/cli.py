@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
+import json
 import sys
 from pathlib import Path
 
 from enrich.tiers import TierResolver
 from sloscope.slo_spec import SpecError, load_spec, parse_spec
 
-from analytics.store import DEFAULT_DB, Store, StoreError
+from analytics.store import DEFAULT_DB, Store, StoreError, sql
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
 
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     rca.set_defaults(func=run_rca)
 
 
-def _spec_for(store: Store, path: Path | None):
+def spec_for(store: Store, path: Path | None):
     """The spec given, else the one recorded with the database, else the built-in one. Recorded so later
     commands on the same database use the same tiers."""
     if path is not None:
@@ -64,7 +64,7 @@ def run_ingest(args) -> int:
 
     try:
         store = Store(args.db)
-        spec = _spec_for(store, args.slo)
+        spec = spec_for(store, args.slo)
     except (SpecError, StoreError) as exc:
         print(f"sloscope ingest: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -85,6 +85,19 @@ def run_ingest(args) -> int:
 
 
 def run_rca(args) -> int:
-    from analytics.rca import run as rca_run
+    from analytics.rca import analyse, format_table, parse_time
 
-    return rca_run(args)
+    try:
+        store = Store(args.db, read_only=True)
+        spec = spec_for(store, args.slo)
+        newest = store.rows(sql("data_range"))[0][1]
+        since = parse_time(args.since, newest) if args.since else None
+        until = parse_time(args.until, newest) if args.until else None
+    except (SpecError, StoreError, ValueError) as exc:
+        print(f"sloscope rca: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    with store:
+        result = analyse(store, spec, since, until, args.top)
+    fmt = args.format or ("table" if sys.stdout.isatty() else "json")
+    print(format_table(result) if fmt == "table" else json.dumps(result, indent=2))
+    return EXIT_OK

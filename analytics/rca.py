@@ -1,16 +1,14 @@
-"""`sloscope rca`: incidents and their ranked causes, as Contract 4's JSON or a table for people."""
+"""Incidents and their ranked causes, as Contract 4's JSON document or a table for people."""
 
 from __future__ import annotations
 
-import json
-import sys
 from datetime import datetime, timedelta, timezone
 
 from sloscope.slo_spec import SpecError, parse_duration
 
 from analytics.attribution import Window, rank_causes, series_scores, signal_steps
 from analytics.slo import Incident, find_incidents
-from analytics.store import Store, StoreError, sql
+from analytics.store import Store, sql
 
 EPISODE_GAP = timedelta(minutes=2)
 
@@ -96,22 +94,3 @@ def format_table(result: dict) -> str:
                 lines.append(f"        {ev['signal']}{'{' + attrs + '}' if attrs else ''}: "
                              f"{ev['baseline']} -> {ev['observed']} (z {ev['z']}, onset {ev['onset'] or '-'})")
     return "\n".join(lines)
-
-
-def run(args) -> int:
-    from analytics.cli import EXIT_USAGE, _spec_for
-
-    try:
-        store = Store(args.db, read_only=True)
-        spec = _spec_for(store, args.slo)
-        newest = store.rows(sql("data_range"))[0][1]
-        since = parse_time(args.since, newest) if args.since else None
-        until = parse_time(args.until, newest) if args.until else None
-    except (SpecError, StoreError, ValueError) as exc:
-        print(f"sloscope rca: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    with store:
-        result = analyse(store, spec, since, until, args.top)
-    fmt = args.format or ("table" if sys.stdout.isatty() else "json")
-    print(format_table(result) if fmt == "table" else json.dumps(result, indent=2))
-    return 0

@@ -150,3 +150,29 @@ def test_an_unreadable_file_is_reported_and_the_others_load(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "missing.jsonl" in err and "broken.gz" in err
     assert query(tmp_path, "SELECT count(*) FROM requests") == [(1,)]
+
+
+def test_usage_errors_exit_2_with_a_message(tmp_path, capsys):
+    bad = tmp_path / "slo.yaml"
+    bad.write_text("default_tier: gold\ntiers: {}\n")
+    f = write_lines(tmp_path / "t.jsonl", [traces([span(trace_id(1), span_id(1), T0, 100)])])
+    assert main(["ingest", "--db", str(tmp_path / "x.duckdb"), "--slo", str(bad), str(f)]) == 2
+    assert "tiers: expected a non-empty mapping" in capsys.readouterr().err
+    assert main(["rca", "--db", str(tmp_path / "none.duckdb")]) == 2
+    assert "no such database" in capsys.readouterr().err
+    assert ingest(tmp_path, f) == EXIT_OK
+    assert main(["rca", "--db", str(tmp_path / "x.duckdb"), "--since", "yesterday"]) == 2
+    assert "neither an RFC 3339 time nor a duration" in capsys.readouterr().err
+
+
+def test_the_spec_given_at_ingest_is_remembered_for_later_commands(tmp_path):
+    spec = tmp_path / "slo.yaml"
+    spec.write_text("default_tier: bulk\ntiers:\n  bulk: {latency: {percentile: 90, threshold_ms: 5000}, "
+                    "availability: 99}\n  gold: {latency: {percentile: 99, threshold_ms: 100}, availability: 99.9}\n")
+    f = write_lines(tmp_path / "t.jsonl", [traces([span(trace_id(1), span_id(1), T0, 100, tier="gold"),
+                                                   span(trace_id(2), span_id(2), T0, 100, tier="standard")])])
+    assert main(["ingest", "--db", str(tmp_path / "x.duckdb"), "--slo", str(spec), str(f)]) == EXIT_OK
+    assert sorted(query(tmp_path, "SELECT tier FROM requests")) == [("bulk",), ("gold",)]
+    g = write_lines(tmp_path / "u.jsonl", [traces([span(trace_id(3), span_id(3), T0, 100, tier="gold")])])
+    assert ingest(tmp_path, g) == EXIT_OK  # no --slo: the remembered spec still allows "gold"
+    assert query(tmp_path, "SELECT tier FROM requests WHERE trace_id = '" + trace_id(3) + "'") == [("gold",)]
