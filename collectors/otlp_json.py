@@ -15,21 +15,14 @@ import re
 import orjson
 
 from sloscope import catalog
-from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET, Batch
+from sloscope.records import Batch
 
-SPAN_KIND_SERVER = 2
-STATUS_CODE_ERROR = 2
-TEMPORALITY_DELTA = 1
-TEMPORALITY_CUMULATIVE = 2
-FLAG_NO_RECORDED_VALUE = 1
-MAX_ATTRIBUTE_DEPTH = 8
+from collectors.otlp_common import (
+    FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
+    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, append_span, node_of, scale0_buckets, service_of)
+
 _HEX_TRACE = re.compile(r"^[0-9a-fA-F]{32}$")
 _HEX_SPAN = re.compile(r"^[0-9a-fA-F]{16}$")
-TIER_ATTRIBUTES = ("http.request.header.x-slo-tier", "slo.tier")
-
-
-class DecodeError(ValueError):
-    pass
 
 
 def _get(obj: dict, camel: str, snake: str | None = None, default=None):
@@ -111,10 +104,6 @@ def attributes(items, depth: int = 0) -> dict:
     return out
 
 
-SPAN_ATTRIBUTES = frozenset({"http.response.status_code", "http.status_code", "http.route",
-                             *TIER_ATTRIBUTES, *catalog.NODE_ATTRIBUTES})
-
-
 def _selected_attributes(items, wanted: frozenset) -> dict:
     """Only the attributes analytics reads; the others are neither decoded nor kept."""
     if type(items) is not list:
@@ -129,15 +118,6 @@ def _selected_attributes(items, wanted: frozenset) -> dict:
     return out
 
 
-def _node(resource_attrs: dict, overrides: dict | None = None) -> str | None:
-    for source in (overrides or {}, resource_attrs):
-        for key in catalog.NODE_ATTRIBUTES:
-            value = source.get(key)
-            if isinstance(value, str) and value:
-                return value
-    return None
-
-
 def _resource_attributes(resource_block: dict) -> dict:
     resource = _get(resource_block, "resource", None, {})
     if not isinstance(resource, dict):
@@ -145,16 +125,13 @@ def _resource_attributes(resource_block: dict) -> dict:
     return attributes(_get(resource, "attributes", None, []))
 
 
-class Decoder:
+class Decoder(Skips):
     """Turns export requests into a Batch. Keeps a cache of canonical attribute texts, which repeat for
     every data point of a series."""
 
     def __init__(self):
+        super().__init__()
         self._attr_text: dict[bytes, str] = {}
-        self.skipped: dict[str, int] = {}
-
-    def _skip(self, reason: str, n: int = 1) -> None:
-        self.skipped[reason] = self.skipped.get(reason, 0) + n
 
     def _canonical(self, raw) -> str:
         """Canonical JSON text (sorted keys) of a data point's raw attribute list, cached by its raw form."""
@@ -192,8 +169,7 @@ class Decoder:
         if not isinstance(block, dict):
             raise DecodeError("resourceSpans: expected objects")
         resource = _resource_attributes(block)
-        service = resource.get("service.name")
-        service = service if isinstance(service, str) and service else "unknown_service"
+        service = service_of(resource)
         for scope in _list(block, "scopeSpans", "scope_spans"):
             if not isinstance(scope, dict):
                 raise DecodeError("scopeSpans: expected objects")
@@ -214,30 +190,11 @@ class Decoder:
             raise DecodeError(f"spanId: expected 16 hex digits, got {str(span_id)[:40]!r}")
         start = _int(_get(span, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano")
         end = _int(_get(span, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano")
-        if start <= 0 or end < start:
-            raise DecodeError(f"span {span_id}: end time before start time or no start time")
         attrs = _selected_attributes(_get(span, "attributes", None, []), SPAN_ATTRIBUTES)
-        node = _node(resource, attrs)
-        if node is None:
-            raise DecodeError("span has neither k8s.node.name nor host.name (span or resource attribute)")
-        status = attrs.get("http.response.status_code", attrs.get("http.status_code"))
-        status = _int(status, "http.response.status_code") if status is not None else None
         span_status = _get(span, "status", None, {})
-        status_error = isinstance(span_status, dict) and _get(span_status, "code", None, 0) in (STATUS_CODE_ERROR, "STATUS_CODE_ERROR")
-        route = attrs.get("http.route")
-        tier_header = next((attrs[k] for k in TIER_ATTRIBUTES if k in attrs), None)
-        cols = batch.spans
-        cols.trace_id.append(trace_id.lower())
-        cols.span_id.append(span_id.lower())
-        cols.service.append(service)
-        cols.node.append(node)
-        cols.route.append(route if isinstance(route, str) else str(_get(span, "name", None, ""))[:256])
-        cols.tier_header.append(tier_header)
-        cols.tier.append(None)
-        cols.start_ns.append(start)
-        cols.end_ns.append(end)
-        cols.status_code.append(status)
-        cols.failed.append(status_error or (status is not None and status >= 500))
+        status_error = _get(span_status, "code", None, 0) in (STATUS_CODE_ERROR, "STATUS_CODE_ERROR")
+        append_span(batch.spans, trace_id.lower(), span_id.lower(), service, resource, attrs, start, end,
+                    status_error, str(_get(span, "name", None, "")))
 
     # --- metrics --------------------------------------------------------------------------------------
 
@@ -245,7 +202,7 @@ class Decoder:
         if not isinstance(block, dict):
             raise DecodeError("resourceMetrics: expected objects")
         resource = _resource_attributes(block)
-        node = _node(resource)
+        node = node_of(resource)
         if node is None:
             raise DecodeError("resource has neither k8s.node.name nor host.name")
         for scope in _list(block, "scopeMetrics", "scope_metrics"):
@@ -333,24 +290,12 @@ class Decoder:
 
     @staticmethod
     def _buckets(point: dict, name: str) -> list[int]:
-        scale = _int(_get(point, "scale", None, 0), f"{name}: scale")
-        if not -10 <= scale <= 20:
-            raise DecodeError(f"{name}: scale {scale} outside [-10, 20]")
-        out = [0] * HISTOGRAM_BUCKETS
-        out[0] += _int(_get(point, "zeroCount", "zero_count", 0), f"{name}: zeroCount")
         positive = _get(point, "positive", None, {})
-        if not isinstance(positive, dict):
-            raise DecodeError(f"{name}: positive: expected an object")
-        offset = _int(_get(positive, "offset", None, 0), f"{name}: positive.offset")
-        for k, raw in enumerate(_list(positive, "bucketCounts", "bucket_counts")):
-            n = _int(raw, f"{name}: bucketCounts")
-            if n < 0:
-                raise DecodeError(f"{name}: negative bucket count")
-            if n:
-                index = offset + k
-                index = index >> scale if scale >= 0 else index << -scale
-                out[min(max(index - HISTOGRAM_OFFSET, 0), HISTOGRAM_BUCKETS - 1)] += n
-        return out
+        return scale0_buckets(
+            name, _int(_get(point, "scale", None, 0), f"{name}: scale"),
+            _int(_get(point, "zeroCount", "zero_count", 0), f"{name}: zeroCount"),
+            _int(_get(positive, "offset", None, 0), f"{name}: positive.offset"),
+            [_int(raw, f"{name}: bucketCounts") for raw in _list(positive, "bucketCounts", "bucket_counts")])
 
     @staticmethod
     def _temporality(data: dict, name: str) -> int:

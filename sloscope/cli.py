@@ -11,6 +11,7 @@ STAGE_COMMANDS = (
     "simulator.cli",
     "analytics.cli",
     "sloscope.demo",
+    "sloscope.serve",
     "probes.cli",
 )
 

@@ -1,0 +1,89 @@
+"""What the OTLP decoders (JSON and protobuf) share: limits, span and metric semantics, row building."""
+
+from __future__ import annotations
+
+from sloscope import catalog
+from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
+
+SPAN_KIND_SERVER = 2
+STATUS_CODE_ERROR = 2
+TEMPORALITY_DELTA = 1
+TEMPORALITY_CUMULATIVE = 2
+FLAG_NO_RECORDED_VALUE = 1
+MAX_ATTRIBUTE_DEPTH = 8
+TIER_ATTRIBUTES = ("http.request.header.x-slo-tier", "slo.tier")
+SPAN_ATTRIBUTES = frozenset({"http.response.status_code", "http.status_code", "http.route",
+                             *TIER_ATTRIBUTES, *catalog.NODE_ATTRIBUTES})
+
+
+class DecodeError(ValueError):
+    pass
+
+
+def node_of(resource_attrs: dict, overrides: dict | None = None) -> str | None:
+    """The node a span or sample belongs to: k8s.node.name, else host.name; span attributes win."""
+    for source in (overrides or {}, resource_attrs):
+        for key in catalog.NODE_ATTRIBUTES:
+            value = source.get(key)
+            if isinstance(value, str) and value:
+                return value
+    return None
+
+
+def service_of(resource_attrs: dict) -> str:
+    service = resource_attrs.get("service.name")
+    return service if isinstance(service, str) and service else "unknown_service"
+
+
+def append_span(cols, trace_id: str, span_id: str, service: str, resource: dict, attrs: dict,
+                start: int, end: int, status_error: bool, name: str) -> None:
+    """Validate one SERVER span's fields and add it as a row; attrs holds only SPAN_ATTRIBUTES."""
+    if start <= 0 or end < start:
+        raise DecodeError(f"span {span_id}: end time before start time or no start time")
+    node = node_of(resource, attrs)
+    if node is None:
+        raise DecodeError("span has neither k8s.node.name nor host.name (span or resource attribute)")
+    status = attrs.get("http.response.status_code", attrs.get("http.status_code"))
+    if status is not None:
+        try:
+            status = int(status)
+        except (TypeError, ValueError):
+            raise DecodeError(f"http.response.status_code: expected an integer, got {str(status)[:40]!r}") from None
+    route = attrs.get("http.route")
+    cols.trace_id.append(trace_id)
+    cols.span_id.append(span_id)
+    cols.service.append(service)
+    cols.node.append(node)
+    cols.route.append(route if isinstance(route, str) else name[:256])
+    cols.tier_header.append(next((attrs[k] for k in TIER_ATTRIBUTES if k in attrs), None))
+    cols.tier.append(None)
+    cols.start_ns.append(start)
+    cols.end_ns.append(end)
+    cols.status_code.append(status)
+    cols.failed.append(status_error or (status is not None and status >= 500))
+
+
+def scale0_buckets(name: str, scale: int, zero_count: int, offset: int, counts) -> list[int]:
+    """An exponential histogram's buckets at any scale, folded onto scale 0 over the store's fixed range."""
+    if not -10 <= scale <= 20:
+        raise DecodeError(f"{name}: scale {scale} outside [-10, 20]")
+    out = [0] * HISTOGRAM_BUCKETS
+    out[0] += zero_count
+    for k, n in enumerate(counts):
+        if n < 0:
+            raise DecodeError(f"{name}: negative bucket count")
+        if n:
+            index = offset + k
+            index = index >> scale if scale >= 0 else index << -scale
+            out[min(max(index - HISTOGRAM_OFFSET, 0), HISTOGRAM_BUCKETS - 1)] += n
+    return out
+
+
+class Skips:
+    """Counts of data that was well-formed but is not kept (not a SERVER span, not in the catalog, ...)."""
+
+    def __init__(self):
+        self.skipped: dict[str, int] = {}
+
+    def _skip(self, reason: str, n: int = 1) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + n

@@ -1,0 +1,115 @@
+"""`sloscope serve`: the receiving end of the OTLP stream for the embedded default and for an otelcol exporter.
+
+OTLP/HTTP and OTLP/gRPC in, tier enrichment, one writer into the DuckDB store. SIGTERM or Ctrl-C stops
+accepting, writes everything already accepted, and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+log = logging.getLogger("sloscope.serve")
+
+
+def register(subparsers) -> None:
+    serve = subparsers.add_parser(
+        "serve", help="receive OTLP (HTTP and gRPC) into the DuckDB store",
+        description="Receive OTLP/HTTP (/v1/traces, /v1/metrics, /v1/logs; protobuf or JSON, optionally gzip) and "
+        "OTLP/gRPC, resolve request tiers against the SLO spec, and write everything through one writer into "
+        "the DuckDB store. When the writer's queue is full, requests get the OTLP retryable answer (HTTP 503 "
+        "with Retry-After, gRPC UNAVAILABLE). SIGTERM writes everything accepted before exiting.")
+    from analytics.store import DEFAULT_DB
+
+    serve.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"DuckDB file (default: {DEFAULT_DB})")
+    serve.add_argument("--slo", type=Path, metavar="SLO.yaml",
+                       help="SLO spec whose tiers are the allow-list (default: as for ingest)")
+    serve.add_argument("--http", default="127.0.0.1:4318", metavar="HOST:PORT",
+                       help="OTLP/HTTP address (default: %(default)s; 'off' to disable)")
+    serve.add_argument("--grpc", default="127.0.0.1:4317", metavar="HOST:PORT",
+                       help="OTLP/gRPC address (default: %(default)s; 'off' to disable)")
+    serve.add_argument("--queue-rows", type=int, default=1_000_000,
+                       help="rows accepted but not yet written before requests are refused (default: %(default)s)")
+    serve.set_defaults(func=run)
+
+
+def _address(text: str) -> tuple[str, int] | None:
+    if text == "off":
+        return None
+    host, _, port = text.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+class Intake:
+    """Enrich a decoded batch and hand it to the writer; refuse when the writer is full."""
+
+    def __init__(self, writer, resolver):
+        self.writer = writer
+        self.resolver = resolver
+        self._lock = threading.Lock()
+
+    def __call__(self, signal_name, batch, skips):
+        from analytics.store import Frames
+        from collectors.receiver import Outcome
+        from enrich.tiers import resolve_tiers
+
+        with self._lock:  # the resolver's counters are shared by the request threads
+            resolve_tiers(batch.spans, self.resolver)
+            counts = Counter(self.resolver.counts)
+            self.resolver.counts.clear()
+        counts.update(skips)
+        return Outcome(accepted=self.writer.offer(Frames.of(batch), counts))
+
+
+def run(args) -> int:
+    from analytics.cli import EXIT_USAGE, spec_for
+    from analytics.store import Store, StoreError
+    from analytics.writer import Writer
+    from collectors.receiver import Receiver, grpc_server, http_server
+    from enrich.tiers import TierResolver
+    from sloscope.slo_spec import SpecError
+
+    try:
+        store = Store(args.db)
+        spec = spec_for(store, args.slo)
+        http_addr, grpc_addr = _address(args.http), _address(args.grpc)
+    except (SpecError, StoreError, ValueError) as exc:
+        print(f"sloscope serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    writer = Writer(store, max_queued_rows=args.queue_rows).start()
+    receiver = Receiver(Intake(writer, TierResolver.from_spec(spec)))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    servers = []
+    try:
+        if http_addr:
+            httpd = http_server(receiver, *http_addr)
+            threading.Thread(target=httpd.serve_forever, name="otlp-http", daemon=True).start()
+            servers.append(("http", httpd))
+            log.info("OTLP/HTTP on http://%s:%d", *httpd.server_address[:2])
+        if grpc_addr:
+            grpcd, port = grpc_server(receiver, *grpc_addr)
+            grpcd.start()
+            servers.append(("grpc", grpcd))
+            log.info("OTLP/gRPC on %s:%d", grpc_addr[0], port)
+    except OSError as exc:
+        print(f"sloscope serve: {exc}", file=sys.stderr)
+        stop.set()
+    log.info("writing to %s; tiers %s (default %s)", args.db, ", ".join(spec.tiers), spec.default_tier)
+    stop.wait()
+    log.info("stopping: no new requests; writing what was accepted")
+    for kind, server in servers:
+        if kind == "http":
+            server.shutdown()
+            server.server_close()
+        else:
+            server.stop(grace=5).wait()
+    writer.stop()
+    store.close()
+    log.info("stopped; written: %s; receiver: %s", dict(writer.counts), dict(receiver.counts))
+    return 0 if servers and not writer.failed else 1

@@ -1,0 +1,204 @@
+"""`sloscope serve`'s receiving end: OTLP/HTTP and gRPC in, rows out; bad input refused with the right codes."""
+
+import gzip
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from analytics.store import Store
+from analytics.writer import Writer
+from collectors.receiver import Receiver, grpc_server, http_server
+from enrich.tiers import TierResolver
+from sloscope.serve import Intake
+from sloscope.slo_spec import load_spec
+from tests.otlp_builders import gauge, metrics, span, traces
+
+T0 = 1_764_410_400_000_000_000
+
+
+class Running:
+    def __init__(self, db, start_writer=True, queue_rows=1_000_000):
+        self.store = Store(db)
+        self.writer = Writer(self.store, max_queued_rows=queue_rows, max_delay_s=0.05)
+        if start_writer:
+            self.writer.start()
+        self.receiver = Receiver(Intake(self.writer, TierResolver.from_spec(load_spec(None))))
+        self.httpd = http_server(self.receiver, "127.0.0.1", 0)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.grpcd, self.grpc_port = grpc_server(self.receiver, "127.0.0.1", 0)
+        self.grpcd.start()
+        self.http_port = self.httpd.server_address[1]
+
+    def post(self, path, body, content_type="application/x-protobuf", headers=None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=10)
+        conn.request("POST", path, body, {"Content-Type": content_type, **(headers or {})})
+        response = conn.getresponse()
+        result = response.status, dict(response.getheaders()), response.read()
+        conn.close()
+        return result
+
+    def rows(self, query):
+        self.writer.stop()
+        return self.store.rows(query)
+
+    def close(self):
+        self.httpd.shutdown()
+        self.grpcd.stop(0)
+        self.writer.stop(timeout=10)
+        self.store.close()
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = Running(tmp_path / "r.duckdb")
+    yield s
+    s.close()
+
+
+def _proto_traces(n=3, tier="p99-latency-critical"):
+    from google.protobuf.json_format import ParseDict
+
+    doc = traces([span(f"{i + 1:032x}", f"{i + 1:016x}", T0 + i, 100, tier=[tier]) for i in range(n)])
+    for rs in doc["resourceSpans"]:  # protobuf's JSON mapping wants base64 ids
+        for s in rs["scopeSpans"][0]["spans"]:
+            import base64
+            s["traceId"] = base64.b64encode(bytes.fromhex(s["traceId"])).decode()
+            s["spanId"] = base64.b64encode(bytes.fromhex(s["spanId"])).decode()
+    return ParseDict(doc, trace_service_pb2.ExportTraceServiceRequest())
+
+
+def test_protobuf_and_json_over_http_land_in_the_store(server):
+    status, _, _ = server.post("/v1/traces", _proto_traces(3).SerializeToString())
+    assert status == 200
+    body = json.dumps(traces([span("a" * 32, "b" * 16, T0, 250, tier=["bogus"])])).encode()
+    status, headers, reply = server.post("/v1/traces", body, "application/json")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    m = json.dumps(metrics([gauge("hw.gpu.temperature", [(T0, 61.0)], {"hw.id": "GPU-1"})])).encode()
+    assert server.post("/v1/metrics", gzip.compress(m), "application/json", {"Content-Encoding": "gzip"})[0] == 200
+    assert server.rows("SELECT tier, count(*) FROM requests GROUP BY tier ORDER BY tier") == [
+        ("p99-latency-critical", 3), ("standard", 1)]
+    assert server.store.rows("SELECT node, value FROM samples") == [("gpu-node-1", 61.0)]
+    assert server.store.counters()["tier_invalid"] == 1
+
+
+def test_grpc_export_lands_in_the_store(server):
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+        reply = stub.Export(_proto_traces(5), timeout=10)
+    assert not reply.partial_success.rejected_spans
+    assert server.rows("SELECT count(*) FROM requests") == [(5,)]
+
+
+@pytest.mark.parametrize("path,body,content_type,code", [
+    ("/v1/traces", b"\xff\xff\xff not protobuf", "application/x-protobuf", 400),
+    ("/v1/traces", b"{nope", "application/json", 400),
+    ("/v1/traces", b'{"resourceSpans": "x"}', "application/json", 400),
+    ("/v1/other", b"", "application/x-protobuf", 404),
+    ("/v1/traces", b"x", "text/plain", 415),
+])
+def test_bad_requests_get_client_errors_and_are_counted(server, path, body, content_type, code):
+    status, _, _ = server.post(path, body, content_type)
+    assert status == code
+    assert server.post("/v1/traces", _proto_traces(1).SerializeToString())[0] == 200  # still serving
+
+
+def test_oversized_and_gzip_bomb_bodies_are_refused(server):
+    bomb = gzip.compress(b"\0" * (40 * 2**20))
+    status, _, _ = server.post("/v1/traces", bomb, headers={"Content-Encoding": "gzip"})
+    assert status == 413 and server.receiver.counts["requests_too_large"] == 1
+
+
+def test_a_full_writer_answers_503_with_retry_after(tmp_path):
+    s = Running(tmp_path / "full.duckdb", start_writer=False, queue_rows=4)
+    try:
+        assert s.post("/v1/traces", _proto_traces(3).SerializeToString())[0] == 200
+        status, headers, _ = s.post("/v1/traces", _proto_traces(3).SerializeToString())
+        assert status == 503 and headers["Retry-After"] == "1"
+        with grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}") as channel:
+            with pytest.raises(grpc.RpcError) as err:
+                trace_service_pb2_grpc.TraceServiceStub(channel).Export(_proto_traces(3), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        s.writer.start()  # accepted data is written once the writer runs
+        assert s.rows("SELECT count(*) FROM requests") == [(3,)]
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("depth", [20, 50])  # past sloscope's limit; past protobuf's own
+def test_deeply_nested_attributes_are_invalid_argument_over_grpc(server, depth):
+    request = _proto_traces(1)
+    value = request.resource_spans[0].resource.attributes.add(key="deep").value
+    for _ in range(depth):
+        value = value.array_value.values.add()
+    value.string_value = "x"
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            trace_service_pb2_grpc.TraceServiceStub(channel).Export(request, timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert server.receiver.counts["traces_invalid"] == 1
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=2000), st.sampled_from(["/v1/traces", "/v1/metrics", "/v1/logs"]))
+def test_random_protobuf_bodies_never_break_the_server(server, body, path):
+    status, _, _ = server.post(path, body)
+    assert status in (200, 400)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_mutated_valid_protobuf_never_breaks_the_server(server, data):
+    body = bytearray(_proto_traces(2).SerializeToString())
+    for _ in range(data.draw(st.integers(1, 5))):
+        body[data.draw(st.integers(0, len(body) - 1))] = data.draw(st.integers(0, 255))
+    status, _, _ = server.post("/v1/traces", bytes(body))
+    assert status in (200, 400)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_writes_everything_accepted(tmp_path):
+    db, http_port = tmp_path / "s.duckdb", _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.cli", "serve", "--db", str(db),
+                             "--http", f"127.0.0.1:{http_port}", "--grpc", "off"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", http_port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+                time.sleep(0.1)
+        accepted = 0
+        for i in range(20):
+            body = json.dumps(traces([span(f"{i * 100 + k + 1:032x}", f"{i * 100 + k + 1:016x}", T0, 100)
+                                      for k in range(50)])).encode()
+            conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
+            conn.request("POST", "/v1/traces", body, {"Content-Type": "application/json"})
+            accepted += 50 if conn.getresponse().status == 200 else 0
+            conn.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with Store(db, read_only=True) as store:
+        assert store.rows("SELECT count(*) FROM requests") == [(accepted,)] and accepted == 1000
