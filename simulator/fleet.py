@@ -225,8 +225,7 @@ def build_fleet(cfg: SimulationConfig) -> Fleet:
         e1 = int(min(n, onset + duration + frng.uniform(0, 30)))
         e1 = max(e1, e0 + 10)
         ratio = _ratio(frng)
-        amounts = faults.calibrate(node, conf, max(ratio * min(s_cause, faults.SCORE_CAP),
-                                                   faults.MIN_CONFOUNDER_SCORE), base)
+        amounts = faults.calibrate(node, conf, max(ratio * s_cause, faults.MIN_CONFOUNDER_SCORE), base)
         faults.apply_confounder(node, conf, amounts, faults.profile(n, e0, 8.0, e1))
         series = faults.confounder_series(node, conf)
         effect_truth = {
@@ -247,7 +246,7 @@ def build_fleet(cfg: SimulationConfig) -> Fleet:
     f0 = int(np.clip(onset + frng.uniform(-120, 120), min(60, n // 4), max(n - 60, n // 2)))
     framp = float(frng.uniform(5, 15))
     fbase = faults.baseline_window(f0)
-    target_score = _ratio(frng) * min(s_cause, faults.SCORE_CAP) if cause else frng.uniform(8, 40)
+    target_score = _ratio(frng) * s_cause if cause else frng.uniform(8, 40)
     target_score = max(target_score, faults.MIN_CONFOUNDER_SCORE)
     prof = faults.profile(n, f0, framp)
     for node in nodes:  # calibrated per node, so it is strong on every node whatever its baseline
