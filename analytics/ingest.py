@@ -17,6 +17,7 @@ from pathlib import Path
 from collectors.otlp_files import FileReadError, read_lines
 from collectors.otlp_json import DecodeError, Decoder, decode_line
 from enrich.tiers import TierResolver, resolve_tiers
+from enrich.topology import GpuTopology
 from sloscope.records import Batch
 
 from analytics.store import Frames, Store
@@ -99,6 +100,7 @@ class Ingestor:
         self.pending: list[Frames] = []
         self.pending_rows = 0
         self.pending_counts: Counter = Counter()
+        self.topology = GpuTopology(store.gpu_nodes())
         self.report = IngestReport()
         self._lines_flushed = self._rejected_flushed = 0
 
@@ -107,6 +109,8 @@ class Ingestor:
         self.report.lines += lines
         for where, reason in rejects:
             self.report.reject(where, reason)
+        self.topology.learn(frames.points, frames.histograms)
+        frames.requests = self.topology.place(frames.requests)
         self.pending.append(frames)
         self.pending_rows += len(frames)
         self.pending_counts.update(counts)
@@ -115,7 +119,8 @@ class Ingestor:
 
     def flush(self) -> None:
         """Write what is pending, with the counters gathered since the last flush, in one transaction."""
-        extra = self.pending_counts
+        extra = self.pending_counts + self.topology.counts
+        self.topology.counts.clear()
         extra["lines_read"] = self.report.lines - self._lines_flushed
         extra["lines_rejected"] = self.report.rejected_count - self._rejected_flushed
         self._lines_flushed, self._rejected_flushed = self.report.lines, self.report.rejected_count

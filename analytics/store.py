@@ -56,6 +56,8 @@ class Frames:
             "start_time": pl.Series(s.start_ns, dtype=pl.Int64),
             "duration_ms": pl.Series([(e - b) / 1e6 for b, e in zip(s.start_ns, s.end_ns)], dtype=pl.Float64),
             "service": pl.Series(s.service, dtype=pl.String), "node": pl.Series(s.node, dtype=pl.String),
+            "pod": pl.Series(s.pod, dtype=pl.String), "namespace": pl.Series(s.namespace, dtype=pl.String),
+            "gpu_id": pl.Series(s.gpu_id, dtype=pl.String),
             "tier": pl.Series(s.tier, dtype=pl.String), "route": pl.Series(s.route, dtype=pl.String),
             "status_code": pl.Series(s.status_code, dtype=pl.Int16), "failed": pl.Series(s.failed, dtype=pl.Boolean),
         }).with_columns(pl.from_epoch("start_time", time_unit="ns").dt.cast_time_unit("us"))
@@ -136,6 +138,10 @@ class Store:
             self.con.executemany(
                 "INSERT INTO ingest_counters VALUES (?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET value = ingest_counters.value + excluded.value", rows)
+
+    def gpu_nodes(self) -> dict[str, str]:
+        """GPU UUID -> the node it was last seen on."""
+        return {gpu: node for node, gpu in self.rows(sql("gpu_topology"))}
 
     def counters(self) -> dict[str, int]:
         return dict(self.rows("SELECT name, value FROM ingest_counters ORDER BY name"))

@@ -11,9 +11,12 @@ TEMPORALITY_DELTA = 1
 TEMPORALITY_CUMULATIVE = 2
 FLAG_NO_RECORDED_VALUE = 1
 MAX_ATTRIBUTE_DEPTH = 8
+MAX_NAME_LENGTH = 253  # node, service, pod, namespace, route: stored columns, so bounded (a DNS name's limit)
 TIER_ATTRIBUTES = ("http.request.header.x-slo-tier", "slo.tier")
-SPAN_ATTRIBUTES = frozenset({"http.response.status_code", "http.status_code", "http.route",
-                             *TIER_ATTRIBUTES, *catalog.NODE_ATTRIBUTES})
+GPU_ATTRIBUTE = "hw.id"
+POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE = "k8s.pod.name", "k8s.namespace.name"
+SPAN_ATTRIBUTES = frozenset({"http.response.status_code", "http.status_code", "http.route", GPU_ATTRIBUTE,
+                             POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE, *TIER_ATTRIBUTES, *catalog.NODE_ATTRIBUTES})
 
 
 class DecodeError(ValueError):
@@ -26,13 +29,22 @@ def node_of(resource_attrs: dict, overrides: dict | None = None) -> str | None:
         for key in catalog.NODE_ATTRIBUTES:
             value = source.get(key)
             if isinstance(value, str) and value:
-                return value
+                return value[:MAX_NAME_LENGTH]
     return None
 
 
 def service_of(resource_attrs: dict) -> str:
     service = resource_attrs.get("service.name")
-    return service if isinstance(service, str) and service else "unknown_service"
+    return service[:MAX_NAME_LENGTH] if isinstance(service, str) and service else "unknown_service"
+
+
+def _text(attrs: dict, resource: dict, key: str) -> str | None:
+    """A string attribute of the span, else of its resource (bounded: these become stored columns)."""
+    for source in (attrs, resource):
+        value = source.get(key)
+        if isinstance(value, str) and value:
+            return value[:MAX_NAME_LENGTH]
+    return None
 
 
 def append_span(cols, trace_id: str, span_id: str, service: str, resource: dict, attrs: dict,
@@ -41,8 +53,9 @@ def append_span(cols, trace_id: str, span_id: str, service: str, resource: dict,
     if start <= 0 or end < start:
         raise DecodeError(f"span {span_id}: end time before start time or no start time")
     node = node_of(resource, attrs)
-    if node is None:
-        raise DecodeError("span has neither k8s.node.name nor host.name (span or resource attribute)")
+    gpu = _text(attrs, resource, GPU_ATTRIBUTE)
+    if node is None and gpu is None:
+        raise DecodeError("span has neither k8s.node.name, host.name nor hw.id (span or resource attribute)")
     status = attrs.get("http.response.status_code", attrs.get("http.status_code"))
     if status is not None:
         try:
@@ -54,7 +67,10 @@ def append_span(cols, trace_id: str, span_id: str, service: str, resource: dict,
     cols.span_id.append(span_id)
     cols.service.append(service)
     cols.node.append(node)
-    cols.route.append(route if isinstance(route, str) else name[:256])
+    cols.gpu_id.append(gpu)
+    cols.pod.append(_text(attrs, resource, POD_ATTRIBUTE))
+    cols.namespace.append(_text(attrs, resource, NAMESPACE_ATTRIBUTE))
+    cols.route.append((route if isinstance(route, str) else name)[:MAX_NAME_LENGTH])
     cols.tier_header.append(next((attrs[k] for k in TIER_ATTRIBUTES if k in attrs), None))
     cols.tier.append(None)
     cols.start_ns.append(start)

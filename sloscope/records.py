@@ -27,12 +27,16 @@ class Columns:
 
 @dataclass
 class SpanColumns(Columns):
-    """One row per SERVER span. `tier_header` is the raw, untrusted header value until enrich resolves `tier`."""
+    """One row per SERVER span. `tier_header` is the raw, untrusted header value until enrich resolves `tier`;
+    `node` is None when only the GPU (`gpu_id`) is known, until enrich maps the GPU to its node."""
 
     trace_id: list = field(default_factory=list)
     span_id: list = field(default_factory=list)
     service: list = field(default_factory=list)
     node: list = field(default_factory=list)
+    gpu_id: list = field(default_factory=list)
+    pod: list = field(default_factory=list)
+    namespace: list = field(default_factory=list)
     route: list = field(default_factory=list)
     tier_header: list = field(default_factory=list)
     tier: list = field(default_factory=list)  # filled by enrich

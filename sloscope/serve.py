@@ -47,9 +47,10 @@ def _address(text: str) -> tuple[str, int] | None:
 class Intake:
     """Enrich a decoded batch and hand it to the writer; refuse when the writer is full."""
 
-    def __init__(self, writer, resolver):
+    def __init__(self, writer, resolver, topology):
         self.writer = writer
         self.resolver = resolver
+        self.topology = topology
         self._lock = threading.Lock()
 
     def __call__(self, signal_name, batch, skips):
@@ -57,12 +58,16 @@ class Intake:
         from collectors.receiver import Outcome
         from enrich.tiers import resolve_tiers
 
-        with self._lock:  # the resolver's counters are shared by the request threads
+        with self._lock:  # the resolver's and topology's state is shared by the request threads
             resolve_tiers(batch.spans, self.resolver)
-            counts = Counter(self.resolver.counts)
+            frames = Frames.of(batch)
+            self.topology.learn(frames.points, frames.histograms)
+            frames.requests = self.topology.place(frames.requests)
+            counts = Counter(self.resolver.counts) + self.topology.counts
             self.resolver.counts.clear()
+            self.topology.counts.clear()
         counts.update(skips)
-        return Outcome(accepted=self.writer.offer(Frames.of(batch), counts))
+        return Outcome(accepted=self.writer.offer(frames, counts))
 
 
 def run(args) -> int:
@@ -71,6 +76,7 @@ def run(args) -> int:
     from analytics.writer import Writer
     from collectors.receiver import Receiver, grpc_server, http_server
     from enrich.tiers import TierResolver
+    from enrich.topology import GpuTopology
     from sloscope.slo_spec import SpecError
 
     try:
@@ -81,7 +87,7 @@ def run(args) -> int:
         print(f"sloscope serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     writer = Writer(store, max_queued_rows=args.queue_rows).start()
-    receiver = Receiver(Intake(writer, TierResolver.from_spec(spec)))
+    receiver = Receiver(Intake(writer, TierResolver.from_spec(spec), GpuTopology(store.gpu_nodes())))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

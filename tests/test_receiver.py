@@ -21,6 +21,7 @@ from analytics.store import Store
 from analytics.writer import Writer
 from collectors.receiver import Receiver, grpc_server, http_server
 from enrich.tiers import TierResolver
+from enrich.topology import GpuTopology
 from sloscope.serve import Intake
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import gauge, metrics, span, traces
@@ -34,7 +35,7 @@ class Running:
         self.writer = Writer(self.store, max_queued_rows=queue_rows, max_delay_s=0.05)
         if start_writer:
             self.writer.start()
-        self.receiver = Receiver(Intake(self.writer, TierResolver.from_spec(load_spec(None))))
+        self.receiver = Receiver(Intake(self.writer, TierResolver.from_spec(load_spec(None)), GpuTopology()))
         self.httpd = http_server(self.receiver, "127.0.0.1", 0)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         self.grpcd, self.grpc_port = grpc_server(self.receiver, "127.0.0.1", 0)

@@ -13,6 +13,9 @@ CREATE TABLE IF NOT EXISTS requests (
     service     VARCHAR NOT NULL,
     node        VARCHAR NOT NULL,
     tier        VARCHAR NOT NULL,
+    pod         VARCHAR,
+    namespace   VARCHAR,
+    gpu_id      VARCHAR,
     route       VARCHAR,
     status_code SMALLINT,
     failed      BOOLEAN NOT NULL

@@ -1,0 +1,52 @@
+import polars as pl
+
+from analytics.store import Store
+from enrich.tiers import MAX_HEADER_LENGTH, TierResolver
+from enrich.topology import GpuTopology
+from sloscope.cli import main
+from sloscope.slo_spec import load_spec
+from tests.otlp_builders import attr, gauge, metrics, resource, span, traces, write_lines
+
+T0 = 1_764_410_400_000_000_000
+
+
+def test_tier_resolution_rules():
+    resolver = TierResolver.from_spec(load_spec(None))
+    assert resolver.resolve(["p99-latency-critical"]) == "p99-latency-critical"
+    assert resolver.resolve("standard") == "standard"
+    for hostile in (["gold"], "", "x" * (MAX_HEADER_LENGTH + 1), ["standard", "standard"], 42, ["P99-LATENCY-CRITICAL"]):
+        assert resolver.resolve(hostile) == "standard"
+    assert resolver.resolve(None) == "standard"
+    assert resolver.counts == {"tier_invalid": 6, "tier_missing": 1}
+
+
+def test_gpu_topology_places_spans_that_only_name_their_gpu():
+    topology = GpuTopology()
+    topology.learn(pl.DataFrame({"node": ["n1", "n2"], "attributes": ['{"hw.id":"GPU-a"}', '{"hw.id":"GPU-b"}']}))
+    requests = pl.DataFrame({"node": [None, "n9", None], "gpu_id": ["GPU-b", None, "GPU-zzz"]},
+                            schema={"node": pl.String, "gpu_id": pl.String})
+    assert topology.place(requests)["node"].to_list() == ["n2", "n9", "unknown"]
+    assert topology.counts == {"spans_node_from_gpu": 1, "spans_node_unknown": 1}
+
+
+def test_pod_namespace_and_gpu_placement_through_ingest(tmp_path):
+    gpu_metrics = metrics([gauge("hw.gpu.utilization", [(T0, 0.5)], {"hw.id": "GPU-7", "hw.gpu.task": "general"})],
+                          node="gpu-node-7")
+    gpu_only = span("a" * 32, "b" * 16, T0, 100, extra={"hw.id": "GPU-7", "k8s.pod.name": "llm-0"})
+    spans = {"resourceSpans": [{"resource": {"attributes": [attr("service.name", "llm"),
+                                                            attr("k8s.namespace.name", "inference")]},
+                                "scopeSpans": [{"spans": [gpu_only]}]}]}
+    f = write_lines(tmp_path / "f.jsonl", [gpu_metrics, spans])
+    assert main(["ingest", "--db", str(tmp_path / "x.duckdb"), str(f)]) == 0
+    with Store(tmp_path / "x.duckdb", read_only=True) as store:
+        assert store.rows("SELECT node, pod, namespace, gpu_id FROM requests") == [
+            ("gpu-node-7", "llm-0", "inference", "GPU-7")]
+        assert store.counters()["spans_node_from_gpu"] == 1
+        assert store.gpu_nodes() == {"GPU-7": "gpu-node-7"}
+
+
+def test_a_span_with_no_node_and_no_gpu_is_rejected(tmp_path, capsys):
+    bare = {"resourceSpans": [{"resource": resource(service_name="llm"),
+                               "scopeSpans": [{"spans": [span("c" * 32, "d" * 16, T0, 100)]}]}]}
+    assert main(["ingest", "--db", str(tmp_path / "x.duckdb"), str(write_lines(tmp_path / "g.jsonl", [bare]))]) == 1
+    assert "neither k8s.node.name, host.name nor hw.id" in capsys.readouterr().err
