@@ -12,11 +12,14 @@ from contextlib import contextmanager
 from sloscope import catalog
 
 from .ebpf.syscall_latency import DEFAULT_SYSCALLS
+from .gpu.dcgm_exporter import DEFAULT_URL as DCGM_URL
+from .spdk.rpc_client import DEFAULT_SOCKET as SPDK_SOCKET
 from .registry import FALLBACKS, NODE_PROBES, PROBES, ProbeSet
 from .sample import AnySample, HistogramSample
 
 EPILOG = """\
-probes (eBPF ones need root, BTF, tracefs and kernel headers; without them they fall back as shown):
+probes (eBPF ones need root, BTF, tracefs and kernel headers, nvml an NVIDIA driver, dcgm a dcgm-exporter,
+spdk an SPDK target; without them they fall back as shown):
 {probes}
   node             = {node}
   all              = every probe above
@@ -62,7 +65,12 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="syscall probe: only these processes (repeatable)")
     parser.add_argument("--cgroup", action="append", default=[], metavar="CGROUP",
                         help="syscall probe: only these cgroup v2 ids or paths (repeatable)")
-    parser.add_argument("--per-pid", action="store_true", help="syscall probe: one histogram per process")
+    parser.add_argument("--per-pid", action="store_true",
+                        help="syscall probe: one histogram per process; nvml probe: SM utilization per process")
+    parser.add_argument("--dcgm-url", metavar="URL",
+                        help="dcgm probe: dcgm-exporter's metrics endpoint (default %s)" % DCGM_URL)
+    parser.add_argument("--spdk-socket", metavar="PATH",
+                        help="spdk probe: the SPDK target's JSON-RPC socket (default %s)" % SPDK_SOCKET)
     parser.set_defaults(func=run)
     return parser
 
@@ -163,6 +171,12 @@ def run(args: argparse.Namespace, out=None) -> int:
         syscall_opts["per_pid"] = True
     if syscall_opts:
         options["syscall"] = syscall_opts
+    if args.per_pid:
+        options["nvml"] = {"per_process": True}
+    if args.dcgm_url:
+        options["dcgm"] = {"url": args.dcgm_url}
+    if args.spdk_socket:
+        options["spdk"] = {"socket_path": args.spdk_socket}
 
     def emit(line: str) -> None:
         print(line, file=out, flush=True)

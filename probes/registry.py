@@ -8,6 +8,11 @@ tracefs, no kernel headers, or its program fails to compile or attach):
     block    -> diskstats  (system.disk.io_time instead of the latency histogram)
     runqueue -> schedstat  (sloscope.cpu.runqueue.delay as a Sum in s instead of a histogram)
 
+GPU and storage probes fall back the same way:
+
+    dcgm     -> nvml       (no dcgm-exporter: the driver's own counters; no sloscope.gpu.dram.active)
+    spdk     -> nvme       (no SPDK target: NVMe temperatures of kernel-attached drives from sysfs)
+
 `ProbeSet` starts the chosen probes, records a `Decision` per requested name (what runs, what is missing,
 which signals are lost), collects from all of them (one failing probe never stops the others) and stops
 them all, also on Ctrl-C or error (`with ProbeSet(...) as probes:`).
@@ -24,24 +29,31 @@ from .ebpf.block_io import BlockIoProbe
 from .ebpf.runqueue import RunqueueProbe
 from .ebpf.syscall_latency import SyscallLatencyProbe
 from .ebpf.tcp import TcpProbe
+from .gpu.dcgm_exporter import DcgmExporterProbe
+from .gpu.nvml import NvmlProbe
 from .procfs.diskstats import DiskstatsProbe
 from .procfs.netstat import NetstatProbe
 from .procfs.pressure import PressureProbe
 from .procfs.schedstat import SchedstatProbe
 from .procfs.tcp_connections import TcpConnectionsProbe
 from .sample import AnySample
+from .spdk.nvme_sysfs import NvmeSysfsProbe
+from .spdk.spdk import SpdkProbe
 
 log = logging.getLogger(__name__)
 
 PROBES: dict[str, type[Probe]] = {cls.name: cls for cls in (
     SyscallLatencyProbe, TcpProbe, BlockIoProbe, RunqueueProbe,
-    PressureProbe, DiskstatsProbe, NetstatProbe, SchedstatProbe, TcpConnectionsProbe)}
+    PressureProbe, DiskstatsProbe, NetstatProbe, SchedstatProbe, TcpConnectionsProbe,
+    NvmlProbe, DcgmExporterProbe, SpdkProbe, NvmeSysfsProbe)}
 
 FALLBACKS: dict[str, tuple[str, ...]] = {
     "syscall": (),
     "tcp": ("netstat",),
     "block": ("diskstats",),
     "runqueue": ("schedstat",),
+    "dcgm": ("nvml",),
+    "spdk": ("nvme",),
 }
 
 # What a node runs by default: every eBPF probe (falling back as above) and the procfs probes that are not

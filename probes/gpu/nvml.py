@@ -1,0 +1,371 @@
+"""NVML probe (nvidia-ml-py, imported as `pynvml` only when the probe is checked or started).
+
+Per GPU, keyed by its UUID (`hw.id`), each collect reports:
+
+- `hw.gpu.utilization` (ratio): nvmlDeviceGetUtilizationRates().gpu / 100, the driver's percentage of time a
+  kernel ran over its last sample period; attribute `hw.gpu.task`=general.
+- `sloscope.gpu.sm.active.max` (ratio): the maximum of the driver's utilization samples
+  (nvmlDeviceGetSamples, NVML_GPU_UTILIZATION_SAMPLES) taken since the previous collect. Each call passes the
+  newest timestamp already seen, so every driver sample lands in exactly one window; samples buffered before
+  `start()` are skipped. A window without new samples (NVML_ERROR_NOT_FOUND) produces no value: that is the
+  driver saying "nothing new", not an error.
+- `hw.gpu.memory.usage` / `hw.gpu.memory.limit` (bytes): nvmlDeviceGetMemoryInfo used / total.
+- `hw.gpu.temperature` (Cel): nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU).
+- `hw.gpu.io` (bytes, delta): NVLink data throughput field values NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{TX,RX}
+  with scopeId UINT_MAX (the aggregate over all links); they are cumulative KiB, reported as byte deltas per
+  interval with `network.io.direction` transmit/receive and `sloscope.gpu.link`=nvlink. A counter that goes
+  down (driver reload) counts as a reset (0), never as a negative delta.
+- with `per_process=True`: per-process SM utilization (nvmlDeviceGetProcessUtilization since the previous
+  collect, mean smUtil per pid / 100) as `hw.gpu.utilization` with a `process.pid` attribute.
+
+Errors: a feature a GPU does not support (NVML_ERROR_NOT_SUPPORTED, or a driver without the function) is
+logged once and not asked again on that GPU. NVML_ERROR_GPU_IS_LOST marks that GPU lost and the probe
+unhealthy (`healthy`, `notes`); the other GPUs go on, and only when every GPU is lost does `collect` raise.
+Other errors skip the feature for this interval and are counted in `error_counts`. Without a driver,
+`check()` says so in one line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..base import Availability, Probe, ProbeError, ProbeUnavailable, now_ns
+from ..sample import AnySample, Sample
+
+log = logging.getLogger(__name__)
+
+UTILIZATION = "hw.gpu.utilization"
+SM_ACTIVE_MAX = "sloscope.gpu.sm.active.max"
+MEMORY_USAGE = "hw.gpu.memory.usage"
+MEMORY_LIMIT = "hw.gpu.memory.limit"
+TEMPERATURE = "hw.gpu.temperature"
+IO = "hw.gpu.io"
+
+NVLINK_SCOPE_ALL_LINKS = 0xFFFFFFFF  # nvmlFieldValue_t.scopeId for the aggregate over every link
+KIB = 1024
+
+# nvmlValueType_t -> member of the nvmlValue_t union
+VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+FEATURES = ("utilization", "samples", "memory", "temperature", "nvlink", "processes")
+
+
+def load_pynvml():
+    return importlib.import_module("pynvml")
+
+
+def nvml_value(value_type: int, value: Any) -> float:
+    """The number held by an nvmlValue_t union of the given nvmlValueType_t."""
+    member = VALUE_MEMBERS.get(int(value_type))
+    if member is None:
+        raise ValueError(f"unknown NVML value type {value_type}")
+    return float(getattr(value, member))
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _GpuLost(Exception):
+    pass
+
+
+_SKIP = object()
+
+
+@dataclass
+class GpuState:
+    index: int
+    handle: Any
+    uuid: str
+    lost: bool = False
+    last_sample_ts: int = 0  # newest utilization-sample timestamp seen (µs, the driver's clock)
+    last_process_ts: int = 0
+    nvlink_kib: dict[str, float] = field(default_factory=dict)  # direction -> cumulative KiB
+    unsupported: set[str] = field(default_factory=set)
+
+
+class NvmlProbe(Probe):
+    name = "nvml"
+    source = "nvml"
+    signals = (UTILIZATION, SM_ACTIVE_MAX, MEMORY_USAGE, MEMORY_LIMIT, TEMPERATURE, IO)
+    description = ("per-GPU utilization, peak SM activity per window, memory, temperature, NVLink bytes "
+                   "(NVML via nvidia-ml-py)")
+
+    def __init__(self, host=None, nvml=None, per_process: bool = False):
+        super().__init__(host)
+        self._nvml = nvml  # a pynvml-like module; the real one is imported on first use
+        self.per_process = per_process
+        self.gpus: list[GpuState] = []
+        self.error_counts: Counter = Counter()  # feature -> errors other than "not supported"
+        self._notes: list[str] = []
+        self._running = False
+        self._initialized = False
+        self._last_ns = 0
+
+    # -- life cycle ------------------------------------------------------------------------------------------
+
+    def _module(self):
+        if self._nvml is None:
+            self._nvml = load_pynvml()
+        return self._nvml
+
+    def _init_problem(self) -> str | None:
+        """Load pynvml and nvmlInit(); None when NVML is up, else the one line that says why not."""
+        try:
+            nv = self._module()
+        except Exception as exc:  # ImportError, or a broken install
+            return f"pynvml: not importable (pip package nvidia-ml-py): {type(exc).__name__}: {exc}"
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code == nv.NVML_ERROR_LIBRARY_NOT_FOUND:
+                return "NVIDIA driver: libnvidia-ml.so not found (no NVIDIA driver on this host)"
+            if code == nv.NVML_ERROR_DRIVER_NOT_LOADED:
+                return "NVIDIA driver: installed but not loaded (the nvidia kernel module is not running)"
+            if code == nv.NVML_ERROR_NO_PERMISSION:
+                return "NVIDIA driver: no permission to open the GPU devices (/dev/nvidia*)"
+            return f"NVML: nvmlInit failed: {exc}"
+        except OSError as exc:
+            return f"NVIDIA driver: libnvidia-ml.so could not be loaded: {exc}"
+        self._initialized = True
+        return None
+
+    def _shutdown(self) -> None:
+        if self._initialized:
+            self._initialized = False
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception as exc:  # shutting down must not raise
+                log.debug("nvmlShutdown failed: %s", exc)
+
+    def check(self) -> Availability:
+        if self._running:
+            return Availability(self.name, notes=self.notes)
+        problem = self._init_problem()
+        if problem:
+            return Availability(self.name, (problem,))
+        try:
+            count = self._nvml.nvmlDeviceGetCount()
+        except self._nvml.NVMLError as exc:
+            return Availability(self.name, (f"NVML: nvmlDeviceGetCount failed: {exc}",))
+        finally:
+            self._shutdown()
+        if count == 0:
+            return Availability(self.name, ("NVML: no NVIDIA GPU on this host",))
+        return Availability(self.name)
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def start(self) -> None:
+        if self._running:
+            return
+        problem = self._init_problem()
+        if problem:
+            raise ProbeUnavailable(self.name, [problem])
+        try:
+            self.gpus = self._enumerate()
+            if not self.gpus:
+                raise ProbeUnavailable(self.name, ["NVML: no usable NVIDIA GPU on this host"] + self._notes)
+            for gpu in self.gpus:
+                try:
+                    self._prime(gpu)
+                except _GpuLost:
+                    self._mark_lost(gpu)
+        except BaseException:
+            self._shutdown()
+            raise
+        self._last_ns = now_ns()
+        self._running = True
+
+    def stop(self) -> None:
+        self._running = False
+        self._shutdown()
+
+    @property
+    def healthy(self) -> bool:
+        return not any(g.lost for g in self.gpus)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(self._notes)
+
+    def _note(self, text: str, level=logging.INFO) -> None:
+        if text not in self._notes:
+            self._notes.append(text)
+            log.log(level, "nvml: %s", text)
+
+    def _enumerate(self) -> list[GpuState]:
+        nv = self._nvml
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as exc:
+            raise ProbeUnavailable(self.name, [f"NVML: nvmlDeviceGetCount failed: {exc}"]) from exc
+        gpus = []
+        for index in range(count):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(nv.nvmlDeviceGetUUID(handle))
+            except nv.NVMLError as exc:
+                self._note(f"GPU {index}: skipped, NVML could not open it: {exc}", logging.WARNING)
+                continue
+            gpus.append(GpuState(index, handle, uuid))
+        return gpus
+
+    def _mark_lost(self, gpu: GpuState) -> None:
+        gpu.lost = True
+        self._note(f"GPU {gpu.uuid} lost (NVML_ERROR_GPU_IS_LOST): no more samples from it; the other GPUs go on",
+                   logging.ERROR)
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    def _call(self, gpu: GpuState, feature: str, fn, *args, empty_codes=()):
+        """One NVML call for one feature of one GPU: its result, `_SKIP`, or () for "nothing new"."""
+        nv = self._nvml
+        if feature in gpu.unsupported:
+            return _SKIP
+        try:
+            return fn(*args)
+        except nv.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code == nv.NVML_ERROR_GPU_IS_LOST:
+                raise _GpuLost from exc
+            if code in empty_codes:
+                return ()
+            if code in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND):
+                self._unsupported(gpu, feature, str(exc))
+                return _SKIP
+            self.error_counts[feature] += 1
+            log.warning("nvml: GPU %s: reading %s failed: %s", gpu.uuid, feature, exc)
+            return _SKIP
+
+    def _unsupported(self, gpu: GpuState, feature: str, why: str) -> None:
+        gpu.unsupported.add(feature)
+        self._note(f"GPU {gpu.uuid}: {feature} not supported ({why}); not asked again")
+
+    def _utilization_samples(self, gpu: GpuState) -> list[float]:
+        """Utilization samples (percent) newer than the last one seen; advances the mark."""
+        nv = self._nvml
+        got = self._call(gpu, "samples", nv.nvmlDeviceGetSamples, gpu.handle, nv.NVML_GPU_UTILIZATION_SAMPLES,
+                         gpu.last_sample_ts, empty_codes=(nv.NVML_ERROR_NOT_FOUND,))
+        if got is _SKIP or not got:
+            return []
+        value_type, samples = got
+        fresh = [s for s in samples if int(s.timeStamp) > gpu.last_sample_ts]
+        if not fresh:
+            return []
+        gpu.last_sample_ts = max(int(s.timeStamp) for s in fresh)
+        return [nvml_value(value_type, s.sampleValue) for s in fresh]
+
+    def _process_samples(self, gpu: GpuState) -> dict[int, list[float]]:
+        nv = self._nvml
+        # pynvml raises NVMLError(NVML_SUCCESS) when the size query finds no process samples at all
+        got = self._call(gpu, "processes", nv.nvmlDeviceGetProcessUtilization, gpu.handle, gpu.last_process_ts,
+                         empty_codes=(nv.NVML_ERROR_NOT_FOUND, nv.NVML_SUCCESS))
+        if got is _SKIP or not got:
+            return {}
+        per_pid: dict[int, list[float]] = {}
+        newest = gpu.last_process_ts
+        for s in got:
+            ts = int(s.timeStamp)
+            if ts <= gpu.last_process_ts:
+                continue
+            newest = max(newest, ts)
+            per_pid.setdefault(int(s.pid), []).append(float(s.smUtil))
+        gpu.last_process_ts = newest
+        return per_pid
+
+    def _nvlink_kib(self, gpu: GpuState) -> dict[str, float]:
+        """Cumulative NVLink data KiB per direction (aggregate scope); {} when unsupported or failing."""
+        nv = self._nvml
+        tx = getattr(nv, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", None)
+        rx = getattr(nv, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", None)
+        if tx is None or rx is None:
+            self._unsupported(gpu, "nvlink", "these nvidia-ml-py bindings lack the NVLink throughput fields")
+            return {}
+        fields = [(tx, NVLINK_SCOPE_ALL_LINKS), (rx, NVLINK_SCOPE_ALL_LINKS)]
+        got = self._call(gpu, "nvlink", nv.nvmlDeviceGetFieldValues, gpu.handle, fields)
+        if got is _SKIP:
+            return {}
+        out = {}
+        for direction, fv in zip(("transmit", "receive"), got):
+            ret = int(fv.nvmlReturn)
+            if ret == nv.NVML_SUCCESS:
+                out[direction] = nvml_value(fv.valueType, fv.value)
+            elif ret == nv.NVML_ERROR_GPU_IS_LOST:
+                raise _GpuLost
+            elif ret in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND):
+                self._unsupported(gpu, "nvlink", f"field value returned {ret}")
+                return {}
+            else:
+                self.error_counts["nvlink"] += 1
+                log.warning("nvml: GPU %s: NVLink %s field returned NVML error %d", gpu.uuid, direction, ret)
+        return out
+
+    def _prime(self, gpu: GpuState) -> None:
+        """Baselines at start: skip the driver's buffered samples, remember the NVLink counters."""
+        self._utilization_samples(gpu)
+        if self.per_process:
+            self._process_samples(gpu)
+        gpu.nvlink_kib = self._nvlink_kib(gpu)
+
+    def collect(self) -> list[AnySample]:
+        if not self._running:
+            raise ProbeError(f"probe {self.name!r} is not started")
+        now = now_ns()
+        start, self._last_ns = self._last_ns, now
+        samples: list[AnySample] = []
+        for gpu in self.gpus:
+            if gpu.lost:
+                continue
+            try:
+                samples.extend(self._collect_gpu(gpu, start, now))
+            except _GpuLost:
+                self._mark_lost(gpu)
+        if self.gpus and all(g.lost for g in self.gpus):
+            raise ProbeError("nvml: every GPU is lost (NVML_ERROR_GPU_IS_LOST)")
+        return samples
+
+    def _collect_gpu(self, gpu: GpuState, start: int, now: int) -> list[AnySample]:
+        """Everything from one GPU, or _GpuLost (then nothing from it this interval)."""
+        nv = self._nvml
+        hw = {"hw.id": gpu.uuid}
+        out: list[AnySample] = []
+
+        def gauge(name, value, **attrs):
+            out.append(Sample(name, {**hw, **attrs}, now, float(value), "gauge", start))
+
+        util = self._call(gpu, "utilization", nv.nvmlDeviceGetUtilizationRates, gpu.handle)
+        if util is not _SKIP:
+            gauge(UTILIZATION, util.gpu / 100.0, **{"hw.gpu.task": "general"})
+        window = self._utilization_samples(gpu)
+        if window:
+            gauge(SM_ACTIVE_MAX, max(window) / 100.0)
+        mem = self._call(gpu, "memory", nv.nvmlDeviceGetMemoryInfo, gpu.handle)
+        if mem is not _SKIP:
+            gauge(MEMORY_USAGE, mem.used)
+            gauge(MEMORY_LIMIT, mem.total)
+        temp = self._call(gpu, "temperature", nv.nvmlDeviceGetTemperature, gpu.handle, nv.NVML_TEMPERATURE_GPU)
+        if temp is not _SKIP:
+            gauge(TEMPERATURE, temp)
+        if "nvlink" not in gpu.unsupported:
+            current = self._nvlink_kib(gpu)
+            for direction, kib in current.items():
+                previous = gpu.nvlink_kib.get(direction)
+                if previous is not None:
+                    delta = (kib - previous) * KIB if kib >= previous else 0.0  # went down: a reset
+                    out.append(Sample(IO, {**hw, "network.io.direction": direction, "sloscope.gpu.link": "nvlink"},
+                                      now, float(delta), "counter_delta", start))
+                gpu.nvlink_kib[direction] = kib
+        if self.per_process:
+            for pid, utils in sorted(self._process_samples(gpu).items()):
+                gauge(UTILIZATION, sum(utils) / len(utils) / 100.0,
+                      **{"hw.gpu.task": "general", "process.pid": pid})
+        return out
