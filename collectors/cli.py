@@ -1,0 +1,180 @@
+"""`sloscope collect`: the node collector (probes -> one OTLP metrics stream, spooled while the endpoint is
+down)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from dataclasses import asdict
+
+from . import config as config_mod
+
+log = logging.getLogger("collectors.collect")
+
+EPILOG = """\
+configuration (flags > environment > --config file > defaults):
+  file key          flag                  environment
+  endpoint          --endpoint            OTEL_EXPORTER_OTLP_METRICS_ENDPOINT (as is), OTEL_EXPORTER_OTLP_ENDPOINT
+  protocol          --protocol            OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL
+  headers           --header K=V          OTEL_EXPORTER_OTLP_METRICS_HEADERS, OTEL_EXPORTER_OTLP_HEADERS
+  timeout           --timeout             OTEL_EXPORTER_OTLP_METRICS_TIMEOUT, OTEL_EXPORTER_OTLP_TIMEOUT (ms)
+  interval          --interval            OTEL_METRIC_EXPORT_INTERVAL (ms)
+  probes            --probe
+  probe_options     -
+  cgroups           --cgroup
+  spool.dir         --spool-dir
+  spool.max_bytes   --spool-max-bytes
+  spool.max_batches --spool-max-batches
+  temporality       --temporality
+  resource          -                     OTEL_RESOURCE_ATTRIBUTES (below the file's)
+  node_name         --node-name           NODE_NAME (a DaemonSet sets it from spec.nodeName)
+  health_interval   --health-interval
+
+  Default endpoint: http://localhost:4317 (grpc) or http://localhost:4318/v1/metrics (http/protobuf).
+  For HTTP a base URL gets /v1/metrics appended. Durations: 10, 10s, 500ms, 1m. Sizes: 256MiB, 1GB.
+
+probes: auto (default) = the node set with eBPF where privileged, else the procfs fallbacks, plus every
+  other registered probe (GPU, SPDK, ...) that is configured or available here; node; all; or names
+  (see `sloscope probe --help`).
+
+resource attributes: service.name=sloscope-collector, host.name, k8s.node.name (when NODE_NAME is set).
+
+export: OTLP metrics through the OpenTelemetry SDK exporter. Counters and exponential histograms (scale 0)
+  are cumulative by default (a running total per series since its fixed start time), gauges as read.
+
+no data loss: while the endpoint is down, slow, or answers with an error, batches go to the spool
+  (one OTLP protobuf ExportMetricsServiceRequest per file, fsynced, named by sequence number) and are
+  replayed in order when it is back, also after a restart. Past spool.max_bytes / spool.max_batches the
+  oldest batches are dropped, counted and logged.
+
+exit status: 0 after a clean stop (SIGTERM/SIGINT, --duration, --once), 1 when no probe can run,
+  2 on a configuration error, 130 when interrupted twice.
+"""
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "collect", help="run this node's probes and export their metrics as OTLP (the node collector)",
+        description="Run the probes available on this node (eBPF where privileged, else procfs; GPU and SPDK "
+        "when present or configured), merge their samples into one OTLP metrics stream and export it over "
+        "gRPC or HTTP/protobuf every --interval seconds, spooling to disk while the endpoint is unavailable.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", metavar="FILE", help="YAML configuration file (keys below)")
+    parser.add_argument("--endpoint", metavar="URL", help="OTLP endpoint (default http://localhost:4317, or "
+                        "http://localhost:4318/v1/metrics for http/protobuf)")
+    parser.add_argument("--protocol", metavar="P", help="grpc (default) or http/protobuf")
+    parser.add_argument("--header", action="append", default=[], metavar="K=V",
+                        help="an export request header (repeatable)")
+    parser.add_argument("--timeout", metavar="S", help="per-export timeout, retries included (default 10s)")
+    parser.add_argument("--interval", metavar="S", help="collect and export every S (default 5s)")
+    parser.add_argument("--probe", action="append", default=[], metavar="NAME",
+                        help="probe to run (repeatable; auto, node, all or a probe name; default auto)")
+    parser.add_argument("--cgroup", action="append", default=[], metavar="CGROUP",
+                        help="syscall probe: only these cgroup v2 ids or paths (repeatable)")
+    parser.add_argument("--spool-dir", metavar="DIR", help="spool directory (default var/collector-spool)")
+    parser.add_argument("--spool-max-bytes", metavar="SIZE", help="spool bound in bytes (default 256MiB)")
+    parser.add_argument("--spool-max-batches", metavar="N", help="spool bound in batches (default 100000)")
+    parser.add_argument("--temporality", choices=("cumulative", "delta"),
+                        help="of counters and histograms (default cumulative)")
+    parser.add_argument("--node-name", metavar="NAME", help="k8s.node.name (default $NODE_NAME)")
+    parser.add_argument("--health-interval", metavar="S", help="log a health line every S (default 60s)")
+    bounded = parser.add_mutually_exclusive_group()
+    bounded.add_argument("--duration", metavar="S", help="stop after S (default: run until SIGTERM/SIGINT)")
+    bounded.add_argument("--once", action="store_true", help="collect one interval, export it, stop")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved configuration as JSON (with where each value came from) and exit")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _flags(args: argparse.Namespace) -> dict:
+    parse = config_mod
+    headers = {}
+    for h in args.header:
+        if "=" not in h:
+            raise config_mod.ConfigError(f"--header: {h!r} is not K=V")
+        k, v = h.split("=", 1)
+        headers[k.strip().lower()] = v.strip()
+    return {
+        "endpoint": args.endpoint,
+        "protocol": args.protocol,
+        "headers": headers or None,
+        "timeout_s": parse.parse_duration(args.timeout, "--timeout") if args.timeout else None,
+        "interval_s": parse.parse_duration(args.interval, "--interval") if args.interval else None,
+        "probes": tuple(n for p in args.probe for n in p.split(",") if n) or None,
+        "cgroups": tuple(args.cgroup) or None,
+        "spool_dir": args.spool_dir,
+        "spool_max_bytes": parse.parse_size(args.spool_max_bytes, "--spool-max-bytes") if args.spool_max_bytes else None,
+        "spool_max_batches": (parse.parse_count(args.spool_max_batches, "--spool-max-batches")
+                              if args.spool_max_batches else None),
+        "temporality": args.temporality,
+        "node_name": args.node_name,
+        "health_interval_s": (parse.parse_duration(args.health_interval, "--health-interval")
+                              if args.health_interval else None),
+        "duration_s": parse.parse_duration(args.duration, "--duration") if args.duration else None,
+        "once": True if args.once else None,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_mod.load(args.config, _flags(args))
+    except config_mod.ConfigError as exc:
+        print(f"sloscope collect: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        out = asdict(cfg)
+        out["headers"] = {k: "<redacted>" for k in cfg.headers}
+        print(json.dumps(out, indent=2, default=list))
+        return 0
+    if not logging.getLogger().handlers:  # run outside `sloscope` (tests, python -m)
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # The SDK exporters log every retry as a warning; sloscope logs the endpoint's state changes itself.
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.ERROR)
+
+    from .agent import Agent
+
+    agent = Agent(cfg)
+    interrupted = []
+
+    def on_signal(signum, frame):
+        if agent.stopping:  # a second signal: stop waiting for the shutdown
+            interrupted.append(signum)
+            raise KeyboardInterrupt
+        log.info("%s: stopping (collecting the last interval, flushing the spool)", signal.Signals(signum).name)
+        agent.request_stop()
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[signum] = signal.signal(signum, on_signal)
+        except ValueError:  # not the main thread
+            pass
+    try:
+        return agent.run()
+    except config_mod.ConfigError as exc:
+        print(f"sloscope collect: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sloscope")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""Configuration of the node collector (`sloscope collect`): defaults, a YAML file, the standard OTel
+environment variables, and command-line flags, in that order of increasing precedence:
+
+    flags  >  environment  >  file (--config)  >  defaults
+
+Keys (YAML file; flags in brackets; environment variables after the arrow):
+
+    endpoint: http://otelcol:4317     [--endpoint]  <- OTEL_EXPORTER_OTLP_METRICS_ENDPOINT (used as is),
+                                                     OTEL_EXPORTER_OTLP_ENDPOINT (a base URL)
+    protocol: grpc                    [--protocol]  <- OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL
+    headers: {authorization: ...}     [--header K=V]<- OTEL_EXPORTER_OTLP_METRICS_HEADERS, OTEL_EXPORTER_OTLP_HEADERS
+    timeout: 10s                      [--timeout]   <- OTEL_EXPORTER_OTLP_METRICS_TIMEOUT, OTEL_EXPORTER_OTLP_TIMEOUT (ms)
+    interval: 5s                      [--interval]  <- OTEL_METRIC_EXPORT_INTERVAL (ms)
+    probes: [auto]                    [--probe NAME]
+    probe_options: {syscall: {per_pid: true}}
+    cgroups: [/sys/fs/cgroup/kubepods.slice]  [--cgroup]   (the syscall probe's cgroup v2 filter)
+    spool: {dir: var/collector-spool, max_bytes: 256MiB, max_batches: 100000}
+                                      [--spool-dir, --spool-max-bytes, --spool-max-batches]
+    temporality: cumulative           [--temporality]   (counters and histograms; or delta)
+    resource: {k8s.cluster.name: prod}                   (extra resource attributes)
+    node_name: gpu-node-3             [--node-name] <- NODE_NAME (the Downward API's spec.nodeName)
+    health_interval: 60s              [--health-interval]
+
+Endpoints follow the OTLP exporter specification: for HTTP/protobuf a base URL (from the file, a flag or
+OTEL_EXPORTER_OTLP_ENDPOINT) gets `/v1/metrics` appended unless it already ends so, while
+OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is used as is; for gRPC the URL is `http://host:port` (plain text) or
+`https://host:port` (TLS), and a bare `host:port` means plain text. Timeouts in the OTEL_* variables are
+milliseconds, as the specification says (the Python SDK alone reads them as seconds; sloscope passes the
+timeout to the exporter explicitly, so the specification's unit holds). Headers in OTEL_* variables are
+`key=value` pairs separated by commas, values percent-decoded. A signal-specific variable (..._METRICS_...)
+wins over the generic one; headers are taken whole from the highest layer that sets any.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+from urllib.parse import unquote, urlparse
+
+PROTOCOLS = ("grpc", "http/protobuf")
+DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
+METRICS_PATH = "/v1/metrics"
+FILE_KEYS = ("endpoint", "protocol", "headers", "timeout", "interval", "probes", "probe_options", "cgroups",
+             "spool", "temporality", "resource", "node_name", "health_interval")
+SPOOL_KEYS = ("dir", "max_bytes", "max_batches")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class CollectorConfig:
+    endpoint: str = DEFAULT_GRPC_ENDPOINT  # final URL handed to the exporter
+    protocol: str = "grpc"
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 10.0
+    interval_s: float = 5.0
+    probes: tuple[str, ...] = ("auto",)
+    probe_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cgroups: tuple[str, ...] = ()
+    spool_dir: str = "var/collector-spool"
+    spool_max_bytes: int = 256 * 2**20
+    spool_max_batches: int = 100_000
+    temporality: str = "cumulative"
+    resource: dict[str, Any] = field(default_factory=dict)
+    node_name: str | None = None
+    host_name: str = field(default_factory=socket.gethostname)
+    health_interval_s: float = 60.0
+    duration_s: float | None = None  # run this long, then stop (None: until signalled)
+    once: bool = False  # one interval, one export, then stop
+    sources: dict[str, str] = field(default_factory=dict)  # key -> where its value came from
+
+    def describe(self) -> str:
+        def src(k):
+            return f" ({self.sources[k]})" if k in self.sources else ""
+        return (f"endpoint {self.endpoint}{src('endpoint')}, protocol {self.protocol}{src('protocol')}, "
+                f"timeout {self.timeout_s:g}s{src('timeout')}, interval {self.interval_s:g}s{src('interval')}, "
+                f"probes {','.join(self.probes)}{src('probes')}, temporality {self.temporality}, "
+                f"spool {self.spool_dir} (max {self.spool_max_bytes} bytes / {self.spool_max_batches} batches), "
+                f"node {self.node_name or '-'}{src('node_name')}, host {self.host_name}"
+                + (f", headers {', '.join(sorted(self.headers))}{src('headers')}" if self.headers else ""))
+
+    @property
+    def exporter_options(self) -> dict[str, Any]:
+        """Keyword arguments for the SDK exporter of `protocol`."""
+        return {"endpoint": self.endpoint, "headers": dict(self.headers), "timeout": self.timeout_s}
+
+
+# -- value parsers --------------------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h)?\s*$")
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]i?[bB]?|[bB])?\s*$")
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "ki": 1024, "kib": 1024, "m": 10**6, "mb": 10**6,
+               "mi": 2**20, "mib": 2**20, "g": 10**9, "gb": 10**9, "gi": 2**30, "gib": 2**30, "t": 10**12,
+               "tb": 10**12, "ti": 2**40, "tib": 2**40}
+
+
+def parse_duration(value: Any, what: str = "duration") -> float:
+    """Seconds from 10, 2.5, "10s", "500ms", "1m", "1h"."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a duration, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if not m:
+            raise ConfigError(f"{what}: {value!r} is not a duration (like 10, 10s, 500ms, 1m)")
+        seconds = float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+    if not seconds > 0:
+        raise ConfigError(f"{what}: must be positive, got {value!r}")
+    return seconds
+
+
+def parse_size(value: Any, what: str = "size") -> int:
+    """Bytes from 1048576, "256MiB", "64MB", "1GiB"."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a size, got {value!r}")
+    if isinstance(value, (int, float)):
+        size = int(value)
+    else:
+        m = _SIZE.match(str(value))
+        if not m:
+            raise ConfigError(f"{what}: {value!r} is not a size (like 268435456, 256MiB, 1GB)")
+        size = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower()])
+    if size <= 0:
+        raise ConfigError(f"{what}: must be positive, got {value!r}")
+    return size
+
+
+def parse_count(value: Any, what: str) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: {value!r} is not a whole number") from None
+    if isinstance(value, bool) or n <= 0 or (isinstance(value, float) and n != value):
+        raise ConfigError(f"{what}: must be a positive whole number, got {value!r}")
+    return n
+
+
+def parse_headers(text: str, what: str) -> dict[str, str]:
+    """`k1=v1,k2=v2` (the OTEL_EXPORTER_OTLP_HEADERS format; values percent-decoded)."""
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise ConfigError(f"{what}: {part.strip()!r} is not key=value")
+        k, v = part.split("=", 1)
+        k = unquote(k.strip()).lower()
+        if not k:
+            raise ConfigError(f"{what}: empty header name in {part.strip()!r}")
+        out[k] = unquote(v.strip())
+    return out
+
+
+def parse_protocol(value: Any, what: str) -> str:
+    text = str(value).strip().lower()
+    if text == "http":
+        text = "http/protobuf"
+    if text == "http/json":
+        raise ConfigError(f"{what}: http/json is not supported by the collector; use grpc or http/protobuf")
+    if text not in PROTOCOLS:
+        raise ConfigError(f"{what}: {value!r} is not one of {', '.join(PROTOCOLS)}")
+    return text
+
+
+def _ms(value: str, what: str) -> float:
+    try:
+        ms = float(value)
+    except ValueError:
+        raise ConfigError(f"{what}: {value!r} is not a number of milliseconds") from None
+    if not ms > 0:
+        raise ConfigError(f"{what}: must be positive, got {value!r}")
+    return ms / 1000.0
+
+
+def _str_list(value: Any, what: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v for v in re.split(r"[,\s]+", value) if v]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, (str, int)) for v in value):
+        raise ConfigError(f"{what}: expected a list of names, got {value!r}")
+    return tuple(str(v) for v in value)
+
+
+def _mapping(value: Any, what: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{what}: expected a mapping, got {type(value).__name__}")
+    return dict(value)
+
+
+# -- endpoint ------------------------------------------------------------------------------------------------
+
+def resolve_endpoint(value: str | None, protocol: str, *, as_is: bool = False) -> str:
+    """The URL handed to the exporter. `as_is` for a signal-specific endpoint (not completed)."""
+    if not value:
+        value = DEFAULT_GRPC_ENDPOINT if protocol == "grpc" else DEFAULT_HTTP_ENDPOINT
+    value = value.strip()
+    if "://" not in value:
+        value = "http://" + value
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ConfigError(f"endpoint: {value!r} is not an http:// or https:// URL")
+    if protocol == "grpc" or as_is:
+        return value
+    path = parsed.path.rstrip("/")
+    if path.endswith(METRICS_PATH):
+        return value
+    return parsed._replace(path=path + METRICS_PATH).geturl()
+
+
+# -- loading -------------------------------------------------------------------------------------------------
+
+def read_file(path: str) -> dict:
+    import yaml
+
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping at the top, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(FILE_KEYS))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown keys {', '.join(map(str, unknown))} "
+                          f"(known: {', '.join(FILE_KEYS)})")
+    spool = _mapping(data.get("spool"), f"{path}: spool")
+    unknown = sorted(set(spool) - set(SPOOL_KEYS))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown spool keys {', '.join(map(str, unknown))} "
+                          f"(known: {', '.join(SPOOL_KEYS)})")
+    return data
+
+
+def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
+         environ: Mapping[str, str] | None = None) -> CollectorConfig:
+    """Build the configuration. `flags` holds the command-line values that were given (None = not given),
+    under the CollectorConfig field names (endpoint, protocol, headers, timeout_s, interval_s, probes,
+    cgroups, spool_dir, spool_max_bytes, spool_max_batches, temporality, node_name, health_interval_s,
+    duration_s, once)."""
+    env = os.environ if environ is None else environ
+    flags = {k: v for k, v in (flags or {}).items() if v is not None and v != () and v != []}
+    data = read_file(file) if file else {}
+    where = f"config file {file}" if file else ""
+    cfg = CollectorConfig()
+    src = cfg.sources
+
+    def take(key: str, value: Any, source: str) -> None:
+        setattr(cfg, key, value)
+        src[key.removesuffix("_s")] = source
+
+    # defaults < file
+    if "protocol" in data:
+        take("protocol", parse_protocol(data["protocol"], f"{where}: protocol"), "file")
+    if "headers" in data:
+        headers = _mapping(data["headers"], f"{where}: headers")
+        take("headers", {str(k).lower(): str(v) for k, v in headers.items()}, "file")
+    if "timeout" in data:
+        take("timeout_s", parse_duration(data["timeout"], f"{where}: timeout"), "file")
+    if "interval" in data:
+        take("interval_s", parse_duration(data["interval"], f"{where}: interval"), "file")
+    if "probes" in data:
+        take("probes", _str_list(data["probes"], f"{where}: probes"), "file")
+    if "probe_options" in data:
+        opts = _mapping(data["probe_options"], f"{where}: probe_options")
+        take("probe_options", {str(k): _mapping(v, f"{where}: probe_options.{k}") for k, v in opts.items()}, "file")
+    if "cgroups" in data:
+        take("cgroups", _str_list(data["cgroups"], f"{where}: cgroups"), "file")
+    spool = _mapping(data.get("spool"), f"{where}: spool")
+    if "dir" in spool:
+        take("spool_dir", str(spool["dir"]), "file")
+    if "max_bytes" in spool:
+        take("spool_max_bytes", parse_size(spool["max_bytes"], f"{where}: spool.max_bytes"), "file")
+    if "max_batches" in spool:
+        take("spool_max_batches", parse_count(spool["max_batches"], f"{where}: spool.max_batches"), "file")
+    if "temporality" in data:
+        take("temporality", _temporality(data["temporality"], f"{where}: temporality"), "file")
+    if "resource" in data:
+        take("resource", {str(k): v for k, v in _mapping(data["resource"], f"{where}: resource").items()}, "file")
+    if "node_name" in data:
+        take("node_name", str(data["node_name"]), "file")
+    if "health_interval" in data:
+        take("health_interval_s", parse_duration(data["health_interval"], f"{where}: health_interval"), "file")
+
+    # < environment
+    for var in ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        if env.get(var):
+            take("protocol", parse_protocol(env[var], var), var)
+            break
+    for var in ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"):
+        if env.get(var):
+            take("headers", parse_headers(env[var], var), var)
+            break
+    for var in ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+        if env.get(var):
+            take("timeout_s", _ms(env[var], var), var)
+            break
+    if env.get("OTEL_METRIC_EXPORT_INTERVAL"):
+        take("interval_s", _ms(env["OTEL_METRIC_EXPORT_INTERVAL"], "OTEL_METRIC_EXPORT_INTERVAL"),
+             "OTEL_METRIC_EXPORT_INTERVAL")
+    if env.get("NODE_NAME"):
+        take("node_name", env["NODE_NAME"], "NODE_NAME")
+
+    # < flags
+    for key, value in flags.items():
+        if key == "protocol":
+            value = parse_protocol(value, "--protocol")
+        elif key == "headers":
+            value = dict(value)
+        elif key in ("probes", "cgroups"):
+            value = tuple(value)
+        elif key == "temporality":
+            value = _temporality(value, "--temporality")
+        if key != "endpoint":
+            take(key, value, "flag")
+
+    # the endpoint last: its form depends on the protocol finally chosen
+    endpoint, as_is = None, False
+    if "endpoint" in flags:
+        endpoint, src["endpoint"] = flags["endpoint"], "flag"
+    elif env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        endpoint, as_is = env["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"], True
+        src["endpoint"] = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+    elif env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        endpoint, src["endpoint"] = env["OTEL_EXPORTER_OTLP_ENDPOINT"], "OTEL_EXPORTER_OTLP_ENDPOINT"
+    elif "endpoint" in data:
+        endpoint, src["endpoint"] = str(data["endpoint"]), "file"
+    cfg.endpoint = resolve_endpoint(endpoint, cfg.protocol, as_is=as_is)
+
+    if cfg.cgroups:
+        cfg.probe_options.setdefault("syscall", {})["cgroups"] = list(cfg.cgroups)
+    if cfg.duration_s is not None and not cfg.duration_s > 0:
+        raise ConfigError("--duration: must be positive")
+    return cfg
+
+
+def _temporality(value: Any, what: str) -> str:
+    text = str(value).strip().lower()
+    if text not in ("cumulative", "delta"):
+        raise ConfigError(f"{what}: {value!r} is not cumulative or delta")
+    return text

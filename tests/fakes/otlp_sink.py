@@ -1,0 +1,214 @@
+"""A small OTLP metrics receiver for tests, on 127.0.0.1: OTLP/HTTP (POST /v1/metrics, protobuf) or OTLP/gRPC
+(MetricsService/Export). It records every request it accepted, and can be stopped and started again on the
+same port, or told to answer with an error, to play an endpoint that goes away.
+
+    sink = OtlpSink("http"); sink.start()      # sink.endpoint -> "http://127.0.0.1:PORT"
+    ...; sink.stop(); ...; sink.start()        # same port again
+    sink.fail_with = 503                       # HTTP status (or a grpc.StatusCode) for every request
+    sink.requests                              # [ExportMetricsServiceRequest, ...] in arrival order
+
+Run as a script (`python -m tests.fakes.otlp_sink --protocol http --port 4318`) it prints a line per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OtlpSink:
+    def __init__(self, protocol: str = "http", port: int | None = None, *, delay_s: float = 0.0, on_request=None):
+        if protocol not in ("http", "grpc"):
+            raise ValueError("protocol is http or grpc")
+        self.protocol = protocol
+        self.port = port or free_port()
+        self.delay_s = delay_s  # answer this late (a slow endpoint)
+        self.fail_with = None  # HTTP status code or grpc.StatusCode to answer every request with
+        self.on_request = on_request
+        self.requests: list[ExportMetricsServiceRequest] = []
+        self.rejected = 0
+        self.lock = threading.Lock()
+        self._server = None
+        self._thread = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    def _accept(self, request: ExportMetricsServiceRequest) -> None:
+        with self.lock:
+            self.requests.append(request)
+        if self.on_request:
+            self.on_request(request)
+
+    # -- lifecycle
+
+    def start(self) -> "OtlpSink":
+        if self._server is not None:
+            return self
+        if self.protocol == "http":
+            self._start_http()
+        else:
+            self._start_grpc()
+        return self
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if self.protocol == "http":
+            server.shutdown()
+            server.server_close()  # joins handler threads: an accepted request is answered first
+            self._thread.join(5)
+        else:
+            server.stop(grace=2).wait(5)
+
+    def __enter__(self) -> "OtlpSink":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- HTTP
+
+    def _start_http(self) -> None:
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            # HTTP/1.0: one request per connection, so stop() never waits on an idle keep-alive connection
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                if self.path != "/v1/metrics":
+                    return self._answer(404, b"not found")
+                if sink.delay_s:
+                    time.sleep(sink.delay_s)
+                if sink.fail_with is not None:
+                    with sink.lock:
+                        sink.rejected += 1
+                    return self._answer(int(sink.fail_with), b"failing on purpose")
+                if (self.headers.get("Content-Type") or "").split(";")[0].strip() != "application/x-protobuf":
+                    return self._answer(415, b"protobuf only")
+                if (self.headers.get("Content-Encoding") or "").lower() == "gzip":
+                    import gzip
+
+                    body = gzip.decompress(body)
+                try:
+                    request = ExportMetricsServiceRequest.FromString(body)
+                except Exception:
+                    return self._answer(400, b"not an ExportMetricsServiceRequest")
+                sink.headers_seen = {k.lower(): v for k, v in self.headers.items()}
+                sink._accept(request)
+                self._answer(200, metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString(),
+                             "application/x-protobuf")
+
+            def _answer(self, code: int, body: bytes, ctype: str = "text/plain"):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server.daemon_threads = False
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+
+    # -- gRPC
+
+    def _start_grpc(self) -> None:
+        import grpc
+        from concurrent import futures
+
+        sink = self
+
+        class Servicer(metrics_service_pb2_grpc.MetricsServiceServicer):
+            def Export(self, request, context):
+                if sink.delay_s:
+                    time.sleep(sink.delay_s)
+                if sink.fail_with is not None:
+                    with sink.lock:
+                        sink.rejected += 1
+                    context.abort(sink.fail_with, "failing on purpose")
+                sink.headers_seen = dict(context.invocation_metadata())
+                sink._accept(request)
+                return metrics_service_pb2.ExportMetricsServiceResponse()
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Servicer(), server)
+        bound = server.add_insecure_port(f"127.0.0.1:{self.port}")
+        if bound != self.port:
+            server.stop(0)
+            raise OSError(f"could not bind 127.0.0.1:{self.port}")
+        server.start()
+        self._server = server
+
+    # -- what arrived
+
+    def points(self) -> list[tuple[str, str, tuple, int, object]]:
+        """(metric, kind, attributes, time_unix_nano, value) of every data point received, in order.
+        value: the number for gauges and sums, (count, sum, zero_count, offset, buckets) for exponential
+        histograms."""
+        out = []
+        with self.lock:
+            requests = list(self.requests)
+        for req in requests:
+            for rm in req.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        kind = m.WhichOneof("data")
+                        for p in getattr(m, kind).data_points:
+                            attrs = tuple(sorted((kv.key, str(kv.value.string_value or kv.value.int_value))
+                                                 for kv in p.attributes))
+                            if kind == "exponential_histogram":
+                                value = (p.count, p.sum, p.zero_count, p.positive.offset,
+                                         tuple(p.positive.bucket_counts))
+                            else:
+                                value = p.as_double if p.WhichOneof("value") == "as_double" else p.as_int
+                            out.append((m.name, kind, attrs, p.time_unix_nano, value))
+        return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    def show(request):
+        n = sum(len(getattr(m, m.WhichOneof("data")).data_points) for rm in request.resource_metrics
+                for sm in rm.scope_metrics for m in sm.metrics)
+        print(f"request: {n} points", flush=True)
+
+    sink = OtlpSink(args.protocol, args.port or None, on_request=show).start()
+    print(f"listening on {sink.endpoint} ({args.protocol})", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        sink.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
