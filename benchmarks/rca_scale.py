@@ -11,6 +11,7 @@ aggregate query over all requests.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -27,16 +28,19 @@ from simulator.fleet import SimulationConfig, simulate
 SLOSCOPE = [sys.executable, "-m", "sloscope.cli"]
 
 
-def run_measured(cmd: list[str]) -> tuple[float, int, str]:
-    """Wall seconds, peak resident set size of the process (bytes), and its stderr tail."""
+def run_measured(cmd: list[str]) -> tuple[float, int, str, bytes]:
+    """Wall seconds, peak resident set size of the process (bytes), its stderr tail, and its stdout."""
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    err = proc.stderr.read().decode()
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE)
+        err = proc.stderr.read().decode()
+        _, status, usage = os.wait4(proc.pid, 0)
+        out.seek(0)
+        stdout = out.read()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-2000:]}")
-    return time.monotonic() - started, usage.ru_maxrss * 1024, err.strip().splitlines()[-1] if err.strip() else ""
+    return time.monotonic() - started, usage.ru_maxrss * 1024, err.strip().splitlines()[-1] if err.strip() else "", stdout
 
 
 def parse_only_rate(files: list[Path], max_lines: int = 400) -> float:
@@ -70,7 +74,7 @@ def main() -> int:
         print(f"generated {args.nodes} nodes x {args.minutes} min in {time.monotonic() - t:.0f}s: "
               f"{size / 2**20:.0f} MiB of gzip OTLP/JSON; fault {truth.fault['cause']} on {truth.fault['node']}")
         db.unlink(missing_ok=True)
-        ingest_s, ingest_rss, ingest_line = run_measured(SLOSCOPE + ["ingest", "--db", str(db), *map(str, files)])
+        ingest_s, ingest_rss, ingest_line, _ = run_measured(SLOSCOPE + ["ingest", "--db", str(db), *map(str, files)])
         import duckdb
 
         con = duckdb.connect(str(db), read_only=True)
@@ -81,12 +85,16 @@ def main() -> int:
         scan_s = time.monotonic() - t
         con.close()
         floor = parse_only_rate(files)
-        rca_s, rca_rss, _ = run_measured(SLOSCOPE + ["rca", "--db", str(db), "--format", "json"])
+        rca_s, rca_rss, _, rca_out = run_measured(SLOSCOPE + ["rca", "--db", str(db), "--format", "json"])
+        incidents = json.loads(rca_out)["incidents"]
+        found = sorted({(i["node"], i["causes"][0]["cause"] if i["causes"] else "-") for i in incidents})
         print(f"rows stored: {rows[0]:,} ({rows[1]:,} request spans)")
         print(f"ingest: {ingest_s:.0f}s, {rows[0] / ingest_s:,.0f} rows/s, peak RSS {ingest_rss / 2**30:.2f} GiB "
               f"(main process); parse-only floor {floor:,.0f} rows/s per core -> ingest/floor {rows[0] / ingest_s / floor:.2f}")
         print(f"rca:    {rca_s:.1f}s, peak RSS {rca_rss / 2**30:.2f} GiB; one aggregate over all requests "
               f"{scan_s:.2f}s -> rca/aggregate {rca_s / scan_s:.0f}x")
+        print(f"        {len(incidents)} incidents, (node, top cause): {found}; injected "
+              f"{truth.fault['cause']} on {truth.fault['node']}")
         print(f"        ({ingest_line})")
     finally:
         if not args.keep:
