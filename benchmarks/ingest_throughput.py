@@ -152,6 +152,44 @@ def end_to_end(path: str, payloads: list[bytes], items: int, table: str, clients
     return items / seconds, rows, retries
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def collector_footprint(workdir: Path, seconds: int = 20) -> str:
+    """CPU share and memory of `sloscope collect --interval 1` with all local probes, after start-up."""
+    port = _free_port()
+    serve = subprocess.Popen([sys.executable, "-m", "sloscope.cli", "serve", "--db", str(workdir / "c.duckdb"),
+                              "--grpc", f"127.0.0.1:{port}", "--http", "off"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(2)
+    collect = subprocess.Popen([sys.executable, "-m", "sloscope.cli", "collect", "--endpoint", f"http://127.0.0.1:{port}",
+                                "--interval", "1", "--duration", str(seconds + 8), "--probe", "node",
+                                "--spool-dir", str(workdir / "spool")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(8)  # start-up: bcc compiles the eBPF programs
+        cpu0, t0, rss = _cpu_seconds(collect.pid), time.monotonic(), []
+        for _ in range(seconds):
+            time.sleep(1)
+            rss.append(_rss_bytes(collect.pid))
+        cpu = (_cpu_seconds(collect.pid) - cpu0) / (time.monotonic() - t0)
+        return (f"collector, interval 1 s, probes {'/'.join(['syscall', 'tcp', 'block', 'runqueue', 'procfs'])}: "
+                f"{cpu:.1%} of one CPU, RSS {max(rss) / 2**20:.0f} MiB (steady state over {seconds} s)")
+    finally:
+        collect.wait(timeout=60)
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=60)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spans", type=int, default=300_000)
@@ -170,6 +208,8 @@ def main() -> int:
             rate, rows, retries = end_to_end(path, payloads, items, table, args.clients, Path(tmp))
             print(f"{label:>13}: {rate:>9,.0f}/s end to end ({rows:,} rows committed, {retries} retried 503s); "
                   f"bare protobuf parse {bare:>11,.0f}/s -> ratio {rate / bare:.3f}")
+        if os.geteuid() == 0:
+            print(collector_footprint(Path(tmp)))
     print(f"({os.cpu_count()} CPUs; client, server and writer share them)")
     return 0
 
