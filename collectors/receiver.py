@@ -90,13 +90,28 @@ class Receiver:
 # --- OTLP/HTTP --------------------------------------------------------------------------------------------
 
 
+Page = Callable[[], tuple[bytes, str]]  # GET handler: () -> (body, content type)
+
+
 class _HttpHandler(BaseHTTPRequestHandler):
     receiver: Receiver
+    pages: dict[str, Page]
     protocol_version = "HTTP/1.1"
     server_version = "sloscope-otlp"
 
     def log_message(self, fmt, *args):  # noqa: D401 - quiet: per-request logs would swamp the log
         log.debug("%s " + fmt, self.address_string(), *args)
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        page = self.pages.get(self.path.split("?", 1)[0])
+        if page is None:
+            return self._plain(404, f"not found; GET serves {', '.join(sorted(self.pages)) or 'nothing'}")
+        try:
+            body, content_type = page()
+        except Exception as exc:  # a failing page must not take the receiver down
+            log.exception("GET %s failed", self.path)
+            return self._plain(500, f"{type(exc).__name__}: {exc}")
+        self._send(200, body, content_type)
 
     def do_POST(self):  # noqa: N802 - http.server's naming
         signal = {f"/v1/{s}": s for s in SIGNALS}.get(self.path.split("?", 1)[0])
@@ -203,8 +218,9 @@ class _HttpServer(ThreadingHTTPServer):
     request_queue_size = 128
 
 
-def http_server(receiver: Receiver, host: str, port: int) -> ThreadingHTTPServer:
-    handler = type("Handler", (_HttpHandler,), {"receiver": receiver})
+def http_server(receiver: Receiver, host: str, port: int, pages: dict[str, Page] | None = None) -> ThreadingHTTPServer:
+    """OTLP/HTTP on POST; `pages` adds GET endpoints (such as /metrics) on the same port."""
+    handler = type("Handler", (_HttpHandler,), {"receiver": receiver, "pages": dict(pages or {})})
     return _HttpServer((host, port), handler)
 
 
