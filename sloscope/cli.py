@@ -13,6 +13,7 @@ STAGE_COMMANDS = (
     "sloscope.demo",
     "sloscope.serve",
     "probes.cli",
+    "alerts.cli",
     "collectors.cli",
 )
 

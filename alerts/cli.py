@@ -1,0 +1,157 @@
+"""`sloscope rules` and `sloscope webhook`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+log = logging.getLogger("sloscope.alerts")
+
+EXIT_OK, EXIT_USAGE = 0, 2
+
+
+def register(subparsers) -> None:
+    from analytics.store import DEFAULT_DB
+
+    rules = subparsers.add_parser(
+        "rules", help="write Prometheus recording and alerting rules for an SLO spec",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write Prometheus rules generated from the SLO spec, over the metrics sloscope exports at "
+        "/metrics:\n"
+        "  - per tier: SLI recording rules (share of requests slower than the tier's threshold, error ratio) over\n"
+        "    5m, 30m, 1h, 6h and 3d; multiwindow, multi-burn-rate alerts (page: 14.4x over 1h and 5m, or 6x\n"
+        "    over 6h and 30m; ticket: 1x over 3d and 6h) for latency and availability; the tier's percentile\n"
+        "    above its threshold over 1m (raise trace sampling);\n"
+        "  - physical layer: GPU utilization > 80%, GPU memory growing > 5%/min three minutes in a row, NVMe\n"
+        "    > 65 C, SPDK bdev wait > 5 ms, SPDK reactor busy > 70%, a node's error ratio > 5% over 1m;\n"
+        "  - one alert per taxonomy cause, while it is the top cause of an open incident.\n"
+        "Every alert carries the labels severity, cause, action (its remediation) and tier and/or node, and the\n"
+        "annotations summary, description and runbook. Check the output with `promtool check rules FILE`.")
+    rules.add_argument("--slo", type=Path, metavar="SLO.yaml", help="SLO spec (default: the built-in spec)")
+    rules.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here (default: stdout)")
+    rules.set_defaults(func=run_rules)
+
+    hook = subparsers.add_parser(
+        "webhook", help="receive Alertmanager webhooks and run allow-listed remediation",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Receive Alertmanager webhook notifications (payload version 4) on POST /alerts and hand each\n"
+        "alert to the remediation engine. Its config (--config) is the allow-list of alert name -> action:\n"
+        "nft_drain_backend, spdk_qos_limit, restart_workload, raise_sampling, notify_only. Nothing is executed\n"
+        "unless the config says `execute: true`; every decision (executed, dry_run, refused, failed, and why) is\n"
+        "recorded in the remediation_audit table of --db. Labels are validated before any use; cooldown per\n"
+        "target, a budget of actions per hour and one action per target at a time apply; a resolved alert undoes\n"
+        "what its firing did; a re-sent notification acts once.\n\n"
+        "Requests need `Authorization: Bearer TOKEN`; the token is read from --token-file or\n"
+        "$SLOSCOPE_WEBHOOK_TOKEN, never from the command line. Answers: 200 handled (one result per alert),\n"
+        "400 invalid payload (with the reason), 401 no or wrong token (body not read), 411/413/415 no length,\n"
+        "too large, not JSON; 503 when the audit database is busy (locked by another process), so that\n"
+        "Alertmanager retries. --db must not be a file another process keeps open for writing.")
+    hook.add_argument("--config", type=Path, required=True, metavar="REMEDIATION.yaml",
+                      help="allow-list of alert name -> action (see alerts/remediation.example.yaml)")
+    hook.add_argument("--db", type=Path, default=DEFAULT_DB,
+                      help=f"DuckDB file for the audit and sampling overrides (default: {DEFAULT_DB})")
+    hook.add_argument("--slo", type=Path, metavar="SLO.yaml",
+                      help="SLO spec whose tiers raise_sampling accepts (default: the spec recorded with --db, else "
+                      "the built-in one)")
+    hook.add_argument("--listen", default="127.0.0.1:9095", metavar="HOST:PORT",
+                      help="address to listen on (default: %(default)s)")
+    hook.add_argument("--token-file", type=Path, metavar="FILE",
+                      help="file whose first line is the bearer token (default: $SLOSCOPE_WEBHOOK_TOKEN)")
+    hook.add_argument("--path", default="/alerts", help="URL path of the webhook (default: %(default)s)")
+    hook.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
+                      help="largest accepted body (default: %(default)s)")
+    hook.set_defaults(func=run_webhook)
+
+
+def run_rules(args) -> int:
+    from sloscope.slo_spec import SpecError, load_spec
+
+    from alerts.rules import render_rules
+
+    try:
+        spec = load_spec(args.slo)
+    except SpecError as exc:
+        print(f"sloscope rules: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    text = render_rules(spec)
+    if args.output is None:
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.output.with_name(args.output.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(args.output)
+    except OSError as exc:
+        print(f"sloscope rules: {args.output}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"wrote {args.output} for tiers {', '.join(spec.tiers)}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _spec(db: Path, slo: Path | None):
+    import duckdb
+
+    from sloscope.slo_spec import load_spec
+
+    if slo is not None:
+        return load_spec(slo)
+    from alerts.exporter import spec_of
+
+    if not db.exists():
+        return load_spec(None)
+    try:
+        con = duckdb.connect(str(db), read_only=True)
+    except duckdb.Error:
+        return load_spec(None)
+    try:
+        return spec_of(con)
+    finally:
+        con.close()
+
+
+def run_webhook(args) -> int:
+    from sloscope.slo_spec import SpecError
+
+    from alerts.actions import ConfigError
+    from alerts.remediation import AuditStore, Engine, load_config
+    from alerts.webhook import TokenError, WebhookApp, WebhookServer, load_token, parse_listen
+
+    try:
+        config = load_config(args.config)
+        spec = _spec(args.db, args.slo)
+        token = load_token(args.token_file)
+        address = parse_listen(args.listen)
+    except (ConfigError, SpecError, TokenError, ValueError) as exc:
+        print(f"sloscope webhook: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    engine = Engine(config, AuditStore.at(args.db), spec.tiers)
+    try:
+        server = WebhookServer(address, WebhookApp(engine, token, args.path, args.max_body))
+    except OSError as exc:
+        print(f"sloscope webhook: cannot listen on {args.listen}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    host, port = server.server_address[:2]
+    mode = "EXECUTING actions" if config.execute else "dry-run (execute: false)"
+    log.info("webhook on http://%s:%d%s, %d alert(s) allow-listed, %s; audit in %s", host, port, args.path,
+             len(config.actions), mode, args.db)
+    print(f"listening on http://{host}:{port}{args.path}", flush=True)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.server_close()
+    return EXIT_OK

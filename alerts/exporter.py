@@ -1,0 +1,287 @@
+"""Prometheus exposition of the store: a prometheus_client Collector that queries DuckDB at scrape time.
+
+Families (names in alerts/exposition.py):
+- `sloscope_request_duration_seconds` (histogram), `sloscope_requests_total`, `sloscope_request_errors_total`
+  per tier, service and node, cumulative over the ingested spans. The bucket bounds include every tier's
+  latency threshold, so each tier's "slower than the objective" count is one exact bucket.
+- the physical signals the rules use, as gauges: the latest stored value of each series, if it is younger than
+  `gauge_max_age_s` (a series that stopped reporting disappears instead of holding its last value).
+- `sloscope_incident_cause_score{tier,service,node,cause}`: the top causes of each open incident, from
+  analytics.rca.analyse over the last `incident_lookback_s`, computed at most once per `cache_s`.
+- `sloscope_ingest_<name>_total`: the store's ingest and rejection counters.
+- `sloscope_exporter_series_dropped_total{family}`: label sets left out of scrapes because a family reached
+  `max_series` (summed over scrapes: a rate above zero means the cap bites);
+  `sloscope_exporter_errors_total{part}`: parts of scrapes that failed (logged; the rest is still served).
+
+Queries run on their own cursor (`connect()`, e.g. `store.con.cursor`), never on a connection another thread
+uses, so scrapes may run beside the writer of `sloscope serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+import weakref
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from alerts import exposition as x
+
+log = logging.getLogger("sloscope.exporter")
+
+try:  # the classic text format every Prometheus 2.x reads; our names never need the 1.0.0 format's escaping
+    from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE
+except ImportError:  # older prometheus_client: its latest is 0.0.4
+    from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
+
+DEFAULT_MAX_SERIES = 10_000
+
+
+class _View:
+    """The read side of analytics.store.Store over one cursor, for analytics functions that take a store."""
+
+    read_only = True
+
+    def __init__(self, con, path="<cursor>"):
+        self.con, self.path = con, path
+
+    def frame(self, query, params=None):
+        return self.con.sql(query, params=params).pl()
+
+    def rows(self, query, params=None):
+        return self.con.execute(query, params or []).fetchall()
+
+    def scalar(self, query, params=None):
+        rows = self.rows(query, params)
+        return rows[0][0] if rows else None
+
+    def meta(self, key):
+        return self.scalar("SELECT value FROM meta WHERE key = ?", [key])
+
+
+def _utc(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, timezone.utc).replace(tzinfo=None)
+
+
+def spec_of(con):
+    """The SLO spec recorded with the database, else the built-in one."""
+    from sloscope.slo_spec import load_spec, parse_spec
+
+    try:
+        recorded = _View(con).meta("slo_spec")
+    except Exception:  # a database without meta: the built-in spec
+        recorded = None
+    return parse_spec(recorded, "(recorded spec)") if recorded else load_spec(None)
+
+
+class StoreCollector(Collector):
+    def __init__(self, connect: Callable, spec=None, *, max_series: int = DEFAULT_MAX_SERIES,
+                 gauge_max_age_s: float | None = 300.0, incident_lookback_s: float = 1800.0,
+                 incident_open_s: float | None = None, top_causes: int = 3, cache_s: float = 15.0,
+                 clock: Callable[[], float] = time.time):
+        self.connect = connect
+        if spec is None:
+            con = connect()
+            try:
+                spec = spec_of(con)
+            finally:
+                con.close()
+        self.spec = spec
+        self.buckets_s = x.buckets_for(spec)
+        self.max_series = max_series
+        self.gauge_max_age_s = gauge_max_age_s
+        self.incident_lookback_s = incident_lookback_s
+        self.incident_open_s = incident_open_s if incident_open_s is not None else max(120.0, 6 * spec.resolution_s)
+        self.top_causes = top_causes
+        self.cache_s = cache_s
+        self.clock = clock
+        self.dropped: Counter = Counter()
+        self.errors: Counter = Counter()
+        self._lock = threading.Lock()  # counters and the incident cache
+        self._incidents: tuple[float, list] | None = None
+        self._incident_lock = threading.Lock()  # one analysis at a time; other scrapes wait for its result
+
+    def describe(self):
+        return []  # families are only known from the data; nothing is collected at registration
+
+    def collect(self):
+        con = self.connect()
+        try:
+            for part, build in (("requests", self._requests), ("gauges", self._gauges),
+                                ("incidents", self._incident_family), ("ingest", self._ingest)):
+                try:
+                    families = list(build(con))
+                except Exception:
+                    log.warning("exporter: the %s part of the scrape failed; left out", part, exc_info=True)
+                    with self._lock:
+                        self.errors[part] += 1
+                    continue
+                yield from families
+        finally:
+            con.close()
+        yield from self._own()
+
+    # --- parts --------------------------------------------------------------------------------------------------
+
+    def _drop(self, family: str, count: int) -> None:
+        if count > 0:
+            with self._lock:
+                self.dropped[family] += count
+
+    def _requests(self, con):
+        bounds_ms = [round(b * 1000, 6) for b in self.buckets_s]
+        cols = ", ".join(f"count(*) FILTER (WHERE duration_ms <= {b!r})" for b in bounds_ms)
+        rows = con.execute(
+            f"SELECT *, count(*) OVER () FROM (SELECT tier, service, node, count(*), "
+            f"coalesce(sum(duration_ms), 0) / 1000.0, count(*) FILTER (WHERE failed), {cols} "
+            f"FROM requests GROUP BY tier, service, node) ORDER BY tier, service, node LIMIT ?",
+            [self.max_series]).fetchall()
+        total = rows[0][-1] if rows else 0
+        self._drop(x.REQUEST_DURATION, total - len(rows))
+        hist = HistogramMetricFamily(x.REQUEST_DURATION, "Duration of requests (SERVER spans) ingested into the "
+                                     "store, by SLO tier, service and node; cumulative over the store.",
+                                     labels=x.REQUEST_LABELS)
+        reqs = CounterMetricFamily(x.REQUESTS, "Requests ingested into the store, by SLO tier, service and node.",
+                                   labels=x.REQUEST_LABELS)
+        errs = CounterMetricFamily(x.REQUEST_ERRORS, "Failed requests (5xx or span status ERROR) ingested into the "
+                                   "store, by SLO tier, service and node.", labels=x.REQUEST_LABELS)
+        les = [x.le_label(b) for b in self.buckets_s]
+        for row in rows:
+            labels = [row[0], row[1], row[2]]
+            n, sum_s, failed, cumulative = row[3], row[4], row[5], row[6:-1]
+            hist.add_metric(labels, buckets=[*zip(les, cumulative), ("+Inf", n)], sum_value=sum_s)
+            reqs.add_metric(labels, n)
+            errs.add_metric(labels, failed)
+        return [hist, reqs, errs]
+
+    def _gauges(self, con):
+        by_signal = {g.signal: g for g in x.GAUGES}
+        since = _utc(self.clock() - self.gauge_max_age_s) if self.gauge_max_age_s is not None else datetime(1970, 1, 1)
+        placeholders = ", ".join("?" for _ in by_signal)
+        excluded, excluded_params = "", []
+        for family in x.GAUGES:  # before the cap, so excluded series do not take places
+            for attr in family.exclude_if:
+                excluded += " AND NOT (metric = ? AND contains(attributes, ?))"
+                excluded_params += [family.signal, json.dumps(attr) + ":"]
+        rows = con.execute(
+            f"SELECT metric, node, attributes, value, total FROM ("
+            f"  SELECT metric, node, attributes, arg_max(value, ts) AS value, "
+            f"         count(*) OVER (PARTITION BY metric) AS total, "
+            f"         row_number() OVER (PARTITION BY metric ORDER BY node, attributes) AS n "
+            f"  FROM samples WHERE metric IN ({placeholders}) AND interval_s IS NULL AND ts >= ?{excluded} "
+            f"  GROUP BY metric, node, attributes) WHERE n <= ? ORDER BY metric, node, attributes",
+            [*by_signal, since, *excluded_params, self.max_series]).fetchall()
+        values: dict[str, dict[tuple, float]] = {g.name: {} for g in x.GAUGES}
+        totals: dict[str, int] = {}
+        for metric, node, attributes, value, total in rows:
+            family = by_signal[metric]
+            totals[family.name] = total
+            try:
+                attrs = json.loads(attributes)
+            except ValueError:
+                attrs = {}
+            if not isinstance(attrs, dict) or any(k in attrs for k in family.exclude_if):
+                continue
+            labels = tuple(node if attr == "node" else str(attrs.get(attr, "")) for _, attr in family.labels)
+            series = values[family.name]
+            series[labels] = max(value, series.get(labels, value))  # a collision keeps the worse (higher) value
+        for family in x.GAUGES:
+            self._drop(family.name, totals.get(family.name, 0) - min(totals.get(family.name, 0), self.max_series))
+            g = GaugeMetricFamily(family.name, family.help)
+            for labels, value in sorted(values[family.name].items()):
+                # an empty label is no label (as Prometheus stores it); e.g. NVMe by bdev or by device
+                g.add_sample(family.name, {k: v for k, v in zip(family.label_names, labels) if v}, value)
+            yield g
+
+    def _incident_family(self, con):
+        g = GaugeMetricFamily(x.INCIDENT_CAUSE_SCORE, "Score (0..1) of each of the top causes sloscope's analysis "
+                              "ranks for an open SLO incident, by tier, service, node and cause.",
+                              labels=x.INCIDENT_LABELS)
+        for labels, score in self.incident_scores(con):
+            g.add_metric(list(labels), score)
+        return [g]
+
+    def incident_scores(self, con) -> list[tuple[tuple[str, str, str, str], float]]:
+        with self._incident_lock:
+            now = self.clock()
+            cached = self._incidents
+            if cached is not None and now - cached[0] < self.cache_s:
+                return cached[1]
+            scores = self._analyse(con, now)
+            self._incidents = (now, scores)
+            return scores
+
+    def _analyse(self, con, now: float):
+        from analytics.rca import analyse, parse_time
+
+        until = _utc(now)
+        result = analyse(_View(con), self.spec, since=until - timedelta(seconds=self.incident_lookback_s),
+                         until=until, top=self.top_causes)
+        open_after = until - timedelta(seconds=self.incident_open_s)
+        best: dict[tuple, float] = {}
+        for incident in result["incidents"]:
+            if parse_time(incident["end"], None) < open_after:
+                continue
+            for cause in incident["causes"][: self.top_causes]:
+                key = (incident["tier"], incident["service"], incident["node"], cause["cause"])
+                best[key] = max(float(cause["score"]), best.get(key, 0.0))
+        items = sorted(best.items())
+        self._drop(x.INCIDENT_CAUSE_SCORE, len(items) - self.max_series)
+        return items[: self.max_series]
+
+    def _ingest(self, con):
+        rows = con.execute("SELECT name, value FROM ingest_counters ORDER BY name LIMIT ?",
+                           [self.max_series]).fetchall()
+        merged: Counter = Counter()
+        for name, value in rows:
+            merged[re.sub(r"[^a-zA-Z0-9_]", "_", name).strip("_").lower()] += value
+        for name, value in sorted(merged.items()):
+            if not name:
+                continue
+            family = CounterMetricFamily(f"{x.INGEST_PREFIX}{name}",
+                                         f"Ingest counter {name} of the store (loaded, skipped, rejected, ...).")
+            family.add_metric([], value)
+            yield family
+
+    def _own(self):
+        with self._lock:
+            dropped, errors = dict(self.dropped), dict(self.errors)
+        d = CounterMetricFamily(x.SERIES_DROPPED, "Label sets left out of scrapes because their family reached the "
+                                "exporter's cap, summed over scrapes.", labels=["family"])
+        for family in [x.REQUEST_DURATION, *(g.name for g in x.GAUGES), x.INCIDENT_CAUSE_SCORE]:
+            d.add_metric([family], dropped.get(family, 0))
+        e = CounterMetricFamily(x.EXPORTER_ERRORS, "Parts of scrapes that failed and were left out (see the log).",
+                                labels=["part"])
+        for part in ("requests", "gauges", "incidents", "ingest"):
+            e.add_metric([part], errors.get(part, 0))
+        return [d, e]
+
+
+def registry_for(collector: StoreCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+_collectors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_collectors_lock = threading.Lock()
+
+
+def render(store, spec=None, **options) -> tuple[bytes, str]:
+    """The /metrics response for `store` (an analytics.store.Store): (body, content type). The collector (and
+    its incident cache) is kept per store, so repeated scrapes reuse it."""
+    with _collectors_lock:
+        entry = _collectors.get(store)
+        if entry is None:
+            collector = StoreCollector(store.con.cursor, spec, **options)
+            entry = (collector, registry_for(collector))
+            _collectors[store] = entry
+    return generate_latest(entry[1]), CONTENT_TYPE

@@ -1,0 +1,126 @@
+"""Every metric name sloscope exports to Prometheus, in one place.
+
+The exporter (alerts/exporter.py) builds its families from these constants, and the rule generator
+(alerts/rules.py) writes its expressions with them, so a rule can only name a series that is exported; a test
+parses every rule expression and checks that each series it names is either exported here or recorded by
+another rule.
+
+Naming follows Prometheus conventions: base units (seconds, bytes, ratios in [0, 1], degrees Celsius),
+unit suffixes (`_seconds`, `_bytes`, `_ratio`, `_celsius`), `_total` for counters. Labels are short and
+bounded: `tier` (only tiers of the SLO spec), `service`, `node`, `gpu` (GPU UUID), `bdev`, `direction`,
+`lcore`, `device`, `cause` (taxonomy ids).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.utils import floatToGoString
+
+NAMESPACE = "sloscope"
+
+# --- requests (from ingested SERVER spans, cumulative over the store) ---------------------------------------------
+REQUEST_DURATION = "sloscope_request_duration_seconds"  # histogram: _bucket{le}, _count, _sum
+REQUESTS = "sloscope_requests_total"
+REQUEST_ERRORS = "sloscope_request_errors_total"
+REQUEST_LABELS = ("tier", "service", "node")
+
+# Default latency bucket upper bounds (seconds); every tier threshold of the spec is added to these.
+DEFAULT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+# --- current RCA result ------------------------------------------------------------------------------------------
+INCIDENT_CAUSE_SCORE = "sloscope_incident_cause_score"
+INCIDENT_LABELS = ("tier", "service", "node", "cause")
+
+# --- ingest and the exporter itself ------------------------------------------------------------------------------
+INGEST_PREFIX = "sloscope_ingest_"  # + <ingest_counters.name> + "_total"
+SERIES_DROPPED = "sloscope_exporter_series_dropped_total"  # {family}: label sets left out by the cardinality cap
+EXPORTER_ERRORS = "sloscope_exporter_errors_total"  # {part}: parts of a scrape that failed and were left out
+
+
+@dataclass(frozen=True)
+class GaugeFamily:
+    """A physical signal exported as a gauge: the latest stored value of each series of a catalog signal.
+
+    `labels` maps exported label names to the sample attribute they come from (`node` is the sample's node).
+    A series carrying any attribute in `exclude_if` is not exported (e.g. per-process GPU utilization).
+    """
+
+    name: str
+    signal: str
+    help: str
+    labels: tuple[tuple[str, str], ...]
+    exclude_if: tuple[str, ...] = ()
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return tuple(label for label, _ in self.labels)
+
+
+_NODE = ("node", "node")
+_GPU = ("gpu", "hw.id")
+_BDEV = ("bdev", "spdk.bdev.name")
+
+GPU_UTILIZATION = "sloscope_gpu_utilization_ratio"
+GPU_SM_ACTIVE_MAX = "sloscope_gpu_sm_active_max_ratio"
+GPU_DRAM_ACTIVE = "sloscope_gpu_dram_active_ratio"
+GPU_MEMORY_USED = "sloscope_gpu_memory_used_bytes"
+GPU_MEMORY_LIMIT = "sloscope_gpu_memory_limit_bytes"
+GPU_TEMPERATURE = "sloscope_gpu_temperature_celsius"
+NVME_TEMPERATURE = "sloscope_nvme_temperature_celsius"
+SPDK_BDEV_IO_WAIT = "sloscope_spdk_bdev_io_wait_seconds"
+SPDK_BDEV_QUEUE_DEPTH = "sloscope_spdk_bdev_queue_depth"
+SPDK_REACTOR_BUSY = "sloscope_spdk_reactor_busy_ratio"
+
+GAUGES: tuple[GaugeFamily, ...] = (
+    GaugeFamily(GPU_UTILIZATION, "hw.gpu.utilization", "GPU utilization (0..1), latest sample per GPU.",
+                (_NODE, _GPU), exclude_if=("process.pid",)),
+    GaugeFamily(GPU_SM_ACTIVE_MAX, "sloscope.gpu.sm.active.max",
+                "Peak SM activity (0..1) within the last collection window, latest sample per GPU.", (_NODE, _GPU)),
+    GaugeFamily(GPU_DRAM_ACTIVE, "sloscope.gpu.dram.active", "HBM bandwidth utilization (0..1), latest sample.",
+                (_NODE, _GPU)),
+    GaugeFamily(GPU_MEMORY_USED, "hw.gpu.memory.usage", "GPU framebuffer in use, bytes, latest sample.",
+                (_NODE, _GPU)),
+    GaugeFamily(GPU_MEMORY_LIMIT, "hw.gpu.memory.limit", "GPU framebuffer size, bytes, latest sample.",
+                (_NODE, _GPU)),
+    GaugeFamily(GPU_TEMPERATURE, "hw.gpu.temperature", "GPU temperature, degrees Celsius, latest sample.",
+                (_NODE, _GPU)),
+    GaugeFamily(NVME_TEMPERATURE, "sloscope.nvme.temperature",
+                "NVMe composite temperature, degrees Celsius, latest sample (by SPDK bdev or kernel device).",
+                (_NODE, _BDEV, ("device", "system.device"))),
+    GaugeFamily(SPDK_BDEV_IO_WAIT, "spdk.bdev.io.wait", "Mean SPDK bdev I/O wait, seconds, latest sample.",
+                (_NODE, _BDEV, ("direction", "disk.io.direction"))),
+    GaugeFamily(SPDK_BDEV_QUEUE_DEPTH, "spdk.bdev.queue_depth", "Mean SPDK bdev queue depth, latest sample.",
+                (_NODE, _BDEV)),
+    GaugeFamily(SPDK_REACTOR_BUSY, "spdk.reactor.busy", "SPDK reactor busy ratio (0..1), latest sample.",
+                (_NODE, ("lcore", "spdk.reactor.lcore"))),
+)
+GAUGES_BY_NAME = {g.name: g for g in GAUGES}
+
+HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
+
+
+def exported_series() -> frozenset[str]:
+    """Every series name a scrape can carry, histogram series spelled out (the ingest counters, whose names
+    come from the store, are matched by INGEST_PREFIX instead)."""
+    names = {REQUESTS, REQUEST_ERRORS, INCIDENT_CAUSE_SCORE, SERIES_DROPPED, EXPORTER_ERRORS}
+    names.update(REQUEST_DURATION + s for s in HISTOGRAM_SUFFIXES)
+    names.update(g.name for g in GAUGES)
+    return frozenset(names)
+
+
+def le_seconds(threshold_ms: float) -> float:
+    return threshold_ms / 1000.0
+
+
+def le_label(seconds: float) -> str:
+    """The `le` label value the exporter writes for a bucket bound, so that rules select exactly that bucket."""
+    return floatToGoString(seconds)
+
+
+def buckets_for(spec) -> tuple[float, ...]:
+    """Latency bucket bounds (seconds): the defaults plus every tier's latency threshold, so that each tier's
+    "slower than the objective" count is an exact bucket, not an interpolation."""
+    bounds = set(DEFAULT_BUCKETS_S)
+    bounds.update(le_seconds(t.threshold_ms) for t in spec.tiers.values())
+    return tuple(sorted(bounds))

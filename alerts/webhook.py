@@ -1,0 +1,283 @@
+"""Alertmanager webhook receiver (payload version 4) feeding the remediation engine.
+
+`WebhookApp.respond(method, path, headers, read_body)` is the whole protocol, independent of an HTTP server, so
+that it can be mounted in another server; `serve()` runs it on a ThreadingHTTPServer (127.0.0.1 by default).
+
+Per request, in this order:
+1. `GET /-/healthy`: 200, no authentication (for liveness probes); nothing else is served without a token.
+2. `Authorization: Bearer <token>`, compared in constant time (hmac.compare_digest). Missing or wrong: 401, and
+   the body is never read (the connection is closed; the server only discards up to 64 KiB of what is still
+   in flight, for at most a second, so that the client sees the 401 instead of a connection reset).
+3. Only `POST` on the configured path (405 / 404); `Content-Length` required (411), at most `max_body`
+   bytes (413, body not read); `Content-Type: application/json` when given (415).
+4. The payload is checked against Alertmanager's version 4 schema: 400 with the reason when it does not match.
+5. The alerts go to the engine: 200 with one result per alert. 503 only when the audit store is busy (a
+   transient failure, so Alertmanager retries; what was already handled is not redone, as the engine acts
+   once per (fingerprint, startsAt)). 500 for an unexpected error.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import re
+import socket
+import stat
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable
+
+from alerts.remediation import Engine, Transient, parse_rfc3339
+
+log = logging.getLogger("sloscope.webhook")
+
+TOKEN_ENV = "SLOSCOPE_WEBHOOK_TOKEN"
+MIN_TOKEN_LENGTH = 16
+DEFAULT_PATH = "/alerts"
+DEFAULT_MAX_BODY = 1 << 20
+MAX_ALERTS = 1000
+MAX_LABELS = 64
+MAX_LABEL_VALUE = 1024
+MAX_ANNOTATION_VALUE = 16384
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,127}", re.ASCII)
+FINGERPRINT = re.compile(r"[0-9a-f]{1,64}", re.ASCII)
+STATUSES = ("firing", "resolved")
+LINGER_BYTES = 65536
+LINGER_S = 1.0
+
+
+class PayloadError(ValueError):
+    pass
+
+
+class TokenError(ValueError):
+    pass
+
+
+def load_token(token_file: str | Path | None = None, env: dict | None = None) -> bytes:
+    """The bearer token: the first line of `token_file`, else $SLOSCOPE_WEBHOOK_TOKEN. Never a command-line
+    value (which `ps` would show)."""
+    env = os.environ if env is None else env
+    if token_file is not None:
+        path = Path(token_file)
+        try:
+            text = path.read_text()
+            mode = path.stat().st_mode
+        except OSError as exc:
+            raise TokenError(f"{path}: cannot read the token file: {exc.strerror}") from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            log.warning("%s: token file is readable by group or others; chmod 600 it", path)
+        token, where = (text.splitlines() or [""])[0].strip(), str(path)
+    else:
+        token, where = env.get(TOKEN_ENV, "").strip(), f"${TOKEN_ENV}"
+        if not token:
+            raise TokenError(f"no token: give --token-file or set {TOKEN_ENV}")
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise TokenError(f"{where}: the token must have at least {MIN_TOKEN_LENGTH} characters")
+    return token.encode()
+
+
+# --- schema ----------------------------------------------------------------------------------------------------------
+
+def _string_map(value, where: str, max_value: int, limit: int | None) -> dict:
+    if not isinstance(value, dict):
+        raise PayloadError(f"{where}: expected an object of strings")
+    if limit is not None and len(value) > limit:
+        raise PayloadError(f"{where}: more than {limit} entries")
+    for k, v in value.items():
+        if not LABEL_NAME.fullmatch(k):
+            raise PayloadError(f"{where}: invalid name {k[:40]!r}")
+        if not isinstance(v, str):
+            raise PayloadError(f"{where}.{k}: expected a string")
+        if len(v) > max_value:
+            raise PayloadError(f"{where}.{k}: longer than {max_value} characters")
+    return value
+
+
+def _time(value, where: str) -> None:
+    if not isinstance(value, str):
+        raise PayloadError(f"{where}: expected an RFC 3339 time string")
+    try:
+        parse_rfc3339(value)
+    except ValueError as exc:
+        raise PayloadError(f"{where}: {exc}") from None
+
+
+def validate_payload(doc) -> list[dict]:
+    """The alerts of an Alertmanager webhook payload (version 4), or PayloadError saying what is wrong."""
+    if not isinstance(doc, dict):
+        raise PayloadError("payload: expected a JSON object")
+    if doc.get("version") != "4":
+        raise PayloadError(f"version: expected \"4\"; got {json.dumps(doc.get('version'))[:20]}")
+    if doc.get("status") not in STATUSES:
+        raise PayloadError(f"status: expected firing or resolved; got {json.dumps(doc.get('status'))[:40]}")
+    alerts = doc.get("alerts")
+    if not isinstance(alerts, list) or not alerts:
+        raise PayloadError("alerts: expected a non-empty array")
+    if len(alerts) > MAX_ALERTS:
+        raise PayloadError(f"alerts: more than {MAX_ALERTS}")
+    for i, alert in enumerate(alerts):
+        where = f"alerts[{i}]"
+        if not isinstance(alert, dict):
+            raise PayloadError(f"{where}: expected an object")
+        for key in ("status", "labels", "annotations", "startsAt", "endsAt", "fingerprint"):
+            if key not in alert:
+                raise PayloadError(f"{where}: missing {key}")
+        if alert["status"] not in STATUSES:
+            raise PayloadError(f"{where}.status: expected firing or resolved")
+        labels = _string_map(alert["labels"], f"{where}.labels", MAX_LABEL_VALUE, MAX_LABELS)
+        if not labels.get("alertname"):
+            raise PayloadError(f"{where}.labels: missing alertname")
+        _string_map(alert["annotations"], f"{where}.annotations", MAX_ANNOTATION_VALUE, MAX_LABELS)
+        _time(alert["startsAt"], f"{where}.startsAt")
+        _time(alert["endsAt"], f"{where}.endsAt")
+        if not isinstance(alert["fingerprint"], str) or not FINGERPRINT.fullmatch(alert["fingerprint"]):
+            raise PayloadError(f"{where}.fingerprint: expected lower-case hex")
+    return alerts
+
+
+# --- the protocol ----------------------------------------------------------------------------------------------------
+
+class WebhookApp:
+    def __init__(self, engine: Engine, token: bytes, path: str = DEFAULT_PATH, max_body: int = DEFAULT_MAX_BODY):
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise TokenError(f"the token must have at least {MIN_TOKEN_LENGTH} characters")
+        self.engine = engine
+        self._token = token
+        self.path = path
+        self.max_body = max_body
+
+    def authorized(self, header: str | None) -> bool:
+        given = b""
+        if header:
+            scheme, _, credentials = header.strip().partition(" ")
+            if scheme.lower() == "bearer":
+                given = credentials.strip().encode("latin-1", "replace")
+        return hmac.compare_digest(given, self._token)
+
+    def respond(self, method: str, path: str, headers, read_body: Callable[[int], bytes]) -> tuple[int, dict, dict]:
+        """(status, extra headers, JSON body). `headers` is a case-insensitive mapping (get); `read_body(n)`
+        reads n bytes of the body and is called only for an authenticated request of acceptable size. A
+        response carrying `Connection: close` left the body unread."""
+        route = path.split("?", 1)[0]
+        if method == "GET" and route == "/-/healthy":
+            return 200, {}, {"status": "ok"}
+        if not self.authorized(headers.get("Authorization")):
+            return 401, {"WWW-Authenticate": 'Bearer realm="sloscope"', "Connection": "close"}, \
+                {"error": "unauthorized"}
+        close = {"Connection": "close"}
+        if route != self.path:
+            return 404, close, {"error": f"not found; alerts are posted to {self.path}"}
+        if method != "POST":
+            return 405, {"Allow": "POST", **close}, {"error": "method not allowed; use POST"}
+        if headers.get("Transfer-Encoding"):
+            return 411, close, {"error": "send a Content-Length (chunked bodies are not accepted)"}
+        length_text = headers.get("Content-Length")
+        if length_text is None:
+            return 411, close, {"error": "Content-Length required"}
+        try:
+            length = int(length_text)
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            return 400, close, {"error": "invalid Content-Length"}
+        if length > self.max_body:
+            return 413, close, {"error": f"body larger than {self.max_body} bytes"}
+        ctype = (headers.get("Content-Type") or "application/json").split(";", 1)[0].strip().lower()
+        if ctype != "application/json":
+            return 415, close, {"error": "Content-Type must be application/json"}
+        body = read_body(length)
+        if len(body) != length:
+            return 400, close, {"error": "body shorter than Content-Length"}
+        try:
+            doc = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return 400, {}, {"error": f"body is not JSON: {exc}"}
+        try:
+            alerts = validate_payload(doc)
+        except PayloadError as exc:
+            return 400, {}, {"error": str(exc)}
+        try:
+            results = self.engine.handle(alerts)
+        except Transient as exc:
+            log.warning("webhook: %s; answering 503 so that Alertmanager retries", exc)
+            return 503, {"Retry-After": "5"}, {"error": f"temporarily unavailable, retry: {exc}"}
+        except Exception:
+            log.exception("webhook: unexpected error handling %d alert(s)", len(alerts))
+            return 500, {}, {"error": "internal error (logged)"}
+        return 200, {}, {"results": results}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "WebhookServer"
+    protocol_version = "HTTP/1.1"
+    timeout = 10  # seconds a client may take to send its request: slow senders do not hold a thread forever
+    server_version = "sloscope-webhook"
+    sys_version = ""
+
+    def _read(self, n: int) -> bytes:
+        try:
+            return self.rfile.read(n)
+        except OSError:  # includes the socket timeout: a short body, answered with 400
+            return b""
+
+    def _handle(self):
+        status, headers, body = self.server.app.respond(self.command, self.path, self.headers, self._read)
+        data = json.dumps(body).encode() + b"\n"
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+        if headers.get("Connection") == "close":
+            self.close_connection = True
+            self._linger()
+
+    def _linger(self):
+        """After answering without reading the body: stop sending, then discard (never parse) what the client
+        still sends, at most LINGER_BYTES for LINGER_S, so that closing does not reset the connection before
+        the client has read the answer (a reset would hide the 401 or 413 from it)."""
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + LINGER_S
+            left = LINGER_BYTES
+            while left > 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.connection.settimeout(remaining)
+                chunk = self.connection.recv(min(left, 16384))
+                if not chunk:
+                    break
+                left -= len(chunk)
+        except OSError:
+            pass
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
+
+    def log_message(self, fmt, *args):  # requests go to the module logger, not stderr
+        log.debug("%s %s", self.address_string(), fmt % args)
+
+
+class WebhookServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], app: WebhookApp):
+        self.app = app
+        super().__init__(address, _Handler)
+
+    def handle_error(self, request, client_address):  # a client that went away is not worth a traceback
+        log.debug("webhook: connection from %s failed", client_address, exc_info=True)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT; got {text!r}")
+    return (host.strip("[]") or "127.0.0.1"), int(port)

@@ -1,0 +1,216 @@
+"""Prometheus rules: generated from the spec, valid for promtool, firing and not firing as intended."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alerts import exposition
+from alerts.actions import ACTIONS
+from alerts.rules import CAUSE_ACTIONS, UNATTRIBUTED, cause_alert_name, render_rules, rules_dict
+from sloscope import taxonomy
+from sloscope.cli import main
+from sloscope.slo_spec import load_spec, parse_spec
+from tests.conftest import need
+
+PROMTOOL_TESTS = Path(__file__).parent / "promtool"
+
+CUSTOM_SPEC = """\
+default_tier: batch
+tiers:
+  interactive:
+    latency: {percentile: 99.9, threshold_ms: 333}
+    availability: 99.95
+  p99-latency-critical:
+    latency: {percentile: 99, threshold_ms: 800}
+    availability: 99.9
+  batch:
+    latency: {percentile: 50, threshold_ms: 12000}
+    availability: 99
+"""
+
+
+def promtool(*args, cwd=None):
+    need(shutil.which("promtool") is not None, "promtool (Debian package prometheus) is not installed")
+    return subprocess.run(["promtool", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def write_rules(directory: Path, spec) -> Path:
+    path = directory / "rules.yml"
+    path.write_text(render_rules(spec))
+    return path
+
+
+def alerts_of(doc):
+    return [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+
+
+@pytest.mark.privileged
+@pytest.mark.parametrize("spec_text", [None, CUSTOM_SPEC], ids=["built-in", "custom"])
+def test_generated_rules_pass_promtool_check(tmp_path, spec_text):
+    spec = load_spec(None) if spec_text is None else parse_spec(spec_text)
+    done = promtool("check", "rules", str(write_rules(tmp_path, spec)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+@pytest.mark.privileged
+@pytest.mark.parametrize("name", ["slo_burn.yml", "physical.yml"])
+def test_promtool_unit_tests(tmp_path, name):
+    write_rules(tmp_path, load_spec(None))
+    shutil.copy(PROMTOOL_TESTS / name, tmp_path / name)
+    done = promtool("test", "rules", name, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _render(template: str, labels: dict, value: str) -> str:
+    """The few template forms the cause alerts use: {{ $labels.NAME }} and {{ $value | printf "%.2f" }}."""
+    text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m.group(1), ""), template)
+    text = text.replace('{{ $value | printf "%.2f" }}', value)
+    assert "{{" not in text, text
+    return text
+
+
+@pytest.mark.privileged
+def test_each_cause_alert_fires_only_for_the_top_cause_of_an_incident(tmp_path):
+    """Generated promtool test: on node n<i> cause i scores 0.9 and cause i+1 scores 0.6 (ranked second), so
+    each cause alert fires exactly for the node where its cause ranks first; a top cause scoring 0.3 does not
+    fire, nor does a top cause that has been there for less than the alert's `for`."""
+    write_rules(tmp_path, load_spec(None))
+    causes = list(taxonomy.CAUSE_IDS)
+    series, expected = [], {c: [] for c in causes}
+    for i, cause in enumerate(causes):
+        labels = {"tier": "p99-latency-critical", "service": "gw", "node": f"n{i}"}
+        second = causes[(i + 1) % len(causes)]
+        series.append({"series": exposition.INCIDENT_CAUSE_SCORE + "{" + ",".join(
+            f'{k}="{v}"' for k, v in {**labels, "cause": cause}.items()) + "}", "values": "0.9x5"})
+        series.append({"series": exposition.INCIDENT_CAUSE_SCORE + "{" + ",".join(
+            f'{k}="{v}"' for k, v in {**labels, "cause": second}.items()) + "}", "values": "0.6x5"})
+        expected[cause].append(labels)
+    series.append({"series": f'{exposition.INCIDENT_CAUSE_SCORE}{{tier="standard",service="gw",node="low",'
+                             f'cause="{causes[0]}"}}', "values": "0.3x5"})
+    series.append({"series": f'{exposition.INCIDENT_CAUSE_SCORE}{{tier="standard",service="gw",node="late",'
+                             f'cause="{causes[1]}"}}', "values": "_ _ _ 0.9 0.9 0.9"})
+    rules = {r["alert"]: r for r in alerts_of(rules_dict(load_spec(None)))}
+    tests = []
+    for cause in causes:
+        rule = rules[cause_alert_name(cause)]
+        exp = []
+        for labels in expected[cause]:
+            all_labels = {**labels, "cause": cause}
+            exp.append({"exp_labels": {**rule["labels"], **all_labels},
+                        "exp_annotations": {k: _render(v, all_labels, "0.90") for k, v in rule["annotations"].items()}})
+        tests.append({"alertname": rule["alert"], "eval_time": "3m", "exp_alerts": exp})
+        tests.append({"alertname": rule["alert"], "eval_time": "0m", "exp_alerts": []})  # `for: 1m` not yet met
+    doc = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
+           "tests": [{"name": "cause alerts", "interval": "1m", "input_series": series, "alert_rule_test": tests}]}
+    (tmp_path / "causes.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = promtool("test", "rules", "causes.yml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --- without promtool ----------------------------------------------------------------------------------------------
+
+PROMQL_WORDS = {"sum", "max", "min", "avg", "count", "rate", "increase", "histogram_quantile", "and", "or", "unless",
+                "offset", "bool", "round", "abs", "clamp_min", "clamp_max", "absent", "deriv", "time", "vector"}
+
+
+def series_names(expr: str) -> set[str]:
+    """Metric names an expression selects (strings, matchers, ranges, grouping clauses, durations and numbers
+    removed first)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
+    text = re.sub(r"\b\d+(?:\.\d+)?(?:e[+-]?\d+)?(?:ms|s|m|h|d|w|y)?\b", "", text)
+    return {w for w in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", text) if w not in PROMQL_WORDS}
+
+
+@pytest.mark.parametrize("spec_text", [None, CUSTOM_SPEC], ids=["built-in", "custom"])
+def test_rules_name_only_exported_or_recorded_series(spec_text):
+    spec = load_spec(None) if spec_text is None else parse_spec(spec_text)
+    doc = rules_dict(spec)
+    recorded = {r["record"] for g in doc["groups"] for r in g["rules"] if "record" in r}
+    exported = exposition.exported_series()
+    named = set()
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            named |= series_names(rule["expr"])
+    assert named, "no series found: the extraction is broken"
+    unknown = named - exported - recorded
+    assert not unknown, f"rules name series that are neither exported nor recorded: {sorted(unknown)}"
+    assert exposition.GPU_UTILIZATION in named and exposition.REQUEST_DURATION + "_bucket" in named
+
+
+def test_series_name_extraction_sees_through_promql_syntax():
+    expr = ('histogram_quantile(0.99, sum by (tier, le) (rate(a_bucket{tier="x", le="0.8"}[1m]))) > 0.8\n'
+            'and on (tier) b offset 5m * 60 >= 1e+06 or max without (direction) (c:d:e)')
+    assert series_names(expr) == {"a_bucket", "b", "c:d:e"}
+
+
+def test_every_alert_says_what_it_means_and_what_it_maps_to():
+    spec = parse_spec(CUSTOM_SPEC)
+    alerts = alerts_of(rules_dict(spec))
+    names = {a["alert"] for a in alerts}
+    for cause in taxonomy.CAUSE_IDS:
+        assert cause_alert_name(cause) in names
+    for rule in alerts:
+        labels, annotations = rule["labels"], rule["annotations"]
+        assert labels["severity"] in ("page", "ticket", "warning"), rule["alert"]
+        assert labels["cause"] in set(taxonomy.CAUSE_IDS) | {UNATTRIBUTED}, rule["alert"]
+        assert labels["action"] in ACTIONS, rule["alert"]
+        # the tier is a label of the rule, or the node one of the series it selects (kept by its `by` clause)
+        families = [g for g in exposition.GAUGES if g.name in rule["expr"]]
+        assert ("tier" in labels or re.search(r"by \(node\b", rule["expr"])
+                or rule["expr"].startswith("node_gpu:")
+                or (exposition.INCIDENT_CAUSE_SCORE in rule["expr"] and "node" in exposition.INCIDENT_LABELS)
+                or (families and all("node" in g.label_names for g in families))), rule["alert"]
+        assert set(annotations) == {"summary", "description", "runbook"}, rule["alert"]
+        assert labels["action"] in annotations["runbook"], rule["alert"]
+    for tier in spec.tiers:
+        tier_alerts = [a for a in alerts if a["labels"].get("tier") == tier]
+        assert {a["alert"] for a in tier_alerts} == {
+            "SloscopeLatencyBudgetBurn", "SloscopeLatencyBudgetSlowBurn", "SloscopeErrorBudgetBurn",
+            "SloscopeErrorBudgetSlowBurn", "SloscopeTierLatencyHigh"}
+    assert set(CAUSE_ACTIONS) == set(taxonomy.CAUSE_IDS)
+
+
+def test_rules_are_a_pure_function_of_the_spec():
+    spec = parse_spec(CUSTOM_SPEC)
+    assert render_rules(spec) == render_rules(parse_spec(CUSTOM_SPEC))
+    text = render_rules(spec)
+    # each tier selects the exact bucket of its threshold, as the exporter labels it, and its own budgets
+    assert 'tier="interactive", le="0.333"' in text and 'tier="batch", le="12.0"' in text
+    assert "(14.4 * 0.001)" in text  # interactive p99.9: 0.1 % may be slower
+    assert "(14.4 * 0.0005)" in text  # interactive availability 99.95 %
+    assert "(14.4 * 0.5)" in text  # batch p50: half may be slower
+    assert "histogram_quantile(0.999," in text
+    for t in spec.tiers.values():
+        bound = exposition.le_label(exposition.le_seconds(t.threshold_ms))
+        assert bound in {exposition.le_label(b) for b in exposition.buckets_for(spec)}
+    assert render_rules(load_spec(None)) != text
+
+
+def test_cli_writes_the_rules_file(tmp_path, capsys):
+    slo = tmp_path / "slo.yaml"
+    slo.write_text(CUSTOM_SPEC)
+    out = tmp_path / "out" / "rules.yml"
+    assert main(["rules", "--slo", str(slo), "-o", str(out)]) == 0
+    assert out.read_text() == render_rules(parse_spec(CUSTOM_SPEC, str(slo)))
+    assert main(["rules"]) == 0
+    assert capsys.readouterr().out.startswith("# Prometheus rules generated by `sloscope rules`")
+
+
+def test_cli_rejects_a_bad_spec_and_explains_itself(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("default_tier: x\ntiers: {}\n")
+    assert main(["rules", "--slo", str(bad)]) == 2
+    assert "tiers" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["rules", "--help"])
+    assert exit_.value.code == 0
+    help_text = capsys.readouterr().out
+    assert "14.4x over 1h and 5m" in help_text and "promtool check rules" in help_text
