@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 import threading
@@ -32,6 +33,9 @@ def register(subparsers) -> None:
         "Every alert carries the labels severity, cause, action (its remediation) and tier and/or node, and the\n"
         "annotations summary, description and runbook. Check the output with `promtool check rules FILE`.")
     rules.add_argument("--slo", type=Path, metavar="SLO.yaml", help="SLO spec (default: the built-in spec)")
+    rules.add_argument("--hold", metavar="DURATION",
+                       help="`for:` of the physical, node and cause alerts instead of their 1-2 minute defaults "
+                       "(e.g. 15s for faster remediation, at the price of acting on shorter spikes)")
     rules.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here (default: stdout)")
     rules.set_defaults(func=run_rules)
 
@@ -77,7 +81,11 @@ def run_rules(args) -> int:
     except SpecError as exc:
         print(f"sloscope rules: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    text = render_rules(spec)
+    if args.hold is not None and not re.fullmatch(r"\d+(ms|s|m|h)", args.hold):
+        print(f"sloscope rules: --hold: expected a Prometheus duration like 15s or 1m; got {args.hold!r}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    text = render_rules(spec, args.hold)
     if args.output is None:
         sys.stdout.write(text)
         return EXIT_OK

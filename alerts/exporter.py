@@ -33,6 +33,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from analytics.store import Reader
+
 from alerts import exposition as x
 
 log = logging.getLogger("sloscope.exporter")
@@ -45,28 +47,6 @@ except ImportError:  # older prometheus_client: its latest is 0.0.4
 DEFAULT_MAX_SERIES = 10_000
 
 
-class _View:
-    """The read side of analytics.store.Store over one cursor, for analytics functions that take a store."""
-
-    read_only = True
-
-    def __init__(self, con, path="<cursor>"):
-        self.con, self.path = con, path
-
-    def frame(self, query, params=None):
-        return self.con.sql(query, params=params).pl()
-
-    def rows(self, query, params=None):
-        return self.con.execute(query, params or []).fetchall()
-
-    def scalar(self, query, params=None):
-        rows = self.rows(query, params)
-        return rows[0][0] if rows else None
-
-    def meta(self, key):
-        return self.scalar("SELECT value FROM meta WHERE key = ?", [key])
-
-
 def _utc(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, timezone.utc).replace(tzinfo=None)
 
@@ -76,7 +56,7 @@ def spec_of(con):
     from sloscope.slo_spec import load_spec, parse_spec
 
     try:
-        recorded = _View(con).meta("slo_spec")
+        recorded = Reader(con).meta("slo_spec")
     except Exception:  # a database without meta: the built-in spec
         recorded = None
     return parse_spec(recorded, "(recorded spec)") if recorded else load_spec(None)
@@ -223,7 +203,7 @@ class StoreCollector(Collector):
         from analytics.rca import analyse, parse_time
 
         until = _utc(now)
-        result = analyse(_View(con), self.spec, since=until - timedelta(seconds=self.incident_lookback_s),
+        result = analyse(Reader(con), self.spec, since=until - timedelta(seconds=self.incident_lookback_s),
                          until=until, top=self.top_causes)
         open_after = until - timedelta(seconds=self.incident_open_s)
         best: dict[tuple, float] = {}

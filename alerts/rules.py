@@ -232,14 +232,14 @@ def tier_group(t: TierObjective) -> dict:
 
 # --- physical layer ------------------------------------------------------------------------------------------------
 
-def physical_group() -> dict:
+def physical_group(hold: str | None = None) -> dict:
     growth = RECORD_GPU_MEMORY_GROWTH
     mem = x.GPU_MEMORY_USED
     requests_1m = f"sum by (node) (rate({x.REQUESTS}[1m]))"
     rules = [
         {"record": growth,
          "expr": f"({mem} - {mem} offset 1m)\n/\n({mem} offset 1m > 0)\n"},
-        {"alert": GPU_SATURATED, "expr": f"{x.GPU_UTILIZATION} > {_num(GPU_UTILIZATION_MAX)}\n", "for": "2m",
+        {"alert": GPU_SATURATED, "expr": f"{x.GPU_UTILIZATION} > {_num(GPU_UTILIZATION_MAX)}\n", "for": hold or "2m",
          "labels": {"severity": "warning", "cause": "gpu_sm_contention", "action": DRAIN},
          "annotations": {
              "summary": "GPU {{ $labels.gpu }} on {{ $labels.node }} is {{ $value | humanizePercentage }} busy",
@@ -258,7 +258,7 @@ def physical_group() -> dict:
                             f"{_pct(GPU_MEMORY_GROWTH_PER_MINUTE)} a minute three minutes in a row: a leak "
                             "that ends in out-of-memory failures.",
              "runbook": "Restart the leaking inference workload on {{ $labels.node }}. " + ACTION_TEXT[RESTART]}},
-        {"alert": NVME_HOT, "expr": f"{x.NVME_TEMPERATURE} > {_num(NVME_TEMPERATURE_MAX_C)}\n", "for": "1m",
+        {"alert": NVME_HOT, "expr": f"{x.NVME_TEMPERATURE} > {_num(NVME_TEMPERATURE_MAX_C)}\n", "for": hold or "1m",
          "labels": {"severity": "warning", "cause": "storage_thermal", "action": QOS},
          "annotations": {
              "summary": "NVMe {{ $labels.bdev }}{{ $labels.device }} on {{ $labels.node }} is at "
@@ -267,7 +267,7 @@ def physical_group() -> dict:
                             "{{ $labels.node }}; it throttles itself and I/O latency rises.",
              "runbook": "Throttle the bdev until the drive cools. " + ACTION_TEXT[QOS]}},
         {"alert": SPDK_BDEV_WAIT_HIGH,
-         "expr": f"max by (node, bdev) ({x.SPDK_BDEV_IO_WAIT}) > {_num(SPDK_BDEV_WAIT_MAX_S)}\n", "for": "1m",
+         "expr": f"max by (node, bdev) ({x.SPDK_BDEV_IO_WAIT}) > {_num(SPDK_BDEV_WAIT_MAX_S)}\n", "for": hold or "1m",
          "labels": {"severity": "warning", "cause": "storage_queue", "action": QOS},
          "annotations": {
              "summary": "SPDK bdev {{ $labels.bdev }} on {{ $labels.node }} waits "
@@ -276,7 +276,7 @@ def physical_group() -> dict:
                             "node {{ $labels.node }}: the NVMe queues are congested.",
              "runbook": "Throttle background I/O on the bdev. " + ACTION_TEXT[QOS]}},
         {"alert": SPDK_REACTOR_BUSY,
-         "expr": f"{x.SPDK_REACTOR_BUSY} > {_num(SPDK_REACTOR_BUSY_MAX)}\n", "for": "2m",
+         "expr": f"{x.SPDK_REACTOR_BUSY} > {_num(SPDK_REACTOR_BUSY_MAX)}\n", "for": hold or "2m",
          "labels": {"severity": "warning", "cause": "storage_queue", "action": NOTIFY},
          "annotations": {
              "summary": "SPDK reactor {{ $labels.lcore }} on {{ $labels.node }} is "
@@ -288,7 +288,7 @@ def physical_group() -> dict:
          "expr": (f"sum by (node) (rate({x.REQUEST_ERRORS}[1m]))\n/\n{requests_1m}\n"
                   f"> {_num(NODE_ERROR_RATIO_MAX)}\n"
                   f"and on (node)\n{requests_1m} * 60 >= {MIN_REQUESTS_PER_MINUTE}\n"),
-         "for": "1m",
+         "for": hold or "1m",
          "labels": {"severity": "warning", "cause": UNATTRIBUTED, "action": DRAIN},
          "annotations": {
              "summary": "{{ $value | humanizePercentage }} of requests on {{ $labels.node }} fail",
@@ -303,7 +303,7 @@ def physical_group() -> dict:
 
 # --- RCA causes ----------------------------------------------------------------------------------------------------
 
-def cause_group() -> dict:
+def cause_group(hold: str | None = None) -> dict:
     score = x.INCIDENT_CAUSE_SCORE
     rules = []
     for cause in taxonomy.CAUSES:
@@ -314,7 +314,7 @@ def cause_group() -> dict:
                      f"  == on (tier, service, node) group_left ()\n"
                      f"  max by (tier, service, node) ({score})\n"
                      f") >= {_num(CAUSE_SCORE_MIN)}\n"),
-            "for": "1m",
+            "for": hold or "1m",
             "labels": {"severity": "warning", "cause": cause.id, "action": action},
             "annotations": {
                 "summary": f"{cause.id} is the top cause of the {{{{ $labels.tier }}}} incident on "
@@ -328,10 +328,11 @@ def cause_group() -> dict:
 
 # --- the file ------------------------------------------------------------------------------------------------------
 
-def rules_dict(spec: SloSpec) -> dict:
-    """The rule file for `spec`, as a dict in Prometheus' rule file format."""
+def rules_dict(spec: SloSpec, hold: str | None = None) -> dict:
+    """The rule file for `spec`, as a dict in Prometheus' rule file format. `hold` replaces the `for:` of the
+    physical, node and cause alerts (default: 1-2 minutes, against flapping)."""
     groups = [tier_group(t) for t in spec.tiers.values()]
-    groups += [physical_group(), cause_group()]
+    groups += [physical_group(hold), cause_group(hold)]
     return {"groups": groups}
 
 
@@ -347,11 +348,11 @@ def _str(dumper, value: str):
 _Dumper.add_representer(str, _str)
 
 
-def render_rules(spec: SloSpec) -> str:
+def render_rules(spec: SloSpec, hold: str | None = None) -> str:
     """The rule file as YAML text (deterministic: the same spec gives the same bytes)."""
     header = ("# Prometheus rules generated by `sloscope rules` from the SLO spec "
               f"{' '.join(spec.source.split())}.\n# Regenerate instead of editing; names are those of sloscope's /metrics.\n")
-    body = yaml.dump(rules_dict(spec), Dumper=_Dumper, sort_keys=False, width=200, allow_unicode=False)
+    body = yaml.dump(rules_dict(spec, hold), Dumper=_Dumper, sort_keys=False, width=200, allow_unicode=False)
     return header + body
 
 

@@ -74,7 +74,29 @@ class Frames:
         return len(self.requests) + len(self.points) + len(self.histograms)
 
 
-class Store:
+class Reader:
+    """Queries over one DuckDB connection or cursor: what analysis needs of a store."""
+
+    read_only = True
+
+    def __init__(self, con, path: str | Path = "<cursor>"):
+        self.con, self.path = con, Path(path)
+
+    def frame(self, query: str, params=None) -> pl.DataFrame:
+        return self.con.sql(query, params=params).pl()
+
+    def rows(self, query: str, params=None) -> list[tuple]:
+        return self.con.execute(query, params or []).fetchall()
+
+    def scalar(self, query: str, params=None):
+        rows = self.rows(query, params)
+        return rows[0][0] if rows else None
+
+    def meta(self, key: str) -> str | None:
+        return self.scalar("SELECT value FROM meta WHERE key = ?", [key])
+
+
+class Store(Reader):
     def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False, memory_limit: str = "3GB"):
         self.path = Path(path)
         self.read_only = read_only
@@ -114,18 +136,9 @@ class Store:
         if found is None or int(found) != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: schema version {found}, this sloscope reads version {SCHEMA_VERSION}")
 
-    def frame(self, query: str, params=None) -> pl.DataFrame:
-        return self.con.sql(query, params=params).pl()
-
-    def rows(self, query: str, params=None) -> list[tuple]:
-        return self.con.execute(query, params or []).fetchall()
-
-    def scalar(self, query: str, params=None):
-        rows = self.rows(query, params)
-        return rows[0][0] if rows else None
-
-    def meta(self, key: str) -> str | None:
-        return self.scalar("SELECT value FROM meta WHERE key = ?", [key])
+    def reader(self) -> Reader:
+        """A reader on its own cursor, for another thread than the one writing."""
+        return Reader(self.con.cursor(), self.path)
 
     def set_meta(self, key: str, value: str) -> None:
         self.con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, value])

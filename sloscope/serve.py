@@ -22,7 +22,10 @@ def register(subparsers) -> None:
         description="Receive OTLP/HTTP (/v1/traces, /v1/metrics, /v1/logs; protobuf or JSON, optionally gzip) and "
         "OTLP/gRPC, resolve request tiers against the SLO spec, and write everything through one writer into "
         "the DuckDB store. When the writer's queue is full, requests get the OTLP retryable answer (HTTP 503 "
-        "with Retry-After, gRPC UNAVAILABLE). SIGTERM writes everything accepted before exiting.")
+        "with Retry-After, gRPC UNAVAILABLE). GET /metrics on the HTTP port is the Prometheus exposition of "
+        "the SLIs, physical signals, incident cause scores and ingest counters that `sloscope rules` alerts on. "
+        "With --webhook, Alertmanager's webhooks drive allow-listed remediation, audited in the same database. "
+        "SIGTERM writes everything accepted before exiting.")
     from analytics.store import DEFAULT_DB
 
     serve.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"DuckDB file (default: {DEFAULT_DB})")
@@ -34,6 +37,12 @@ def register(subparsers) -> None:
                        help="OTLP/gRPC address (default: %(default)s; 'off' to disable)")
     serve.add_argument("--queue-rows", type=int, default=1_000_000,
                        help="rows accepted but not yet written before requests are refused (default: %(default)s)")
+    serve.add_argument("--webhook", default="off", metavar="HOST:PORT",
+                       help="also receive Alertmanager webhooks here (POST /alerts; default: off); needs --remediation")
+    serve.add_argument("--remediation", type=Path, metavar="REMEDIATION.yaml",
+                       help="allow-list of alert -> action for the webhook (see alerts/remediation.example.yaml)")
+    serve.add_argument("--webhook-token-file", type=Path, metavar="FILE",
+                       help="file holding the webhook's bearer token (default: $SLOSCOPE_WEBHOOK_TOKEN)")
     serve.set_defaults(func=run)
 
 
@@ -70,10 +79,27 @@ class Intake:
         return Outcome(accepted=self.writer.offer(frames, counts))
 
 
+def _webhook_app(args, store, spec):
+    """The webhook and its remediation engine, auditing into this process's store."""
+    from alerts.actions import ConfigError
+    from alerts.remediation import AuditStore, Engine, load_config
+    from alerts.webhook import TokenError, WebhookApp, load_token
+
+    if args.remediation is None:
+        raise ValueError("--webhook needs --remediation (the allow-list of alert -> action)")
+    try:
+        engine = Engine(load_config(args.remediation), AuditStore(store.con.cursor), spec.tiers)
+        return WebhookApp(engine, load_token(args.webhook_token_file))
+    except (ConfigError, TokenError) as exc:
+        raise ValueError(str(exc)) from None
+
+
 def run(args) -> int:
     from analytics.cli import EXIT_USAGE, spec_for
     from analytics.store import Store, StoreError
     from analytics.writer import Writer
+    from alerts.exporter import render
+    from alerts.webhook import WebhookServer
     from collectors.receiver import Receiver, grpc_server, http_server
     from enrich.tiers import TierResolver
     from enrich.topology import GpuTopology
@@ -82,7 +108,8 @@ def run(args) -> int:
     try:
         store = Store(args.db)
         spec = spec_for(store, args.slo)
-        http_addr, grpc_addr = _address(args.http), _address(args.grpc)
+        http_addr, grpc_addr, webhook_addr = _address(args.http), _address(args.grpc), _address(args.webhook)
+        webhook_app = _webhook_app(args, store, spec) if webhook_addr else None
     except (SpecError, StoreError, ValueError) as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -94,7 +121,7 @@ def run(args) -> int:
     servers = []
     try:
         if http_addr:
-            httpd = http_server(receiver, *http_addr)
+            httpd = http_server(receiver, *http_addr, pages={"/metrics": lambda: render(store, spec)})
             threading.Thread(target=httpd.serve_forever, name="otlp-http", daemon=True).start()
             servers.append(("http", httpd))
             log.info("OTLP/HTTP on http://%s:%d", *httpd.server_address[:2])
@@ -103,6 +130,11 @@ def run(args) -> int:
             grpcd.start()
             servers.append(("grpc", grpcd))
             log.info("OTLP/gRPC on %s:%d", grpc_addr[0], port)
+        if webhook_app:
+            hook = WebhookServer(webhook_addr, webhook_app)
+            threading.Thread(target=hook.serve_forever, name="webhook", daemon=True).start()
+            servers.append(("http", hook))
+            log.info("Alertmanager webhook on http://%s:%d%s", *hook.server_address[:2], webhook_app.path)
     except OSError as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)
         stop.set()
