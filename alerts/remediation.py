@@ -297,6 +297,16 @@ class Engine:
         with self.audit.session() as con:
             return [self._handle(con, alert) for alert in alerts]
 
+    def record_unauthenticated(self, count: int) -> None:
+        """Audit webhook requests refused for a missing or wrong token (nothing of them was read)."""
+        row = {"ts": self.now(), "alert": "(unauthenticated)", "fingerprint": "", "starts_at": None,
+               "decision": "refused", "reason": f"{count} webhook request(s) without a valid bearer token"}
+        try:
+            with self.audit.session() as con:
+                self.audit.audit(con, row)
+        except Transient as exc:
+            log.warning("could not audit %d unauthenticated webhook request(s): %s", count, exc)
+
     def _ctx(self, con, meta) -> Context:
         return Context(runner=self.runner, spdk=self.spdk, sampling=SamplingOverrides(con, self.now),
                        tiers=self.tiers, now=self.now, alert=meta)

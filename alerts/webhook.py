@@ -141,6 +141,9 @@ def validate_payload(doc) -> list[dict]:
 
 # --- the protocol ----------------------------------------------------------------------------------------------------
 
+UNAUTHENTICATED_AUDIT_EVERY_S = 5.0
+
+
 class WebhookApp:
     def __init__(self, engine: Engine, token: bytes, path: str = DEFAULT_PATH, max_body: int = DEFAULT_MAX_BODY):
         if len(token) < MIN_TOKEN_LENGTH:
@@ -149,6 +152,16 @@ class WebhookApp:
         self._token = token
         self.path = path
         self.max_body = max_body
+        self._unaudited = 0  # unauthenticated requests not yet in the audit (written at most every few s)
+        self._last_audit = float("-inf")
+
+    def _refused_unauthenticated(self) -> None:
+        """Count, and audit in batches so that a flood of bad requests cannot flood the audit table."""
+        self._unaudited += 1
+        now = time.monotonic()
+        if now - self._last_audit >= UNAUTHENTICATED_AUDIT_EVERY_S:
+            count, self._unaudited, self._last_audit = self._unaudited, 0, now
+            self.engine.record_unauthenticated(count)
 
     def authorized(self, header: str | None) -> bool:
         given = b""
@@ -166,6 +179,7 @@ class WebhookApp:
         if method == "GET" and route == "/-/healthy":
             return 200, {}, {"status": "ok"}
         if not self.authorized(headers.get("Authorization")):
+            self._refused_unauthenticated()
             return 401, {"WWW-Authenticate": 'Bearer realm="sloscope"', "Connection": "close"}, \
                 {"error": "unauthorized"}
         close = {"Connection": "close"}

@@ -105,10 +105,17 @@ def test_401_comes_before_the_body_is_read(server):
     assert answer.startswith(b"HTTP/1.1 401") and time.monotonic() - started < 2.5
     assert b"Connection: close" in answer
     # and at the protocol level: read_body is never called
-    app = WebhookApp(engine=None, token=TOKEN)
+    class Audit:  # the only thing a refused request may touch: one audit line for a burst of them
+        counts = []
+
+        def record_unauthenticated(self, count):
+            self.counts.append(count)
+
+    app = WebhookApp(engine=Audit(), token=TOKEN)
     never = lambda n: pytest.fail("body read before authentication")  # noqa: E731
     assert app.respond("POST", "/alerts", {"Content-Length": "10"}, never)[0] == 401
     assert app.respond("POST", "/alerts", {"Authorization": "Bearer nope", "Content-Length": "10"}, never)[0] == 401
+    assert Audit.counts == [1]  # the second falls in the same audit period, counted for the next line
 
 
 def test_too_large_413_without_reading(server):
