@@ -15,6 +15,7 @@ STAGE_COMMANDS = (
     "probes.cli",
     "alerts.cli",
     "collectors.cli",
+    "dashboards.cli",
 )
 
 
