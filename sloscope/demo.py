@@ -67,4 +67,14 @@ def run(args) -> int:
     print(f"files: {args.dir}/rca.json (Contract 4 JSON), {db_path}, {otlp_dir}/ground_truth.json; "
           f"total {time.monotonic() - started:.1f}s")
     print(f"try: .venv/bin/sloscope rca --db {db_path} --format table")
+
+    from dashboards.cli import build_files, write_report
+
+    _step("report and dashboards")
+    report = write_report(db_path, None, args.dir / "report.html")
+    boards = build_files(spec, args.dir / "dashboards", "prometheus")
+    print(f"report: {report['path']} ({report['incidents']} incident(s), {report['charts']} charts; open it in a "
+          f"browser, it needs no network)")
+    print(f"dashboards: {', '.join(str(b) for b in boards)} (Grafana JSON; provision them with "
+          f".venv/bin/sloscope dashboards push --url URL)")
     return 0 if top == fault["cause"] else 1
