@@ -71,6 +71,7 @@ NVME_TEMPERATURE = "sloscope_nvme_temperature_celsius"
 SPDK_BDEV_IO_WAIT = "sloscope_spdk_bdev_io_wait_seconds"
 SPDK_BDEV_QUEUE_DEPTH = "sloscope_spdk_bdev_queue_depth"
 SPDK_REACTOR_BUSY = "sloscope_spdk_reactor_busy_ratio"
+PROBE_UP = "sloscope_probe_up"
 
 GAUGES: tuple[GaugeFamily, ...] = (
     GaugeFamily(GPU_UTILIZATION, "hw.gpu.utilization", "GPU utilization (0..1), latest sample per GPU.",
@@ -94,6 +95,10 @@ GAUGES: tuple[GaugeFamily, ...] = (
                 (_NODE, _BDEV)),
     GaugeFamily(SPDK_REACTOR_BUSY, "spdk.reactor.busy", "SPDK reactor busy ratio (0..1), latest sample.",
                 (_NODE, ("lcore", "spdk.reactor.lcore"))),
+    GaugeFamily(PROBE_UP, "sloscope.probe.health",
+                "1 when the node collector's probe runs itself and collects, 0 when it is missing (`running` names "
+                "the fallback in its place) or failing; latest report.",
+                (_NODE, ("probe", "probe.name"), ("running", "probe.running"))),
 )
 GAUGES_BY_NAME = {g.name: g for g in GAUGES}
 

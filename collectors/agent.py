@@ -436,6 +436,7 @@ class Agent:
         self.intervals += 1
         try:
             samples = probes.collect()  # one failing probe is logged there and skipped
+            samples += probes.health(time.time_ns())
             data = builder.build(samples)
         except Exception:
             log.exception("collection failed in interval %d; continuing", self.intervals)

@@ -36,7 +36,7 @@ from .procfs.netstat import NetstatProbe
 from .procfs.pressure import PressureProbe
 from .procfs.schedstat import SchedstatProbe
 from .procfs.tcp_connections import TcpConnectionsProbe
-from .sample import AnySample
+from .sample import AnySample, Sample
 from .spdk.nvme_sysfs import NvmeSysfsProbe
 from .spdk.spdk import SpdkProbe
 
@@ -162,6 +162,17 @@ class ProbeSet:
                 self.errors[name] = f"{type(exc).__name__}: {exc}"
                 log.warning("collecting %s failed: %s", name, exc)
         return samples
+
+    def health(self, time_unix_nano: int) -> list[Sample]:
+        """One `sloscope.probe.health` gauge per requested probe: 1 when it runs itself and its last collection
+        worked; 0 when it is missing (a fallback may run instead: `probe.running`) or its collection failed."""
+        out = []
+        for d in self.decisions:
+            ok = not d.fallback and not d.missing and d.requested not in self.errors
+            out.append(Sample("sloscope.probe.health",
+                              {"probe.name": d.requested, "probe.running": ",".join(d.running) or "none"},
+                              time_unix_nano, 1.0 if ok else 0.0, "gauge", time_unix_nano))
+        return out
 
     def stop(self) -> None:
         probes, self.probes = self.probes, {}

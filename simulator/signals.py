@@ -22,6 +22,7 @@ GPUS_PER_NODE = 2
 BDEVS = ("Nvme0n1", "Nvme1n1")
 BLOCK_DEVICE = "nvme0n1"
 REACTOR_LCORES = (0, 1)
+COLLECTOR_PROBES = ("syscall", "tcp", "block", "runqueue", "pressure", "diskstats", "tcp_connections")
 SYSCALLS = ("read", "write", "sendmsg", "recvmsg", "fsync")
 TCP_STATES = ("established", "time_wait", "close_wait")
 PSI = (("cpu", "some"), ("io", "some"), ("io", "full"), ("memory", "some"), ("memory", "full"))
@@ -286,6 +287,9 @@ def build_node(seed: int, index: int, name: str, n: int) -> NodeSeries:
     for bdev in BDEVS:
         gauge("sloscope.nvme.temperature", [("spdk.bdev.name", bdev)], rng.uniform(41, 48), 1.5, 0.5,
               corr_s=20.0, decimals=0)
+    for probe in COLLECTOR_PROBES:  # every probe of the node collector healthy
+        series.append(Gauge("sloscope.probe.health", (("probe.name", probe), ("probe.running", probe)), sid(),
+                            values=np.ones(n), decimals=0))
 
     return NodeSeries(name=name, index=index, gpus=gpus, series=series,
                       uptime_s=float(rng.uniform(3600.0, 2 * 86400.0)), phase_ns=int(rng.integers(0, 1000)) * 10**6)

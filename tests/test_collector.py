@@ -476,7 +476,8 @@ def test_no_data_lost_while_the_receiver_is_down(tmp_path, counting_probe, proto
         sink.stop()
     n = agent.intervals
     points = sink.points()
-    assert n >= 15 and len(points) == agent.points == 3 * n
+    assert n >= 15 and len(points) == agent.points == 4 * n  # 3 from the probe, 1 its health
+    assert [p[4] for p in series(points, "sloscope.probe.health")] == [1.0] * n
     assert [p[4] for p in series(points, "hw.gpu.temperature")] == [float(k) for k in range(1, n + 1)]
     assert [p[4] for p in series(points, "sloscope.tcp.retransmits")] == [float(k) for k in range(1, n + 1)]
     assert [p[4][0] for p in series(points, "sloscope.block.io.duration")] == list(range(1, n + 1))

@@ -138,6 +138,9 @@ def test_probe_set_falls_back_to_procfs_and_keeps_going():
         names = {s.name for s in probes.collect()}
         assert "sloscope.tcp.retransmits" in names and "system.disk.io_time" in names
         assert ("sloscope.cpu.runqueue.delay" in names) == expect_sched
+        health = {s.attributes["probe.name"]: (s.value, s.attributes["probe.running"]) for s in probes.health(1)}
+        assert health["tcp"] == (0.0, "netstat") and health["syscall"] == (0.0, "none")
+        assert health["pressure"] == (1.0, "pressure")
     assert probes.probes == {}
 
 
@@ -147,6 +150,7 @@ def test_probe_set_survives_a_probe_that_breaks_while_collecting():
         samples = probes.collect()
         assert {s.name for s in samples} == {"sloscope.pressure.stall"}
         assert "netstat" in probes.errors
+        assert {s.attributes["probe.name"]: s.value for s in probes.health(1)} == {"pressure": 1.0, "netstat": 0.0}
 
 
 def test_an_unprivileged_process_reports_what_is_missing_and_falls_back():
