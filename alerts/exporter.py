@@ -34,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from analytics.store import Reader
+from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
 
 from alerts import exposition as x
 
@@ -96,7 +97,9 @@ class StoreCollector(Collector):
         con = self.connect()
         try:
             for part, build in (("requests", self._requests), ("gauges", self._gauges),
-                                ("incidents", self._incident_family), ("ingest", self._ingest)):
+                                ("counters", self._counters), ("histograms", self._signal_histograms),
+                                ("incidents", self._incident_family), ("ingest", self._ingest),
+                                ("remediation", self._remediation)):
                 try:
                     families = list(build(con))
                 except Exception:
@@ -180,6 +183,66 @@ class StoreCollector(Collector):
                 # an empty label is no label (as Prometheus stores it); e.g. NVMe by bdev or by device
                 g.add_sample(family.name, {k: v for k, v in zip(family.label_names, labels) if v}, value)
             yield g
+
+    def _labels(self, family, node: str, attributes: str) -> dict:
+        try:
+            attrs = json.loads(attributes)
+        except ValueError:
+            attrs = {}
+        values = (node if attr == "node" else str(attrs.get(attr, "")) for _, attr in family.labels)
+        return {k: v for k, v in zip(family.label_names, values) if v}
+
+    def _capped(self, con, query: str, families, params=()):
+        """Rows of `query` (metric, node, attributes, ...) for the families' signals, at most max_series per
+        family, in a fixed order so that the kept set does not flap."""
+        by_signal = {f.signal: f for f in families}
+        placeholders = ", ".join("?" for _ in by_signal)
+        rows = con.execute(
+            f"SELECT * FROM (SELECT *, count(*) OVER (PARTITION BY metric) AS total, row_number() OVER "
+            f"(PARTITION BY metric ORDER BY node, attributes) AS n FROM ({query.format(placeholders)})) "
+            f"WHERE n <= ? ORDER BY metric, node, attributes", [*by_signal, *params, self.max_series]).fetchall()
+        for family in families:
+            total = next((r[-2] for r in rows if r[0] == family.signal), 0)
+            self._drop(family.name, total - min(total, self.max_series))
+        return by_signal, [r[:-2] for r in rows]
+
+    def _counters(self, con):
+        by_signal, rows = self._capped(
+            con, "SELECT metric, node, attributes, sum(value) AS value FROM samples WHERE metric IN ({}) "
+                 "AND interval_s IS NOT NULL GROUP BY metric, node, attributes", x.COUNTERS)
+        families = {f.name: CounterMetricFamily(f.name, f.help) for f in x.COUNTERS}
+        for metric, node, attributes, value in rows:
+            family = by_signal[metric]
+            families[family.name].add_sample(family.name, self._labels(family, node, attributes), value)
+        return list(families.values())
+
+    def _signal_histograms(self, con):
+        by_signal, rows = self._capped(
+            con, "SELECT metric, node, attributes, sum(count) AS count, sum(sum) AS sum, "
+                 "list_reduce(list(buckets), lambda a, b: list_transform(list_zip(a, b), lambda p: p[1] + p[2])) AS buckets "
+                 "FROM histograms WHERE metric IN ({}) GROUP BY metric, node, attributes", x.SIGNAL_HISTOGRAMS)
+        uppers = [2.0 ** (i + HISTOGRAM_OFFSET + 1) for i in range(HISTOGRAM_BUCKETS)]
+        les = [x.le_label(b) for b in x.SIGNAL_BUCKETS_S]
+        families = {f.name: HistogramMetricFamily(f.name, f.help, labels=f.label_names) for f in x.SIGNAL_HISTOGRAMS}
+        for metric, node, attributes, count, total, buckets in rows:
+            family = by_signal[metric]
+            labels = self._labels(family, node, attributes)
+            cumulative = [sum(n for n, upper in zip(buckets, uppers) if upper <= le) for le in x.SIGNAL_BUCKETS_S]
+            families[family.name].add_metric([labels.get(k, "") for k in family.label_names],
+                                              buckets=[*zip(les, cumulative), ("+Inf", count)], sum_value=total)
+        return list(families.values())
+
+    def _remediation(self, con):
+        c = CounterMetricFamily(x.REMEDIATION_ACTIONS, "Remediation decisions by alert, action and decision "
+                                "(executed, dry_run, refused, failed).", labels=x.REMEDIATION_LABELS)
+        exists = con.execute("SELECT count(*) FROM information_schema.tables "
+                             "WHERE table_name = 'remediation_audit'").fetchall()[0][0]
+        if exists:
+            for alert, action, target, decision, n in con.execute(
+                    "SELECT alert, coalesce(action, ''), coalesce(target, ''), decision, count(*) "
+                    "FROM remediation_audit GROUP BY ALL ORDER BY ALL LIMIT ?", [self.max_series]).fetchall():
+                c.add_metric([alert, action, target, decision], n)
+        return [c]
 
     def _incident_family(self, con):
         g = GaugeMetricFamily(x.INCIDENT_CAUSE_SCORE, "Score (0..1) of each of the top causes sloscope's analysis "

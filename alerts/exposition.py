@@ -102,15 +102,61 @@ GAUGES: tuple[GaugeFamily, ...] = (
 )
 GAUGES_BY_NAME = {g.name: g for g in GAUGES}
 
+
+@dataclass(frozen=True)
+class SignalFamily:
+    """A catalog counter (exported as a `_total` counter: the stored increases summed) or histogram (exported
+    as a Prometheus histogram with SIGNAL_BUCKETS_S) of every series of a signal, cumulative over the store."""
+
+    name: str
+    signal: str
+    help: str
+    labels: tuple[tuple[str, str], ...]
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return tuple(label for label, _ in self.labels)
+
+
+GPU_IO = "sloscope_gpu_io_bytes_total"
+TCP_RETRANSMITS = "sloscope_tcp_retransmits_total"
+PRESSURE_STALL = "sloscope_pressure_stall_seconds_total"
+SYSCALL_DURATION = "sloscope_syscall_duration_seconds"
+BLOCK_IO_DURATION = "sloscope_block_io_duration_seconds"
+RUNQUEUE_DELAY = "sloscope_cpu_runqueue_delay_seconds"
+
+COUNTERS: tuple[SignalFamily, ...] = (
+    SignalFamily(GPU_IO, "hw.gpu.io", "GPU interconnect bytes (NVLink, PCIe) by direction.",
+                 (_NODE, _GPU, ("link", "sloscope.gpu.link"), ("direction", "network.io.direction"))),
+    SignalFamily(TCP_RETRANSMITS, "sloscope.tcp.retransmits", "TCP segments retransmitted.", (_NODE,)),
+    SignalFamily(PRESSURE_STALL, "sloscope.pressure.stall", "Time stalled on a resource (PSI), seconds.",
+                 (_NODE, ("resource", "pressure.resource"), ("kind", "pressure.kind"))),
+)
+SIGNAL_HISTOGRAMS: tuple[SignalFamily, ...] = (
+    SignalFamily(SYSCALL_DURATION, "sloscope.syscall.duration", "Syscall latency, seconds (eBPF).",
+                 (_NODE, ("syscall", "syscall.name"))),
+    SignalFamily(BLOCK_IO_DURATION, "sloscope.block.io.duration", "Block request latency, seconds (eBPF).",
+                 (_NODE, ("device", "system.device"))),
+    SignalFamily(RUNQUEUE_DELAY, "sloscope.cpu.runqueue.delay", "Wake-up to running delay, seconds (eBPF).",
+                 (_NODE,)),
+)
+# Powers of four from about 1 us to 16 s: the stored scale-0 buckets, merged in pairs to keep series few.
+SIGNAL_BUCKETS_S = tuple(2.0 ** k for k in range(-20, 5, 2))
+
+# --- remediation ---------------------------------------------------------------------------------------------------
+REMEDIATION_ACTIONS = "sloscope_remediation_actions_total"
+REMEDIATION_LABELS = ("alert", "action", "target", "decision")  # targets: validated node, bdev, tier names
+
 HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
 
 
 def exported_series() -> frozenset[str]:
     """Every series name a scrape can carry, histogram series spelled out (the ingest counters, whose names
     come from the store, are matched by INGEST_PREFIX instead)."""
-    names = {REQUESTS, REQUEST_ERRORS, INCIDENT_CAUSE_SCORE, SERIES_DROPPED, EXPORTER_ERRORS}
-    names.update(REQUEST_DURATION + s for s in HISTOGRAM_SUFFIXES)
+    names = {REQUESTS, REQUEST_ERRORS, INCIDENT_CAUSE_SCORE, SERIES_DROPPED, EXPORTER_ERRORS, REMEDIATION_ACTIONS}
+    names.update(h + s for h in (REQUEST_DURATION, *(f.name for f in SIGNAL_HISTOGRAMS)) for s in HISTOGRAM_SUFFIXES)
     names.update(g.name for g in GAUGES)
+    names.update(c.name for c in COUNTERS)
     return frozenset(names)
 
 

@@ -38,6 +38,7 @@ with warnings.catch_warnings():  # the classic (v1) dashboard model warns at imp
     from grafana_foundation_sdk.cog.plugins import register_default_plugins
     from grafana_foundation_sdk.models import common as cm
     from grafana_foundation_sdk.models import dashboard as dm
+    from grafana_foundation_sdk.models import heatmap as hm
     from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from sloscope import taxonomy
@@ -179,8 +180,8 @@ def _heatmap(title: str, unit: str, description: str, expr: str, *, w: int = 8, 
             .calculate(False)
             .y_axis(heatmap.YAxisConfig().unit(unit))
             .cell_values(heatmap.CellValues().unit("short"))
-            .color(heatmap.HeatmapColorOptions().mode(heatmap.HeatmapColorMode.SCHEME).scheme("Oranges")
-                   .steps(64).fill("dark-orange").exponent(0.5).scale(heatmap.HeatmapColorScale.EXPONENTIAL))
+            .color(heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME).scheme("Oranges")
+                   .steps(64).fill("dark-orange").exponent(0.5).scale(hm.HeatmapColorScale.EXPONENTIAL))
             .rows_frame(heatmap.RowsHeatmapOptions().layout(cm.HeatmapCellLayout.LE))
             .show_value(cm.VisibilityMode.NEVER))
 
@@ -240,7 +241,8 @@ def _remediation_annotations() -> list:
     if _exported(name, "counter"):
         out.append(gd.AnnotationQuery().name("Remediation executed").datasource(_ds()).enable(True)
                    .icon_color("purple")
-                   .expr(f'sum by (alert, action, target) (increase({name}{{decision="executed"}}[1m])) > 0')
+                   .expr(f'sum by (alert, action, target) (increase({name}{{decision="executed", '
+                         f'target=~".*$node.*"}}[1m])) > 0')
                    .step("60s").title_format("{{action}}").text_format("{{action}} on {{target}} ({{alert}})")
                    .tag_keys("action,target"))
     return out

@@ -13,7 +13,7 @@ from analytics.ingest import Ingestor
 from analytics.store import Store
 from enrich.tiers import TierResolver
 from sloscope.slo_spec import load_spec
-from tests.otlp_builders import gauge, metrics, span, traces, write_lines
+from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces, write_lines
 from tests.test_rules import series_names
 
 SPEC = load_spec(None)
@@ -200,3 +200,32 @@ def test_incident_cause_scores_of_open_incidents_and_every_rule_series_exported(
         assert scrape(c)[x.INCIDENT_CAUSE_SCORE] == scores
         now[0] = t0 + 1080 + 900
         assert scrape(c)[x.INCIDENT_CAUSE_SCORE] == {}
+
+
+def test_signal_counters_histograms_and_remediation_decisions(tmp_path):
+    tcp = counter("sloscope.tcp.retransmits", T0 - S, [(T0, 10), (T0 + S, 25), (T0 + 2 * S, 40)])
+    psi = counter("sloscope.pressure.stall", T0 - S, [(T0, 1.5), (T0 + S, 2.0)],
+                  {"pressure.resource": "io", "pressure.kind": "some"})
+    # buckets (2^-15, 2^-14] and (2^-14, 2^-13] s: counts 1 and 2, then 2 and 5, cumulative
+    syscalls = exp_histogram("sloscope.syscall.duration", T0 - S, [(T0, 3, 3e-4, -15, [1, 2]),
+                                                                    (T0 + S, 7, 7e-4, -15, [2, 5])],
+                             attrs={"syscall.name": "read"})
+    with Store(tmp_path / "db.duckdb") as store:
+        ingest(store, tmp_path, [metrics([tcp, psi, syscalls], node="gpu-node-1")])
+        store.con.execute("CREATE TABLE remediation_audit (ts TIMESTAMP, alert VARCHAR, fingerprint VARCHAR, "
+                          "starts_at TIMESTAMP, action VARCHAR, target VARCHAR, params VARCHAR, decision VARCHAR, "
+                          "reason VARCHAR)")
+        store.con.execute("INSERT INTO remediation_audit VALUES (now(), 'SloscopeGpuSaturated', 'ab', NULL, "
+                          "'nft_drain_backend', 'backend:gpu-node-1', '{}', 'executed', 'done')")
+        families = scrape(collector(store))
+    assert value(families, "sloscope_tcp_retransmits", x.TCP_RETRANSMITS, node="gpu-node-1") == 40  # 10 + 15 + 15
+    assert value(families, "sloscope_pressure_stall_seconds", x.PRESSURE_STALL, node="gpu-node-1",
+                 resource="io", kind="some") == pytest.approx(2.0)
+    hist = "sloscope_syscall_duration_seconds"
+    labels = {"node": "gpu-node-1", "syscall": "read"}
+    assert value(families, hist, hist + "_count", **labels) == 7
+    assert value(families, hist, hist + "_bucket", le=x.le_label(2.0 ** -14), **labels) == 2  # (2^-15, 2^-14]
+    assert value(families, hist, hist + "_bucket", le=x.le_label(2.0 ** -12), **labels) == 7
+    assert value(families, hist, hist + "_bucket", le=x.le_label(2.0 ** -16), **labels) == 0
+    assert value(families, "sloscope_remediation_actions", x.REMEDIATION_ACTIONS, alert="SloscopeGpuSaturated",
+                 action="nft_drain_backend", target="backend:gpu-node-1", decision="executed") == 1
