@@ -15,7 +15,6 @@ import http.client
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.alerting_stack import free_port, wait_listening  # noqa: E402
 
 T0 = 1_764_410_400_000_000_000
 
@@ -85,12 +87,6 @@ def bare_parse_rate(payloads: list[bytes], message_type, items: int) -> float:
     return items / (time.perf_counter() - started)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def send_all(port: int, path: str, payloads: list[bytes], clients: int) -> tuple[int, int]:
     """POST every payload (retrying on 503 as an OTLP exporter would); returns (accepted, retries)."""
     lock, queue, counts = threading.Lock(), list(payloads), [0, 0]
@@ -126,19 +122,11 @@ def send_all(port: int, path: str, payloads: list[bytes], clients: int) -> tuple
 
 
 def end_to_end(path: str, payloads: list[bytes], items: int, table: str, clients: int, workdir: Path) -> tuple[float, int, int]:
-    db, port = workdir / f"{table}.duckdb", _free_port()
+    db, port = workdir / f"{table}.duckdb", free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sloscope.cli", "serve", "--db", str(db),
                              "--http", f"127.0.0.1:{port}", "--grpc", "off"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit("sloscope serve did not start")
-            time.sleep(0.1)
+    wait_listening(port, proc, "sloscope serve")
     started = time.perf_counter()
     _, retries = send_all(port, path, payloads, clients)
     proc.send_signal(signal.SIGTERM)
@@ -166,7 +154,7 @@ def _rss_bytes(pid: int) -> int:
 
 def collector_footprint(workdir: Path, seconds: int = 20) -> str:
     """CPU share and memory of `sloscope collect --interval 1` with all local probes, after start-up."""
-    port = _free_port()
+    port = free_port()
     serve = subprocess.Popen([sys.executable, "-m", "sloscope.cli", "serve", "--db", str(workdir / "c.duckdb"),
                               "--grpc", f"127.0.0.1:{port}", "--http", "off"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -3,7 +3,6 @@ tier headers sent through the OpenTelemetry SDK's OTLP exporter, then `sloscope 
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,27 +14,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
 
 from analytics.store import Store
+from tests.alerting_stack import free_port, wait_listening
 from tests.conftest import need
 
 SLOSCOPE = [sys.executable, "-m", "sloscope.cli"]
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_listening(port, proc, seconds=60):
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            assert proc.poll() is None, "server exited early"
-            assert time.monotonic() < deadline, "server did not start listening"
-            time.sleep(0.1)
 
 
 def _send_spans(http_port, node, n_per_tier=40):
@@ -57,13 +39,13 @@ def _send_spans(http_port, node, n_per_tier=40):
 
 def test_serve_collect_and_sdk_spans_end_to_end(tmp_path):
     need(os.geteuid() == 0, "the collector's eBPF probes need root")
-    db, http_port, grpc_port = tmp_path / "live.duckdb", _free_port(), _free_port()
+    db, http_port, grpc_port = tmp_path / "live.duckdb", free_port(), free_port()
     node = "live-node-1"
     serve = subprocess.Popen(SLOSCOPE + ["serve", "--db", str(db), "--http", f"127.0.0.1:{http_port}",
                                          "--grpc", f"127.0.0.1:{grpc_port}"], stderr=subprocess.PIPE, text=True)
     collect = None
     try:
-        _wait_listening(http_port, serve)
+        wait_listening(http_port, serve, "sloscope serve")
         collect = subprocess.Popen(
             SLOSCOPE + ["collect", "--endpoint", f"http://127.0.0.1:{grpc_port}", "--protocol", "grpc",
                         "--interval", "1", "--duration", "8", "--probe", "node", "--node-name", node,

@@ -5,11 +5,9 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 
 import grpc
 import pytest
@@ -24,6 +22,7 @@ from enrich.tiers import TierResolver
 from enrich.topology import GpuTopology
 from sloscope.serve import Intake
 from sloscope.slo_spec import load_spec
+from tests.alerting_stack import free_port, wait_listening
 from tests.otlp_builders import gauge, metrics, span, traces
 
 T0 = 1_764_410_400_000_000_000
@@ -168,26 +167,13 @@ def test_mutated_valid_protobuf_never_breaks_the_server(server, data):
     assert status in (200, 400)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_sigterm_writes_everything_accepted(tmp_path):
-    db, http_port = tmp_path / "s.duckdb", _free_port()
+    db, http_port = tmp_path / "s.duckdb", free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sloscope.cli", "serve", "--db", str(db),
                              "--http", f"127.0.0.1:{http_port}", "--grpc", "off"],
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", http_port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
-                time.sleep(0.1)
+        wait_listening(http_port, proc, "sloscope serve")
         accepted = 0
         for i in range(20):
             body = json.dumps(traces([span(f"{i * 100 + k + 1:032x}", f"{i * 100 + k + 1:016x}", T0, 100)
