@@ -54,13 +54,7 @@ def _utc(seconds: float) -> datetime:
 
 def spec_of(con):
     """The SLO spec recorded with the database, else the built-in one."""
-    from sloscope.slo_spec import load_spec, parse_spec
-
-    try:
-        recorded = Reader(con).meta("slo_spec")
-    except Exception:  # a database without meta: the built-in spec
-        recorded = None
-    return parse_spec(recorded, "(recorded spec)") if recorded else load_spec(None)
+    return Reader(con).slo_spec()
 
 
 class StoreCollector(Collector):

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from enrich.tiers import TierResolver
-from sloscope.slo_spec import SpecError, load_spec, parse_spec
+from sloscope.slo_spec import SpecError, load_spec
 
 from analytics.store import DEFAULT_DB, Store, StoreError, sql
 
@@ -53,10 +53,7 @@ def spec_for(store: Store, path: Path | None):
         if not store.read_only:
             store.set_meta("slo_spec", Path(path).read_text())
         return spec
-    recorded = store.meta("slo_spec")
-    if recorded:
-        return parse_spec(recorded, f"{store.path} (recorded spec)")
-    return load_spec(None)
+    return store.slo_spec()
 
 
 def run_ingest(args) -> int:

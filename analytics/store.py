@@ -95,6 +95,16 @@ class Reader:
     def meta(self, key: str) -> str | None:
         return self.scalar("SELECT value FROM meta WHERE key = ?", [key])
 
+    def slo_spec(self):
+        """The SLO spec recorded with this database (by the last command given --slo), else the built-in one."""
+        from sloscope.slo_spec import load_spec, parse_spec
+
+        try:
+            recorded = self.meta("slo_spec")
+        except duckdb.CatalogException:  # not a sloscope database (yet)
+            recorded = None
+        return parse_spec(recorded, f"{self.path} (recorded spec)") if recorded else load_spec(None)
+
 
 class Store(Reader):
     def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False, memory_limit: str = "3GB"):
