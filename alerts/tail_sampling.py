@@ -1,0 +1,171 @@
+"""The adaptive sampling policy as an OpenTelemetry Collector `tail_sampling` processor configuration.
+
+The output is a configuration file of its own (`processors: tail_sampling: ...`), for the Collector to merge with
+its main one (`otelcol-contrib --config main.yaml --config sampling.yaml`); the main file puts `tail_sampling`
+in the traces pipeline that feeds the trace backend. Not in the pipeline that feeds `sloscope serve`: the SLIs
+need every request span.
+
+Policies (the processor keeps a trace when any policy samples it):
+- `errors`: status_code ERROR;
+- per tier and tier attribute: `and` of the tier match and `latency` above the tier's threshold (the trace's
+  duration: earliest start to latest end);
+- hot tiers: `string_attribute` on each tier attribute with the hot tiers as exact values; hot nodes: on
+  `k8s.node.name` and `host.name`;
+- the rest: per (tier, service) `and` of the tier match, `service.name` and `probabilistic` at the policy's
+  probability, and per tier a catch-all for services the policy does not list (the tier's probability). All
+  probabilistic policies share one `hash_salt`, so a trace kept at a lower percentage is kept at every higher one.
+
+The tier attributes are `slo.tier` (the Istio custom tag of deploy/istio-telemetry.yaml, a plain string) and
+`http.request.header.x-slo-tier` (Envoy custom tags send a plain string; the semantic-convention `string[]` form
+is not matched by string_attribute, which compares string values only). Only the tiers of the SLO spec are ever
+listed as values, and exactly (no regular expressions): a forged header value matches no tier policy, so it is
+sampled as the default tier, whose match is "no other tier" (`invert_match` on the other tiers).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from alerts.sampling import NODE_ATTRIBUTES, TIER_ATTRIBUTES
+
+SERVICE_ATTRIBUTE = "service.name"
+HASH_SALT = "sloscope-adaptive-sampling"
+DEFAULT_DECISION_WAIT_S = 30
+MIN_NUM_TRACES = 50_000
+
+
+def _name(*parts: str) -> str:
+    text = "-".join(re.sub(r"[^A-Za-z0-9._-]+", "_", p) for p in parts if p)
+    return text[:120]
+
+
+def _string(name: str, key: str, values: list[str], invert: bool = False) -> dict:
+    body = {"key": key, "values": list(values)}
+    if invert:
+        body["invert_match"] = True
+    return {"name": name, "type": "string_attribute", "string_attribute": body}
+
+
+def _percentage(probability: float) -> float:
+    return round(min(max(probability, 0.0), 1.0) * 100.0, 6)
+
+
+def tier_matchers(policy: dict, tier: str) -> list[list[dict]]:
+    """Alternatives (OR) of sub-policy lists (AND) that match traces of `tier`."""
+    tiers = list(policy["tiers"])
+    if tier != policy["default_tier"]:
+        return [[_string(_name("tier", key), key, [tier])] for key in TIER_ATTRIBUTES]
+    others = [t for t in tiers if t != tier]
+    if not others:
+        return [[]]
+    return [[_string(_name("not-other-tier", key), key, others, invert=True) for key in TIER_ATTRIBUTES]]
+
+
+def _and(name: str, subs: list[dict]) -> dict:
+    if len(subs) == 1:
+        return {**subs[0], "name": name}
+    return {"name": name, "type": "and", "and": {"and_sub_policy": subs}}
+
+
+def render(policy: dict, *, decision_wait_s: int = DEFAULT_DECISION_WAIT_S, hash_salt: str = HASH_SALT,
+           max_services: int = 200) -> dict:
+    """The `processors:` configuration for a GET /sampling document."""
+    policies: list[dict] = [{"name": "errors", "type": "status_code", "status_code": {"status_codes": ["ERROR"]}}]
+    for tier, doc in policy["tiers"].items():
+        threshold_ms = max(int(math.floor(float(doc["latency_threshold_ms"]))), 0)
+        for i, match in enumerate(tier_matchers(policy, tier)):
+            latency = {"name": "latency", "type": "latency", "latency": {"threshold_ms": threshold_ms}}
+            policies.append(_and(_name("slow", tier, str(i)), [*match, latency]))
+    hot = [t for t, doc in policy["tiers"].items() if doc.get("hot")]
+    for key in TIER_ATTRIBUTES:
+        named = [t for t in hot if t != policy["default_tier"]]
+        if named:
+            policies.append(_string(_name("hot-tiers", key), key, named))
+    if policy["default_tier"] in hot:
+        for i, match in enumerate(tier_matchers(policy, policy["default_tier"])):
+            policies.append(_and(_name("hot-default-tier", str(i)), match) if match else
+                            {"name": _name("hot-default-tier", str(i)), "type": "always_sample"})
+    hot_nodes = sorted(policy.get("hot_nodes") or {})
+    if hot_nodes:
+        for key in NODE_ATTRIBUTES:
+            policies.append(_string(_name("hot-nodes", key), key, hot_nodes))
+    for tier, doc in policy["tiers"].items():
+        if doc.get("hot"):
+            continue
+        services = sorted(doc.get("services", {}).items(), key=lambda kv: (-kv[1]["observed_spans_per_s"], kv[0]))
+        services = services[:max_services]
+        for i, match in enumerate(tier_matchers(policy, tier)):
+            for j, (service, sdoc) in enumerate(services):
+                prob = {"name": "probabilistic", "type": "probabilistic",
+                        "probabilistic": {"hash_salt": hash_salt, "sampling_percentage": _percentage(sdoc["probability"])}}
+                policies.append(_and(_name("rate", tier, str(i), str(j), service),
+                                     [*match, _string("service", SERVICE_ATTRIBUTE, [service]), prob]))
+            rest = [_string("other-services", SERVICE_ATTRIBUTE, [s for s, _ in services], invert=True)] if services \
+                else []
+            prob = {"name": "probabilistic", "type": "probabilistic",
+                    "probabilistic": {"hash_salt": hash_salt, "sampling_percentage": _percentage(doc["probability"])}}
+            policies.append(_and(_name("rate", tier, str(i), "other"), [*match, *rest, prob]))
+    rate = float(policy.get("observed_spans_per_s") or 0.0)
+    expected = max(int(math.ceil(rate)), 1)
+    return {"processors": {"tail_sampling": {
+        "decision_wait": f"{decision_wait_s}s",
+        "num_traces": max(MIN_NUM_TRACES, 2 * expected * decision_wait_s),
+        "expected_new_traces_per_sec": expected,
+        "policies": policies,
+    }}}
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data):  # repeated sub-policies are written out, not as YAML anchors
+        return True
+
+
+def to_yaml(config: dict, policy: dict) -> str:
+    hot = [t for t, d in policy["tiers"].items() if d.get("hot")]
+    header = (
+        "# OpenTelemetry Collector tail_sampling processor, generated by `sloscope sampling tail-config` from the\n"
+        "# adaptive sampling policy (GET /sampling of sloscope serve). Merge it with the main configuration:\n"
+        "#   otelcol-contrib --config main.yaml --config THIS_FILE\n"
+        "# and put tail_sampling in the traces pipeline that feeds the trace backend.\n"
+        f"# Budget: {policy['budget_spans_per_s']:g} request spans/s; hot tiers: {', '.join(hot) or 'none'}; "
+        f"hot nodes: {', '.join(sorted(policy.get('hot_nodes') or {})) or 'none'}.\n")
+    return header + yaml.dump(config, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+def write_atomic(path: str | Path, text: str) -> bool:
+    """Write `text` to `path` so that a reader sees the old file or the new one, never a part: a temporary file
+    in the same directory, fsynced, renamed over the target, then the directory fsynced. Returns False (and
+    writes nothing) when the file already holds exactly `text`."""
+    path = Path(path)
+    try:
+        if path.read_text() == text:
+            return False
+    except (OSError, UnicodeDecodeError):
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return True
