@@ -43,6 +43,9 @@ def register(subparsers) -> None:
                        help="allow-list of alert -> action for the webhook (see alerts/remediation.example.yaml)")
     serve.add_argument("--webhook-token-file", type=Path, metavar="FILE",
                        help="file holding the webhook's bearer token (default: $SLOSCOPE_WEBHOOK_TOKEN)")
+    serve.add_argument("--sampling", type=Path, metavar="SAMPLING.yaml",
+                       help="adaptive sampling config for GET /sampling (budget_spans_per_s, dwell, ...; "
+                       "default: 100 spans/s, see alerts/sampling.py)")
     serve.set_defaults(func=run)
 
 
@@ -99,6 +102,7 @@ def run(args) -> int:
     from analytics.store import Store, StoreError
     from analytics.writer import Writer
     from alerts.exporter import render
+    from alerts.sampling import SamplingService, load_config as load_sampling_config
     from alerts.webhook import WebhookServer
     from collectors.receiver import Receiver, grpc_server, http_server
     from enrich.tiers import TierResolver
@@ -110,6 +114,7 @@ def run(args) -> int:
         spec = spec_for(store, args.slo)
         http_addr, grpc_addr, webhook_addr = _address(args.http), _address(args.grpc), _address(args.webhook)
         webhook_app = _webhook_app(args, store, spec) if webhook_addr else None
+        sampling = SamplingService(store.reader(), spec, load_sampling_config(args.sampling))
     except (SpecError, StoreError, ValueError) as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -121,7 +126,8 @@ def run(args) -> int:
     servers = []
     try:
         if http_addr:
-            httpd = http_server(receiver, *http_addr, pages={"/metrics": lambda: render(store, spec)})
+            httpd = http_server(receiver, *http_addr, pages={"/metrics": lambda: render(store, spec),
+                                                                   "/sampling": sampling.page})
             threading.Thread(target=httpd.serve_forever, name="otlp-http", daemon=True).start()
             servers.append(("http", httpd))
             log.info("OTLP/HTTP on http://%s:%d", *httpd.server_address[:2])
