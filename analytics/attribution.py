@@ -48,10 +48,12 @@ class Window:
     resolution_s: float  # the SLO spec's SLI step
 
     @classmethod
-    def around(cls, start: datetime, end: datetime, resolution_s: float) -> "Window":
-        """The window for an episode of trouble that began at `start` (the first SLI break) and lasted to `end`."""
-        analysis_start = start - LOOKBACK
-        return cls(analysis_start - BASELINE, analysis_start, start, min(end, start + MAX_OBSERVED), resolution_s)
+    def around(cls, start: datetime, end: datetime, resolution_s: float, baseline: timedelta = BASELINE,
+               lookback: timedelta = LOOKBACK) -> "Window":
+        """The window for an episode of trouble that began at `start` (the first SLI break) and lasted to `end`:
+        `baseline` long, ending `lookback` before `start` (onsets are searched from there)."""
+        analysis_start = start - lookback
+        return cls(analysis_start - baseline, analysis_start, start, min(end, start + MAX_OBSERVED), resolution_s)
 
     @property
     def step_s(self) -> float:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from enrich.tiers import TierResolver
-from sloscope.slo_spec import SpecError, load_spec
+from sloscope.slo_spec import SpecError, load_spec, parse_duration
 
 from analytics.store import DEFAULT_DB, Store, StoreError, sql
 
@@ -42,6 +43,11 @@ def register(subparsers) -> None:
     rca.add_argument("--format", choices=["json", "table"],
                      help="json (Contract 4) or table for people (default: table on a terminal, else json)")
     rca.add_argument("--top", type=int, default=5, help="causes shown per incident (default: %(default)s)")
+    rca.add_argument("--baseline", default="10m", metavar="DURATION",
+                     help="how much history before an incident counts as normal (default: %(default)s)")
+    rca.add_argument("--lookback", default="1m", metavar="DURATION",
+                     help="the baseline ends this long before the incident; causes' onsets are searched from "
+                     "there (default: %(default)s)")
     rca.set_defaults(func=run_rca)
 
 
@@ -90,11 +96,13 @@ def run_rca(args) -> int:
         newest = store.rows(sql("data_range"))[0][1]
         since = parse_time(args.since, newest) if args.since else None
         until = parse_time(args.until, newest) if args.until else None
+        baseline = timedelta(seconds=parse_duration(args.baseline, "--baseline"))
+        lookback = timedelta(seconds=parse_duration(args.lookback, "--lookback"))
     except (SpecError, StoreError, ValueError) as exc:
         print(f"sloscope rca: {exc}", file=sys.stderr)
         return EXIT_USAGE
     with store:
-        result = analyse(store, spec, since, until, args.top)
+        result = analyse(store, spec, since, until, args.top, baseline, lookback)
     fmt = args.format or ("table" if sys.stdout.isatty() else "json")
     print(format_table(result) if fmt == "table" else json.dumps(result, indent=2))
     return EXIT_OK

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 from sloscope.slo_spec import SpecError, parse_duration
 
-from analytics.attribution import Window, rank_causes, series_scores, signal_steps
+from analytics.attribution import BASELINE, LOOKBACK, Window, rank_causes, series_scores, signal_steps
 from analytics.slo import Incident, find_incidents
 from analytics.store import Store, sql
 
@@ -33,7 +33,10 @@ def parse_time(text: str, newest: datetime | None) -> datetime:
     return newest - timedelta(seconds=seconds)
 
 
-def analyse(store: Store, spec, since: datetime | None = None, until: datetime | None = None, top: int = 5) -> dict:
+def analyse(store: Store, spec, since: datetime | None = None, until: datetime | None = None, top: int = 5,
+            baseline: timedelta = BASELINE, lookback: timedelta = LOOKBACK) -> dict:
+    """Incidents in [since, until) with their ranked causes. Each cause's signals are judged against a
+    `baseline` that ends `lookback` before its episode began (attribution.BASELINE and LOOKBACK by default)."""
     first, last = store.rows(sql("data_range"))[0]
     if first is None:
         return {"incidents": []}
@@ -43,7 +46,7 @@ def analyse(store: Store, spec, since: datetime | None = None, until: datetime |
     scored: dict[Window, object] = {}
     out = []
     for incident, (start, end) in zip(incidents, episodes(incidents)):
-        window = Window.around(start, end, spec.resolution_s)
+        window = Window.around(start, end, spec.resolution_s, baseline, lookback)
         if window not in scored:
             scored[window] = series_scores(signal_steps(store, window), window)
         out.append(incident_json(incident, rank_causes(scored[window], incident.node, window, top)))
