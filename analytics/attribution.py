@@ -12,7 +12,9 @@ is evidence for a cause (taxonomy) when
 - it moved here: the same signal did not move on the other nodes at the same time, which would make it a
   fleet-wide change (a rollout, the weather) rather than this node's problem (locality).
 
-The cause score is the best of its series' scores, in [0, 1].
+The cause score is the best of its series' scores, in [0, 1]. A cause whose signals sit downstream of other
+causes' (taxonomy `explained_by`: a syscall that waits on the disk or for a CPU is slow because of them) keeps
+only the part of its score that they leave unexplained: score x (1 - the best of theirs).
 """
 
 from __future__ import annotations
@@ -115,7 +117,9 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True)
     recent = recent.with_columns(
         sustained=(pl.col("z") > THRESHOLD) & (pl.col("z").shift(-1).over(key) > THRESHOLD),
         in_incident=pl.col("step") >= window.incident_start,
-        at_break=pl.col("step").is_between(window.incident_start - timedelta(seconds=window.resolution_s),
+        # From the start of the first violating SLI window, where the SLI broke, to the precedence tolerance:
+        # steps before it would dilute a change that began within that window.
+        at_break=pl.col("step").is_between(window.incident_start,
                                            window.incident_start + window.precedence_tolerance))
     per_series = recent.group_by(key).agg(
         baseline=pl.col("median").first(),
@@ -177,8 +181,17 @@ def rank_causes(scores: pl.DataFrame, node: str, window: Window, top: int = 5) -
             "evidence": [c["evidence"] for c in evidence],
             "remediation": cause.remediation.format(node=node),
         })
+    ranked = [c for c in _explain_away(ranked) if c["score"] >= MIN_SCORE]
     ranked.sort(key=lambda c: -c["score"])
     return ranked[:top]
+
+
+def _explain_away(ranked: list[dict]) -> list[dict]:
+    raw = {c["cause"]: c["score"] for c in ranked}
+    for c in ranked:
+        explained = max((raw.get(other, 0.0) for other in taxonomy.BY_ID[c["cause"]].explained_by), default=0.0)
+        c["score"] = round(c["score"] * (1.0 - explained), 3)
+    return ranked
 
 
 def _score_series(cause: taxonomy.Cause, row: dict, attributes: dict, fleet_share: float, window: Window) -> dict:

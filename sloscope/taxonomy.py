@@ -32,6 +32,9 @@ class Cause:
     physical: str
     remediation: str  # formatted with node=
     seed_threshold: dict = field(default_factory=dict)  # signal -> absolute level that is harmful by itself
+    # Causes whose movement explains this one's signals (they sit downstream of them): the score keeps only
+    # what the best of those leaves unexplained.
+    explained_by: tuple[str, ...] = ()
 
 
 def _ev(signal, feature="level", **where):
@@ -88,8 +91,12 @@ CAUSES: tuple[Cause, ...] = (
           "evict or limit memory-hungry co-tenants on {node}"),
     Cause("syscall_overhead", "runtime", (_ev("sloscope.syscall.duration"),),
           "slow syscall path (sandboxed runtimes, lock contention)",
-          "check {node}'s container runtime and lock contention (slow syscalls)"),
+          "check {node}'s container runtime and lock contention (slow syscalls)",
+          # A syscall that waits for the disk, a CPU, memory reclaim or a lost packet is slow because of
+          # them, not because of its own path.
+          explained_by=("disk_io", "cpu_contention", "memory_pressure", "network_loss")),
 )
 
 BY_ID: dict[str, Cause] = {c.id: c for c in CAUSES}
 CAUSE_IDS: tuple[str, ...] = tuple(BY_ID)
+assert all(other in BY_ID for c in CAUSES for other in c.explained_by)
