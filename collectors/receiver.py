@@ -9,8 +9,10 @@ partial success.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
+import urllib.parse
 import zlib
 from collections import Counter
 from concurrent import futures
@@ -90,7 +92,9 @@ class Receiver:
 # --- OTLP/HTTP --------------------------------------------------------------------------------------------
 
 
-Page = Callable[[], tuple[bytes, str]]  # GET handler: () -> (body, content type)
+# GET handler: (**query parameters, if it takes any) -> (body, content type). A ValueError it raises is the
+# client's mistake (400).
+Page = Callable[..., tuple[bytes, str]]
 
 
 class _HttpHandler(BaseHTTPRequestHandler):
@@ -103,11 +107,20 @@ class _HttpHandler(BaseHTTPRequestHandler):
         log.debug("%s " + fmt, self.address_string(), *args)
 
     def do_GET(self):  # noqa: N802 - http.server's naming
-        page = self.pages.get(self.path.split("?", 1)[0])
+        path, _, query = self.path.partition("?")
+        page = self.pages.get(path)
         if page is None:
             return self._plain(404, f"not found; GET serves {', '.join(sorted(self.pages)) or 'nothing'}")
+        # A page that takes parameters gets the query's (and an unknown one is a 400); others ignore the query.
+        params = dict(urllib.parse.parse_qsl(query)) if inspect.signature(page).parameters else {}
         try:
-            body, content_type = page()
+            inspect.signature(page).bind(**params)
+        except TypeError as exc:
+            return self._plain(400, f"{path}: {exc}")
+        try:
+            body, content_type = page(**params)
+        except ValueError as exc:
+            return self._plain(400, f"{path}: {exc}")
         except Exception as exc:  # a failing page must not take the receiver down
             log.exception("GET %s failed", self.path)
             return self._plain(500, f"{type(exc).__name__}: {exc}")

@@ -97,6 +97,33 @@ def _webhook_app(args, store, spec):
         raise ValueError(str(exc)) from None
 
 
+def rca_page(store, spec):
+    """GET /rca: `sloscope rca` in this process, on a reader of the database it writes (another process cannot
+    open a DuckDB file while it is written), as Contract 4's JSON. Query parameters: since and until (RFC 3339,
+    or a duration back from the newest request), baseline and lookback (durations, as `sloscope rca`), top."""
+
+    def page(since: str = "", until: str = "", baseline: str = "10m", lookback: str = "1m", top: str = "5"):
+        import json
+        from datetime import timedelta
+
+        from analytics.rca import analyse, parse_time
+        from analytics.store import sql
+        from sloscope.slo_spec import parse_duration
+
+        reader = store.reader()
+        try:
+            newest = reader.rows(sql("data_range"))[0][1]
+            result = analyse(reader, spec, parse_time(since, newest) if since else None,
+                             parse_time(until, newest) if until else None, int(top),
+                             timedelta(seconds=parse_duration(baseline, "baseline")),
+                             timedelta(seconds=parse_duration(lookback, "lookback")))
+        finally:
+            reader.con.close()
+        return json.dumps(result).encode(), "application/json"
+
+    return page
+
+
 def run(args) -> int:
     from analytics.cli import EXIT_USAGE, spec_for
     from analytics.store import Store, StoreError
@@ -127,7 +154,8 @@ def run(args) -> int:
     try:
         if http_addr:
             httpd = http_server(receiver, *http_addr, pages={"/metrics": lambda: render(store, spec),
-                                                                   "/sampling": sampling.page})
+                                                                   "/sampling": sampling.page,
+                                                                   "/rca": rca_page(store, spec)})
             threading.Thread(target=httpd.serve_forever, name="otlp-http", daemon=True).start()
             servers.append(("http", httpd))
             log.info("OTLP/HTTP on http://%s:%d", *httpd.server_address[:2])

@@ -1,0 +1,98 @@
+"""rca's options for short runs and in-process use: a baseline and lookback other than the defaults, serve's
+GET /rca (and query parameters of GET pages), and signals explained away by the more physical cause they wait
+for."""
+
+import http.client
+import json
+import threading
+from datetime import datetime, timedelta
+
+import polars as pl
+import pytest
+
+from analytics.attribution import BASELINE, LOOKBACK, Window, rank_causes
+from analytics.rca import analyse
+from collectors.receiver import http_server
+from sloscope.serve import rca_page
+from sloscope.slo_spec import load_spec
+from tests.test_attribution import store  # noqa: F401 - the hand-built fleet (cpu_contention on n1 at 12 min)
+
+T0 = datetime(2025, 11, 29, 10, 0, 0)
+SPEC = load_spec(None)
+
+
+def test_window_takes_a_baseline_and_lookback_and_keeps_its_defaults():
+    start, end = T0 + timedelta(minutes=12), T0 + timedelta(minutes=13)
+    default = Window.around(start, end, 10)
+    assert (default.analysis_start, default.baseline_start) == (start - LOOKBACK, start - LOOKBACK - BASELINE)
+    short = Window.around(start, end, 10, baseline=timedelta(minutes=2), lookback=timedelta(seconds=20))
+    assert short.analysis_start == start - timedelta(seconds=20)
+    assert short.baseline_start == start - timedelta(minutes=2, seconds=20)
+
+
+def test_a_short_baseline_finds_the_same_cause(store):  # noqa: F811
+    default = analyse(store, SPEC)["incidents"]
+    short = analyse(store, SPEC, baseline=timedelta(minutes=2), lookback=timedelta(seconds=30))["incidents"]
+    assert short and [i["node"] for i in short] == [i["node"] for i in default]
+    assert short[0]["causes"][0]["cause"] == default[0]["causes"][0]["cause"] == "cpu_contention"
+
+
+def test_rca_page_analyses_in_process_with_its_query_parameters(store):  # noqa: F811
+    page = rca_page(store, SPEC)
+    body, content_type = page(since="6m", baseline="2m", lookback="30s", top="2")
+    result = json.loads(body)
+    assert content_type == "application/json"
+    assert result["incidents"] and all(len(i["causes"]) <= 2 for i in result["incidents"])
+    assert result["incidents"][0]["causes"][0]["cause"] == "cpu_contention"
+    assert json.loads(page(since="2025-11-29T09:00:00Z", until="2025-11-29T09:30:00Z")[0]) == {"incidents": []}
+    with pytest.raises(ValueError):
+        page(baseline="ten minutes")
+
+
+def _get(port, path):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", path)
+    response = conn.getresponse()
+    body = response.read()
+    conn.close()
+    return response.status, body
+
+
+def test_get_pages_take_query_parameters_when_they_declare_them():
+    def echo(word: str = "none"):
+        if word == "bad":
+            raise ValueError("word must not be bad")
+        return word.encode(), "text/plain"
+
+    server = http_server(None, "127.0.0.1", 0, pages={"/echo": echo, "/plain": lambda: (b"plain", "text/plain")})
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        assert _get(port, "/echo?word=hello") == (200, b"hello")
+        assert _get(port, "/echo") == (200, b"none")
+        status, body = _get(port, "/echo?colour=red")
+        assert status == 400 and b"colour" in body
+        status, body = _get(port, "/echo?word=bad")
+        assert status == 400 and b"must not be bad" in body
+        assert _get(port, "/plain?anything=1") == (200, b"plain")  # a page without parameters ignores the query
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _scores(rows):
+    """series_scores' frame for one node, from (metric, attributes, z) rows that all moved at the break."""
+    onset = T0 + timedelta(minutes=12)
+    return pl.DataFrame([{"node": "n1", "metric": m, "attributes": json.dumps(a), "baseline": 1.0, "observed": 1.0 + z,
+                          "z_at_break": z, "onset": onset, "consistency": 1.0, "scale": 1.0, "direction": 1.0,
+                          "z_observed": z} for m, a, z in rows])
+
+
+def test_slow_syscalls_are_explained_away_by_the_resource_they_wait_for():
+    window = Window.around(T0 + timedelta(minutes=12), T0 + timedelta(minutes=13), 10)
+    fsync = ("sloscope.syscall.duration", {"syscall.name": "fsync"}, 1800.0)
+    disk = ("sloscope.pressure.stall", {"pressure.kind": "some", "pressure.resource": "io"}, 200.0)
+    ranked = [c["cause"] for c in rank_causes(_scores([fsync, disk]), "n1", window)]
+    assert ranked[0] == "disk_io" and "syscall_overhead" not in ranked
+    alone = rank_causes(_scores([fsync]), "n1", window)
+    assert alone[0]["cause"] == "syscall_overhead" and alone[0]["score"] > 0.9
