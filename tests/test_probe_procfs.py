@@ -15,6 +15,7 @@ from probes.procfs.pressure import PressureProbe, parse_pressure
 from probes.procfs.schedstat import SchedstatProbe, parse_schedstat
 from probes.procfs.tcp_connections import TcpConnectionsProbe, parse_proc_net_tcp
 from probes.sample import Sample
+from tests.conftest import need
 from sloscope import catalog
 
 DATA = Path(__file__).parent / "data" / "procfs"
@@ -130,8 +131,7 @@ def test_live_tcp_connections_sees_a_listener_and_a_connection():
 
 def test_live_pressure_probe_counts_cpu_stall():
     probe = PressureProbe()
-    if not probe.check().ok:
-        pytest.skip(probe.check().explain())  # a kernel without PSI; the check's wording is tested below
+    need(probe.check().ok, probe.check().explain())  # a kernel without PSI; the check's wording is tested below
     hog = "import time\nt = time.monotonic() + 0.5\nwhile time.monotonic() < t: pass"
     with probe:
         hogs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(os.cpu_count() + 2)]
