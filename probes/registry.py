@@ -36,6 +36,7 @@ from .procfs.netstat import NetstatProbe
 from .procfs.pressure import PressureProbe
 from .procfs.schedstat import SchedstatProbe
 from .procfs.tcp_connections import TcpConnectionsProbe
+from .procfs.vmstat import VmstatProbe
 from .sample import AnySample, Sample
 from .spdk.nvme_sysfs import NvmeSysfsProbe
 from .spdk.spdk import SpdkProbe
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 
 PROBES: dict[str, type[Probe]] = {cls.name: cls for cls in (
     SyscallLatencyProbe, TcpProbe, BlockIoProbe, RunqueueProbe,
-    PressureProbe, DiskstatsProbe, NetstatProbe, SchedstatProbe, TcpConnectionsProbe,
+    PressureProbe, DiskstatsProbe, NetstatProbe, SchedstatProbe, TcpConnectionsProbe, VmstatProbe,
     NvmlProbe, DcgmExporterProbe, SpdkProbe, NvmeSysfsProbe)}
 
 FALLBACKS: dict[str, tuple[str, ...]] = {
@@ -58,7 +59,7 @@ FALLBACKS: dict[str, tuple[str, ...]] = {
 
 # What a node runs by default: every eBPF probe (falling back as above) and the procfs probes that are not
 # only fallbacks.
-NODE_PROBES = ("syscall", "tcp", "block", "runqueue", "pressure", "diskstats", "tcp_connections")
+NODE_PROBES = ("syscall", "tcp", "block", "runqueue", "pressure", "diskstats", "tcp_connections", "vmstat")
 
 
 def probe_class(name: str) -> type[Probe]:

@@ -226,6 +226,8 @@ def apply_cause(node: NodeSeries, spec: FaultSpec, n: int, rng: np.random.Genera
             toward(s, p, u(0.08, 0.25))
         for s in node.find("sloscope.pressure.stall", pressure__resource="io", pressure__kind="some"):
             scale(s, p, 2.5)  # side effect: reclaim writes back and refaults pages
+        for s in node.find("system.paging.faults", system__paging__type="major"):
+            scale_to(s, p, u(300, 3000))  # the refaults: pages read back from disk
     elif c == "syscall_overhead":
         for s in node.find("sloscope.syscall.duration"):
             scale(s, p, u(6, 15))

@@ -22,7 +22,7 @@ GPUS_PER_NODE = 2
 BDEVS = ("Nvme0n1", "Nvme1n1")
 BLOCK_DEVICE = "nvme0n1"
 REACTOR_LCORES = (0, 1)
-COLLECTOR_PROBES = ("syscall", "tcp", "block", "runqueue", "pressure", "diskstats", "tcp_connections")
+COLLECTOR_PROBES = ("syscall", "tcp", "block", "runqueue", "pressure", "diskstats", "tcp_connections", "vmstat")
 SYSCALLS = ("read", "write", "sendmsg", "recvmsg", "fsync")
 TCP_STATES = ("established", "time_wait", "close_wait")
 PSI = (("cpu", "some"), ("io", "some"), ("io", "full"), ("memory", "some"), ("memory", "full"))
@@ -290,6 +290,12 @@ def build_node(seed: int, index: int, name: str, n: int) -> NodeSeries:
     for probe in COLLECTOR_PROBES:  # every probe of the node collector healthy
         series.append(Gauge("sloscope.probe.health", (("probe.name", probe), ("probe.running", probe)), sid(),
                             values=np.ones(n), decimals=0))
+    # paging, from a generator of its own so that every series above is as it was before it was added
+    paging_rng = np.random.default_rng([seed, 2, index])
+    for kind, rate in (("major", paging_rng.uniform(0.2, 2.0)), ("minor", paging_rng.uniform(2000.0, 6000.0))):
+        r = rate * (1.0 + drift(paging_rng, n, 0.2) + smooth_noise(paging_rng, n, 0.15, 8.0))
+        series.append(Counter("system.paging.faults", (("system.paging.type", kind),), sid(),
+                              rate=np.maximum(r, 0.0), integer=True, cv=0.2))
 
     return NodeSeries(name=name, index=index, gpus=gpus, series=series,
                       uptime_s=float(rng.uniform(3600.0, 2 * 86400.0)), phase_ns=int(rng.integers(0, 1000)) * 10**6)

@@ -59,6 +59,10 @@ SIGNALS: tuple[Signal, ...] = (
             description="wake-up to running delay"),
     _signal("sloscope.pressure.stall", "counter", "s", ["pressure.resource", "pressure.kind"],
             "/proc/pressure/* total", noise_floor=0.01, description="time stalled on a resource (PSI)"),
+    _signal("system.paging.faults", "counter", "{fault}", ["system.paging.type"],
+            "/proc/vmstat pgmajfault (major), pgfault - pgmajfault (minor)", noise_floor=20.0,
+            description="page faults; major ones read the page from disk (page cache taken back under memory "
+            "pressure and needed again)"),
     _signal("hw.gpu.utilization", "gauge", "1", ["hw.id", "hw.gpu.task", "process.pid"],
             "NVML / DCGM_FI_DEV_GPU_UTIL (process.pid: NVML per-process SM utilization, optional)",
             noise_floor=0.05, description="GPU utilization"),
