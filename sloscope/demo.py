@@ -1,5 +1,10 @@
-"""`sloscope demo`: the main job end to end on the embedded default — simulate a small fleet with a fault,
-ingest it into a DuckDB file, run rca, and show the incidents with their ranked causes next to the truth."""
+"""`sloscope demo`: the main job end to end on the embedded default.
+
+Live (`--live`; what `sloscope demo` runs when it can: as root with eBPF and the fault tools available):
+`sloscope serve`, `sloscope collect` with the kernel probes, an instrumented service under two-tier load, and
+real faults one at a time (sloscope/live/), each attributed and scored against what was injected.
+Simulated (`--simulated`, and the fallback): simulate a small fleet with a fault, ingest it into a DuckDB
+file, run rca, and show the incidents with their ranked causes next to the truth."""
 
 from __future__ import annotations
 
@@ -9,20 +14,89 @@ import sys
 import time
 from pathlib import Path
 
+from sloscope.live.run import FAULT_NAMES
+
 DEFAULT_DIR = Path("var/demo")
+LIVE_DIR = Path("var/demo-live")
 
 
 def register(subparsers) -> None:
     demo = subparsers.add_parser(
-        "demo", help="simulate a fleet with a fault, ingest it, find and explain the incident",
-        description="Runs the whole pipeline on the embedded default (a DuckDB file, no external service): "
-        "simulates a small fleet with one injected fault, ingests its OTLP/JSON, runs rca, and prints the "
-        "incidents and their ranked causes beside the injected ground truth. Starts from scratch each time.")
-    demo.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="working directory (default: %(default)s)")
+        "demo", help="inject faults (live, or in a simulated fleet), find and explain the incidents",
+        description="Runs the whole pipeline on the embedded default (a DuckDB file, no external service). "
+        "Live: serve, collect with the kernel probes, an instrumented service under load, and real faults "
+        "(CPU, disk, packet loss, memory) one at a time, each scored against what was injected; exit status 1 "
+        "when a fault is missed or misattributed. Simulated: a small fleet with one injected fault, ingested "
+        "and analysed. Without --live or --simulated: live when this machine allows it (root, eBPF, stress-ng, "
+        "fio, nft, ip), else it says why and runs the simulated demo. Starts from scratch each time.")
+    mode = demo.add_mutually_exclusive_group()
+    mode.add_argument("--live", dest="mode", action="store_const", const="live",
+                      help="the live demo (needs root, eBPF, stress-ng, fio, nftables, iproute2)")
+    mode.add_argument("--simulated", dest="mode", action="store_const", const="simulated",
+                      help="the simulated fleet")
+    demo.set_defaults(mode="auto")
+    demo.add_argument("--dir", type=Path, help=f"working directory (default: {DEFAULT_DIR}, live: {LIVE_DIR})")
     demo.add_argument("--fault", default="gpu_sm_contention", help="taxonomy cause to inject (default: %(default)s)")
     demo.add_argument("--nodes", type=int, default=4, help="fleet size (default: %(default)s)")
     demo.add_argument("--seed", type=int, default=1)
+    live = demo.add_argument_group("live demo")
+    live.add_argument("--faults", default=",".join(FAULT_NAMES), metavar="LIST",
+                      help="faults to inject, in order (default: %(default)s)")
+    live.add_argument("--fault-seconds", type=float, default=40.0,
+                      help="each fault lasts this long (default: %(default)s)")
+    live.add_argument("--recovery-seconds", type=float, default=90.0,
+                      help="quiet time after each fault (default: %(default)s)")
+    live.add_argument("--warmup-seconds", type=float, default=100.0, help="quiet time before the first fault "
+                      "(default: %(default)s)")
+    live.add_argument("--baseline-seconds", type=float, default=60.0,
+                      help="rca baseline before each incident (default: %(default)s)")
+    live.add_argument("--rate", type=float, default=10.0, help="steady requests per second (default: %(default)s)")
+    live.add_argument("--json", action="store_true", help="print the results as one JSON document")
     demo.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.mode == "simulated":
+        return run_simulated(args)
+    from sloscope.live.run import unavailable
+
+    why = unavailable()
+    if args.mode == "live" and why:
+        print(f"sloscope demo --live: cannot run here: {'; '.join(why)}", file=sys.stderr)
+        return 2
+    if why:
+        print(f"==> the live demo cannot run here ({'; '.join(why)}); running the simulated demo instead",
+              file=sys.stderr)
+        return run_simulated(args)
+    return run_live(args)
+
+
+def run_live(args) -> int:
+    from sloscope.live.run import LiveConfig, LiveDemo, summary_table
+
+    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    unknown = [f for f in faults if f not in FAULT_NAMES]
+    if unknown or not faults:
+        print(f"sloscope demo: unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULT_NAMES)}",
+              file=sys.stderr)
+        return 2
+    cfg = LiveConfig(dir=args.dir or LIVE_DIR, faults=faults, fault_s=args.fault_seconds,
+                     recovery_s=args.recovery_seconds, warmup_s=args.warmup_seconds,
+                     baseline_s=args.baseline_seconds, rate=args.rate)
+    demo = LiveDemo(cfg, out=sys.stderr if args.json else sys.stdout)
+    try:
+        report = demo.run()
+    except KeyboardInterrupt:
+        print("sloscope demo: interrupted; everything it started is stopped", file=sys.stderr)
+        return 130
+    (cfg.dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print("\n" + summary_table(report))
+        print(f"files: {cfg.dir}/results.json, {report['db']}; try: .venv/bin/sloscope rca --db {report['db']} "
+              f"--baseline {cfg.baseline_s:g}s --lookback {cfg.lookback_s:g}s --format table")
+    return 0 if report["ok"] else 1
 
 
 def _step(message: str) -> float:
@@ -30,7 +104,7 @@ def _step(message: str) -> float:
     return time.monotonic()
 
 
-def run(args) -> int:
+def run_simulated(args) -> int:
     from analytics.ingest import Ingestor
     from analytics.rca import analyse, format_table
     from analytics.store import Store
@@ -39,6 +113,7 @@ def run(args) -> int:
     from sloscope.slo_spec import load_spec
 
     started = time.monotonic()
+    args.dir = args.dir or DEFAULT_DIR
     shutil.rmtree(args.dir, ignore_errors=True)
     otlp_dir, db_path = args.dir / "otlp", args.dir / "sloscope.duckdb"
     spec = load_spec(None)
