@@ -341,12 +341,12 @@ class LiveDemo:
             self.bursts.append(utcnow())
             self.say(f"    burst: {self.cfg.burst_factor:g}x for {self.cfg.burst_s:g}s")
 
-    def _quiet(self, seconds: float) -> None:
-        """A quiet phase with one burst in its middle, so the baseline knows what a burst looks like."""
-        half = max(0.0, (seconds - self.cfg.burst_s) / 2)
-        self._sleep(half)
+    def _quiet(self, seconds: float, burst_at: float = 0.5) -> None:
+        """A quiet phase with one burst (at `burst_at` of it), so that baselines know what a burst looks like."""
+        before = max(0.0, (seconds - self.cfg.burst_s) * burst_at)
+        self._sleep(before)
         self._burst()
-        self._sleep(seconds - half)
+        self._sleep(seconds - before)
 
     def _warm_up(self) -> None:
         cfg = self.cfg
@@ -398,7 +398,8 @@ class LiveDemo:
         except Exception as exc:  # report it, go on with the next fault
             result.error = f"{type(exc).__name__}: {exc}"
         self.say("    " + self._line(result))
-        self._quiet(cfg.recovery_s - settle)
+        # The burst early, so that whatever it does to the SLI is long over when the next fault starts.
+        self._quiet(cfg.recovery_s - settle, burst_at=0.2)
 
     # --- analysis --------------------------------------------------------------------------------------
 
