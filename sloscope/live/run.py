@@ -42,6 +42,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from . import faults as F
+from .workload import READY
 
 log = logging.getLogger("sloscope.live")
 
@@ -174,6 +175,17 @@ def wait_listening(host: str, port: int, proc, what: str, seconds: float = 60) -
             time.sleep(0.2)
 
 
+def wait_logged(path: Path, marker: str, proc, what: str, seconds: float = 60) -> None:
+    """Until a process has written `marker` to its log (it is ready for signals)."""
+    deadline = time.monotonic() + seconds
+    while not (path.exists() and marker in path.read_text(errors="replace")):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited early (status {proc.returncode}); see {path}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not report ready within {seconds:g}s; see {path}")
+        time.sleep(0.1)
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and its waited-for children."""
     with open(f"/proc/{pid}/stat") as f:
@@ -302,6 +314,7 @@ class LiveDemo:
             "--rate", str(cfg.rate), "--critical-share", str(cfg.critical_share),
             "--burst-factor", str(cfg.burst_factor), "--burst-seconds", str(cfg.burst_s)],
             stdout_path=cfg.dir / "load.json")
+        wait_logged(cfg.dir / "load.log", READY, self.procs.procs["load"], "load")
         threading.Thread(target=self._poll, name="rca-poll", daemon=True).start()
 
     def _wait_probes(self, collect) -> None:
@@ -454,8 +467,8 @@ class LiveDemo:
         rank = f"#{r.true_rank}" if r.true_rank else "not ranked"
         verdict = "right" if r.right else "WRONG"
         reported = f", reported by /rca {r.reported_s:.0f}s after it began" if r.reported_s is not None else ""
-        return (f"{r.fault}: incident on {r.node}, tier {r.tier}, {r.detection_s:+.0f}s after the fault began"
-                f"{reported}; top cause {r.top_cause} ({verdict}); {r.cause} ranks {rank}; "
+        return (f"{r.fault}: incident on {r.node}, tier {r.tier}, its first SLI window began "
+                f"{r.detection_s:+.0f}s from the fault's start{reported}; top cause {r.top_cause} ({verdict}); {r.cause} ranks {rank}; "
                 f"causes: {', '.join(f'{c} {s:.2f}' for c, s in r.causes[:3])}")
 
     # --- the end ---------------------------------------------------------------------------------------

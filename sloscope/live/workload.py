@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROUTE = "/v1/completions"
 TIERS = ("p99-latency-critical", "standard")
+READY = "load: ready"  # on stderr once SIGUSR1 (a burst) is handled
 BACKEND_RESPONSE = (b"HTTP/1.0 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 2048\r\n\r\n"
                     + bytes(2048))
 
@@ -321,6 +322,7 @@ def run_load(args) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGUSR1, load.burst)
+        print(READY, file=sys.stderr, flush=True)  # SIGUSR1 before this line would have killed the process
         if args.duration:
             loop.call_later(args.duration, stop.set)
         await load.run(stop)
