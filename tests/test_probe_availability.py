@@ -3,8 +3,10 @@ node falls back to procfs for that signal without crashing."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -153,7 +155,7 @@ def test_probe_set_survives_a_probe_that_breaks_while_collecting():
         assert {s.attributes["probe.name"]: s.value for s in probes.health(1)} == {"pressure": 1.0, "netstat": 0.0}
 
 
-def test_an_unprivileged_process_reports_what_is_missing_and_falls_back():
+def test_an_unprivileged_process_reports_what_is_missing_and_falls_back(request):
     """The real check, as user nobody: the eBPF probe says why it cannot run, and the procfs fallback still
     produces the signal."""
     need(os.geteuid() == 0, "needs root to switch to user nobody")
@@ -163,13 +165,20 @@ def test_an_unprivileged_process_reports_what_is_missing_and_falls_back():
         os.setgid(65534)
         os.setuid(65534)
 
+    # The checkout may lie where nobody cannot read (a clone under a 0700 directory): run a copy of the two
+    # packages the probes need from a directory nobody can.
+    readable = Path(tempfile.mkdtemp(prefix="sloscope-nobody-"))
+    readable.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(readable, ignore_errors=True))
+    for package in ("probes", "sloscope"):
+        shutil.copytree(REPO / package, readable / package, ignore=shutil.ignore_patterns("__pycache__"))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONPATH": str(REPO)}
+           "PYTHONPATH": str(readable)}
     # the probes need only the standard library (and bcc, which they must do without here): any Python the
     # unprivileged user may run will do (a venv under /root is out of its reach)
     def runs_as_nobody(python):
         try:
-            return subprocess.run([python, "-c", "import probes.cli"], cwd=REPO, env=env, preexec_fn=drop,
+            return subprocess.run([python, "-c", "import probes.cli"], cwd=readable, env=env, preexec_fn=drop,
                                   capture_output=True, timeout=30).returncode == 0
         except OSError:
             return False
@@ -177,7 +186,7 @@ def test_an_unprivileged_process_reports_what_is_missing_and_falls_back():
     pythons = [p for p in (sys.executable, "/usr/bin/python3") if os.path.exists(p) and runs_as_nobody(p)]
     need(bool(pythons), "no Python interpreter that user nobody can run")
     proc = subprocess.run([pythons[0], "-m", "probes.cli", "probe", "tcp", "--duration", "0.3",
-                           "--interval", "0.3", "--format", "json"], cwd=REPO, env=env, preexec_fn=drop,
+                           "--interval", "0.3", "--format", "json"], cwd=readable, env=env, preexec_fn=drop,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in proc.stdout.splitlines()]
