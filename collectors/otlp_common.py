@@ -23,13 +23,12 @@ class DecodeError(ValueError):
     pass
 
 
-def node_of(resource_attrs: dict, overrides: dict | None = None) -> str | None:
-    """The node a span or sample belongs to: k8s.node.name, else host.name; span attributes win."""
-    for source in (overrides or {}, resource_attrs):
-        for key in catalog.NODE_ATTRIBUTES:
-            value = source.get(key)
-            if isinstance(value, str) and value:
-                return value[:MAX_NAME_LENGTH]
+def node_of(attrs: dict) -> str | None:
+    """The node a span or sample belongs to: k8s.node.name, else host.name."""
+    for key in catalog.NODE_ATTRIBUTES:
+        value = attrs.get(key)
+        if isinstance(value, str) and value:
+            return value[:MAX_NAME_LENGTH]
     return None
 
 
@@ -38,26 +37,44 @@ def service_of(resource_attrs: dict) -> str:
     return service[:MAX_NAME_LENGTH] if isinstance(service, str) and service else "unknown_service"
 
 
-def _text(attrs: dict, resource: dict, key: str) -> str | None:
-    """A string attribute of the span, else of its resource (bounded: these become stored columns)."""
-    for source in (attrs, resource):
-        value = source.get(key)
-        if isinstance(value, str) and value:
-            return value[:MAX_NAME_LENGTH]
-    return None
+def _text(source: dict, key: str) -> str | None:
+    """A string attribute (bounded: these become stored columns)."""
+    value = source.get(key)
+    return value[:MAX_NAME_LENGTH] if isinstance(value, str) and value else None
 
 
-def append_span(cols, trace_id: str, span_id: str, service: str, resource: dict, attrs: dict,
+# Span attributes that, when present, take the place of the resource's value.
+_SPAN_OVERRIDES = frozenset({GPU_ATTRIBUTE, POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE, *catalog.NODE_ATTRIBUTES})
+
+
+class SpanResource:
+    """What a resource says about each of its spans, worked out once per resource rather than per span."""
+
+    __slots__ = ("service", "node", "gpu", "pod", "namespace")
+
+    def __init__(self, resource_attrs: dict):
+        self.service = service_of(resource_attrs)
+        self.node = node_of(resource_attrs)
+        self.gpu = _text(resource_attrs, GPU_ATTRIBUTE)
+        self.pod = _text(resource_attrs, POD_ATTRIBUTE)
+        self.namespace = _text(resource_attrs, NAMESPACE_ATTRIBUTE)
+
+
+def append_span(cols, trace_id: str, span_id: str, resource: SpanResource, attrs: dict,
                 start: int, end: int, status_error: bool, name: str) -> None:
     """Validate one SERVER span's fields and add it as a row; attrs holds only SPAN_ATTRIBUTES."""
     if start <= 0 or end < start:
         raise DecodeError(f"span {span_id}: end time before start time or no start time")
-    node = node_of(resource, attrs)
-    gpu = _text(attrs, resource, GPU_ATTRIBUTE)
+    node, gpu, pod, namespace = resource.node, resource.gpu, resource.pod, resource.namespace
+    if not _SPAN_OVERRIDES.isdisjoint(attrs):
+        node = node_of(attrs) or node
+        gpu = _text(attrs, GPU_ATTRIBUTE) or gpu
+        pod = _text(attrs, POD_ATTRIBUTE) or pod
+        namespace = _text(attrs, NAMESPACE_ATTRIBUTE) or namespace
     if node is None and gpu is None:
         raise DecodeError("span has neither k8s.node.name, host.name nor hw.id (span or resource attribute)")
     status = attrs.get("http.response.status_code", attrs.get("http.status_code"))
-    if status is not None:
+    if status is not None and type(status) is not int:
         try:
             status = int(status)
         except (TypeError, ValueError):
@@ -65,11 +82,11 @@ def append_span(cols, trace_id: str, span_id: str, service: str, resource: dict,
     route = attrs.get("http.route")
     cols.trace_id.append(trace_id)
     cols.span_id.append(span_id)
-    cols.service.append(service)
+    cols.service.append(resource.service)
     cols.node.append(node)
     cols.gpu_id.append(gpu)
-    cols.pod.append(_text(attrs, resource, POD_ATTRIBUTE))
-    cols.namespace.append(_text(attrs, resource, NAMESPACE_ATTRIBUTE))
+    cols.pod.append(pod)
+    cols.namespace.append(namespace)
     cols.route.append((route if isinstance(route, str) else name)[:MAX_NAME_LENGTH])
     cols.tier_header.append(next((attrs[k] for k in TIER_ATTRIBUTES if k in attrs), None))
     cols.tier.append(None)

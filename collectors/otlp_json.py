@@ -19,7 +19,7 @@ from sloscope.records import Batch
 
 from collectors.otlp_common import (
     FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
-    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, append_span, node_of, scale0_buckets, service_of)
+    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, append_span, node_of, scale0_buckets)
 
 _HEX_TRACE = re.compile(r"^[0-9a-fA-F]{32}$")
 _HEX_SPAN = re.compile(r"^[0-9a-fA-F]{16}$")
@@ -168,15 +168,14 @@ class Decoder(Skips):
     def _resource_spans(self, block, batch: Batch) -> None:
         if not isinstance(block, dict):
             raise DecodeError("resourceSpans: expected objects")
-        resource = _resource_attributes(block)
-        service = service_of(resource)
+        resource = SpanResource(_resource_attributes(block))
         for scope in _list(block, "scopeSpans", "scope_spans"):
             if not isinstance(scope, dict):
                 raise DecodeError("scopeSpans: expected objects")
             for span in _list(scope, "spans"):
-                self._span(span, resource, service, batch)
+                self._span(span, resource, batch)
 
-    def _span(self, span, resource: dict, service: str, batch: Batch) -> None:
+    def _span(self, span, resource: SpanResource, batch: Batch) -> None:
         if not isinstance(span, dict):
             raise DecodeError("spans: expected objects")
         kind = _int(_get(span, "kind", None, 0), "span kind")
@@ -193,7 +192,7 @@ class Decoder(Skips):
         attrs = _selected_attributes(_get(span, "attributes", None, []), SPAN_ATTRIBUTES)
         span_status = _get(span, "status", None, {})
         status_error = _get(span_status, "code", None, 0) in (STATUS_CODE_ERROR, "STATUS_CODE_ERROR")
-        append_span(batch.spans, trace_id.lower(), span_id.lower(), service, resource, attrs, start, end,
+        append_span(batch.spans, trace_id.lower(), span_id.lower(), resource, attrs, start, end,
                     status_error, str(_get(span, "name", None, "")))
 
     # --- metrics --------------------------------------------------------------------------------------

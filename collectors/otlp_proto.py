@@ -16,7 +16,7 @@ from sloscope.records import Batch
 
 from collectors.otlp_common import (
     FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
-    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, append_span, node_of, scale0_buckets, service_of)
+    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, append_span, node_of, scale0_buckets)
 
 REQUEST_TYPES = {"traces": ExportTraceServiceRequest, "metrics": ExportMetricsServiceRequest,
                  "logs": ExportLogsServiceRequest}
@@ -36,6 +36,8 @@ def any_value(value, depth: int = 0):
     if depth > MAX_ATTRIBUTE_DEPTH:
         raise DecodeError(f"attribute value nested deeper than {MAX_ATTRIBUTE_DEPTH}")
     kind = value.WhichOneof("value")
+    if kind == "string_value":  # by far the most common
+        return value.string_value
     if kind == "array_value":
         return [any_value(v, depth + 1) for v in value.array_value.values]
     if kind == "kvlist_value":
@@ -52,7 +54,12 @@ def attributes(items) -> dict:
 
 
 def selected_attributes(items) -> dict:
-    return {kv.key: any_value(kv.value) for kv in items if kv.key in SPAN_ATTRIBUTES}
+    selected = {}
+    for kv in items:
+        key = kv.key
+        if key in SPAN_ATTRIBUTES:
+            selected[key] = any_value(kv.value)
+    return selected
 
 
 class ProtoDecoder(Skips):
@@ -80,18 +87,19 @@ class ProtoDecoder(Skips):
         return text
 
     def _resource_spans(self, block, batch: Batch) -> None:
-        resource = attributes(block.resource.attributes)
-        service = service_of(resource)
+        resource = SpanResource(attributes(block.resource.attributes))
+        spans = batch.spans
         for scope in block.scope_spans:
             for span in scope.spans:
                 if span.kind != SPAN_KIND_SERVER:
                     self._skip("spans_not_server")
                     continue
-                if len(span.trace_id) != 16 or len(span.span_id) != 8:
+                trace_id, span_id = span.trace_id, span.span_id
+                if len(trace_id) != 16 or len(span_id) != 8:
                     raise DecodeError("span: trace_id must be 16 bytes and span_id 8 bytes")
-                append_span(batch.spans, span.trace_id.hex(), span.span_id.hex(), service, resource,
-                            selected_attributes(span.attributes), span.start_time_unix_nano,
-                            span.end_time_unix_nano, span.status.code == STATUS_CODE_ERROR, span.name)
+                append_span(spans, trace_id.hex(), span_id.hex(), resource, selected_attributes(span.attributes),
+                            span.start_time_unix_nano, span.end_time_unix_nano,
+                            span.status.code == STATUS_CODE_ERROR, span.name)
 
     def _resource_metrics(self, block, batch: Batch) -> None:
         node = node_of(attributes(block.resource.attributes))

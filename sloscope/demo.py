@@ -84,6 +84,10 @@ def run_live(args) -> int:
                      recovery_s=args.recovery_seconds, warmup_s=args.warmup_seconds,
                      baseline_s=args.baseline_seconds, rate=args.rate)
     demo = LiveDemo(cfg, out=sys.stderr if args.json else sys.stdout)
+    minutes = (cfg.warmup_s + len(faults) * (cfg.fault_s + cfg.recovery_s)) / 60 + 0.5  # + start-up
+    demo.say(f"==> live demo: {', '.join(faults)}, {cfg.fault_s:g}s each with {cfg.recovery_s:g}s of recovery "
+             f"after a {cfg.warmup_s:g}s warm-up, about {minutes:.0f} minutes; Ctrl-C stops it and everything "
+             f"it started")
     try:
         report = demo.run()
     except KeyboardInterrupt:

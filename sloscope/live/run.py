@@ -569,7 +569,8 @@ class LiveDemo:
 
 
 def summary_table(report: dict) -> str:
-    rows = [("fault", "found", "tier", "top cause", "true rank", "detect", "reported", "p99 before", "p99 during")]
+    rows = [("fault", "found", "tier", "top cause", "true rank", "first window", "reported", "p99 before",
+             "p99 during")]
     for r in report["faults"]:
         ms = lambda v: f"{v:.0f} ms" if v is not None else "-"  # noqa: E731
         rows.append((r["fault"], "yes" if r["found"] else "NO", r["tier"] or "-",
