@@ -54,7 +54,7 @@ class Frames:
         requests = pl.DataFrame({
             "trace_id": pl.Series(s.trace_id, dtype=pl.String), "span_id": pl.Series(s.span_id, dtype=pl.String),
             "start_time": pl.Series(s.start_ns, dtype=pl.Int64),
-            "duration_ms": pl.Series([(e - b) / 1e6 for b, e in zip(s.start_ns, s.end_ns)], dtype=pl.Float64),
+            "duration_ms": (pl.Series(s.end_ns, dtype=pl.Int64) - pl.Series(s.start_ns, dtype=pl.Int64)) / 1e6,
             "service": pl.Series(s.service, dtype=pl.String), "node": pl.Series(s.node, dtype=pl.String),
             "pod": pl.Series(s.pod, dtype=pl.String), "namespace": pl.Series(s.namespace, dtype=pl.String),
             "gpu_id": pl.Series(s.gpu_id, dtype=pl.String),

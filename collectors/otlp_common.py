@@ -19,8 +19,20 @@ SPAN_ATTRIBUTES = frozenset({"http.response.status_code", "http.status_code", "h
                              POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE, *TIER_ATTRIBUTES, *catalog.NODE_ATTRIBUTES})
 
 
+MAX_INT64 = 2**63 - 1  # times (ns) and counts are stored as signed 64-bit integers
+
+
 class DecodeError(ValueError):
     pass
+
+
+def point_times(name: str, start: int, time: int) -> tuple[int, int]:
+    """A data point's start and time (ns), which the store keeps as signed 64-bit integers."""
+    if time <= 0:
+        raise DecodeError(f"{name}: data point without time_unix_nano")
+    if time > MAX_INT64 or not 0 <= start <= MAX_INT64:
+        raise DecodeError(f"{name}: time_unix_nano and start_time_unix_nano must be below 2**63")
+    return start, time
 
 
 def node_of(attrs: dict) -> str | None:
@@ -65,6 +77,8 @@ def append_span(cols, trace_id: str, span_id: str, resource: SpanResource, attrs
     """Validate one SERVER span's fields and add it as a row; attrs holds only SPAN_ATTRIBUTES."""
     if start <= 0 or end < start:
         raise DecodeError(f"span {span_id}: end time before start time or no start time")
+    if end > MAX_INT64:
+        raise DecodeError(f"span {span_id}: times must be below 2**63 ns")
     node, gpu, pod, namespace = resource.node, resource.gpu, resource.pod, resource.namespace
     if not _SPAN_OVERRIDES.isdisjoint(attrs):
         node = node_of(attrs) or node
@@ -79,6 +93,8 @@ def append_span(cols, trace_id: str, span_id: str, resource: SpanResource, attrs
             status = int(status)
         except (TypeError, ValueError):
             raise DecodeError(f"http.response.status_code: expected an integer, got {str(status)[:40]!r}") from None
+    if status is not None and not 0 <= status <= 999:
+        raise DecodeError(f"http.response.status_code: {str(status)[:40]} is not an HTTP status code")
     route = attrs.get("http.route")
     cols.trace_id.append(trace_id)
     cols.span_id.append(span_id)
@@ -109,6 +125,8 @@ def scale0_buckets(name: str, scale: int, zero_count: int, offset: int, counts) 
             index = offset + k
             index = index >> scale if scale >= 0 else index << -scale
             out[min(max(index - HISTOGRAM_OFFSET, 0), HISTOGRAM_BUCKETS - 1)] += n
+    if max(out) > MAX_INT64:
+        raise DecodeError(f"{name}: bucket counts must be below 2**63")
     return out
 
 

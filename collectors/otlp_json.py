@@ -18,7 +18,7 @@ from sloscope import catalog
 from sloscope.records import Batch
 
 from collectors.otlp_common import (
-    FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
+    FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, MAX_INT64, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
     TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, append_span, node_of, scale0_buckets)
 
 _HEX_TRACE = re.compile(r"^[0-9a-fA-F]{32}$")
@@ -44,12 +44,16 @@ def _list(obj: dict, camel: str, snake: str | None = None) -> list:
 def _int(value, what: str) -> int:
     kind = type(value)
     if kind is int:
-        return value
-    if kind is str and value.lstrip("-").isdigit():
-        return int(value)
-    if kind is float and value.is_integer():
-        return int(value)
-    raise DecodeError(f"{what}: expected an integer, got {str(value)[:40]!r}")
+        number = value
+    elif kind is str and value.lstrip("-").isdigit():
+        number = int(value)
+    elif kind is float and value.is_integer():
+        number = int(value)
+    else:
+        raise DecodeError(f"{what}: expected an integer, got {str(value)[:40]!r}")
+    if not -MAX_INT64 - 1 <= number <= MAX_INT64:  # every integer is stored as a signed 64-bit one
+        raise DecodeError(f"{what}: {str(number)[:40]} is out of the 64-bit range")
+    return number
 
 
 def _float(value, what: str) -> float:
@@ -310,8 +314,8 @@ class Decoder(Skips):
         raw = point.get("timeUnixNano")
         t = int(raw) if type(raw) is str and raw.isdigit() else _int(
             _get(point, "timeUnixNano", "time_unix_nano", 0), f"{name}: timeUnixNano")
-        if t <= 0:
-            raise DecodeError(f"{name}: data point without timeUnixNano")
+        if not 0 < t <= MAX_INT64:
+            raise DecodeError(f"{name}: data point without timeUnixNano, or one past 2**63")
         return t
 
 

@@ -17,8 +17,9 @@ from sloscope.records import Batch
 
 from collectors.otlp_lean import AttributeReader, LeanTraceRequest, status_code
 from collectors.otlp_common import (
-    FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
-    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, append_span, node_of, scale0_buckets)
+    FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, MAX_INT64, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
+    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, append_span, node_of, point_times,
+    scale0_buckets)
 
 REQUEST_TYPES = {"traces": ExportTraceServiceRequest, "metrics": ExportMetricsServiceRequest,
                  "logs": ExportLogsServiceRequest}
@@ -128,15 +129,14 @@ class ProtoDecoder(Skips):
             if not math.isfinite(value):
                 self._skip("points_not_finite")
                 continue
-            if p.time_unix_nano <= 0:
-                raise DecodeError(f"{name}: data point without time_unix_nano")
+            start, time = point_times(name, p.start_time_unix_nano, p.time_unix_nano)
             cols.node.append(node)
             cols.metric.append(name)
             cols.attributes.append(self._canonical(p.attributes))
             cols.is_sum.append(is_sum)
             cols.cumulative.append(cumulative)
-            cols.start_ns.append(p.start_time_unix_nano)
-            cols.time_ns.append(p.time_unix_nano)
+            cols.start_ns.append(start)
+            cols.time_ns.append(time)
             cols.value.append(value)
 
     def _exp_histogram(self, data, name: str, node: str, batch: Batch) -> None:
@@ -145,15 +145,16 @@ class ProtoDecoder(Skips):
         for p in data.data_points:
             if p.flags & FLAG_NO_RECORDED_VALUE:
                 continue
-            if p.time_unix_nano <= 0:
-                raise DecodeError(f"{name}: data point without time_unix_nano")
+            start, time = point_times(name, p.start_time_unix_nano, p.time_unix_nano)
+            if p.count > MAX_INT64:
+                raise DecodeError(f"{name}: count must be below 2**63")
             buckets = scale0_buckets(name, p.scale, p.zero_count, p.positive.offset, p.positive.bucket_counts)
             cols.node.append(node)
             cols.metric.append(name)
             cols.attributes.append(self._canonical(p.attributes))
             cols.cumulative.append(cumulative)
-            cols.start_ns.append(p.start_time_unix_nano)
-            cols.time_ns.append(p.time_unix_nano)
+            cols.start_ns.append(start)
+            cols.time_ns.append(time)
             cols.count.append(p.count)
             cols.sum.append(p.sum)
             cols.min.append(p.min if p.HasField("min") else None)

@@ -189,3 +189,31 @@ def test_sigterm_writes_everything_accepted(tmp_path):
             proc.kill()
     with Store(db, read_only=True) as store:
         assert store.rows("SELECT count(*) FROM requests") == [(accepted,)] and accepted == 1000
+
+
+def _json(doc) -> bytes:
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize("body,content_type", [
+    (lambda: _mutated_proto_span(start_time_unix_nano=2**64 - 10, end_time_unix_nano=2**64 - 1),
+     "application/x-protobuf"),
+    (lambda: _json(traces([span("a" * 32, "b" * 16, 2**64 - 10**9, 1)])), "application/json"),
+    (lambda: _json(traces([span("a" * 32, "b" * 16, T0, 1, status=70000)])), "application/json"),
+    (lambda: _json(metrics([gauge("hw.gpu.temperature", [(2**63, 61.0)])])), "application/json"),
+])
+def test_numbers_beyond_what_the_store_keeps_are_invalid_not_a_crash(server, body, content_type):
+    """Times, counts and status codes are stored as bounded integers: a value past them is the client's
+    mistake (400 and counted), not an exception in the request thread."""
+    signal_path = "/v1/metrics" if b"resourceMetrics" in body() else "/v1/traces"
+    status, _, reply = server.post(signal_path, body(), content_type)
+    assert status == 400, reply
+    assert server.receiver.counts[f"{signal_path.rsplit('/', 1)[1]}_invalid"] == 1
+    assert server.post("/v1/traces", _proto_traces(1).SerializeToString())[0] == 200
+
+
+def _mutated_proto_span(**fields) -> bytes:
+    request = _proto_traces(1)
+    for name, value in fields.items():
+        setattr(request.resource_spans[0].scope_spans[0].spans[0], name, value)
+    return request.SerializeToString()
