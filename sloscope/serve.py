@@ -70,13 +70,16 @@ class Intake:
         from collectors.receiver import Outcome
         from enrich.tiers import resolve_tiers
 
-        with self._lock:  # the resolver's and topology's state is shared by the request threads
+        # The resolver's and topology's state is shared by the request threads; the frames are this one's.
+        with self._lock:
             resolve_tiers(batch.spans, self.resolver)
-            frames = Frames.of(batch)
+            counts = Counter(self.resolver.counts)
+            self.resolver.counts.clear()
+        frames = Frames.of(batch)
+        with self._lock:
             self.topology.learn(frames.points, frames.histograms)
             frames.requests = self.topology.place(frames.requests)
-            counts = Counter(self.resolver.counts) + self.topology.counts
-            self.resolver.counts.clear()
+            counts += self.topology.counts
             self.topology.counts.clear()
         counts.update(skips)
         return Outcome(accepted=self.writer.offer(frames, counts))
