@@ -52,13 +52,19 @@ class Outcome:
 
 
 Intake = Callable[[str, Batch, dict], Outcome]  # (signal, batch, skip counts) -> outcome
+# Decodes and takes in a whole request body elsewhere (worker processes): (signal, body, is_json) ->
+# (outcome, skip counts); raises DecodeError.
+Offload = Callable[[str, bytes, bool], tuple[Outcome, dict]]
 
 
 class Receiver:
-    """Decodes requests and passes them to the intake; counts everything it refuses."""
+    """Decodes requests and passes them to the intake; counts everything it refuses. With an offload, bodies
+    of at least `offload_bytes` are decoded by it instead."""
 
-    def __init__(self, intake: Intake):
+    def __init__(self, intake: Intake, offload: Offload | None = None, offload_bytes: int = 0):
         self.intake = intake
+        self.offload = offload
+        self.offload_bytes = offload_bytes
         self.counts: Counter = Counter()
         self._lock = threading.Lock()
         self._local = threading.local()  # decoders keep caches; one per thread
@@ -72,13 +78,22 @@ class Receiver:
             self._local.json, self._local.proto = Decoder(), otlp_proto.ProtoDecoder()
         return self._local.json, self._local.proto
 
+    def accept_body(self, signal: str, body: bytes, is_json: bool) -> Outcome:
+        """Parse, decode and offer one export request body; DecodeError: the whole request is invalid."""
+        if self.offload is not None and len(body) >= self.offload_bytes:
+            return self._offered(signal, *self.offload(signal, body, is_json))
+        request = parse_json(body) if is_json else otlp_proto.parse(signal, body)
+        return self.accept(signal, request, is_json)
+
     def accept(self, signal: str, request, is_json: bool) -> Outcome:
         """Decode one export request (a parsed JSON object or protobuf message) and offer it to the intake."""
         decoder = self._decoders()[0 if is_json else 1]
         decoder.skipped.clear()
         batch = decoder.decode(request)  # DecodeError propagates: the whole request is invalid
         skips = dict(decoder.skipped)
-        outcome = self.intake(signal, batch, skips)
+        return self._offered(signal, self.intake(signal, batch, skips), skips)
+
+    def _offered(self, signal: str, outcome: Outcome, skips: dict) -> Outcome:
         if not outcome.accepted:
             self.count(f"{signal}_refused_full")
             return outcome
@@ -138,8 +153,7 @@ class _HttpHandler(BaseHTTPRequestHandler):
         if body is None:
             return
         try:
-            request = _parse_json(body) if is_json else otlp_proto.parse(signal, body)
-            outcome = self.receiver.accept(signal, request, is_json)
+            outcome = self.receiver.accept_body(signal, body, is_json)
         except DecodeError as exc:
             self.receiver.count(f"{signal}_invalid")
             return self._status(400, str(exc), is_json)
@@ -210,7 +224,7 @@ class _HttpHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-def _parse_json(body: bytes):
+def parse_json(body: bytes):
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -251,7 +265,7 @@ def _export_handler(signal: str, receiver: Receiver):
 
     def export(body: bytes, context):
         try:
-            outcome = receiver.accept(signal, otlp_proto.parse(signal, body), is_json=False)
+            outcome = receiver.accept_body(signal, body, is_json=False)
         except DecodeError as exc:
             receiver.count(f"{signal}_invalid")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

@@ -1,12 +1,14 @@
 """`sloscope serve`: the receiving end of the OTLP stream for the embedded default and for an otelcol exporter.
 
-OTLP/HTTP and OTLP/gRPC in, tier enrichment, one writer into the DuckDB store. SIGTERM or Ctrl-C stops
-accepting, writes everything already accepted, and exits.
+OTLP/HTTP and OTLP/gRPC in, tier enrichment, one writer into the DuckDB store; large requests are decoded in
+worker processes (decode_pool.py). SIGTERM or Ctrl-C stops accepting, writes everything already accepted, and
+exits.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -37,6 +39,9 @@ def register(subparsers) -> None:
                        help="OTLP/gRPC address (default: %(default)s; 'off' to disable)")
     serve.add_argument("--queue-rows", type=int, default=1_000_000,
                        help="rows accepted but not yet written before requests are refused (default: %(default)s)")
+    serve.add_argument("--decode-workers", type=int, default=_default_decode_workers(), metavar="N",
+                       help="processes that decode large requests (64 KiB and more), so that intake is not bound "
+                       "to one core; 0 decodes every request in the server process (default: %(default)s)")
     serve.add_argument("--webhook", default="off", metavar="HOST:PORT",
                        help="also receive Alertmanager webhooks here (POST /alerts; default: off); needs --remediation")
     serve.add_argument("--remediation", type=Path, metavar="REMEDIATION.yaml",
@@ -47,6 +52,11 @@ def register(subparsers) -> None:
                        help="adaptive sampling config for GET /sampling (budget_spans_per_s, dwell, ...; "
                        "default: 100 spans/s, see alerts/sampling.py)")
     serve.set_defaults(func=run)
+
+
+def _default_decode_workers() -> int:
+    cpus = len(os.sched_getaffinity(0))
+    return min(cpus, 4) if cpus > 1 else 0
 
 
 def _address(text: str) -> tuple[str, int] | None:
@@ -67,7 +77,6 @@ class Intake:
 
     def __call__(self, signal_name, batch, skips):
         from analytics.store import Frames
-        from collectors.receiver import Outcome
         from enrich.tiers import resolve_tiers
 
         # The resolver's and topology's state is shared by the request threads; the frames are this one's.
@@ -75,14 +84,31 @@ class Intake:
             resolve_tiers(batch.spans, self.resolver)
             counts = Counter(self.resolver.counts)
             self.resolver.counts.clear()
-        frames = Frames.of(batch)
+        return self.offer_frames(Frames.of(batch), counts + Counter(skips))
+
+    def offer_frames(self, frames, counts: Counter):
+        """Frames whose tiers are resolved (here or in a decode worker): place them and queue them."""
+        from collectors.receiver import Outcome
+
         with self._lock:
             self.topology.learn(frames.points, frames.histograms)
             frames.requests = self.topology.place(frames.requests)
             counts += self.topology.counts
             self.topology.counts.clear()
-        counts.update(skips)
         return Outcome(accepted=self.writer.offer(frames, counts))
+
+    def offload(self, pool):
+        """The receiver's offload: decode in the pool's workers, then queue here."""
+        from collectors.receiver import Outcome
+
+        def decode_elsewhere(signal_name, body, is_json):
+            decoded = pool.decode(signal_name, body, is_json)
+            if decoded is None:
+                return Outcome(accepted=False), {}
+            frames, counts, skips = decoded
+            return self.offer_frames(frames, counts + Counter(skips)), skips
+
+        return decode_elsewhere
 
 
 def _webhook_app(args, store, spec):
@@ -137,6 +163,7 @@ def run(args) -> int:
     from collectors.receiver import Receiver, grpc_server, http_server
     from enrich.tiers import TierResolver
     from enrich.topology import GpuTopology
+    from sloscope.decode_pool import OFFLOAD_ABOVE_BYTES, DecodePool
     from sloscope.slo_spec import SpecError
 
     try:
@@ -149,7 +176,10 @@ def run(args) -> int:
         print(f"sloscope serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     writer = Writer(store, max_queued_rows=args.queue_rows).start()
-    receiver = Receiver(Intake(writer, TierResolver.from_spec(spec), GpuTopology(store.gpu_nodes())))
+    resolver = TierResolver.from_spec(spec)
+    intake = Intake(writer, resolver, GpuTopology(store.gpu_nodes()))
+    pool = DecodePool(args.decode_workers, resolver.allowed, resolver.default_tier) if args.decode_workers else None
+    receiver = Receiver(intake, intake.offload(pool) if pool else None, OFFLOAD_ABOVE_BYTES)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -184,6 +214,8 @@ def run(args) -> int:
             server.server_close()
         else:
             server.stop(grace=5).wait()
+    if pool:
+        pool.close()
     writer.stop()
     store.close()
     log.info("stopped; written: %s; receiver: %s", dict(writer.counts), dict(receiver.counts))

@@ -29,12 +29,14 @@ T0 = 1_764_410_400_000_000_000
 
 
 class Running:
-    def __init__(self, db, start_writer=True, queue_rows=1_000_000):
+    def __init__(self, db, start_writer=True, queue_rows=1_000_000, decode_pool=None):
+        """With a decode pool, every request is decoded by its workers."""
         self.store = Store(db)
         self.writer = Writer(self.store, max_queued_rows=queue_rows, max_delay_s=0.05)
         if start_writer:
             self.writer.start()
-        self.receiver = Receiver(Intake(self.writer, TierResolver.from_spec(load_spec(None)), GpuTopology()))
+        intake = Intake(self.writer, TierResolver.from_spec(load_spec(None)), GpuTopology())
+        self.receiver = Receiver(intake, intake.offload(decode_pool) if decode_pool else None, 0)
         self.httpd = http_server(self.receiver, "127.0.0.1", 0)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         self.grpcd, self.grpc_port = grpc_server(self.receiver, "127.0.0.1", 0)

@@ -1,0 +1,94 @@
+"""Decoding of large OTLP requests in worker processes, for `sloscope serve`.
+
+Decoding a request into rows is Python work per span or data point, so in one process it is bound to one core
+whatever the number of request threads. Large requests (an OTel Collector's batches) are parsed, decoded, given
+their tiers and turned into frames in worker processes; the server process only places GPU-only spans on their
+nodes and queues the frames for the writer. Small requests are decoded in the request thread, where a round
+trip to a worker would cost more than it saves.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+log = logging.getLogger("sloscope.decode")
+
+OFFLOAD_ABOVE_BYTES = 64 * 2**10
+
+_worker: dict = {}
+
+
+def decode_request(signal: str, body: bytes, is_json: bool, allowed: frozenset, default_tier: str):
+    """(frames, enrich counts, decoder skips) of one request body; raises DecodeError. Runs in a worker, which
+    keeps its decoders (and their caches) and its tier resolver between requests."""
+    from analytics.store import Frames
+    from collectors import otlp_proto
+    from collectors.otlp_json import Decoder
+    from collectors.receiver import parse_json
+    from enrich.tiers import TierResolver, resolve_tiers
+
+    key = (allowed, default_tier)
+    if _worker.get("key") != key:
+        _worker.update(key=key, json=Decoder(), proto=otlp_proto.ProtoDecoder(),
+                       resolver=TierResolver(allowed, default_tier))
+    decoder, resolver = _worker["json" if is_json else "proto"], _worker["resolver"]
+    decoder.skipped.clear()
+    request = parse_json(body) if is_json else otlp_proto.parse(signal, body)
+    batch = decoder.decode(request)
+    resolve_tiers(batch.spans, resolver)
+    counts = Counter(resolver.counts)
+    resolver.counts.clear()
+    return Frames.of(batch), counts, dict(decoder.skipped)
+
+
+def _warm() -> None:
+    """Imports a worker needs, done at start rather than in the first request."""
+    import analytics.store  # noqa: F401
+    import collectors.otlp_json  # noqa: F401
+    import collectors.otlp_proto  # noqa: F401
+    import collectors.receiver  # noqa: F401
+
+
+class DecodePool:
+    """Worker processes that decode request bodies. A pool that breaks (a worker killed) is replaced; the
+    requests it held are answered as retryable."""
+
+    def __init__(self, workers: int, allowed: frozenset, default_tier: str):
+        self.workers = workers
+        self.tier_args = (allowed, default_tier)
+        self.restarts = 0
+        self._lock = threading.Lock()
+        self._pool = self._start()
+
+    def _start(self) -> ProcessPoolExecutor:
+        # spawn: the server has threads (gRPC, HTTP, the writer), which fork would copy in whatever state.
+        pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        for future in [pool.submit(_warm) for _ in range(self.workers)]:
+            future.result()
+        return pool
+
+    def decode(self, signal: str, body: bytes, is_json: bool):
+        """(frames, counts, skips), or None when the pool broke under this request (retry later)."""
+        pool = self._pool
+        try:
+            return pool.submit(decode_request, signal, body, is_json, *self.tier_args).result()
+        except BrokenProcessPool:
+            self._replace(pool)
+            return None
+
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._pool is not broken:  # another request thread replaced it already
+                return
+            log.error("a decode worker died; starting a new pool")
+            self.restarts += 1
+            self._pool = self._start()
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
