@@ -6,6 +6,8 @@ accepted row is committed) and counts the rows. The baseline, measured in the sa
 is the bare protobuf parse rate (ParseFromString alone, one core).
 
     .venv/bin/python benchmarks/ingest_throughput.py [--spans 300000] [--points 300000] [--per-request 1000]
+
+Each rate is also measured with `--decode-workers 0` (every request decoded in the server process).
 """
 
 from __future__ import annotations
@@ -121,10 +123,11 @@ def send_all(port: int, path: str, payloads: list[bytes], clients: int) -> tuple
     return counts[0], counts[1]
 
 
-def end_to_end(path: str, payloads: list[bytes], items: int, table: str, clients: int, workdir: Path) -> tuple[float, int, int]:
-    db, port = workdir / f"{table}.duckdb", free_port()
+def end_to_end(path: str, payloads: list[bytes], items: int, table: str, clients: int, workdir: Path,
+               serve_args: tuple[str, ...] = ()) -> tuple[float, int, int]:
+    db, port = workdir / f"{table}{len(serve_args)}.duckdb", free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sloscope.cli", "serve", "--db", str(db),
-                             "--http", f"127.0.0.1:{port}", "--grpc", "off"],
+                             "--http", f"127.0.0.1:{port}", "--grpc", "off", *serve_args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_listening(port, proc, "sloscope serve")
     started = time.perf_counter()
@@ -196,6 +199,9 @@ def main() -> int:
             rate, rows, retries = end_to_end(path, payloads, items, table, args.clients, Path(tmp))
             print(f"{label:>13}: {rate:>9,.0f}/s end to end ({rows:,} rows committed, {retries} retried 503s); "
                   f"bare protobuf parse {bare:>11,.0f}/s -> ratio {rate / bare:.3f}")
+            inline, _, _ = end_to_end(path, payloads, items, table, args.clients, Path(tmp), ("--decode-workers", "0"))
+            print(f"{'':>13}  {inline:>9,.0f}/s with every request decoded in the server process "
+                  f"(--decode-workers 0): the workers give x{rate / inline:.2f}")
         if os.geteuid() == 0:
             print(collector_footprint(Path(tmp)))
     print(f"({os.cpu_count()} CPUs; client, server and writer share them)")
