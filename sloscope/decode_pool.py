@@ -73,10 +73,18 @@ class DecodePool:
         return pool
 
     def decode(self, signal: str, body: bytes, is_json: bool):
-        """(frames, counts, skips), or None when the pool broke under this request (retry later)."""
+        """(frames, counts, skips), or None when the pool broke under this request or is closed (the client
+        should retry later)."""
         pool = self._pool
         try:
-            return pool.submit(decode_request, signal, body, is_json, *self.tier_args).result()
+            future = pool.submit(decode_request, signal, body, is_json, *self.tier_args)
+        except BrokenProcessPool:
+            self._replace(pool)
+            return None
+        except RuntimeError:  # shut down: serve is stopping
+            return None
+        try:
+            return future.result()
         except BrokenProcessPool:
             self._replace(pool)
             return None

@@ -101,3 +101,17 @@ def test_a_killed_worker_costs_a_retry_not_data(tmp_path):
     finally:
         server.close()
         own.close()
+
+
+def test_a_request_after_the_pool_closed_is_retryable(tmp_path):
+    """While serve stops, a request still in flight gets 503 (the exporter resends it to the next serve)."""
+    spec = load_spec(None)
+    own = DecodePool(1, frozenset(spec.tiers), spec.default_tier)
+    server = Running(tmp_path / "r.duckdb", decode_pool=own)
+    try:
+        own.close()
+        status, headers, _ = server.post("/v1/traces", _proto_traces(2).SerializeToString())
+        assert status == 503 and headers["Retry-After"]
+        assert server.receiver.counts["traces_refused_full"] == 1
+    finally:
+        server.close()
