@@ -64,10 +64,8 @@ class ProtoDecoder(Skips):
         self._span_attributes = AttributeReader(SPAN_ATTRIBUTES, any_value)
 
     def decode(self, request) -> Batch:
-        """A batch from an export request: a parsed message, or the lean view of a trace request."""
+        """A batch from an export request as `parse` returns it."""
         batch = Batch()
-        if isinstance(request, ExportTraceServiceRequest):
-            request = LeanTraceRequest.FromString(request.SerializeToString())
         if isinstance(request, LeanTraceRequest):
             for block in request.resource_spans:
                 self._resource_spans(block, batch)

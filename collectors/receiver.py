@@ -57,6 +57,20 @@ Intake = Callable[[str, Batch, dict], Outcome]  # (signal, batch, skip counts) -
 Offload = Callable[[str, bytes, bool], tuple[Outcome, dict]]
 
 
+class Decoders:
+    """A JSON and a protobuf decoder, which keep caches between requests (so: one per thread or process)."""
+
+    def __init__(self):
+        self.json, self.proto = Decoder(), otlp_proto.ProtoDecoder()
+
+    def decode(self, signal: str, body: bytes, is_json: bool) -> tuple[Batch, dict]:
+        """(batch, skip counts) of one export request body; raises DecodeError."""
+        decoder = self.json if is_json else self.proto
+        decoder.skipped.clear()
+        request = parse_json(body) if is_json else otlp_proto.parse(signal, body)
+        return decoder.decode(request), dict(decoder.skipped)
+
+
 class Receiver:
     """Decodes requests and passes them to the intake; counts everything it refuses. With an offload, bodies
     of at least `offload_bytes` are decoded by it instead."""
@@ -73,24 +87,16 @@ class Receiver:
         with self._lock:
             self.counts[name] += n
 
-    def _decoders(self):
-        if not hasattr(self._local, "json"):
-            self._local.json, self._local.proto = Decoder(), otlp_proto.ProtoDecoder()
-        return self._local.json, self._local.proto
+    def _decoders(self) -> Decoders:
+        if not hasattr(self._local, "decoders"):
+            self._local.decoders = Decoders()
+        return self._local.decoders
 
     def accept_body(self, signal: str, body: bytes, is_json: bool) -> Outcome:
         """Parse, decode and offer one export request body; DecodeError: the whole request is invalid."""
         if self.offload is not None and len(body) >= self.offload_bytes:
             return self._offered(signal, *self.offload(signal, body, is_json))
-        request = parse_json(body) if is_json else otlp_proto.parse(signal, body)
-        return self.accept(signal, request, is_json)
-
-    def accept(self, signal: str, request, is_json: bool) -> Outcome:
-        """Decode one export request (a parsed JSON object or protobuf message) and offer it to the intake."""
-        decoder = self._decoders()[0 if is_json else 1]
-        decoder.skipped.clear()
-        batch = decoder.decode(request)  # DecodeError propagates: the whole request is invalid
-        skips = dict(decoder.skipped)
+        batch, skips = self._decoders().decode(signal, body, is_json)
         return self._offered(signal, self.intake(signal, batch, skips), skips)
 
     def _offered(self, signal: str, outcome: Outcome, skips: dict) -> Outcome:

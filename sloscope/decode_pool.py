@@ -27,30 +27,23 @@ def decode_request(signal: str, body: bytes, is_json: bool, allowed: frozenset, 
     """(frames, enrich counts, decoder skips) of one request body; raises DecodeError. Runs in a worker, which
     keeps its decoders (and their caches) and its tier resolver between requests."""
     from analytics.store import Frames
-    from collectors import otlp_proto
-    from collectors.otlp_json import Decoder
-    from collectors.receiver import parse_json
+    from collectors.receiver import Decoders
     from enrich.tiers import TierResolver, resolve_tiers
 
     key = (allowed, default_tier)
     if _worker.get("key") != key:
-        _worker.update(key=key, json=Decoder(), proto=otlp_proto.ProtoDecoder(),
-                       resolver=TierResolver(allowed, default_tier))
-    decoder, resolver = _worker["json" if is_json else "proto"], _worker["resolver"]
-    decoder.skipped.clear()
-    request = parse_json(body) if is_json else otlp_proto.parse(signal, body)
-    batch = decoder.decode(request)
+        _worker.update(key=key, decoders=Decoders(), resolver=TierResolver(allowed, default_tier))
+    batch, skips = _worker["decoders"].decode(signal, body, is_json)
+    resolver = _worker["resolver"]
     resolve_tiers(batch.spans, resolver)
     counts = Counter(resolver.counts)
     resolver.counts.clear()
-    return Frames.of(batch), counts, dict(decoder.skipped)
+    return Frames.of(batch), counts, skips
 
 
 def _warm() -> None:
     """Imports a worker needs, done at start rather than in the first request."""
     import analytics.store  # noqa: F401
-    import collectors.otlp_json  # noqa: F401
-    import collectors.otlp_proto  # noqa: F401
     import collectors.receiver  # noqa: F401
 
 

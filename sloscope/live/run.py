@@ -161,29 +161,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_listening(host: str, port: int, proc, what: str, seconds: float = 60) -> None:
+def wait_until(ready, proc, what: str, seconds: float = 60, interval_s: float = 0.2) -> None:
+    """Until ready() is true; fails early when proc has exited, and after `seconds`."""
     deadline = time.monotonic() + seconds
-    while True:
+    while not ready():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited early (status {proc.returncode}); see its log")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} was not ready within {seconds:g}s; see its log")
+        time.sleep(interval_s)
+
+
+def listening(host: str, port: int):
+    def ready() -> bool:
         try:
             socket.create_connection((host, port), timeout=1).close()
-            return
+            return True
         except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{what} exited early (status {proc.returncode}); see its log") from None
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{what} did not start listening on {host}:{port}") from None
-            time.sleep(0.2)
+            return False
+
+    return ready
 
 
-def wait_logged(path: Path, marker: str, proc, what: str, seconds: float = 60) -> None:
-    """Until a process has written `marker` to its log (it is ready for signals)."""
-    deadline = time.monotonic() + seconds
-    while not (path.exists() and marker in path.read_text(errors="replace")):
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited early (status {proc.returncode}); see {path}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not report ready within {seconds:g}s; see {path}")
-        time.sleep(0.1)
+def logged(path: Path, marker: str):
+    return lambda: path.exists() and marker in path.read_text(errors="replace")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -272,7 +273,7 @@ class LiveDemo:
             "serve", "--db", str(cfg.dir / "sloscope.duckdb"), "--slo", str(cfg.dir / "slo.yaml"),
             "--http", f"127.0.0.1:{self.http_port}", "--grpc", f"127.0.0.1:{self.grpc_port}"])
         self.cpu["serve"] = {"start": (time.monotonic(), 0.0)}
-        wait_listening("127.0.0.1", self.http_port, serve, "sloscope serve")
+        wait_until(listening("127.0.0.1", self.http_port), serve, "sloscope serve")
 
         self.say(f"==> sloscope collect: the node's probes every {cfg.interval_s:g}s as node {cfg.node}")
         collect = self.procs.start("collect", sloscope + [
@@ -288,7 +289,7 @@ class LiveDemo:
                  f"(veth {self.network.host_if} {self.network.host_ip}/24)")
         backend = self.procs.start("backend", self.network.exec_argv(
             system + [py, "-m", "sloscope.live.workload", "backend", "--listen", f"{self.network.backend_ip}:8081"]))
-        wait_listening(self.network.backend_ip, 8081, backend, "backend")
+        wait_until(listening(self.network.backend_ip, 8081), backend, "backend")
 
         service_port = free_port()
         wrap = lambda argv: argv  # noqa: E731
@@ -305,7 +306,7 @@ class LiveDemo:
             "--cache-dir", str(cfg.dir / "cache"), "--otlp", f"http://127.0.0.1:{self.http_port}",
             "--node", cfg.node, "--model-kib", str(cfg.model_kib)]))
         self.cpu["service"] = {"start": (time.monotonic(), 0.0)}
-        wait_listening("127.0.0.1", service_port, service, "service")
+        wait_until(listening("127.0.0.1", service_port), service, "service")
 
         self.say(f"==> load: {cfg.rate:g} req/s ({cfg.critical_share:.0%} p99-latency-critical, the rest standard), "
                  f"bursts of {cfg.burst_factor:g}x for {cfg.burst_s:g}s between faults")
@@ -314,7 +315,7 @@ class LiveDemo:
             "--rate", str(cfg.rate), "--critical-share", str(cfg.critical_share),
             "--burst-factor", str(cfg.burst_factor), "--burst-seconds", str(cfg.burst_s)],
             stdout_path=cfg.dir / "load.json")
-        wait_logged(cfg.dir / "load.log", READY, self.procs.procs["load"], "load")
+        wait_until(logged(cfg.dir / "load.log", READY), self.procs.procs["load"], "load")
         threading.Thread(target=self._poll, name="rca-poll", daemon=True).start()
 
     def _wait_probes(self, collect) -> None:
