@@ -14,9 +14,10 @@ from importlib import resources
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import polars as pl
 
-from sloscope.records import Batch
+from sloscope.records import Batch, SpanColumns, SpanTable
 
 SCHEMA_VERSION = 1
 DEFAULT_DB = Path(os.environ.get("SLOSCOPE_DB", "var/sloscope.duckdb"))
@@ -32,6 +33,10 @@ def sql(name: str) -> str:
     return resources.files("analytics").joinpath("sql", f"{name}.sql").read_text()
 
 
+# Span fields as stored (times become start_time and duration_ms).
+SPAN_SCHEMA = {"trace_id": pl.String, "span_id": pl.String, "service": pl.String, "node": pl.String,
+               "gpu_id": pl.String, "pod": pl.String, "namespace": pl.String, "route": pl.String, "tier": pl.String,
+               "status_code": pl.Int16, "failed": pl.Boolean}
 POINT_SCHEMA = {"node": pl.String, "metric": pl.String, "attributes": pl.String, "is_sum": pl.Boolean,
                 "cumulative": pl.Boolean, "start_ns": pl.Int64, "time_ns": pl.Int64, "value": pl.Float64}
 HISTOGRAM_SCHEMA = {"node": pl.String, "metric": pl.String, "attributes": pl.String, "cumulative": pl.Boolean,
@@ -50,18 +55,7 @@ class Frames:
 
     @classmethod
     def of(cls, batch: Batch) -> "Frames":
-        s = batch.spans
-        requests = pl.DataFrame({
-            "trace_id": pl.Series(s.trace_id, dtype=pl.String), "span_id": pl.Series(s.span_id, dtype=pl.String),
-            "start_time": pl.Series(s.start_ns, dtype=pl.Int64),
-            "duration_ms": (pl.Series(s.end_ns, dtype=pl.Int64) - pl.Series(s.start_ns, dtype=pl.Int64)) / 1e6,
-            "service": pl.Series(s.service, dtype=pl.String), "node": pl.Series(s.node, dtype=pl.String),
-            "pod": pl.Series(s.pod, dtype=pl.String), "namespace": pl.Series(s.namespace, dtype=pl.String),
-            "gpu_id": pl.Series(s.gpu_id, dtype=pl.String),
-            "tier": pl.Series(s.tier, dtype=pl.String), "route": pl.Series(s.route, dtype=pl.String),
-            "status_code": pl.Series(s.status_code, dtype=pl.Int16), "failed": pl.Series(s.failed, dtype=pl.Boolean),
-        }).with_columns(pl.from_epoch("start_time", time_unit="ns").dt.cast_time_unit("us"))
-        return cls(requests, pl.DataFrame(batch.points.as_dict(), schema=POINT_SCHEMA),
+        return cls(_requests(batch.spans), pl.DataFrame(batch.points.as_dict(), schema=POINT_SCHEMA),
                    pl.DataFrame(batch.histograms.as_dict(), schema=HISTOGRAM_SCHEMA))
 
     @classmethod
@@ -72,6 +66,23 @@ class Frames:
 
     def __len__(self) -> int:
         return len(self.requests) + len(self.points) + len(self.histograms)
+
+
+def _requests(spans: SpanColumns | SpanTable) -> pl.DataFrame:
+    """Spans with resolved tiers in the shape of the requests table."""
+    if isinstance(spans, SpanTable):
+        columns = dict(spans.columns, tier=spans.columns["tier"].dictionary_decode())
+        start, end = (np.asarray(columns.pop(k), dtype=np.int64) for k in ("start_ns", "end_ns"))
+        series = {name: pl.Series(name, columns[name], dtype=dtype) for name, dtype in SPAN_SCHEMA.items()}
+    else:
+        start, end = np.array(spans.start_ns, dtype=np.int64), np.array(spans.end_ns, dtype=np.int64)
+        series = {name: pl.Series(name, getattr(spans, name), dtype=dtype) for name, dtype in SPAN_SCHEMA.items()}
+    return pl.DataFrame([
+        series["trace_id"], series["span_id"],
+        pl.Series("start_time", (start // 1000).astype("datetime64[us]")),
+        pl.Series("duration_ms", (end - start) / 1e6),
+        *(series[name] for name in ("service", "node", "pod", "namespace", "gpu_id", "tier", "route", "status_code",
+                                     "failed"))])
 
 
 class Reader:

@@ -15,8 +15,10 @@ MAX_NAME_LENGTH = 253  # node, service, pod, namespace, route: stored columns, s
 TIER_ATTRIBUTES = ("http.request.header.x-slo-tier", "slo.tier")
 GPU_ATTRIBUTE = "hw.id"
 POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE = "k8s.pod.name", "k8s.namespace.name"
-SPAN_ATTRIBUTES = frozenset({"http.response.status_code", "http.status_code", "http.route", GPU_ATTRIBUTE,
-                             POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE, *TIER_ATTRIBUTES, *catalog.NODE_ATTRIBUTES})
+STATUS_ATTRIBUTES = ("http.response.status_code", "http.status_code")  # current semantic conventions, then old
+ROUTE_ATTRIBUTE = "http.route"
+SPAN_ATTRIBUTES = frozenset({*STATUS_ATTRIBUTES, ROUTE_ATTRIBUTE, GPU_ATTRIBUTE, POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE,
+                             *TIER_ATTRIBUTES, *catalog.NODE_ATTRIBUTES})
 
 
 MAX_INT64 = 2**63 - 1  # times (ns) and counts are stored as signed 64-bit integers
@@ -87,7 +89,7 @@ def append_span(cols, trace_id: str, span_id: str, resource: SpanResource, attrs
         namespace = _text(attrs, NAMESPACE_ATTRIBUTE) or namespace
     if node is None and gpu is None:
         raise DecodeError("span has neither k8s.node.name, host.name nor hw.id (span or resource attribute)")
-    status = attrs.get("http.response.status_code", attrs.get("http.status_code"))
+    status = next((attrs[k] for k in STATUS_ATTRIBUTES if k in attrs), None)
     if status is not None and type(status) is not int:
         try:
             status = int(status)
@@ -95,7 +97,7 @@ def append_span(cols, trace_id: str, span_id: str, resource: SpanResource, attrs
             raise DecodeError(f"http.response.status_code: expected an integer, got {str(status)[:40]!r}") from None
     if status is not None and not 0 <= status <= 999:
         raise DecodeError(f"http.response.status_code: {str(status)[:40]} is not an HTTP status code")
-    route = attrs.get("http.route")
+    route = attrs.get(ROUTE_ATTRIBUTE)
     cols.trace_id.append(trace_id)
     cols.span_id.append(span_id)
     cols.service.append(resource.service)

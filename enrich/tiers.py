@@ -10,6 +10,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+import pyarrow as pa
+
+from sloscope.records import SpanTable
+
 HEADER_ATTRIBUTE = "http.request.header.x-slo-tier"
 ISTIO_TAG = "slo.tier"
 MAX_HEADER_LENGTH = 64
@@ -25,25 +30,38 @@ class TierResolver:
     def from_spec(cls, spec) -> "TierResolver":
         return cls(frozenset(spec.tiers), spec.default_tier)
 
-    def resolve(self, raw) -> str:
-        """Map the raw attribute value (string, list of strings, or None) to an allowed tier."""
+    def resolve(self, raw, times: int = 1) -> str:
+        """Map the raw attribute value (string, list of strings, or None) to an allowed tier; `times` spans
+        carried it (for the counters)."""
         if raw is None:
-            self.counts["tier_missing"] += 1
+            self.counts["tier_missing"] += times
             return self.default_tier
         if isinstance(raw, (list, tuple)):
             # A repeated header arrives as several values; only a single unambiguous one is honoured.
             raw = raw[0] if len(raw) == 1 else None
         if not isinstance(raw, str) or not raw or len(raw) > MAX_HEADER_LENGTH:
-            self.counts["tier_invalid"] += 1
+            self.counts["tier_invalid"] += times
             return self.default_tier
         tier = raw.strip()
         if tier in self.allowed:
             return tier
-        self.counts["tier_invalid"] += 1
+        self.counts["tier_invalid"] += times
         return self.default_tier
 
 
 def resolve_tiers(spans, resolver: TierResolver) -> None:
-    """Fill `spans.tier` from the untrusted `spans.tier_header`, which is dropped once resolved."""
+    """Fill the spans' tier from their untrusted tier_header, which is dropped once resolved."""
+    if isinstance(spans, SpanTable):
+        _resolve_table(spans, resolver)
+        return
     spans.tier = [resolver.resolve(raw) for raw in spans.tier_header]
     spans.tier_header = [None] * len(spans.tier)
+
+
+def _resolve_table(spans: SpanTable, resolver: TierResolver) -> None:
+    """Each distinct header once, into a dictionary over the same indices."""
+    headers = spans.columns.pop("tier_header")
+    occurrences = np.bincount(headers.indices.to_numpy(zero_copy_only=False), minlength=len(headers.dictionary))
+    tiers = [resolver.resolve(raw, times=int(n)) if n else resolver.default_tier
+             for raw, n in zip(headers.dictionary.to_pylist(), occurrences)]
+    spans.columns["tier"] = pa.DictionaryArray.from_arrays(headers.indices, pa.array(tiers, pa.large_string()))

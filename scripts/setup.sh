@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-APT_PACKAGES=(python3-bpfcc bpfcc-tools linux-headers-amd64 prometheus prometheus-alertmanager nftables stress-ng fio iproute2 chromium)
+APT_PACKAGES=(gcc python3-dev python3-bpfcc bpfcc-tools linux-headers-amd64 prometheus prometheus-alertmanager nftables stress-ng fio iproute2 chromium)
 
 say() { printf 'setup: %s\n' "$*"; }
 
@@ -51,7 +51,7 @@ make_venv() {
         }
     fi
     local stamp="$VENV/.installed" want
-    want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    want=$(cat pyproject.toml setup.py collectors/otlp_spans.c | sha256sum | cut -d' ' -f1)  # the C extension is built at install
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         say "installing sloscope and its dependencies into $VENV"
         "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null

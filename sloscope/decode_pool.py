@@ -1,8 +1,9 @@
 """Decoding of large OTLP requests in worker processes, for `sloscope serve`.
 
-Decoding a request into rows is Python work per span or data point, so in one process it is bound to one core
-whatever the number of request threads. Large requests (an OTel Collector's batches) are parsed, decoded, given
-their tiers and turned into frames in worker processes; the server process only places GPU-only spans on their
+Decoding a request into rows by the general decoders is Python work per span or data point, so in one process
+it is bound to one core whatever the number of request threads. Large requests (an OTel Collector's batches)
+that the trace fast path (collectors/otlp_spans.py) does not take are parsed, decoded, given their tiers and
+turned into frames in worker processes; the server process only places GPU-only spans on their
 nodes and queues the frames for the writer. Small requests are decoded in the request thread, where a round
 trip to a worker would cost more than it saves.
 """

@@ -78,8 +78,20 @@ class HistogramColumns(Columns):
 
 
 @dataclass
+class SpanTable:
+    """SERVER spans already in columns, as the receiver's fast path reads them: the fields of SpanColumns as
+    Arrow or numpy arrays, `tier_header` (then `tier`) dictionary-encoded, since a request carries a handful of
+    distinct values."""
+
+    columns: dict
+
+    def __len__(self) -> int:
+        return len(self.columns["trace_id"])
+
+
+@dataclass
 class Batch:
-    spans: SpanColumns = field(default_factory=SpanColumns)
+    spans: SpanColumns | SpanTable = field(default_factory=SpanColumns)
     points: PointColumns = field(default_factory=PointColumns)
     histograms: HistogramColumns = field(default_factory=HistogramColumns)
 

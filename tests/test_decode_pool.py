@@ -42,6 +42,11 @@ def _requests():
     ]
 
 
+def _json_traces(n: int) -> bytes:
+    """Spans the fast path does not take (it reads protobuf only), so that they go to the workers."""
+    return json.dumps(traces([span(f"{i + 1:032x}", f"{i + 1:016x}", T0 + i, 100) for i in range(n)])).encode()
+
+
 def _stored(server):
     server.writer.stop()
     counters = server.store.counters()
@@ -85,13 +90,13 @@ def test_a_killed_worker_costs_a_retry_not_data(tmp_path):
     own = DecodePool(2, frozenset(spec.tiers), spec.default_tier)
     server = Running(tmp_path / "r.duckdb", decode_pool=own)
     try:
-        assert server.post("/v1/traces", _proto_traces(5).SerializeToString())[0] == 200
+        assert server.post("/v1/traces", _json_traces(5), "application/json")[0] == 200
         os.kill(next(iter(own._pool._processes)), signal.SIGKILL)
         time.sleep(0.5)
         statuses = []
-        body = _proto_traces(8).SerializeToString()  # the same 8 spans until one answer is 200, as an exporter
+        body = _json_traces(8)  # the same 8 spans until one answer is 200, as an exporter
         for _ in range(20):
-            status, headers, _ = server.post("/v1/traces", body)
+            status, headers, _ = server.post("/v1/traces", body, "application/json")
             statuses.append(status)
             if status == 200:
                 break
@@ -110,7 +115,7 @@ def test_a_request_after_the_pool_closed_is_retryable(tmp_path):
     server = Running(tmp_path / "r.duckdb", decode_pool=own)
     try:
         own.close()
-        status, headers, _ = server.post("/v1/traces", _proto_traces(2).SerializeToString())
+        status, headers, _ = server.post("/v1/traces", _json_traces(2), "application/json")
         assert status == 503 and headers["Retry-After"]
         assert server.receiver.counts["traces_refused_full"] == 1
     finally:

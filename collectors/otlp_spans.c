@@ -1,0 +1,928 @@
+/* The SERVER spans of an OTLP ExportTraceServiceRequest as columns, read straight from its protobuf bytes.
+ *
+ * The receiver's fast path (otlp_spans.py). Reading spans field by field from Python costs microseconds per
+ * span; here it is a pass over the bytes, without the interpreter lock, that yields the columns in Arrow's
+ * layouts. It reads the canonical encoding that the OpenTelemetry SDKs and the Collector
+ * write, and checks it as strictly as the protobuf runtime does, down to attribute values nobody keeps: every
+ * length, varint, wire type, nesting level and UTF-8 string. Anything outside that (a field it does not know,
+ * a singular field given twice, a group, deep nesting, a span the receiver would refuse) makes it decline,
+ * and the request takes the general path (otlp_proto.py), which decides what is valid and says why. So this
+ * file never refuses a request; it only declines to be fast.
+ *
+ * Attributes are matched against eleven keys given by the caller (the SLOT_* order below); the semantics of
+ * each (which one wins, the 253-character bound, what counts as empty) are those of otlp_common.py.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { WT_VARINT = 0, WT_FIXED64 = 1, WT_LEN = 2, WT_FIXED32 = 5 };
+enum { OK = 0, DECLINE = 1, NO_MEMORY = 2 };  /* DECLINE is 1, what || of checks yields */
+
+#define MAX_NESTING 16      /* attribute values within values; far inside the protobuf runtime's 100 levels */
+#define MAX_READ_NESTING 8  /* otlp_common.MAX_ATTRIBUTE_DEPTH: the general path refuses deeper values it reads */
+#define MAX_NAME_CHARS 253  /* otlp_common.MAX_NAME_LENGTH */
+#define SPAN_KIND_SERVER 2
+#define STATUS_CODE_ERROR 2
+
+/* Attribute slots, in the order of the caller's key tuple. */
+enum {
+    SLOT_K8S_NODE, SLOT_HOST, SLOT_GPU, SLOT_POD, SLOT_NAMESPACE,  /* resource, and span overrides */
+    SLOT_SERVICE,                                                   /* resource only */
+    SLOT_STATUS, SLOT_STATUS_OLD, SLOT_ROUTE, SLOT_TIER, SLOT_TIER_ISTIO, /* span only */
+    N_SLOTS
+};
+#define RESOURCE_SLOTS ((1u << SLOT_K8S_NODE) | (1u << SLOT_HOST) | (1u << SLOT_GPU) | (1u << SLOT_POD) | \
+                        (1u << SLOT_NAMESPACE) | (1u << SLOT_SERVICE))
+#define SPAN_SLOTS (((1u << N_SLOTS) - 1) & ~(1u << SLOT_SERVICE))
+
+typedef struct { const uint8_t *p, *end; } Slice;
+typedef struct { Slice keys[N_SLOTS]; } Keys;
+
+/* V_ONE_STRING: an array of exactly one string, as semantic conventions type http.request.header.* */
+enum { V_ABSENT, V_NONE, V_STRING, V_ONE_STRING, V_BOOL, V_INT, V_DOUBLE, V_BYTES, V_NESTED };
+typedef struct { int kind; Slice s; int64_t i; } Value;
+typedef struct { Value v[N_SLOTS]; } Kept;
+
+/* --- wire format ------------------------------------------------------------------------------------ */
+
+static int varint(Slice *s, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (int shift = 0; shift <= 63; shift += 7) {
+        if (s->p >= s->end)
+            return DECLINE;
+        uint8_t b = *s->p++;
+        if (shift == 63 && b > 1)
+            return DECLINE;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return OK;
+        }
+    }
+    return DECLINE;
+}
+
+static int tag(Slice *s, uint32_t *field, uint32_t *wire_type)
+{
+    uint64_t t;
+    if (varint(s, &t) || t > UINT32_MAX || (t >> 3) == 0)
+        return DECLINE;
+    *field = (uint32_t)(t >> 3);
+    *wire_type = (uint32_t)(t & 7);
+    return OK;
+}
+
+static int length_delimited(Slice *s, uint32_t wire_type, Slice *out)
+{
+    uint64_t n;
+    if (wire_type != WT_LEN || varint(s, &n) || n > (uint64_t)(s->end - s->p))
+        return DECLINE;
+    out->p = s->p;
+    out->end = s->p + n;
+    s->p += n;
+    return OK;
+}
+
+static int fixed(Slice *s, uint32_t wire_type, uint64_t *out)
+{
+    int n = wire_type == WT_FIXED64 ? 8 : wire_type == WT_FIXED32 ? 4 : 0;
+    if (n == 0 || s->end - s->p < n)
+        return DECLINE;
+    uint64_t v = 0;
+    for (int k = n - 1; k >= 0; k--)
+        v = (v << 8) | s->p[k];
+    s->p += n;
+    *out = v;
+    return OK;
+}
+
+static int scalar_varint(Slice *s, uint32_t wire_type, uint64_t *out)
+{
+    return wire_type == WT_VARINT ? varint(s, out) : DECLINE;
+}
+
+/* An enum or int32 as canonically written: the runtime would truncate anything wider. */
+static int int32_varint(Slice *s, uint32_t wire_type, int64_t *out)
+{
+    uint64_t v;
+    if (scalar_varint(s, wire_type, &v) || v > INT32_MAX)
+        return DECLINE;
+    *out = (int64_t)v;
+    return OK;
+}
+
+static int valid_utf8(Slice s)
+{
+    const uint8_t *p = s.p, *end = s.end;
+    while (p < end) {
+        if (end - p >= 8) {
+            uint64_t chunk;
+            memcpy(&chunk, p, 8);
+            if (!(chunk & 0x8080808080808080ULL)) {
+                p += 8;
+                continue;
+            }
+        }
+        uint8_t c = *p;
+        if (c < 0x80) {
+            p++;
+            continue;
+        }
+        int n;
+        uint32_t cp;
+        if ((c & 0xe0) == 0xc0) {
+            n = 2;
+            cp = c & 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            n = 3;
+            cp = c & 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            n = 4;
+            cp = c & 0x07;
+        } else {
+            return 0;
+        }
+        if (end - p < n)
+            return 0;
+        for (int k = 1; k < n; k++) {
+            if ((p[k] & 0xc0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (p[k] & 0x3f);
+        }
+        if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) || cp > 0x10ffff ||
+            (cp >= 0xd800 && cp <= 0xdfff))
+            return 0;
+        p += n;
+    }
+    return 1;
+}
+
+static int string_field(Slice *s, uint32_t wire_type, Slice *out)
+{
+    return length_delimited(s, wire_type, out) || !valid_utf8(*out) ? DECLINE : OK;
+}
+
+/* Each singular field may appear once: a repeat would be merged or overridden, which the general path does. */
+static int first_time(uint32_t *seen, uint32_t field)
+{
+    uint32_t bit = 1u << field;
+    if (field >= 32 || (*seen & bit))
+        return 0;
+    *seen |= bit;
+    return 1;
+}
+
+/* --- attributes (common.proto) ---------------------------------------------------------------------- */
+
+static int any_value(Slice m, int depth, int limit, Value *out);
+
+static int key_value(Slice m, Slice *key, Slice *value, int *has_value)
+{
+    uint32_t seen = 0, field, wt;
+    key->p = key->end = m.p;
+    *has_value = 0;
+    while (m.p < m.end) {
+        if (tag(&m, &field, &wt) || !first_time(&seen, field))
+            return DECLINE;
+        if (field == 1) {
+            if (string_field(&m, wt, key))
+                return DECLINE;
+        } else if (field == 2) {
+            if (length_delimited(&m, wt, value))
+                return DECLINE;
+            *has_value = 1;
+        } else {
+            return DECLINE;
+        }
+    }
+    return OK;
+}
+
+/* out: V_ONE_STRING and its string when the array holds exactly one string, else V_NESTED. */
+static int array_value(Slice m, int depth, int limit, Value *out)
+{
+    uint32_t field, wt;
+    Slice item;
+    Value first = {V_NESTED, {m.p, m.p}, 0}, other;
+    int count = 0;
+    while (m.p < m.end) {
+        if (tag(&m, &field, &wt) || field != 1 || length_delimited(&m, wt, &item) ||
+            any_value(item, depth, limit, count ? &other : &first))
+            return DECLINE;
+        count++;
+    }
+    out->kind = count == 1 && first.kind == V_STRING ? V_ONE_STRING : V_NESTED;
+    out->s = first.s;
+    return OK;
+}
+
+static int key_value_list(Slice m, int depth, int limit)
+{
+    uint32_t field, wt;
+    Slice item, key, value;
+    int has_value;
+    Value ignored;
+    while (m.p < m.end) {
+        if (tag(&m, &field, &wt) || field != 1 || length_delimited(&m, wt, &item) ||
+            key_value(item, &key, &value, &has_value) || (has_value && any_value(value, depth, limit, &ignored)))
+            return DECLINE;
+    }
+    return OK;
+}
+
+/* depth counts as the general path's any_value does: 0 for an attribute's value, +1 per array or list. */
+static int any_value(Slice m, int depth, int limit, Value *out)
+{
+    uint32_t field, wt;
+    uint64_t v;
+    if (depth > limit)
+        return DECLINE;
+    out->kind = V_NONE;
+    for (int fields = 0; m.p < m.end; fields++) {
+        if (fields == 1 || tag(&m, &field, &wt))  /* one member of the oneof, once */
+            return DECLINE;
+        switch (field) {
+        case 1:
+            if (string_field(&m, wt, &out->s))
+                return DECLINE;
+            out->kind = V_STRING;
+            break;
+        case 2:
+            if (scalar_varint(&m, wt, &v))
+                return DECLINE;
+            out->kind = V_BOOL;
+            break;
+        case 3:
+            if (scalar_varint(&m, wt, &v))
+                return DECLINE;
+            out->kind = V_INT;
+            out->i = (int64_t)v;
+            break;
+        case 4:
+            if (wt != WT_FIXED64 || fixed(&m, wt, &v))
+                return DECLINE;
+            out->kind = V_DOUBLE;
+            break;
+        case 5: {
+            Slice sub;
+            if (length_delimited(&m, wt, &sub) || array_value(sub, depth + 1, limit, out))
+                return DECLINE;
+            break;
+        }
+        case 6: {
+            Slice sub;
+            if (length_delimited(&m, wt, &sub) || key_value_list(sub, depth + 1, limit))
+                return DECLINE;
+            out->kind = V_NESTED;
+            break;
+        }
+        case 7:
+            if (length_delimited(&m, wt, &out->s))
+                return DECLINE;
+            out->kind = V_BYTES;
+            break;
+        default:
+            return DECLINE;
+        }
+    }
+    return OK;
+}
+
+static int slot_of(const Keys *keys, Slice key, uint32_t slots)
+{
+    size_t n = (size_t)(key.end - key.p);
+    for (int k = 0; k < N_SLOTS; k++) {
+        const Slice *want = &keys->keys[k];
+        if ((slots & (1u << k)) && (size_t)(want->end - want->p) == n && memcmp(want->p, key.p, n) == 0)
+            return k;
+    }
+    return -1;
+}
+
+/* One attribute of a resource or span: checked whole; its value kept (last one wins) when its key has a
+ * slot. Values the receiver reads, and every resource value, are bounded as the general path bounds them. */
+static int attribute(Slice m, const Keys *keys, uint32_t slots, int read_all, Kept *kept)
+{
+    Slice key, value = {m.p, m.p};
+    int has_value;
+    Value v;
+    if (key_value(m, &key, &value, &has_value))
+        return DECLINE;
+    int slot = slots ? slot_of(keys, key, slots) : -1;
+    int limit = (slot >= 0 || read_all) ? MAX_READ_NESTING : MAX_NESTING;
+    if (has_value) {
+        if (any_value(value, 0, limit, &v))
+            return DECLINE;
+    } else {
+        v.kind = V_NONE;
+    }
+    if (slot >= 0) {
+        if (v.kind == V_NESTED)  /* a structure where a name or a code belongs: the general path says what it means */
+            return DECLINE;
+        kept->v[slot] = v;
+    }
+    return OK;
+}
+
+static int plain_attribute(Slice *m, uint32_t wt)
+{
+    Slice item;
+    return length_delimited(m, wt, &item) || attribute(item, NULL, 0, 0, NULL) ? DECLINE : OK;
+}
+
+/* --- output ----------------------------------------------------------------------------------------- */
+
+typedef struct { uint8_t *data; size_t len, cap; } Buf;
+
+static int buf_add(Buf *b, const void *src, size_t n)
+{
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->len + n)
+            cap *= 2;
+        uint8_t *data = realloc(b->data, cap);
+        if (!data)
+            return NO_MEMORY;
+        b->data = data;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, src, n);
+    b->len += n;
+    return OK;
+}
+
+/* The distinct strings of a request, each stored once; index 0 is None. */
+typedef struct { Slice *items; size_t count, cap; int32_t *slots; size_t n_slots; } Strings;
+
+static uint64_t hash_of(Slice s)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (const uint8_t *p = s.p; p < s.end; p++)
+        h = (h ^ *p) * 1099511628211ULL;
+    return h;
+}
+
+static int strings_grow(Strings *t)
+{
+    size_t n_slots = t->n_slots ? t->n_slots * 2 : 256;
+    int32_t *slots = malloc(n_slots * sizeof *slots);
+    Slice *items = realloc(t->items, (n_slots / 2) * sizeof *items);
+    if (!slots || !items) {
+        free(slots);
+        if (items)
+            t->items = items;
+        return NO_MEMORY;
+    }
+    t->items = items;
+    t->cap = n_slots / 2;
+    for (size_t k = 0; k < n_slots; k++)
+        slots[k] = -1;
+    for (size_t k = 1; k < t->count; k++) {
+        size_t at = hash_of(items[k]) & (n_slots - 1);
+        while (slots[at] >= 0)
+            at = (at + 1) & (n_slots - 1);
+        slots[at] = (int32_t)k;
+    }
+    free(t->slots);
+    t->slots = slots;
+    t->n_slots = n_slots;
+    return OK;
+}
+
+static int intern(Strings *t, Slice s, int32_t *index)
+{
+    if (t->count + 1 >= t->cap && strings_grow(t))
+        return NO_MEMORY;
+    size_t n = (size_t)(s.end - s.p), at = hash_of(s) & (t->n_slots - 1);
+    for (; t->slots[at] >= 0; at = (at + 1) & (t->n_slots - 1)) {
+        Slice *have = &t->items[t->slots[at]];
+        if ((size_t)(have->end - have->p) == n && memcmp(have->p, s.p, n) == 0) {
+            *index = t->slots[at];
+            return OK;
+        }
+    }
+    t->slots[at] = (int32_t)t->count;
+    t->items[t->count] = s;
+    *index = (int32_t)t->count++;
+    return OK;
+}
+
+/* The first MAX_NAME_CHARS characters (code points, as Python slices) of a valid UTF-8 string. */
+static Slice bounded(Slice s)
+{
+    int chars = 0;
+    for (const uint8_t *p = s.p; p < s.end; p++) {
+        if ((*p & 0xc0) != 0x80 && chars++ == MAX_NAME_CHARS) {
+            s.end = p;
+            break;
+        }
+    }
+    return s;
+}
+
+/* Columns of names, as Arrow string columns: end offsets, bytes, and a validity byte per row. */
+enum { COL_SERVICE, COL_NODE, COL_GPU, COL_POD, COL_NAMESPACE, COL_ROUTE, N_TEXT };
+static const char *TEXT_COLUMNS[N_TEXT] = {"service", "node", "gpu_id", "pod", "namespace", "route"};
+typedef struct { Buf offsets, bytes, valid; } TextColumn;
+
+/* A name of a row: absent (null) or a string bounded to MAX_NAME_CHARS. */
+typedef struct { int present; Slice s; } Text;
+
+typedef struct {
+    const Keys *keys;
+    Strings tier_headers;  /* the tier header is enrich's to resolve: each distinct one once */
+    Buf trace_id, span_id, start_ns, end_ns, status_code, status_valid, failed, tier_header;
+    TextColumn text[N_TEXT];
+    Py_ssize_t rows, not_server;
+} Decoder;
+
+/* A non-empty string attribute, bounded; else absent. */
+static Text text_of(const Value *v)
+{
+    Text t = {v->kind == V_STRING && v->s.end > v->s.p, v->s};
+    if (t.present)
+        t.s = bounded(t.s);
+    return t;
+}
+
+static Text first_text(const Kept *kept, int slot_a, int slot_b)
+{
+    Text t = text_of(&kept->v[slot_a]);
+    return t.present || slot_b < 0 ? t : text_of(&kept->v[slot_b]);
+}
+
+/* What a resource says about its spans (otlp_common.SpanResource). */
+typedef struct { Text text[COL_NAMESPACE + 1]; } Resource;
+
+static int resource(const Decoder *d, Slice m, Resource *out)
+{
+    Kept kept;
+    uint32_t seen = 0, field, wt;
+    uint64_t v;
+    static const uint8_t unknown_service[] = "unknown_service";
+    for (int k = 0; k < N_SLOTS; k++)
+        kept.v[k].kind = V_ABSENT;
+    while (m.p < m.end) {
+        if (tag(&m, &field, &wt))
+            return DECLINE;
+        if (field == 1) {
+            Slice item;
+            if (length_delimited(&m, wt, &item) || attribute(item, d->keys, RESOURCE_SLOTS, 1, &kept))
+                return DECLINE;
+        } else if (field == 2 && first_time(&seen, field)) {
+            if (scalar_varint(&m, wt, &v))
+                return DECLINE;
+        } else {
+            return DECLINE;
+        }
+    }
+    out->text[COL_SERVICE] = text_of(&kept.v[SLOT_SERVICE]);
+    if (!out->text[COL_SERVICE].present)
+        out->text[COL_SERVICE] = (Text){1, {unknown_service, unknown_service + sizeof unknown_service - 1}};
+    out->text[COL_NODE] = first_text(&kept, SLOT_K8S_NODE, SLOT_HOST);
+    out->text[COL_GPU] = first_text(&kept, SLOT_GPU, -1);
+    out->text[COL_POD] = first_text(&kept, SLOT_POD, -1);
+    out->text[COL_NAMESPACE] = first_text(&kept, SLOT_NAMESPACE, -1);
+    return OK;
+}
+
+static int add_text(TextColumn *c, Text t)
+{
+    uint8_t valid = (uint8_t)t.present;
+    int64_t end;
+    if (t.present && buf_add(&c->bytes, t.s.p, (size_t)(t.s.end - t.s.p)))
+        return NO_MEMORY;
+    end = (int64_t)c->bytes.len;
+    return buf_add(&c->offsets, &end, 8) || buf_add(&c->valid, &valid, 1) ? NO_MEMORY : OK;
+}
+
+/* --- spans (trace.proto) ---------------------------------------------------------------------------- */
+
+static int span_event(Slice m)
+{
+    uint32_t seen = 0, field, wt;
+    uint64_t v;
+    Slice s;
+    while (m.p < m.end) {
+        if (tag(&m, &field, &wt))
+            return DECLINE;
+        if (field == 3) {
+            if (plain_attribute(&m, wt))
+                return DECLINE;
+            continue;
+        }
+        if (!first_time(&seen, field))
+            return DECLINE;
+        int rc = field == 1 ? (wt == WT_FIXED64 ? fixed(&m, wt, &v) : DECLINE)
+                 : field == 2 ? string_field(&m, wt, &s)
+                 : field == 4 ? scalar_varint(&m, wt, &v)
+                              : DECLINE;
+        if (rc)
+            return DECLINE;
+    }
+    return OK;
+}
+
+static int span_link(Slice m)
+{
+    uint32_t seen = 0, field, wt;
+    uint64_t v;
+    Slice s;
+    while (m.p < m.end) {
+        if (tag(&m, &field, &wt))
+            return DECLINE;
+        if (field == 4) {
+            if (plain_attribute(&m, wt))
+                return DECLINE;
+            continue;
+        }
+        if (!first_time(&seen, field))
+            return DECLINE;
+        int rc = field == 1 || field == 2 ? length_delimited(&m, wt, &s)
+                 : field == 3 ? string_field(&m, wt, &s)
+                 : field == 5 ? scalar_varint(&m, wt, &v)
+                 : field == 6 ? (wt == WT_FIXED32 ? fixed(&m, wt, &v) : DECLINE)
+                              : DECLINE;
+        if (rc)
+            return DECLINE;
+    }
+    return OK;
+}
+
+static int status(Slice m, int64_t *code)
+{
+    uint32_t seen = 0, field, wt;
+    Slice s;
+    *code = 0;
+    while (m.p < m.end) {
+        if (tag(&m, &field, &wt) || !first_time(&seen, field))
+            return DECLINE;
+        int rc = field == 2 ? string_field(&m, wt, &s) : field == 3 ? int32_varint(&m, wt, code) : DECLINE;
+        if (rc)
+            return DECLINE;
+    }
+    return OK;
+}
+
+typedef struct {
+    Slice trace_id, span_id, name;
+    int64_t kind, status_code;
+    uint64_t start, end;
+    Kept kept;
+} SpanFields;
+
+static int span_fields(Decoder *d, Slice m, SpanFields *f)
+{
+    uint32_t seen = 0, field, wt;
+    uint64_t v;
+    Slice s;
+    memset(f, 0, sizeof *f);
+    f->trace_id.p = f->trace_id.end = f->span_id.p = f->span_id.end = f->name.p = f->name.end = m.p;
+    for (int k = 0; k < N_SLOTS; k++)
+        f->kept.v[k].kind = V_ABSENT;
+    while (m.p < m.end) {
+        if (tag(&m, &field, &wt))
+            return DECLINE;
+        int rc;
+        switch (field) {
+        case 9:
+            rc = length_delimited(&m, wt, &s) || attribute(s, d->keys, SPAN_SLOTS, 0, &f->kept);
+            break;
+        case 11:
+            rc = length_delimited(&m, wt, &s) || span_event(s);
+            break;
+        case 13:
+            rc = length_delimited(&m, wt, &s) || span_link(s);
+            break;
+        default:
+            if (!first_time(&seen, field))
+                return DECLINE;
+            switch (field) {
+            case 1: rc = length_delimited(&m, wt, &f->trace_id); break;
+            case 2: rc = length_delimited(&m, wt, &f->span_id); break;
+            case 3: rc = string_field(&m, wt, &s); break;
+            case 4: rc = length_delimited(&m, wt, &s); break;
+            case 5: rc = string_field(&m, wt, &f->name); break;
+            case 6: rc = int32_varint(&m, wt, &f->kind); break;
+            case 7: rc = wt == WT_FIXED64 ? fixed(&m, wt, &f->start) : DECLINE; break;
+            case 8: rc = wt == WT_FIXED64 ? fixed(&m, wt, &f->end) : DECLINE; break;
+            case 10: case 12: case 14: rc = scalar_varint(&m, wt, &v); break;
+            case 15: rc = length_delimited(&m, wt, &s) || status(s, &f->status_code); break;
+            case 16: rc = wt == WT_FIXED32 ? fixed(&m, wt, &v) : DECLINE; break;
+            default: rc = DECLINE;
+            }
+        }
+        if (rc)
+            return DECLINE;
+    }
+    return OK;
+}
+
+static const Value *first_present(const Kept *kept, int slot_a, int slot_b)
+{
+    return kept->v[slot_a].kind != V_ABSENT ? &kept->v[slot_a] : &kept->v[slot_b];
+}
+
+static void hex(Buf *b, Slice s)
+{
+    static const char digits[] = "0123456789abcdef";
+    uint8_t *out = b->data + b->len;
+    for (const uint8_t *p = s.p; p < s.end; p++) {
+        *out++ = (uint8_t)digits[*p >> 4];
+        *out++ = (uint8_t)digits[*p & 15];
+    }
+    b->len += (size_t)(s.end - s.p) * 2;
+}
+
+/* One row (otlp_common.append_span), or DECLINE where the general path would refuse the span. */
+static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
+{
+    const Kept *kept = &f->kept;
+    if (f->trace_id.end - f->trace_id.p != 16 || f->span_id.end - f->span_id.p != 8)
+        return DECLINE;
+    if (f->start == 0 || f->end < f->start || f->end > INT64_MAX)
+        return DECLINE;
+    Text text[N_TEXT];
+    memcpy(text, r->text, sizeof r->text);
+    static const int overrides[][3] = {{SLOT_K8S_NODE, SLOT_HOST, COL_NODE}, {SLOT_GPU, -1, COL_GPU},
+                                       {SLOT_POD, -1, COL_POD}, {SLOT_NAMESPACE, -1, COL_NAMESPACE}};
+    for (int k = 0; k < 4; k++) {
+        Text over = first_text(kept, overrides[k][0], overrides[k][1]);
+        if (over.present)
+            text[overrides[k][2]] = over;
+    }
+    if (!text[COL_NODE].present && !text[COL_GPU].present)
+        return DECLINE;
+    const Value *route = &kept->v[SLOT_ROUTE];
+    text[COL_ROUTE] = (Text){1, bounded(route->kind == V_STRING ? route->s : f->name)};
+
+    const Value *code = first_present(kept, SLOT_STATUS, SLOT_STATUS_OLD);
+    int16_t http_status = 0;
+    uint8_t has_status = code->kind == V_INT;
+    if (has_status && code->i >= 0 && code->i <= 999)
+        http_status = (int16_t)code->i;
+    else if (code->kind != V_ABSENT && code->kind != V_NONE)  /* text or out of range: the general path */
+        return DECLINE;
+
+    const Value *tier = first_present(kept, SLOT_TIER, SLOT_TIER_ISTIO);
+    int32_t tier_header = 0;
+    if (tier->kind == V_STRING || tier->kind == V_ONE_STRING) {  /* the same tier and counters (enrich.tiers) */
+        if (intern(&d->tier_headers, tier->s, &tier_header))
+            return NO_MEMORY;
+    } else if (tier->kind != V_ABSENT && tier->kind != V_NONE) {
+        return DECLINE;
+    }
+
+    uint8_t failed = f->status_code == STATUS_CODE_ERROR || (has_status && http_status >= 500);
+    int64_t start = (int64_t)f->start, end = (int64_t)f->end;
+    uint8_t ids[48];
+    Buf id_digits = {ids, 0, sizeof ids};
+    hex(&id_digits, f->trace_id);
+    hex(&id_digits, f->span_id);
+    if (buf_add(&d->trace_id, ids, 32) || buf_add(&d->span_id, ids + 32, 16) || buf_add(&d->start_ns, &start, 8) ||
+        buf_add(&d->end_ns, &end, 8) || buf_add(&d->status_code, &http_status, 2) ||
+        buf_add(&d->status_valid, &has_status, 1) || buf_add(&d->failed, &failed, 1) ||
+        buf_add(&d->tier_header, &tier_header, 4))
+        return NO_MEMORY;
+    for (int k = 0; k < N_TEXT; k++)
+        if (add_text(&d->text[k], text[k]))
+            return NO_MEMORY;
+    d->rows++;
+    return OK;
+}
+
+static int instrumentation_scope(Slice m)
+{
+    uint32_t seen = 0, field, wt;
+    uint64_t v;
+    Slice s;
+    while (m.p < m.end) {
+        if (tag(&m, &field, &wt))
+            return DECLINE;
+        if (field == 3) {
+            if (plain_attribute(&m, wt))
+                return DECLINE;
+            continue;
+        }
+        if (!first_time(&seen, field))
+            return DECLINE;
+        int rc = field == 1 || field == 2 ? string_field(&m, wt, &s) : field == 4 ? scalar_varint(&m, wt, &v) : DECLINE;
+        if (rc)
+            return DECLINE;
+    }
+    return OK;
+}
+
+static int scope_spans(Decoder *d, Slice m, const Resource *r)
+{
+    uint32_t seen = 0, field, wt;
+    Slice s;
+    SpanFields f;
+    while (m.p < m.end) {
+        if (tag(&m, &field, &wt))
+            return DECLINE;
+        int rc;
+        if (field == 2) {
+            rc = length_delimited(&m, wt, &s) || span_fields(d, s, &f);
+            if (!rc) {
+                if (f.kind == SPAN_KIND_SERVER)
+                    rc = span_row(d, &f, r);
+                else
+                    d->not_server++;
+            }
+        } else if (!first_time(&seen, field)) {
+            return DECLINE;
+        } else if (field == 1) {
+            rc = length_delimited(&m, wt, &s) || instrumentation_scope(s);
+        } else {
+            rc = field == 3 ? string_field(&m, wt, &s) : DECLINE;
+        }
+        if (rc)
+            return rc;
+    }
+    return OK;
+}
+
+/* ResourceSpans: the resource first, wherever it is written, then the spans. */
+static int resource_spans(Decoder *d, Slice m)
+{
+    uint32_t seen = 0, field, wt;
+    Slice s, res = {m.p, m.p};
+    for (Slice scan = m; scan.p < scan.end;) {
+        if (tag(&scan, &field, &wt))
+            return DECLINE;
+        if (field == 2) {
+            if (length_delimited(&scan, wt, &s))
+                return DECLINE;
+        } else if (!first_time(&seen, field) ||
+                   (field == 1 ? length_delimited(&scan, wt, &res) : field == 3 ? string_field(&scan, wt, &s) : DECLINE)) {
+            return DECLINE;
+        }
+    }
+    Resource r;
+    int rc = resource(d, res, &r);
+    while (!rc && m.p < m.end) {
+        rc = tag(&m, &field, &wt);
+        if (!rc)
+            rc = length_delimited(&m, wt, &s);
+        if (!rc && field == 2)
+            rc = scope_spans(d, s, &r);
+    }
+    return rc;
+}
+
+static int request(Decoder *d, Slice m)
+{
+    uint32_t field, wt;
+    Slice s;
+    while (m.p < m.end) {
+        if (tag(&m, &field, &wt) || field != 1 || length_delimited(&m, wt, &s))
+            return DECLINE;
+        int rc = resource_spans(d, s);
+        if (rc)
+            return rc;
+    }
+    return OK;
+}
+
+/* --- Python ----------------------------------------------------------------------------------------- */
+
+static void decoder_free(Decoder *d)
+{
+    Buf *bufs[] = {&d->trace_id, &d->span_id, &d->start_ns, &d->end_ns, &d->status_code, &d->status_valid,
+                   &d->failed, &d->tier_header};
+    for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++)
+        free(bufs[k]->data);
+    for (int k = 0; k < N_TEXT; k++) {
+        free(d->text[k].offsets.data);
+        free(d->text[k].bytes.data);
+        free(d->text[k].valid.data);
+    }
+    free(d->tier_headers.items);
+    free(d->tier_headers.slots);
+}
+
+static int put(PyObject *dict, const char *key, PyObject *value)
+{
+    if (!value)
+        return -1;
+    int rc = PyDict_SetItemString(dict, key, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+static PyObject *bytes_of(const Buf *b)
+{
+    return PyBytes_FromStringAndSize(b->len ? (const char *)b->data : "", (Py_ssize_t)b->len);
+}
+
+static PyObject *strings_of(const Strings *t)
+{
+    PyObject *list = PyList_New((Py_ssize_t)t->count);
+    if (!list)
+        return NULL;
+    Py_INCREF(Py_None);
+    PyList_SET_ITEM(list, 0, Py_None);
+    for (size_t k = 1; k < t->count; k++) {
+        Slice s = t->items[k];
+        PyObject *text = PyUnicode_DecodeUTF8((const char *)s.p, s.end - s.p, "strict");
+        if (!text) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)k, text);
+    }
+    return list;
+}
+
+static PyObject *result(Decoder *d)
+{
+    PyObject *out = PyDict_New();
+    if (!out || put(out, "rows", PyLong_FromSsize_t(d->rows)) ||
+        put(out, "not_server", PyLong_FromSsize_t(d->not_server)) || put(out, "trace_id", bytes_of(&d->trace_id)) ||
+        put(out, "span_id", bytes_of(&d->span_id)) || put(out, "start_ns", bytes_of(&d->start_ns)) ||
+        put(out, "end_ns", bytes_of(&d->end_ns)) || put(out, "status_code", bytes_of(&d->status_code)) ||
+        put(out, "status_valid", bytes_of(&d->status_valid)) || put(out, "failed", bytes_of(&d->failed)) ||
+        put(out, "tier_header", bytes_of(&d->tier_header)) || put(out, "tier_headers", strings_of(&d->tier_headers)))
+        goto fail;
+    for (int k = 0; k < N_TEXT; k++) {
+        const TextColumn *c = &d->text[k];
+        if (put(out, TEXT_COLUMNS[k], Py_BuildValue("(NNN)", bytes_of(&c->offsets), bytes_of(&c->bytes), bytes_of(&c->valid))))
+            goto fail;
+    }
+    return out;
+fail:
+    Py_XDECREF(out);
+    return NULL;
+}
+
+PyDoc_STRVAR(decode_doc,
+"decode(body, keys) -> dict | None\n\n"
+"The SERVER spans of a protobuf ExportTraceServiceRequest as columns, or None when the request needs the\n"
+"general path. keys: the eleven attribute keys, as bytes, in slot order (see otlp_spans.py).");
+
+static PyObject *decode(PyObject *module, PyObject *args)
+{
+    Py_buffer body;
+    PyObject *key_tuple;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "y*O!:decode", &body, &PyTuple_Type, &key_tuple))
+        return NULL;
+    Keys keys;
+    if (PyTuple_GET_SIZE(key_tuple) != N_SLOTS) {
+        PyBuffer_Release(&body);
+        return PyErr_Format(PyExc_ValueError, "decode: %d keys expected", N_SLOTS);
+    }
+    for (int k = 0; k < N_SLOTS; k++) {
+        PyObject *key = PyTuple_GET_ITEM(key_tuple, k);
+        if (!PyBytes_Check(key)) {
+            PyBuffer_Release(&body);
+            return PyErr_Format(PyExc_TypeError, "decode: keys must be bytes");
+        }
+        keys.keys[k].p = (const uint8_t *)PyBytes_AS_STRING(key);
+        keys.keys[k].end = keys.keys[k].p + PyBytes_GET_SIZE(key);
+    }
+    Decoder d;
+    memset(&d, 0, sizeof d);
+    d.keys = &keys;
+    d.tier_headers.count = 1;  /* index 0: None */
+    Slice whole = {(const uint8_t *)body.buf, (const uint8_t *)body.buf + body.len};
+    int rc;
+    int64_t zero = 0;
+    Py_BEGIN_ALLOW_THREADS
+    rc = strings_grow(&d.tier_headers);
+    for (int k = 0; k < N_TEXT && !rc; k++)
+        rc = buf_add(&d.text[k].offsets, &zero, 8);
+    if (!rc)
+        rc = request(&d, whole);
+    Py_END_ALLOW_THREADS
+    PyObject *out = NULL;
+    if (rc == OK)
+        out = result(&d);
+    else if (rc == NO_MEMORY)
+        PyErr_NoMemory();
+    else
+        out = Py_NewRef(Py_None);
+    decoder_free(&d);
+    PyBuffer_Release(&body);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"decode", decode, METH_VARARGS, decode_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_otlp_spans", "Fast path of the OTLP trace decoder (otlp_spans.c).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__otlp_spans(void)
+{
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,66 @@
+"""The receiver's fast path for OTLP/protobuf trace requests: the SERVER spans read straight from the request
+bytes into columns by a C extension (otlp_spans.c), with no Python object per span.
+
+`span_table` gives None when the extension declines a request (an encoding other than the canonical one, or a
+span the receiver would refuse) or was not built; the general path (otlp_proto.py) then does all the work. Both
+give the same rows for every request they accept; tests/test_otlp_spans.py holds them to it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from sloscope import catalog
+from sloscope.records import SpanTable
+
+from collectors.otlp_common import (
+    GPU_ATTRIBUTE, NAMESPACE_ATTRIBUTE, POD_ATTRIBUTE, ROUTE_ATTRIBUTE, STATUS_ATTRIBUTES, TIER_ATTRIBUTES)
+
+try:
+    from collectors import _otlp_spans
+except ImportError:  # installed where no C compiler was found: every request takes the general path
+    _otlp_spans = None
+
+# The attribute keys in otlp_spans.c's slot order.
+SLOT_KEYS = tuple(key.encode() for key in (*catalog.NODE_ATTRIBUTES, GPU_ATTRIBUTE, POD_ATTRIBUTE,
+                                           NAMESPACE_ATTRIBUTE, "service.name", *STATUS_ATTRIBUTES,
+                                           ROUTE_ATTRIBUTE, *TIER_ATTRIBUTES))
+TEXT_COLUMNS = ("service", "node", "gpu_id", "pod", "namespace", "route")
+
+
+def available() -> bool:
+    return _otlp_spans is not None
+
+
+def span_table(body: bytes) -> tuple[SpanTable, int] | None:
+    """(the SERVER spans, how many spans were not SERVER spans), or None: take the general path."""
+    if _otlp_spans is None:
+        return None
+    decoded = _otlp_spans.decode(body, SLOT_KEYS)
+    if decoded is None:
+        return None
+    rows = decoded["rows"]
+    columns = {
+        "trace_id": _fixed_width_text(decoded["trace_id"], 32, rows),
+        "span_id": _fixed_width_text(decoded["span_id"], 16, rows),
+        **{name: _text(*decoded[name], rows) for name in TEXT_COLUMNS},
+        "tier_header": pa.DictionaryArray.from_arrays(np.frombuffer(decoded["tier_header"], np.int32),
+                                                      pa.array(decoded["tier_headers"], pa.large_string())),
+        "start_ns": np.frombuffer(decoded["start_ns"], np.int64),
+        "end_ns": np.frombuffer(decoded["end_ns"], np.int64),
+        "status_code": pa.array(np.frombuffer(decoded["status_code"], np.int16),
+                                mask=~np.frombuffer(decoded["status_valid"], np.bool_)),
+        "failed": np.frombuffer(decoded["failed"], np.bool_),
+    }
+    return SpanTable(columns), decoded["not_server"]
+
+
+def _text(offsets: bytes, data: bytes, valid: bytes, rows: int) -> pa.Array:
+    validity = np.packbits(np.frombuffer(valid, np.bool_), bitorder="little")
+    return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(data), pa.py_buffer(validity))
+
+
+def _fixed_width_text(data: bytes, width: int, rows: int) -> pa.Array:
+    offsets = np.arange(0, width * (rows + 1), width, dtype=np.int64)
+    return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(data))
