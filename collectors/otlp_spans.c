@@ -321,7 +321,9 @@ static int attribute(Slice m, const Keys *keys, uint32_t slots, int read_all, Ke
         v.kind = V_NONE;
     }
     if (slot >= 0) {
-        if (v.kind == V_NESTED)  /* a structure where a name or a code belongs: the general path says what it means */
+        /* A structure where a name or a code belongs, or a value the general path turns into text (bytes as
+         * hex, doubles that are not finite): it says what those mean. */
+        if (v.kind == V_NESTED || v.kind == V_BYTES || v.kind == V_DOUBLE)
             return DECLINE;
         kept->v[slot] = v;
     }

@@ -1,0 +1,279 @@
+"""The trace fast path (collectors/otlp_spans.c) must give exactly the rows and counters of the general decoder
+for every request it takes, take the requests SDKs and the Collector send, and never take one the protobuf
+runtime or the receiver would refuse."""
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from analytics.store import Frames
+from collectors import otlp_proto, otlp_spans
+from collectors.otlp_common import DecodeError
+from collectors.receiver import Decoders
+from enrich.tiers import TierResolver, resolve_tiers
+
+TIERS = frozenset({"standard", "p99-latency-critical"})
+SERVER = Span.SPAN_KIND_SERVER
+KEYS = [key.decode() for key in otlp_spans.SLOT_KEYS] + ["http.request.method", "url.full", "x", ""]
+T0 = 1_764_410_400_000_000_000
+
+
+def fast_rows(body: bytes):
+    """(requests frame, counters) by the fast path, or None where it declines."""
+    decoded = Decoders.fast("traces", body, False)
+    return None if decoded is None else _rows(*decoded)
+
+
+def general_rows(body: bytes):
+    return _rows(*Decoders().decode("traces", body, False))
+
+
+def _rows(batch, skips):
+    resolver = TierResolver(TIERS, "standard")
+    resolve_tiers(batch.spans, resolver)
+    return Frames.of(batch).requests, {**skips, **resolver.counts}
+
+
+def assert_same_as_general(body: bytes) -> bool:
+    """Whether the fast path took the request; when it did, the general path must agree row for row."""
+    fast = fast_rows(body)
+    if fast is None:
+        return False
+    ExportTraceServiceRequest.FromString(body)  # the protobuf runtime must accept what the fast path took
+    general = general_rows(body)
+    assert fast[0].equals(general[0]), (fast[0], general[0])
+    assert fast[1] == general[1]
+    return True
+
+
+# --- requests as the SDKs write them, with every kind of value --------------------------------------------
+
+texts = st.one_of(st.sampled_from(["standard", "p99-latency-critical", " standard ", "", "gpu-node-1", "/v1/chat"]),
+                  st.text(max_size=300))
+scalars = st.one_of(
+    st.builds(lambda v: AnyValue(string_value=v), texts),
+    st.builds(lambda v: AnyValue(int_value=v), st.one_of(st.sampled_from([200, 404, 500, 503, 999, 1000, -1]),
+                                                         st.integers(-2**63, 2**63 - 1))),
+    st.builds(lambda v: AnyValue(bool_value=v), st.booleans()),
+    st.builds(lambda v: AnyValue(double_value=v), st.floats()),
+    st.builds(lambda v: AnyValue(bytes_value=v), st.binary(max_size=20)),
+    st.just(AnyValue()),
+)
+values = st.recursive(scalars, lambda inner: st.one_of(
+    st.builds(lambda vs: AnyValue(array_value=ArrayValue(values=vs)), st.lists(inner, max_size=3)),
+    st.builds(lambda kvs: AnyValue(kvlist_value=KeyValueList(values=kvs)),
+              st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), st.sampled_from(KEYS), inner), max_size=3))),
+    max_leaves=12)
+one_string_arrays = st.builds(lambda v: AnyValue(array_value=ArrayValue(values=[AnyValue(string_value=v)])), texts)
+attributes = st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), st.sampled_from(KEYS),
+                                st.one_of(scalars, scalars, one_string_arrays, values)), max_size=8)
+
+
+@st.composite
+def spans(draw, index: int):
+    start = draw(st.sampled_from([T0 + index, T0 + index, 0, 2**63 + 5]))
+    span = Span(trace_id=draw(st.sampled_from([bytes(15) + bytes([index % 250 + 1]), b"\x01" * 15])),
+                span_id=bytes(7) + bytes([index % 250 + 1]), name=draw(texts),
+                kind=draw(st.sampled_from([SERVER, SERVER, SERVER, Span.SPAN_KIND_CLIENT, 0])),
+                start_time_unix_nano=start,
+                end_time_unix_nano=start + draw(st.sampled_from([10**6, 0, 2**62])) if start else T0,
+                attributes=draw(attributes), flags=draw(st.sampled_from([0, 0x100, 0x301])),
+                status=Status(code=draw(st.sampled_from([0, 1, 2])), message=draw(st.sampled_from(["", "boom"]))))
+    if draw(st.booleans()):
+        span.events.add(time_unix_nano=start, name="exception", attributes=draw(attributes))
+        span.links.add(trace_id=b"\x02" * 16, span_id=b"\x03" * 8, trace_state="k=v", attributes=draw(attributes))
+    return span
+
+
+@st.composite
+def requests(draw):
+    request = ExportTraceServiceRequest()
+    for _ in range(draw(st.integers(1, 3))):
+        block = request.resource_spans.add(schema_url=draw(st.sampled_from(["", "https://opentelemetry.io/schemas/1.26.0"])))
+        if draw(st.integers(0, 4)):
+            block.resource.attributes.extend(draw(attributes))
+            block.resource.attributes.add(key=draw(st.sampled_from(["host.name", "k8s.node.name", "hw.id", "x"])),
+                                          value=AnyValue(string_value=draw(texts)))
+        for _ in range(draw(st.integers(1, 2))):
+            scope = block.scope_spans.add()
+            scope.scope.name, scope.scope.version = "opentelemetry.instrumentation.fastapi", "0.48b0"
+            scope.spans.extend(draw(spans(i)) for i in range(draw(st.integers(0, 4))))
+    return request
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests())
+def test_what_the_fast_path_takes_it_reads_as_the_general_decoder(request):
+    body = request.SerializeToString()
+    if not assert_same_as_general(body):
+        with pytest.raises((DecodeError, LeftToGeneralPath)):
+            general_rows(body)
+            _left_to_general_path(request)
+
+
+class LeftToGeneralPath(Exception):
+    pass
+
+
+RESOURCE_KEYS = {"service.name", "k8s.node.name", "host.name", "hw.id", "k8s.pod.name", "k8s.namespace.name"}
+SPAN_KEYS = {k.decode() for k in otlp_spans.SLOT_KEYS} - {"service.name"}
+STATUS_KEYS, TIER_KEYS = {"http.response.status_code", "http.status_code"}, {"http.request.header.x-slo-tier", "slo.tier"}
+
+
+def _left_to_general_path(request):
+    """Raise LeftToGeneralPath when a valid request has what the fast path leaves to the general decoder (so
+    that its declining was right); a request without any is one it should have taken."""
+    for block in request.resource_spans:
+        for kv in block.resource.attributes:
+            _check_value(kv, kv.key in RESOURCE_KEYS)
+        for scope in block.scope_spans:
+            for span in scope.spans:
+                for kv in span.attributes:
+                    _check_value(kv, kv.key in SPAN_KEYS)
+                    kind = kv.value.WhichOneof("value")
+                    if kv.key in STATUS_KEYS and kind not in (None, "int_value"):
+                        raise LeftToGeneralPath("a status code that is not an integer")
+                    if kv.key in TIER_KEYS and kind not in (None, "string_value") and not _one_string(kv.value):
+                        raise LeftToGeneralPath("a tier header that is not one string")
+                for kv in [*(a for e in span.events for a in e.attributes), *(a for l in span.links for a in l.attributes)]:
+                    _check_value(kv, False)
+    raise AssertionError("the fast path declined a request it should take")
+
+
+def _check_value(kv, kept: bool):
+    kind = kv.value.WhichOneof("value")
+    if kept and kind in ("array_value", "kvlist_value") and not _one_string(kv.value):
+        raise LeftToGeneralPath("a structure where a name belongs")
+    if kept and kind in ("bytes_value", "double_value"):
+        raise LeftToGeneralPath("a value the general path turns into text")
+    if _depth(kv.value) > 16:
+        raise LeftToGeneralPath("nested deeper than the fast path reads")
+
+
+def _one_string(value) -> bool:
+    items = value.array_value.values
+    return value.WhichOneof("value") == "array_value" and len(items) == 1 and items[0].WhichOneof("value") == "string_value"
+
+
+def _depth(value, depth: int = 0) -> int:
+    kind = value.WhichOneof("value")
+    children = value.array_value.values if kind == "array_value" else (
+        [kv.value for kv in value.kvlist_value.values] if kind == "kvlist_value" else [])
+    return max((_depth(child, depth + 1) for child in children), default=depth)
+
+
+# --- what SDKs send is taken ------------------------------------------------------------------------------
+
+
+def sdk_like_request(spans: int = 50) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    block = request.resource_spans.add(schema_url="https://opentelemetry.io/schemas/1.26.0")
+    for key, value in (("service.name", "llm-gateway"), ("k8s.node.name", "gpu-node-3"), ("k8s.pod.name", "gw-7f9c"),
+                       ("k8s.namespace.name", "inference"), ("telemetry.sdk.language", "python")):
+        block.resource.attributes.add(key=key, value=AnyValue(string_value=value))
+    scope = block.scope_spans.add()
+    scope.scope.name = "opentelemetry.instrumentation.fastapi"
+    for i in range(spans):
+        span = scope.spans.add(trace_id=random.Random(i).randbytes(16), span_id=random.Random(-i).randbytes(8),
+                               parent_span_id=b"\x07" * 8, name="POST /v1/chat/completions", kind=SERVER,
+                               start_time_unix_nano=T0 + i, end_time_unix_nano=T0 + i + 25 * 10**6, flags=0x100,
+                               status=Status(code=2 if i % 7 == 0 else 0))
+        span.attributes.add(key="http.route", value=AnyValue(string_value="/v1/chat/completions"))
+        span.attributes.add(key="http.response.status_code", value=AnyValue(int_value=503 if i % 5 == 0 else 200))
+        header = AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="p99-latency-critical")]))
+        span.attributes.add(key="http.request.header.x-slo-tier", value=header if i % 2 else AnyValue(string_value="bogus"))
+        span.events.add(time_unix_nano=T0 + i, name="first_token", attributes=[KeyValue(key="n", value=AnyValue(int_value=1))])
+    scope.spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="GET", kind=Span.SPAN_KIND_CLIENT,
+                    start_time_unix_nano=T0, end_time_unix_nano=T0 + 1)
+    return request
+
+
+def test_the_extension_is_built():
+    assert otlp_spans.available(), "collectors/_otlp_spans was not compiled (is gcc installed?)"
+
+
+def test_an_sdk_request_takes_the_fast_path_with_the_same_rows():
+    body = sdk_like_request().SerializeToString()
+    assert assert_same_as_general(body)
+    rows, counts = fast_rows(body)
+    assert len(rows) == 50 and counts["spans_not_server"] == 1 and counts["tier_invalid"] == 25
+    assert rows["failed"].sum() == len([i for i in range(50) if i % 7 == 0 or i % 5 == 0])
+
+
+def _declines_and_general_says(body: bytes, error: str | None):
+    assert fast_rows(body) is None
+    if error is None:
+        general_rows(body)
+    else:
+        with pytest.raises(DecodeError, match=error):
+            general_rows(body)
+
+
+def test_what_it_declines_the_general_path_decides():
+    good = sdk_like_request(3)
+    _declines_and_general_says(good.SerializeToString() + b"\x98\x06\x01", None)  # an unknown field (99)
+    short_id = sdk_like_request(3)
+    short_id.resource_spans[0].scope_spans[0].spans[0].trace_id = b"\x01" * 15
+    _declines_and_general_says(short_id.SerializeToString(), "16 bytes")
+    backwards = sdk_like_request(3)
+    backwards.resource_spans[0].scope_spans[0].spans[0].end_time_unix_nano = T0 - 1
+    _declines_and_general_says(backwards.SerializeToString(), "end time before start")
+    text_status = sdk_like_request(3)
+    text_status.resource_spans[0].scope_spans[0].spans[0].attributes.add(
+        key="http.response.status_code", value=AnyValue(string_value="200"))  # the last one wins
+    _declines_and_general_says(text_status.SerializeToString(), None)
+    bad_utf8 = good.SerializeToString().replace(b"POST /v1/chat", b"POST /v1/ch\xff\xfe")
+    _declines_and_general_says(bad_utf8, "not a valid")
+
+
+def test_a_singular_field_written_twice_is_left_to_the_general_path():
+    block = sdk_like_request(2).resource_spans[0]
+    resource = block.resource.SerializeToString()
+    block_bytes = block.SerializeToString() + b"\x0a" + _varint(len(resource)) + resource  # ResourceSpans.resource again
+    body = b"\x0a" + _varint(len(block_bytes)) + block_bytes
+    assert fast_rows(body) is None
+    assert len(general_rows(body)[0]) == 2  # protobuf merges the two resources; the general path reads that
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+# --- mutated bytes: never taken when the runtime refuses them --------------------------------------------
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.data())
+def test_mutated_requests_are_declined_or_read_exactly(data):
+    body = bytearray(sdk_like_request(data.draw(st.integers(1, 4))).SerializeToString())
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(body) - 1))
+        action = data.draw(st.sampled_from(["flip", "cut", "insert", "delete"]))
+        if action == "flip":
+            body[at] ^= 1 << data.draw(st.integers(0, 7))
+        elif action == "cut":
+            del body[at:]
+        elif action == "insert":
+            body[at:at] = data.draw(st.binary(min_size=1, max_size=4))
+        elif len(body) > 1:
+            del body[at]
+        if not body:
+            break
+    body = bytes(body)
+    try:
+        ExportTraceServiceRequest.FromString(body)
+        general_rows(body)
+    except Exception:  # the runtime or the receiver refuses it: the fast path must leave it to the general path
+        assert fast_rows(body) is None
+        return
+    assert_same_as_general(body)
