@@ -5,9 +5,11 @@ client threads to a real `sloscope serve` process, then stops it with SIGTERM (w
 accepted row is committed) and counts the rows. The baseline, measured in the same run on the same payloads,
 is the bare protobuf parse rate (ParseFromString alone, one core).
 
-    .venv/bin/python benchmarks/ingest_throughput.py [--spans 300000] [--points 300000] [--per-request 1000]
+    .venv/bin/python benchmarks/ingest_throughput.py [--spans 1000000] [--points 300000] [--per-request 1000]
 
-Each rate is also measured with `--decode-workers 0` (every request decoded in the server process).
+For spans it also measures, in this process on the same payloads, the stages alone: the fast path and the
+general decoder from bytes to frames, and the store writing those rows. Metric points are also measured with
+`--decode-workers 0` (every request decoded in the server process).
 """
 
 from __future__ import annotations
@@ -87,6 +89,35 @@ def bare_parse_rate(payloads: list[bytes], message_type, items: int) -> float:
     for body in payloads:
         message_type().ParseFromString(body)
     return items / (time.perf_counter() - started)
+
+
+def stage_rates(payloads: list[bytes], items: int, workdir: Path) -> dict[str, float]:
+    """Spans per second of each stage alone, on one core: fast path and general decoder from bytes to frames
+    (tiers resolved), and the store writing those frames in the writer's batches."""
+    from analytics.store import Frames, Store
+    from collectors.receiver import Decoders
+    from enrich.tiers import TierResolver, resolve_tiers
+
+    def frames_by(decode) -> tuple[float, list]:
+        resolver, out = TierResolver(frozenset({"standard", "p99-latency-critical"}), "standard"), []
+        started = time.perf_counter()
+        for body in payloads:
+            batch, _ = decode(body)
+            resolve_tiers(batch.spans, resolver)
+            out.append(Frames.of(batch))
+        return items / (time.perf_counter() - started), out
+
+    fast, frames = frames_by(lambda body: Decoders.fast("traces", body, False))
+    general, _ = frames_by(lambda body: Decoders().decode("traces", body, False))
+    per_write = max(1, 200_000 // max(1, items // len(payloads)))  # the writer's batch of 200k rows
+    with Store(workdir / "store-alone.duckdb") as store:
+        started = time.perf_counter()
+        for i in range(0, len(frames), per_write):
+            store.write(Frames.concat(frames[i:i + per_write]))
+        store.close()
+        written = items / (time.perf_counter() - started)
+    return {"fast path, bytes to frames": fast, "general decoder, bytes to frames": general,
+            "store writing the same rows": written}
 
 
 def send_all(port: int, path: str, payloads: list[bytes], clients: int) -> tuple[int, int]:
@@ -183,25 +214,33 @@ def collector_footprint(workdir: Path, seconds: int = 20) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spans", type=int, default=300_000)
+    parser.add_argument("--spans", type=int, default=1_000_000)
     parser.add_argument("--points", type=int, default=300_000)
     parser.add_argument("--per-request", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=4)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        for label, path, payloads, message_type, items, table in (
-            ("spans", "/v1/traces", trace_payloads(args.spans, args.per_request), ExportTraceServiceRequest,
-             args.spans, "requests"),
-            ("metric points", "/v1/metrics", metric_payloads(args.points, args.per_request),
-             ExportMetricsServiceRequest, args.points, "samples"),
-        ):
-            bare = bare_parse_rate(payloads, message_type, items)
-            rate, rows, retries = end_to_end(path, payloads, items, table, args.clients, Path(tmp))
-            print(f"{label:>13}: {rate:>9,.0f}/s end to end ({rows:,} rows committed, {retries} retried 503s); "
-                  f"bare protobuf parse {bare:>11,.0f}/s -> ratio {rate / bare:.3f}")
-            inline, _, _ = end_to_end(path, payloads, items, table, args.clients, Path(tmp), ("--decode-workers", "0"))
-            print(f"{'':>13}  {inline:>9,.0f}/s with every request decoded in the server process "
-                  f"(--decode-workers 0): the workers give x{rate / inline:.2f}")
+        spans = trace_payloads(args.spans, args.per_request)
+        bare_spans = bare_parse_rate(spans, ExportTraceServiceRequest, args.spans)
+        span_rate, span_rows, span_retries = end_to_end("/v1/traces", spans, args.spans, "requests", args.clients,
+                                                        Path(tmp))
+        points = metric_payloads(args.points, args.per_request)
+        bare_points = bare_parse_rate(points, ExportMetricsServiceRequest, args.points)
+        point_rate, point_rows, point_retries = end_to_end("/v1/metrics", points, args.points, "samples",
+                                                           args.clients, Path(tmp))
+        inline, _, _ = end_to_end("/v1/metrics", points, args.points, "samples", args.clients, Path(tmp),
+                                  ("--decode-workers", "0"))
+        stages = stage_rates(spans, args.spans, Path(tmp))  # last: decoding here slows this process as a client
+        print(f"spans ({args.spans:,} in requests of {args.per_request}):")
+        print(f"  {'bare protobuf parse (upb)':<36} {bare_spans:>11,.0f}/s")
+        for stage, rate in stages.items():
+            print(f"  {stage:<36} {rate:>11,.0f}/s  (x{rate / bare_spans:.3f} of the bare parse)")
+        print(f"  {'end to end, request to committed row':<36} {span_rate:>11,.0f}/s  -> ratio "
+              f"{span_rate / bare_spans:.3f} ({span_rows:,} rows committed, {span_retries} retried 503s)")
+        print(f"metric points: {point_rate:>9,.0f}/s end to end ({point_rows:,} rows committed, {point_retries} "
+              f"retried 503s); bare protobuf parse {bare_points:>11,.0f}/s -> ratio {point_rate / bare_points:.3f}")
+        print(f"{'':>13}  {inline:>9,.0f}/s with every request decoded in the server process "
+              f"(--decode-workers 0): the workers give x{point_rate / inline:.2f}")
         if os.geteuid() == 0:
             print(collector_footprint(Path(tmp)))
     print(f"({os.cpu_count()} CPUs; client, server and writer share them)")
