@@ -48,16 +48,17 @@ typedef struct { Value v[N_SLOTS]; } Kept;
 
 /* --- wire format ------------------------------------------------------------------------------------ */
 
-static int varint(Slice *s, uint64_t *out)
+/* A varint of at most max_bytes bytes: 10 for values, 5 for tags and lengths (the runtime reads no longer ones). */
+static int varint_of(Slice *s, int max_bytes, uint64_t *out)
 {
     uint64_t v = 0;
-    for (int shift = 0; shift <= 63; shift += 7) {
+    for (int k = 0; k < max_bytes; k++) {
         if (s->p >= s->end)
             return DECLINE;
         uint8_t b = *s->p++;
-        if (shift == 63 && b > 1)
+        if (k == 9 && b > 1)
             return DECLINE;
-        v |= (uint64_t)(b & 0x7f) << shift;
+        v |= (uint64_t)(b & 0x7f) << (7 * k);
         if (!(b & 0x80)) {
             *out = v;
             return OK;
@@ -66,10 +67,15 @@ static int varint(Slice *s, uint64_t *out)
     return DECLINE;
 }
 
+static int varint(Slice *s, uint64_t *out)
+{
+    return varint_of(s, 10, out);
+}
+
 static int tag(Slice *s, uint32_t *field, uint32_t *wire_type)
 {
     uint64_t t;
-    if (varint(s, &t) || t > UINT32_MAX || (t >> 3) == 0)
+    if (varint_of(s, 5, &t) || t > UINT32_MAX || (t >> 3) == 0)
         return DECLINE;
     *field = (uint32_t)(t >> 3);
     *wire_type = (uint32_t)(t & 7);
@@ -79,7 +85,7 @@ static int tag(Slice *s, uint32_t *field, uint32_t *wire_type)
 static int length_delimited(Slice *s, uint32_t wire_type, Slice *out)
 {
     uint64_t n;
-    if (wire_type != WT_LEN || varint(s, &n) || n > (uint64_t)(s->end - s->p))
+    if (wire_type != WT_LEN || varint_of(s, 5, &n) || n > INT32_MAX || n > (uint64_t)(s->end - s->p))
         return DECLINE;
     out->p = s->p;
     out->end = s->p + n;
@@ -180,11 +186,11 @@ static int first_time(uint32_t *seen, uint32_t field)
 
 static int any_value(Slice m, int depth, int limit, Value *out);
 
-static int key_value(Slice m, Slice *key, Slice *value, int *has_value)
+/* key and value: empty when absent (an absent value reads as an empty AnyValue, as the runtime gives it). */
+static int key_value(Slice m, Slice *key, Slice *value)
 {
     uint32_t seen = 0, field, wt;
-    key->p = key->end = m.p;
-    *has_value = 0;
+    key->p = key->end = value->p = value->end = m.p;
     while (m.p < m.end) {
         if (tag(&m, &field, &wt) || !first_time(&seen, field))
             return DECLINE;
@@ -194,7 +200,6 @@ static int key_value(Slice m, Slice *key, Slice *value, int *has_value)
         } else if (field == 2) {
             if (length_delimited(&m, wt, value))
                 return DECLINE;
-            *has_value = 1;
         } else {
             return DECLINE;
         }
@@ -224,11 +229,10 @@ static int key_value_list(Slice m, int depth, int limit)
 {
     uint32_t field, wt;
     Slice item, key, value;
-    int has_value;
     Value ignored;
     while (m.p < m.end) {
         if (tag(&m, &field, &wt) || field != 1 || length_delimited(&m, wt, &item) ||
-            key_value(item, &key, &value, &has_value) || (has_value && any_value(value, depth, limit, &ignored)))
+            key_value(item, &key, &value) || any_value(value, depth, limit, &ignored))
             return DECLINE;
     }
     return OK;
@@ -307,19 +311,13 @@ static int slot_of(const Keys *keys, Slice key, uint32_t slots)
  * slot. Values the receiver reads, and every resource value, are bounded as the general path bounds them. */
 static int attribute(Slice m, const Keys *keys, uint32_t slots, int read_all, Kept *kept)
 {
-    Slice key, value = {m.p, m.p};
-    int has_value;
+    Slice key, value;
     Value v;
-    if (key_value(m, &key, &value, &has_value))
+    if (key_value(m, &key, &value))
         return DECLINE;
     int slot = slots ? slot_of(keys, key, slots) : -1;
-    int limit = (slot >= 0 || read_all) ? MAX_READ_NESTING : MAX_NESTING;
-    if (has_value) {
-        if (any_value(value, 0, limit, &v))
-            return DECLINE;
-    } else {
-        v.kind = V_NONE;
-    }
+    if (any_value(value, 0, (slot >= 0 || read_all) ? MAX_READ_NESTING : MAX_NESTING, &v))
+        return DECLINE;
     if (slot >= 0) {
         /* A structure where a name or a code belongs, or a value the general path turns into text (bytes as
          * hex, doubles that are not finite): it says what those mean. */

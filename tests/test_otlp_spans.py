@@ -277,3 +277,40 @@ def test_mutated_requests_are_declined_or_read_exactly(data):
         assert fast_rows(body) is None
         return
     assert_same_as_general(body)
+
+
+# --- the edges of the wire format, where the runtime draws them ---------------------------------------------
+
+
+def _padded_varint(value: int, width: int) -> bytes:
+    """value as a varint of exactly `width` bytes (over-long, as a lax encoder may write it)."""
+    return bytes((value >> 7 * k) & 0x7F | (0x80 if k < width - 1 else 0) for k in range(width))
+
+
+@pytest.mark.parametrize("width", range(1, 8))
+def test_over_long_tags_and_lengths_are_taken_exactly_where_the_runtime_takes_them(width):
+    body = sdk_like_request(2).SerializeToString()
+    length, length_end = 0, 1
+    while True:  # the first field: tag 0x0a, then its length
+        length |= (body[length_end] & 0x7F) << 7 * (length_end - 1)
+        length_end += 1
+        if body[length_end - 1] < 0x80:
+            break
+    for variant in (_padded_varint(0x0A, width) + body[1:],
+                    body[:1] + _padded_varint(length, max(width, length_end - 1)) + body[length_end:]):
+        try:
+            ExportTraceServiceRequest.FromString(variant)
+        except Exception:
+            assert fast_rows(variant) is None
+        else:
+            assert assert_same_as_general(variant)
+
+
+def test_an_absent_value_counts_as_a_level_of_nesting():
+    """A list entry without a value reads as an empty value one level down: nine levels is one too many."""
+    deep = AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key="leaf")]))  # the leaf's value is absent
+    for _ in range(8):
+        deep = AnyValue(array_value=ArrayValue(values=[deep]))
+    request = sdk_like_request(1)
+    request.resource_spans[0].resource.attributes.add(key="deep", value=deep)
+    _declines_and_general_says(request.SerializeToString(), "nested deeper than 8")
