@@ -85,7 +85,7 @@ static int tag(Slice *s, uint32_t *field, uint32_t *wire_type)
 static int length_delimited(Slice *s, uint32_t wire_type, Slice *out)
 {
     uint64_t n;
-    if (wire_type != WT_LEN || varint_of(s, 5, &n) || n > INT32_MAX || n > (uint64_t)(s->end - s->p))
+    if (wire_type != WT_LEN || varint_of(s, 5, &n) || n >= INT32_MAX || n > (uint64_t)(s->end - s->p))
         return DECLINE;
     out->p = s->p;
     out->end = s->p + n;
@@ -175,10 +175,9 @@ static int string_field(Slice *s, uint32_t wire_type, Slice *out)
 /* Each singular field may appear once: a repeat would be merged or overridden, which the general path does. */
 static int first_time(uint32_t *seen, uint32_t field)
 {
-    uint32_t bit = 1u << field;
-    if (field >= 32 || (*seen & bit))
+    if (field >= 32 || (*seen & (1u << field)))
         return 0;
-    *seen |= bit;
+    *seen |= 1u << field;
     return 1;
 }
 
@@ -340,6 +339,8 @@ typedef struct { uint8_t *data; size_t len, cap; } Buf;
 
 static int buf_add(Buf *b, const void *src, size_t n)
 {
+    if (n == 0)
+        return OK;
     if (b->len + n > b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 4096;
         while (cap < b->len + n)
@@ -867,22 +868,17 @@ PyDoc_STRVAR(decode_doc,
 
 static PyObject *decode(PyObject *module, PyObject *args)
 {
-    Py_buffer body;
-    PyObject *key_tuple;
+    PyObject *body, *key_tuple;  /* body: bytes, so that nothing can change it while the lock is released */
     (void)module;
-    if (!PyArg_ParseTuple(args, "y*O!:decode", &body, &PyTuple_Type, &key_tuple))
+    if (!PyArg_ParseTuple(args, "SO!:decode", &body, &PyTuple_Type, &key_tuple))
         return NULL;
     Keys keys;
-    if (PyTuple_GET_SIZE(key_tuple) != N_SLOTS) {
-        PyBuffer_Release(&body);
+    if (PyTuple_GET_SIZE(key_tuple) != N_SLOTS)
         return PyErr_Format(PyExc_ValueError, "decode: %d keys expected", N_SLOTS);
-    }
     for (int k = 0; k < N_SLOTS; k++) {
         PyObject *key = PyTuple_GET_ITEM(key_tuple, k);
-        if (!PyBytes_Check(key)) {
-            PyBuffer_Release(&body);
+        if (!PyBytes_Check(key))
             return PyErr_Format(PyExc_TypeError, "decode: keys must be bytes");
-        }
         keys.keys[k].p = (const uint8_t *)PyBytes_AS_STRING(key);
         keys.keys[k].end = keys.keys[k].p + PyBytes_GET_SIZE(key);
     }
@@ -890,7 +886,8 @@ static PyObject *decode(PyObject *module, PyObject *args)
     memset(&d, 0, sizeof d);
     d.keys = &keys;
     d.tier_headers.count = 1;  /* index 0: None */
-    Slice whole = {(const uint8_t *)body.buf, (const uint8_t *)body.buf + body.len};
+    const uint8_t *start = (const uint8_t *)PyBytes_AS_STRING(body);
+    Slice whole = {start, start + PyBytes_GET_SIZE(body)};
     int rc;
     int64_t zero = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -908,7 +905,6 @@ static PyObject *decode(PyObject *module, PyObject *args)
     else
         out = Py_NewRef(Py_None);
     decoder_free(&d);
-    PyBuffer_Release(&body);
     return out;
 }
 
