@@ -2,9 +2,9 @@
  *
  * The receiver's fast path (otlp_spans.py). Reading spans field by field from Python costs microseconds per
  * span; here it is a pass over the bytes, without the interpreter lock, that yields the columns in Arrow's
- * layouts. It reads the canonical encoding that the OpenTelemetry SDKs and the Collector
- * write, and checks it as strictly as the protobuf runtime does, down to attribute values nobody keeps: every
- * length, varint, wire type, nesting level and UTF-8 string. Anything outside that (a field it does not know,
+ * layouts. It reads the canonical encoding that the OpenTelemetry SDKs and the Collector write, and checks it
+ * as strictly as the protobuf runtime does, down to attribute values nobody keeps: every length, varint, wire
+ * type, nesting level and UTF-8 string. Anything outside that (a field it does not know,
  * a singular field given twice, a group, deep nesting, a span the receiver would refuse) makes it decline,
  * and the request takes the general path (otlp_proto.py), which decides what is valid and says why. So this
  * file never refuses a request; it only declines to be fast.

@@ -42,6 +42,9 @@ RESPONSES = {"traces": trace_service_pb2.ExportTraceServiceResponse,
 REJECTED_FIELD = {"traces": "rejected_spans", "metrics": "rejected_data_points", "logs": "rejected_log_records"}
 # Well-formed data that cannot be kept, reported back as partial success.
 UNKEPT = ("points_not_finite", "points_unsupported_type")
+# Protobuf trace requests by the decoder that read them (ingest counters): a falling share of the fast path
+# means an exporter writes what only the general decoder reads, at a fraction of the rate.
+FAST_PATH, GENERAL_PATH = "trace_requests_fast_path", "trace_requests_general_path"
 
 
 @dataclass
@@ -51,9 +54,9 @@ class Outcome:
     message: str = ""
 
 
-Intake = Callable[[str, Batch, dict], Outcome]  # (signal, batch, skip counts) -> outcome
+Intake = Callable[[str, Batch, dict], Outcome]  # (signal, batch, decoding counts) -> outcome
 # Decodes and takes in a whole request body elsewhere (worker processes): (signal, body, is_json) ->
-# (outcome, skip counts); raises DecodeError.
+# (outcome, decoding counts); raises DecodeError.
 Offload = Callable[[str, bytes, bool], tuple[Outcome, dict]]
 
 
@@ -65,21 +68,27 @@ class Decoders:
 
     @staticmethod
     def fast(signal: str, body: bytes, is_json: bool) -> tuple[Batch, dict] | None:
-        """(batch, skip counts) by the fast path (otlp_spans), or None where it does not apply or declines."""
+        """(batch, counts) by the fast path (otlp_spans), or None where it does not apply or declines."""
         if signal != "traces" or is_json:
             return None
         fast = otlp_spans.span_table(body)
         if fast is None:
             return None
         spans, not_server = fast
-        return Batch(spans=spans), {"spans_not_server": not_server} if not_server else {}
+        counts = {FAST_PATH: 1}
+        if not_server:
+            counts["spans_not_server"] = not_server
+        return Batch(spans=spans), counts
 
     def decode(self, signal: str, body: bytes, is_json: bool) -> tuple[Batch, dict]:
-        """(batch, skip counts) of one export request body by the general path; raises DecodeError."""
+        """(batch, counts) of one export request body by the general path; raises DecodeError."""
         decoder = self.json if is_json else self.proto
         decoder.skipped.clear()
         request = parse_json(body) if is_json else otlp_proto.parse(signal, body)
-        return decoder.decode(request), dict(decoder.skipped)
+        batch, counts = decoder.decode(request), dict(decoder.skipped)
+        if signal == "traces" and not is_json:
+            counts[GENERAL_PATH] = 1
+        return batch, counts
 
 
 class Receiver:

@@ -25,7 +25,7 @@ _worker: dict = {}
 
 
 def decode_request(signal: str, body: bytes, is_json: bool, allowed: frozenset, default_tier: str):
-    """(frames, enrich counts, decoder skips) of one request body; raises DecodeError. Runs in a worker, which
+    """(frames, enrich counts, decoding counts) of one request body; raises DecodeError. Runs in a worker, which
     keeps its decoders (and their caches) and its tier resolver between requests."""
     from analytics.store import Frames
     from collectors.receiver import Decoders

@@ -14,7 +14,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from analytics.store import Frames
 from collectors import otlp_proto, otlp_spans
 from collectors.otlp_common import DecodeError
-from collectors.receiver import Decoders
+from collectors.receiver import FAST_PATH, GENERAL_PATH, Decoders
 from enrich.tiers import TierResolver, resolve_tiers
 
 TIERS = frozenset({"standard", "p99-latency-critical"})
@@ -33,10 +33,12 @@ def general_rows(body: bytes):
     return _rows(*Decoders().decode("traces", body, False))
 
 
-def _rows(batch, skips):
+def _rows(batch, counts):
+    """(requests frame, counters but the one naming the decoder)."""
     resolver = TierResolver(TIERS, "standard")
     resolve_tiers(batch.spans, resolver)
-    return Frames.of(batch).requests, {**skips, **resolver.counts}
+    counts = {k: n for k, n in counts.items() if k not in (FAST_PATH, GENERAL_PATH)}
+    return Frames.of(batch).requests, {**counts, **resolver.counts}
 
 
 def assert_same_as_general(body: bytes) -> bool:
@@ -314,3 +316,18 @@ def test_an_absent_value_counts_as_a_level_of_nesting():
     request = sdk_like_request(1)
     request.resource_spans[0].resource.attributes.add(key="deep", value=deep)
     _declines_and_general_says(request.SerializeToString(), "nested deeper than 8")
+
+
+def test_the_store_counts_requests_by_the_decoder_that_read_them(tmp_path):
+    from tests.test_receiver import Running
+
+    server = Running(tmp_path / "r.duckdb")
+    try:
+        taken = sdk_like_request(3).SerializeToString()
+        declined = taken + b"\x98\x06\x01"  # an unknown field: the general decoder reads it
+        assert [server.post("/v1/traces", body)[0] for body in (taken, taken, declined)] == [200, 200, 200]
+        server.writer.stop()
+        counters = server.store.counters()
+        assert counters["trace_requests_fast_path"] == 2 and counters["trace_requests_general_path"] == 1
+    finally:
+        server.close()
