@@ -42,9 +42,9 @@ def span_table(body: bytes) -> tuple[SpanTable, int] | None:
         return None
     rows = decoded["rows"]
     columns = {
-        "trace_id": _fixed_width_text(decoded["trace_id"], 32, rows),
-        "span_id": _fixed_width_text(decoded["span_id"], 16, rows),
-        **{name: _text(*decoded[name], rows) for name in TEXT_COLUMNS},
+        "trace_id": _fixed_width_strings(decoded["trace_id"], 32, rows),
+        "span_id": _fixed_width_strings(decoded["span_id"], 16, rows),
+        **{name: _string_array(*decoded[name], rows) for name in TEXT_COLUMNS},
         "tier_header": pa.DictionaryArray.from_arrays(np.frombuffer(decoded["tier_header"], np.int32),
                                                       pa.array(decoded["tier_headers"], pa.large_string())),
         "start_ns": np.frombuffer(decoded["start_ns"], np.int64),
@@ -56,11 +56,11 @@ def span_table(body: bytes) -> tuple[SpanTable, int] | None:
     return SpanTable(columns), decoded["not_server"]
 
 
-def _text(offsets: bytes, data: bytes, valid: bytes, rows: int) -> pa.Array:
+def _string_array(offsets: bytes, data: bytes, valid: bytes, rows: int) -> pa.Array:
     validity = np.packbits(np.frombuffer(valid, np.bool_), bitorder="little")
     return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(data), pa.py_buffer(validity))
 
 
-def _fixed_width_text(data: bytes, width: int, rows: int) -> pa.Array:
+def _fixed_width_strings(data: bytes, width: int, rows: int) -> pa.Array:
     offsets = np.arange(0, width * (rows + 1), width, dtype=np.int64)
     return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(data))

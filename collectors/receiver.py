@@ -60,25 +60,25 @@ Intake = Callable[[str, Batch, dict], Outcome]  # (signal, batch, decoding count
 Offload = Callable[[str, bytes, bool], tuple[Outcome, dict]]
 
 
+def fast_decode(signal: str, body: bytes, is_json: bool) -> tuple[Batch, dict] | None:
+    """(batch, counts) by the trace fast path (otlp_spans), or None where it does not apply or declines."""
+    if signal != "traces" or is_json:
+        return None
+    fast = otlp_spans.span_table(body)
+    if fast is None:
+        return None
+    spans, not_server = fast
+    counts = {FAST_PATH: 1}
+    if not_server:
+        counts["spans_not_server"] = not_server
+    return Batch(spans=spans), counts
+
+
 class Decoders:
     """A JSON and a protobuf decoder, which keep caches between requests (so: one per thread or process)."""
 
     def __init__(self):
         self.json, self.proto = Decoder(), otlp_proto.ProtoDecoder()
-
-    @staticmethod
-    def fast(signal: str, body: bytes, is_json: bool) -> tuple[Batch, dict] | None:
-        """(batch, counts) by the fast path (otlp_spans), or None where it does not apply or declines."""
-        if signal != "traces" or is_json:
-            return None
-        fast = otlp_spans.span_table(body)
-        if fast is None:
-            return None
-        spans, not_server = fast
-        counts = {FAST_PATH: 1}
-        if not_server:
-            counts["spans_not_server"] = not_server
-        return Batch(spans=spans), counts
 
     def decode(self, signal: str, body: bytes, is_json: bool) -> tuple[Batch, dict]:
         """(batch, counts) of one export request body by the general path; raises DecodeError."""
@@ -115,7 +115,7 @@ class Receiver:
 
     def accept_body(self, signal: str, body: bytes, is_json: bool) -> Outcome:
         """Parse, decode and offer one export request body; DecodeError: the whole request is invalid."""
-        decoded = Decoders.fast(signal, body, is_json)
+        decoded = fast_decode(signal, body, is_json)
         if decoded is None and self.offload is not None and len(body) >= self.offload_bytes:
             return self._offered(signal, *self.offload(signal, body, is_json))
         batch, skips = decoded or self._decoders().decode(signal, body, is_json)

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-APT_PACKAGES=(gcc python3-dev python3-bpfcc bpfcc-tools linux-headers-amd64 prometheus prometheus-alertmanager nftables stress-ng fio iproute2 chromium)
+APT_PACKAGES=(gcc libc6-dev python3-dev python3-bpfcc bpfcc-tools linux-headers-amd64 prometheus prometheus-alertmanager nftables stress-ng fio iproute2 chromium)
 
 say() { printf 'setup: %s\n' "$*"; }
 
@@ -42,6 +42,10 @@ mount_tracefs() {
     mountpoint -q /sys/kernel/debug || mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null || true
 }
 
+fast_path_built() {
+    "$VENV/bin/python" -c 'import collectors._otlp_spans' 2>/dev/null
+}
+
 make_venv() {
     if [ ! -x "$VENV/bin/python" ]; then
         say "creating $VENV"
@@ -52,11 +56,14 @@ make_venv() {
     fi
     local stamp="$VENV/.installed" want
     want=$(cat pyproject.toml setup.py collectors/otlp_spans.c | sha256sum | cut -d' ' -f1)  # the C extension is built at install
-    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! fast_path_built; then
         say "installing sloscope and its dependencies into $VENV"
         "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
         "$VENV/bin/python" -m pip install -q -e ".[test]"
-        echo "$want" > "$stamp"
+        # Not up to date until the fast path is built: the next run tries again (say, once gcc is there).
+        if fast_path_built; then echo "$want" > "$stamp"; else rm -f "$stamp"
+            say "the trace fast path was not compiled (needs gcc, libc6-dev, python3-dev): every trace request takes the general decoder"
+        fi
     else
         say "venv up to date"
     fi

@@ -1,5 +1,6 @@
 """Protocol-neutral records that flow between the stages: decoders fill them, enrich completes them, analytics
-stores them. Columnar (a list per field) because a batch holds hundreds of thousands of rows."""
+stores them. Columnar (a list per field, or Arrow arrays from the trace fast path) because a batch holds hundreds
+of thousands of rows."""
 
 from __future__ import annotations
 

@@ -108,14 +108,20 @@ def test_a_killed_worker_costs_a_retry_not_data(tmp_path):
         own.close()
 
 
-def test_a_request_after_the_pool_closed_is_retryable(tmp_path):
+# What goes to the workers: JSON, and protobuf the fast path declines (here: an unknown field at the end).
+OFFLOADED = [(_json_traces(2), "application/json"),
+             (_proto_traces(2).SerializeToString() + b"\x98\x06\x01", "application/x-protobuf")]
+
+
+@pytest.mark.parametrize("body,content_type", OFFLOADED)
+def test_a_request_after_the_pool_closed_is_retryable(tmp_path, body, content_type):
     """While serve stops, a request still in flight gets 503 (the exporter resends it to the next serve)."""
     spec = load_spec(None)
     own = DecodePool(1, frozenset(spec.tiers), spec.default_tier)
     server = Running(tmp_path / "r.duckdb", decode_pool=own)
     try:
         own.close()
-        status, headers, _ = server.post("/v1/traces", _json_traces(2), "application/json")
+        status, headers, _ = server.post("/v1/traces", body, content_type)
         assert status == 503 and headers["Retry-After"]
         assert server.receiver.counts["traces_refused_full"] == 1
     finally:

@@ -14,7 +14,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from analytics.store import Frames
 from collectors import otlp_proto, otlp_spans
 from collectors.otlp_common import DecodeError
-from collectors.receiver import FAST_PATH, GENERAL_PATH, Decoders
+from collectors.receiver import FAST_PATH, GENERAL_PATH, Decoders, fast_decode
 from enrich.tiers import TierResolver, resolve_tiers
 
 TIERS = frozenset({"standard", "p99-latency-critical"})
@@ -25,7 +25,7 @@ T0 = 1_764_410_400_000_000_000
 
 def fast_rows(body: bytes):
     """(requests frame, counters) by the fast path, or None where it declines."""
-    decoded = Decoders.fast("traces", body, False)
+    decoded = fast_decode("traces", body, False)
     return None if decoded is None else _rows(*decoded)
 
 
