@@ -503,56 +503,36 @@ static int add_text(TextColumn *c, Text t)
 
 /* --- spans (trace.proto) ---------------------------------------------------------------------------- */
 
-static int span_event(Slice m)
+/* A message the receiver reads nothing of, checked whole. layout[k] is the type of field k + 1: q fixed64,
+ * i fixed32, v varint, s string, b bytes, a attribute (the one repeated field). */
+static int checked_message(Slice m, const char *layout)
 {
     uint32_t seen = 0, field, wt;
+    size_t fields = strlen(layout);
     uint64_t v;
     Slice s;
     while (m.p < m.end) {
-        if (tag(&m, &field, &wt))
+        if (tag(&m, &field, &wt) || field > fields)
             return DECLINE;
-        if (field == 3) {
-            if (plain_attribute(&m, wt))
-                return DECLINE;
-            continue;
-        }
-        if (!first_time(&seen, field))
+        char type = layout[field - 1];
+        if (type != 'a' && !first_time(&seen, field))
             return DECLINE;
-        int rc = field == 1 ? (wt == WT_FIXED64 ? fixed(&m, wt, &v) : DECLINE)
-                 : field == 2 ? string_field(&m, wt, &s)
-                 : field == 4 ? scalar_varint(&m, wt, &v)
-                              : DECLINE;
+        int rc = type == 'q' ? (wt == WT_FIXED64 ? fixed(&m, wt, &v) : DECLINE)
+                 : type == 'i' ? (wt == WT_FIXED32 ? fixed(&m, wt, &v) : DECLINE)
+                 : type == 'v' ? scalar_varint(&m, wt, &v)
+                 : type == 's' ? string_field(&m, wt, &s)
+                 : type == 'b' ? length_delimited(&m, wt, &s)
+                               : plain_attribute(&m, wt);
         if (rc)
             return DECLINE;
     }
     return OK;
 }
 
-static int span_link(Slice m)
-{
-    uint32_t seen = 0, field, wt;
-    uint64_t v;
-    Slice s;
-    while (m.p < m.end) {
-        if (tag(&m, &field, &wt))
-            return DECLINE;
-        if (field == 4) {
-            if (plain_attribute(&m, wt))
-                return DECLINE;
-            continue;
-        }
-        if (!first_time(&seen, field))
-            return DECLINE;
-        int rc = field == 1 || field == 2 ? length_delimited(&m, wt, &s)
-                 : field == 3 ? string_field(&m, wt, &s)
-                 : field == 5 ? scalar_varint(&m, wt, &v)
-                 : field == 6 ? (wt == WT_FIXED32 ? fixed(&m, wt, &v) : DECLINE)
-                              : DECLINE;
-        if (rc)
-            return DECLINE;
-    }
-    return OK;
-}
+/* trace.proto's Span.Event and Span.Link, common.proto's InstrumentationScope */
+#define EVENT_LAYOUT "qsav"
+#define LINK_LAYOUT "bbsavi"
+#define SCOPE_LAYOUT "ssav"
 
 static int status(Slice m, int64_t *code)
 {
@@ -594,10 +574,10 @@ static int span_fields(Decoder *d, Slice m, SpanFields *f)
             rc = length_delimited(&m, wt, &s) || attribute(s, d->keys, SPAN_SLOTS, 0, &f->kept);
             break;
         case 11:
-            rc = length_delimited(&m, wt, &s) || span_event(s);
+            rc = length_delimited(&m, wt, &s) || checked_message(s, EVENT_LAYOUT);
             break;
         case 13:
-            rc = length_delimited(&m, wt, &s) || span_link(s);
+            rc = length_delimited(&m, wt, &s) || checked_message(s, LINK_LAYOUT);
             break;
         default:
             if (!first_time(&seen, field))
@@ -696,28 +676,6 @@ static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
     return OK;
 }
 
-static int instrumentation_scope(Slice m)
-{
-    uint32_t seen = 0, field, wt;
-    uint64_t v;
-    Slice s;
-    while (m.p < m.end) {
-        if (tag(&m, &field, &wt))
-            return DECLINE;
-        if (field == 3) {
-            if (plain_attribute(&m, wt))
-                return DECLINE;
-            continue;
-        }
-        if (!first_time(&seen, field))
-            return DECLINE;
-        int rc = field == 1 || field == 2 ? string_field(&m, wt, &s) : field == 4 ? scalar_varint(&m, wt, &v) : DECLINE;
-        if (rc)
-            return DECLINE;
-    }
-    return OK;
-}
-
 static int scope_spans(Decoder *d, Slice m, const Resource *r)
 {
     uint32_t seen = 0, field, wt;
@@ -738,7 +696,7 @@ static int scope_spans(Decoder *d, Slice m, const Resource *r)
         } else if (!first_time(&seen, field)) {
             return DECLINE;
         } else if (field == 1) {
-            rc = length_delimited(&m, wt, &s) || instrumentation_scope(s);
+            rc = length_delimited(&m, wt, &s) || checked_message(s, SCOPE_LAYOUT);
         } else {
             rc = field == 3 ? string_field(&m, wt, &s) : DECLINE;
         }
