@@ -10,12 +10,10 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from sloscope import catalog
 from sloscope.records import Batch
 
-from collectors.otlp_lean import AttributeReader, LeanTraceRequest, status_code
 from collectors.otlp_common import (
     FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, MAX_INT64, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
     TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, append_span, node_of, point_times,
@@ -26,14 +24,13 @@ REQUEST_TYPES = {"traces": ExportTraceServiceRequest, "metrics": ExportMetricsSe
 
 
 def parse(signal: str, body: bytes):
-    """The export request message of a signal ("traces", "metrics", "logs") from its protobuf bytes; for traces,
-    once it has parsed as the real message, its lean view (otlp_lean)."""
+    """The export request message of a signal ("traces", "metrics", "logs") from its protobuf bytes."""
     message = REQUEST_TYPES[signal]()
     try:
         message.ParseFromString(body)
     except (ProtobufDecodeError, RuntimeError) as exc:  # upb raises RuntimeError on excessive nesting
         raise DecodeError(f"not a valid {message.DESCRIPTOR.name}: {exc}") from None
-    return LeanTraceRequest.FromString(body) if signal == "traces" else message
+    return message
 
 
 def any_value(value, depth: int = 0):
@@ -61,12 +58,11 @@ class ProtoDecoder(Skips):
     def __init__(self):
         super().__init__()
         self._attr_text: dict[bytes, str] = {}
-        self._span_attributes = AttributeReader(SPAN_ATTRIBUTES, any_value)
 
     def decode(self, request) -> Batch:
         """A batch from an export request as `parse` returns it."""
         batch = Batch()
-        if isinstance(request, LeanTraceRequest):
+        if isinstance(request, ExportTraceServiceRequest):
             for block in request.resource_spans:
                 self._resource_spans(block, batch)
         elif isinstance(request, ExportMetricsServiceRequest):
@@ -84,8 +80,8 @@ class ProtoDecoder(Skips):
         return text
 
     def _resource_spans(self, block, batch: Batch) -> None:
-        resource = SpanResource(attributes(Resource.FromString(block.resource).attributes))
-        spans, selected = batch.spans, self._span_attributes.selected
+        resource = SpanResource(attributes(block.resource.attributes))
+        spans = batch.spans
         for scope in block.scope_spans:
             for span in scope.spans:
                 if span.kind != SPAN_KIND_SERVER:
@@ -94,9 +90,9 @@ class ProtoDecoder(Skips):
                 trace_id, span_id = span.trace_id, span.span_id
                 if len(trace_id) != 16 or len(span_id) != 8:
                     raise DecodeError("span: trace_id must be 16 bytes and span_id 8 bytes")
-                append_span(spans, trace_id.hex(), span_id.hex(), resource, selected(span.attributes),
-                            span.start_time_unix_nano, span.end_time_unix_nano,
-                            status_code(span.status) == STATUS_CODE_ERROR, span.name)
+                kept = {kv.key: any_value(kv.value) for kv in span.attributes if kv.key in SPAN_ATTRIBUTES}
+                append_span(spans, trace_id.hex(), span_id.hex(), resource, kept, span.start_time_unix_nano,
+                            span.end_time_unix_nano, span.status.code == STATUS_CODE_ERROR, span.name)
 
     def _resource_metrics(self, block, batch: Batch) -> None:
         node = node_of(attributes(block.resource.attributes))

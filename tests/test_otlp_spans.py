@@ -119,7 +119,7 @@ def test_what_the_fast_path_takes_it_reads_as_the_general_decoder(request):
 
 
 class LeftToGeneralPath(Exception):
-    pass
+    """A reason the fast path leaves a valid request to the general decoder."""
 
 
 RESOURCE_KEYS = {"service.name", "k8s.node.name", "host.name", "hw.id", "k8s.pod.name", "k8s.namespace.name"}
