@@ -42,13 +42,17 @@ probes: auto (default) = the node set with eBPF where privileged, else the procf
 
 resource attributes: service.name=sloscope-collector, host.name, k8s.node.name (when NODE_NAME is set).
 
-export: OTLP metrics through the OpenTelemetry SDK exporter. Counters and exponential histograms (scale 0)
-  are cumulative by default (a running total per series since its fixed start time), gauges as read.
+export: OTLP metrics (the SDK's data model, sent as OTLP protobuf). Counters and exponential histograms
+  (scale 0) are cumulative by default (a running total per series since its fixed start time), gauges as
+  read. Retried as the OTLP specification says: HTTP 429, 502, 503, 504 and gRPC UNAVAILABLE, CANCELLED,
+  DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE, DATA_LOSS, RESOURCE_EXHAUSTED with RetryInfo, after the
+  Retry-After / RetryInfo the endpoint asks for; any other error answer is not retried.
 
-no data loss: while the endpoint is down, slow, or answers with an error, batches go to the spool
-  (one OTLP protobuf ExportMetricsServiceRequest per file, fsynced, named by sequence number) and are
-  replayed in order when it is back, also after a restart. Past spool.max_bytes / spool.max_batches the
-  oldest batches are dropped, counted and logged.
+no data loss: while the endpoint is down, slow, or busy, batches go to the spool (one checksummed OTLP
+  ExportMetricsServiceRequest per file, fsynced, named by sequence number) and are replayed in order when
+  it is back, also after a restart. Past spool.max_bytes / spool.max_batches, or on a full disk, the
+  oldest batches are dropped, counted and logged. A batch the endpoint refuses twice while it accepts an
+  empty request goes to DIR/rejected/; a spool file that fails its checksum goes to DIR/corrupt/.
 
 exit status: 0 after a clean stop (SIGTERM/SIGINT, --duration, --once), 1 when no probe can run,
   2 on a configuration error, 130 when interrupted twice.
@@ -68,7 +72,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--protocol", metavar="P", help="grpc (default) or http/protobuf")
     parser.add_argument("--header", action="append", default=[], metavar="K=V",
                         help="an export request header (repeatable)")
-    parser.add_argument("--timeout", metavar="S", help="per-export timeout, retries included (default 10s)")
+    parser.add_argument("--timeout", metavar="S", help="timeout of one export attempt (default 10s)")
     parser.add_argument("--interval", metavar="S", help="collect and export every S (default 5s)")
     parser.add_argument("--probe", action="append", default=[], metavar="NAME",
                         help="probe to run (repeatable; auto, node, all or a probe name; default auto)")
@@ -132,9 +136,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not logging.getLogger().handlers:  # run outside `sloscope` (tests, python -m)
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    # The SDK exporters log every retry as a warning; sloscope logs the endpoint's state changes itself.
-    if not logging.getLogger().isEnabledFor(logging.DEBUG):
-        logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.ERROR)
 
     from .agent import Agent
 

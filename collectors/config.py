@@ -85,11 +85,6 @@ class CollectorConfig:
                 f"node {self.node_name or '-'}{src('node_name')}, host {self.host_name}"
                 + (f", headers {', '.join(sorted(self.headers))}{src('headers')}" if self.headers else ""))
 
-    @property
-    def exporter_options(self) -> dict[str, Any]:
-        """Keyword arguments for the SDK exporter of `protocol`."""
-        return {"endpoint": self.endpoint, "headers": dict(self.headers), "timeout": self.timeout_s}
-
 
 # -- value parsers --------------------------------------------------------------------------------------------
 

@@ -1,32 +1,45 @@
 """A bounded on-disk FIFO of OTLP export requests: what could not be exported waits here, in order.
 
-Format: one serialized `ExportMetricsServiceRequest` (OTLP protobuf, exactly the bytes an OTLP/HTTP request
-body carries) per file, named by a sequence number, `00000000000000000042.pb`, in one directory. Files sort
-in export order. A file is written as `.NAME.tmp`, fsynced, renamed into place and the directory fsynced, so
-after a crash or power loss a batch is either entirely in the spool or not there at all (a leftover `.tmp`
-file is removed when the spool is opened). Reopening the directory resumes where it stopped; sequence
-numbers continue after the highest one present.
+Files: one batch per file, named by a sequence number, `00000000000000000042.pb`, in one directory; files sort
+in export order. Each file is a checksummed record (spool_format.py: magic, version, length and SHA-256 of the
+serialized `ExportMetricsServiceRequest`, then the request); files without the header, from earlier versions,
+still replay. Reopening the directory resumes where it stopped; sequence numbers continue after the highest
+one present.
 
-Bound: at most `max_bytes` bytes and `max_batches` files. Past either, the oldest batches are dropped (a
-cumulative counter point dropped this way loses resolution, not counts: the next one carries the total);
-every drop is counted (batches and data points) and logged. A file that does not parse is moved to
-`corrupt/`, counted as a drop and logged. A batch the receiver keeps rejecting while it accepts other
-requests can be moved to `rejected/` (`reject()`), likewise counted and logged; both directories keep at
-most `QUARANTINE_KEEP` files, for people to look at.
+Durability: a file is written as `.NAME.tmp` in the spool directory, fsynced, renamed into place and the
+directory fsynced, so after a crash or power loss a batch is either entirely in the spool or not there at all.
+A failed write removes its temporary file; one left by a crash is removed (and logged) when the spool opens.
+
+Bounds: at most `max_bytes` bytes of files and `max_batches` files; past either, the oldest batches are
+dropped. A full disk (ENOSPC, EDQUOT) is a bound too: the oldest batches are dropped to make room for the new
+one and the write is tried once more; when that fails as well, the new batch is dropped. (A cumulative counter
+point dropped this way loses resolution, not counts: the next one carries the total.) Every drop is counted
+(batches and data points) and logged.
+
+Reading: a file that cannot be trusted (header, length or checksum wrong, or a request that does not parse)
+is moved to `corrupt/` and counted. A file that could not be read (EIO, EMFILE, ...) stays where it is: the
+read error is counted and peek() raises it, for the caller to try again later. A batch the receiver refuses
+for good is moved to `rejected/` (`reject()`), counted. Both folders keep at most `QUARANTINE_KEEP` files,
+for people to look at.
 
 A Spool is used by one thread at a time (the agent's sender); a lock guards it anyway.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
 import threading
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from .otlp_metrics import count_points
+from .spool_format import CorruptRecord, decode_record, encode_record
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +48,7 @@ NAME = re.compile(r"^(\d{20})\.pb$")
 QUARANTINE_KEEP = 64
 DEFAULT_MAX_BYTES = 256 * 2**20
 DEFAULT_MAX_BATCHES = 100_000
+SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _fsync_dir(path: str) -> None:
@@ -45,23 +59,21 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _points(data: bytes) -> int | None:
-    from .otlp_metrics import count_points
-
-    try:
-        return count_points(ExportMetricsServiceRequest.FromString(data))
-    except Exception:
-        return None
+def _parse(payload: bytes) -> int:
+    """Data points of a serialized request; raises when it does not parse."""
+    return count_points(ExportMetricsServiceRequest.FromString(payload))
 
 
 @dataclass
 class SpoolStats:
     batches: int
     bytes: int
-    dropped_batches: int
+    dropped_batches: int  # every batch lost, for whatever reason below or the bounds
     dropped_points: int
     rejected_batches: int
     corrupt_batches: int
+    disk_full_batches: int  # dropped to make room on a full disk, or not written for want of it
+    read_errors: int  # transient: the batch stayed
 
 
 class Spool:
@@ -77,22 +89,32 @@ class Spool:
         self.dropped_points = 0
         self.rejected_batches = 0
         self.corrupt_batches = 0
+        self.disk_full_batches = 0
+        self.read_errors = 0
         self._lock = threading.RLock()
         os.makedirs(self.directory, exist_ok=True)
-        self._sizes: dict[int, int] = {}
-        for entry in os.scandir(self.directory):
-            if entry.name.startswith(".") and entry.name.endswith(".tmp"):
-                os.unlink(entry.path)  # a write that never completed
-                continue
-            m = NAME.match(entry.name)
-            if m and entry.is_file():
-                self._sizes[int(m.group(1))] = entry.stat().st_size
+        self._sizes: dict[int, int] = self._scan()
         self._order = deque(sorted(self._sizes))
         self._bytes = sum(self._sizes.values())
         self._next = (self._order[-1] + 1) if self._order else 0
         if self._order:
             log.info("spool %s: resuming %d batches (%d bytes)", self.directory, len(self), self._bytes)
         self._enforce_bound()
+
+    def _scan(self) -> dict[int, int]:
+        sizes, unfinished = {}, []
+        for entry in os.scandir(self.directory):
+            if entry.name.startswith(".") and entry.name.endswith(".tmp"):
+                os.unlink(entry.path)
+                unfinished.append(entry.name)
+                continue
+            m = NAME.match(entry.name)
+            if m and entry.is_file():
+                sizes[int(m.group(1))] = entry.stat().st_size
+        if unfinished:
+            log.warning("spool %s: removed %d unfinished writes (%s)", self.directory, len(unfinished),
+                        ", ".join(sorted(unfinished)[:5]))
+        return sizes
 
     # -- queries
 
@@ -114,31 +136,66 @@ class Spool:
         return os.path.join(self.directory, f"{seq:020d}{SUFFIX}")
 
     def stats(self) -> SpoolStats:
-        return SpoolStats(len(self), self._bytes, self.dropped_batches, self.dropped_points,
-                          self.rejected_batches, self.corrupt_batches)
+        return SpoolStats(len(self), self._bytes, self.dropped_batches, self.dropped_points, self.rejected_batches,
+                          self.corrupt_batches, self.disk_full_batches, self.read_errors)
 
     # -- writing
 
-    def append(self, data: bytes, points: int | None = None) -> int:
-        """Store one serialized export request after all others; durable when this returns. Returns its
-        sequence number. Drops the oldest batches if the bound is exceeded (the new one too if it alone is
-        over max_bytes)."""
+    def append(self, data: bytes, points: int | None = None) -> int | None:
+        """Store one serialized export request after all others; durable when this returns its sequence
+        number. None: it could not be stored (too large for the bound, no room, an unwritable directory), and
+        was counted and logged as dropped. Drops the oldest batches past the bounds."""
         with self._lock:
             seq = self._next
             self._next += 1
-            if len(data) > self.max_bytes:
-                self._count_drop(points if points is not None else _points(data), 1)
-                log.warning("spool: dropped batch %d (%d bytes alone exceeds the bound of %d bytes)",
-                            seq, len(data), self.max_bytes)
-                return seq
-            final = self.path(seq)
-            tmp = os.path.join(self.directory, f".{seq:020d}.tmp")
+            record = encode_record(data)
+            if len(record) > self.max_bytes:
+                self.lose(points, f"batch {seq}: {len(record)} bytes alone exceed the bound of {self.max_bytes}",
+                          data)
+                return None
+            error = self._store(seq, record)
+            if error is not None:
+                if error.errno in SPACE_ERRORS:
+                    self.disk_full_batches += 1
+                self.lose(points, f"batch {seq} could not be written to {self.directory}: {error}", data)
+                return None
+            self._order.append(seq)
+            self._sizes[seq] = len(record)
+            self._bytes += len(record)
+            self._enforce_bound()
+            return seq
+
+    def lose(self, points: int | None, why: str, data: bytes | None = None) -> None:
+        """Count and log a batch that never made it into the spool."""
+        if points is None and data is not None:
+            points = self._points_or_none(data)
+        self._count_drop(points, 1)
+        log.error("spool: dropped a batch of %s data points: %s; %d dropped in all", points, why,
+                  self.dropped_batches)
+
+    def _store(self, seq: int, record: bytes) -> OSError | None:
+        """Write the record; on a full disk make room and try once more. The error when it is not stored."""
+        error = self._try_write(seq, record)
+        if error is not None and error.errno in SPACE_ERRORS and self._make_room(len(record)):
+            error = self._try_write(seq, record)
+        return error
+
+    def _try_write(self, seq: int, record: bytes) -> OSError | None:
+        try:
+            self._write(seq, record)
+        except OSError as exc:
+            return exc
+        return None
+
+    def _write(self, seq: int, record: bytes) -> None:
+        final = self.path(seq)
+        tmp = os.path.join(self.directory, f".{seq:020d}.tmp")
+        try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                view = memoryview(data)
+                view = memoryview(record)
                 while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
+                    view = view[os.write(fd, view):]
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -146,41 +203,67 @@ class Spool:
             os.replace(tmp, final)
             if self.fsync:
                 _fsync_dir(self.directory)
-            self._order.append(seq)
-            self._sizes[seq] = len(data)
-            self._bytes += len(data)
-            self._enforce_bound()
-            return seq
+        except BaseException:
+            for leftover in (tmp, final):  # not stored means not there, whatever step failed
+                try:
+                    os.unlink(leftover)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    log.error("spool: could not remove %s after a failed write: %s", leftover, exc)
+            raise
+
+    def _make_room(self, size: int) -> bool:
+        """Drop the oldest batches until their blocks would hold `size` bytes; False when there is nothing to
+        drop (the disk is full of something else)."""
+        try:
+            block = os.statvfs(self.directory).f_bsize
+        except OSError:
+            block = 4096  # only how much is dropped depends on it
+        needed = (size // block + 2) * block  # whole blocks, and one more for the directory and the inode
+        dropped = self._drop_oldest(lambda freed: freed >= needed, "disk full")
+        self.disk_full_batches += dropped
+        if dropped and self.fsync:
+            try:
+                _fsync_dir(self.directory)  # also commits the file system's journal, which frees the blocks
+            except OSError as exc:
+                log.warning("spool: fsync of %s after dropping batches: %s", self.directory, exc)
+        return dropped > 0
 
     def _enforce_bound(self) -> None:
-        dropped = []
-        points = 0
-        while len(self) and (self._bytes > self.max_bytes or len(self) > self.max_batches):
+        self._drop_oldest(lambda _freed: self._bytes <= self.max_bytes and len(self) <= self.max_batches,
+                          f"full (bound {self.max_bytes} bytes, {self.max_batches} batches)")
+
+    def _drop_oldest(self, enough: Callable[[int], bool], why: str) -> int:
+        """Drop the oldest batches until enough(bytes of disk freed); counted and logged. How many."""
+        dropped, points, freed = [], 0, 0
+        while len(self) and not enough(freed):
             seq = self._order[0]
-            try:
-                with open(self.path(seq), "rb") as f:
-                    n = _points(f.read())
-            except OSError:
-                n = None
-            points += n or 0
-            self._unlink(seq)
+            points += self._points_of(seq) or 0
+            freed += self._unlink(seq)
             dropped.append(seq)
         if dropped:
             self._count_drop(points, len(dropped))
-            log.warning("spool: full (bound %d bytes, %d batches): dropped the %d oldest batches (%d..%d, %d data "
-                        "points); %d dropped in all", self.max_bytes, self.max_batches, len(dropped), dropped[0],
-                        dropped[-1], points, self.dropped_batches)
+            log.warning("spool: %s: dropped the %d oldest batches (%d..%d, %d data points); %d dropped in all", why,
+                        len(dropped), dropped[0], dropped[-1], points, self.dropped_batches)
+        return len(dropped)
 
     def _count_drop(self, points: int | None, batches: int) -> None:
         self.dropped_batches += batches
         self.dropped_points += points or 0
 
-    def _unlink(self, seq: int) -> None:
+    def _unlink(self, seq: int) -> int:
+        """Remove a batch; the bytes of disk that frees."""
+        path, freed = self.path(seq), 0
         try:
-            os.unlink(self.path(seq))
+            freed = os.stat(path).st_blocks * 512
+            os.unlink(path)
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            log.error("spool: could not remove batch %d: %s", seq, exc)
         self._forget(seq)
+        return freed
 
     def _forget(self, seq: int) -> None:
         self._bytes -= self._sizes.pop(seq, 0)
@@ -191,24 +274,49 @@ class Spool:
 
     # -- reading
 
-    def peek(self) -> tuple[int, ExportMetricsServiceRequest, int] | None:
-        """(sequence number, request, size) of the oldest batch, or None when empty. A file that does not
-        parse is moved to corrupt/ and the next one is returned."""
+    def peek(self) -> tuple[int, bytes, int] | None:
+        """(sequence number, serialized request, data points) of the oldest batch, or None when empty. A file
+        that cannot be trusted is moved to corrupt/ and the next one is returned. OSError: the oldest batch
+        could not be read now; it stays, and a later peek reads it again."""
         with self._lock:
             while len(self):
                 seq = self._order[0]
                 try:
-                    with open(self.path(seq), "rb") as f:
-                        data = f.read()
-                    return seq, ExportMetricsServiceRequest.FromString(data), len(data)
+                    raw = self._read(seq)
                 except FileNotFoundError:
                     log.warning("spool: batch %d vanished from %s", seq, self.directory)
-                    self._unlink(seq)
-                except Exception as exc:  # DecodeError, or an unreadable file
+                    self._forget(seq)
+                    continue
+                except OSError as exc:
+                    self.read_errors += 1
+                    log.warning("spool: batch %d could not be read (%s); it stays, to be read again", seq, exc)
+                    raise
+                try:
+                    payload = decode_record(raw)
+                    return seq, payload, _parse(payload)
+                except Exception as exc:  # CorruptRecord, or a DecodeError from a request that does not parse
                     self.corrupt_batches += 1
                     self._count_drop(None, 1)
-                    log.error("spool: batch %d does not parse (%s): moved to corrupt/", seq, exc)
+                    log.error("spool: batch %d is corrupt (%s): moved to corrupt/", seq,
+                              exc if isinstance(exc, CorruptRecord) else f"request does not parse: {exc}")
                     self._quarantine(seq, "corrupt")
+            return None
+
+    def _read(self, seq: int) -> bytes:
+        with open(self.path(seq), "rb") as f:
+            return f.read()
+
+    def _points_of(self, seq: int) -> int | None:
+        try:
+            return self._points_or_none(self._read(seq))
+        except OSError:
+            return None
+
+    @staticmethod
+    def _points_or_none(raw: bytes) -> int | None:
+        try:
+            return _parse(decode_record(raw))
+        except Exception:  # unreadable: the count is unknown, the drop is still counted
             return None
 
     def remove(self, seq: int) -> None:
@@ -219,28 +327,24 @@ class Spool:
     def reject(self, seq: int, why: str) -> None:
         """Move a batch the receiver will not take to rejected/ (counted as a drop)."""
         with self._lock:
-            points = None
-            try:
-                with open(self.path(seq), "rb") as f:
-                    points = _points(f.read())
-            except OSError:
-                pass
+            points = self._points_of(seq)
             self.rejected_batches += 1
             self._count_drop(points, 1)
             log.error("spool: batch %d (%s data points) rejected: %s; moved to rejected/", seq, points, why)
             self._quarantine(seq, "rejected")
 
     def _quarantine(self, seq: int, sub: str) -> None:
+        """Move a batch into a folder for people to look at. If it cannot be moved (a full disk) it stays
+        where it is, out of the queue until the spool is opened again."""
         target = os.path.join(self.directory, sub)
-        os.makedirs(target, exist_ok=True)
+        self._forget(seq)
         try:
+            os.makedirs(target, exist_ok=True)
             os.replace(self.path(seq), os.path.join(target, os.path.basename(self.path(seq))))
+            kept = sorted(os.listdir(target))
+            for name in kept[:-QUARANTINE_KEEP] if len(kept) > QUARANTINE_KEEP else []:
+                os.unlink(os.path.join(target, name))
         except FileNotFoundError:
             pass
-        self._forget(seq)
-        kept = sorted(os.listdir(target))
-        for name in kept[:-QUARANTINE_KEEP] if len(kept) > QUARANTINE_KEEP else []:
-            try:
-                os.unlink(os.path.join(target, name))
-            except OSError:
-                pass
+        except OSError as exc:
+            log.error("spool: could not move batch %d to %s/: %s", seq, sub, exc)

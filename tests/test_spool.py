@@ -1,6 +1,12 @@
-"""The on-disk spool: order, durability across reopen, bounds with counted drops, quarantine."""
+"""The on-disk spool: order, durability across reopen, bounds with counted drops, the checksummed file format,
+corrupt files set aside, transient read errors retried, quarantine."""
 
+import hashlib
 import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -8,7 +14,10 @@ from opentelemetry.sdk.resources import Resource
 
 from collectors.otlp_metrics import MetricsBuilder, count_points, encode
 from collectors.spool import Spool
+from collectors.spool_format import HEADER, MAGIC, VERSION, decode_record
 from probes.sample import Sample
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def request(n_points: int, tag: int = 0) -> bytes:
@@ -19,7 +28,8 @@ def request(n_points: int, tag: int = 0) -> bytes:
     return encode(builder.build(samples)).SerializeToString()
 
 
-def tag_of(req: ExportMetricsServiceRequest) -> int:
+def tag_of(body: bytes) -> int:
+    req = ExportMetricsServiceRequest.FromString(body)
     return int(req.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].as_double)
 
 
@@ -30,34 +40,52 @@ def test_fifo_order_and_files_named_by_sequence(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [f"{s:020d}.pb" for s in seqs]
     seen = []
     while spool:
-        seq, req, size = spool.peek()
-        assert size == os.path.getsize(spool.path(seq))
-        seen.append(tag_of(req))
+        seq, body, points = spool.peek()
+        assert points == 2 and len(body) + HEADER.size == os.path.getsize(spool.path(seq))
+        seen.append(tag_of(body))
         spool.remove(seq)
     assert seen == [0, 1, 2, 3, 4]
     assert spool.peek() is None and spool.bytes == 0 and os.listdir(tmp_path) == []
 
 
-def test_each_file_is_an_export_request_as_sent(tmp_path):
+def test_each_file_is_the_request_as_sent_behind_a_checksummed_header(tmp_path):
     spool = Spool(str(tmp_path))
     data = request(3, 7)
     seq = spool.append(data)
-    with open(spool.path(seq), "rb") as f:
-        assert f.read() == data
+    raw = Path(spool.path(seq)).read_bytes()
+    magic, version, length, digest = HEADER.unpack_from(raw)
+    assert (magic, version, length, digest) == (MAGIC, VERSION, len(data), hashlib.sha256(data).digest())
+    assert raw[HEADER.size:] == data == decode_record(raw)
     assert count_points(ExportMetricsServiceRequest.FromString(data)) == 3
+    assert spool.bytes == len(raw)
 
 
-def test_reopening_resumes_and_continues_the_sequence(tmp_path):
+def test_files_from_an_earlier_version_still_replay_in_order(tmp_path):
+    for seq, tag in ((4, 40), (5, 50)):  # version 0: the bare request
+        (tmp_path / f"{seq:020d}.pb").write_bytes(request(2, tag))
+    spool = Spool(str(tmp_path))
+    assert spool.append(request(1, 60)) == 6
+    seen = []
+    while spool:
+        seq, body, points = spool.peek()
+        seen.append((seq, tag_of(body), points))
+        spool.remove(seq)
+    assert seen == [(4, 40, 2), (5, 50, 2), (6, 60, 1)] and spool.corrupt_batches == 0
+
+
+def test_reopening_resumes_and_continues_the_sequence(tmp_path, caplog):
     spool = Spool(str(tmp_path))
     for tag in range(3):
         spool.append(request(1, tag))
     spool.remove(spool.peek()[0])
     (tmp_path / ".00000000000000000009.tmp").write_bytes(b"half a write")  # a crash in the middle of append
-    again = Spool(str(tmp_path))
+    with caplog.at_level("WARNING"):
+        again = Spool(str(tmp_path))
+    assert "removed 1 unfinished writes" in caplog.text
     assert len(again) == 2 and again.bytes == spool.bytes
     assert not (tmp_path / ".00000000000000000009.tmp").exists()
     assert again.append(request(1, 3)) == 3
-    assert [tag_of(again.peek()[1])] == [1]
+    assert tag_of(again.peek()[1]) == 1
     assert again.sequence_numbers() == [1, 2, 3]
 
 
@@ -78,7 +106,7 @@ def test_bound_in_bytes(tmp_path):
         spool.append(request(4, tag))
     assert len(spool) == 2 and spool.bytes <= one * 2.5
     assert spool.dropped_batches == 2 and spool.dropped_points == 8
-    assert [tag_of(spool.peek()[1])] == [2]
+    assert tag_of(spool.peek()[1]) == 2
 
 
 def test_a_batch_larger_than_the_bound_is_dropped_and_counted(tmp_path):
@@ -95,17 +123,68 @@ def test_reopening_with_a_smaller_bound_trims(tmp_path):
     assert smaller.sequence_numbers() == [2, 3] and smaller.dropped_batches == 2
 
 
-def test_a_corrupt_file_is_set_aside_and_counted(tmp_path, caplog):
+def flip(path: str, offset: int) -> None:
+    raw = bytearray(Path(path).read_bytes())
+    raw[offset] ^= 0xFF
+    Path(path).write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda p: flip(p, HEADER.size + 20), "checksum mismatch"),  # one byte of the request
+    (lambda p: flip(p, os.path.getsize(p) - 1), "checksum mismatch"),  # its last byte
+    (lambda p: flip(p, 13), "header says"),  # the length
+    (lambda p: flip(p, 2), "bad magic"),
+    (lambda p: flip(p, 4), "format version 65281"),
+    (lambda p: os.truncate(p, os.path.getsize(p) - 7), "header says"),  # a torn write
+    (lambda p: os.truncate(p, 20), "shorter than the 46-byte header"),
+    (lambda p: Path(p).write_bytes(b"\x0a\xff\xff\xff not protobuf"), "request does not parse"),  # version 0
+])
+def test_a_corrupt_file_is_set_aside_and_counted(tmp_path, caplog, damage, reason):
     spool = Spool(str(tmp_path))
-    spool.append(request(1, 0))
+    spool.append(request(3, 0))
     spool.append(request(1, 1))
-    with open(spool.path(0), "wb") as f:
-        f.write(b"\xff\xff\xff not protobuf")
-    seq, req, _ = spool.peek()
-    assert seq == 1 and tag_of(req) == 1
-    assert spool.corrupt_batches == 1 and spool.dropped_batches == 1
+    damage(spool.path(0))
+    seq, body, _ = spool.peek()
+    assert seq == 1 and tag_of(body) == 1
+    assert spool.corrupt_batches == 1 and spool.dropped_batches == 1 and spool.read_errors == 0
+    assert spool.sequence_numbers() == [1] and spool.bytes == os.path.getsize(spool.path(1))
     assert (tmp_path / "corrupt" / f"{0:020d}.pb").exists()
-    assert "does not parse" in caplog.text
+    assert "batch 0 is corrupt" in caplog.text and reason in caplog.text
+    assert Spool(str(tmp_path)).sequence_numbers() == [1]  # set aside for good, also after a restart
+
+
+TRANSIENT_READ = textwrap.dedent("""
+    import os, resource, sys
+    from collectors.spool import Spool
+    spool = Spool(sys.argv[1])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.open(os.devnull, os.O_RDONLY)
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no descriptor left to open
+    try:
+        spool.peek()
+        print("no error")
+    except OSError as exc:
+        print("error", exc.errno)
+    print("kept", spool.sequence_numbers(), spool.read_errors, spool.corrupt_batches, spool.dropped_batches)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    seq, body, points = spool.peek()
+    print("read", seq, points)
+""")
+
+
+def test_a_transient_read_error_keeps_the_file_for_a_later_read(tmp_path):
+    """Out of file descriptors (EMFILE) is not corruption: the batch stays, counted as a read error, and
+    is read once descriptors are back."""
+    spool = Spool(str(tmp_path))
+    spool.append(request(3, 0))
+    spool.append(request(1, 1))
+    out = subprocess.run([sys.executable, "-c", TRANSIENT_READ, str(tmp_path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["error 24", "kept [0, 1] 1 0 0", "read 0 3"]  # 24: EMFILE
+    assert "could not be read" in out.stderr and "it stays" in out.stderr
+    assert sorted(os.listdir(tmp_path)) == [f"{0:020d}.pb", f"{1:020d}.pb"]
 
 
 def test_reject_moves_a_batch_aside(tmp_path):

@@ -5,7 +5,14 @@ same port, or told to answer with an error, to play an endpoint that goes away.
     sink = OtlpSink("http"); sink.start()      # sink.endpoint -> "http://127.0.0.1:PORT"
     ...; sink.stop(); ...; sink.start()        # same port again
     sink.fail_with = 503                       # HTTP status (or a grpc.StatusCode) for every request
+    sink.refuse = lambda request: 400 or None  # the same, per request (None: accept it)
+    sink.retry_after = 2                       # failures carry Retry-After: 2 (HTTP) or RetryInfo (gRPC)
+    sink.partially_rejected = 3                # successes are partial: "rejected 3 data points"
     sink.requests                              # [ExportMetricsServiceRequest, ...] in arrival order
+    sink.failures                              # [(time.monotonic(), code), ...] of every failure answered
+
+Failures are answered as the OTLP specification says: HTTP with a google.rpc.Status body, gRPC with the
+RetryInfo in the status details (the grpc-status-details-bin trailer).
 
 Run as a script (`python -m tests.fakes.otlp_sink --protocol http --port 4318`) it prints a line per request.
 """
@@ -13,13 +20,17 @@ Run as a script (`python -m tests.fakes.otlp_sink --protocol http --port 4318`) 
 from __future__ import annotations
 
 import argparse
+import datetime
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+STATUS_DETAILS = "grpc-status-details-bin"
 
 
 def free_port() -> int:
@@ -36,8 +47,12 @@ class OtlpSink:
         self.port = port or free_port()
         self.delay_s = delay_s  # answer this late (a slow endpoint)
         self.fail_with = None  # HTTP status code or grpc.StatusCode to answer every request with
+        self.refuse = None  # request -> HTTP status code, grpc.StatusCode or None (accept)
+        self.retry_after: float | None = None
+        self.partially_rejected = 0
         self.on_request = on_request
         self.requests: list[ExportMetricsServiceRequest] = []
+        self.failures: list[tuple[float, object]] = []
         self.rejected = 0
         self.lock = threading.Lock()
         self._server = None
@@ -51,11 +66,35 @@ class OtlpSink:
     def running(self) -> bool:
         return self._server is not None
 
-    def _accept(self, request: ExportMetricsServiceRequest) -> None:
+    def _failure(self, request: ExportMetricsServiceRequest | None):
+        """The failure to answer this request with, or None to accept it (and counted when there is one)."""
+        code = self.fail_with
+        if code is None and self.refuse is not None and request is not None:
+            code = self.refuse(request)
+        if code is not None:
+            with self.lock:
+                self.rejected += 1
+                self.failures.append((time.monotonic(), code))
+        return code
+
+    def _accept(self, request: ExportMetricsServiceRequest) -> bytes:
         with self.lock:
             self.requests.append(request)
         if self.on_request:
             self.on_request(request)
+        response = metrics_service_pb2.ExportMetricsServiceResponse()
+        if self.partially_rejected:
+            response.partial_success.rejected_data_points = self.partially_rejected
+            response.partial_success.error_message = "some points were not kept"
+        return response.SerializeToString()
+
+    def _status(self, code: int, message: str) -> bytes:
+        status = status_pb2.Status(code=code, message=message)
+        if self.retry_after is not None:
+            info = error_details_pb2.RetryInfo()
+            info.retry_delay.FromTimedelta(datetime.timedelta(seconds=self.retry_after))
+            status.details.add().Pack(info)
+        return status.SerializeToString()
 
     # -- lifecycle
 
@@ -99,10 +138,6 @@ class OtlpSink:
                     return self._answer(404, b"not found")
                 if sink.delay_s:
                     time.sleep(sink.delay_s)
-                if sink.fail_with is not None:
-                    with sink.lock:
-                        sink.rejected += 1
-                    return self._answer(int(sink.fail_with), b"failing on purpose")
                 if (self.headers.get("Content-Type") or "").split(";")[0].strip() != "application/x-protobuf":
                     return self._answer(415, b"protobuf only")
                 if (self.headers.get("Content-Encoding") or "").lower() == "gzip":
@@ -112,14 +147,22 @@ class OtlpSink:
                 try:
                     request = ExportMetricsServiceRequest.FromString(body)
                 except Exception:
-                    return self._answer(400, b"not an ExportMetricsServiceRequest")
+                    request = None
+                code = sink._failure(request)
+                if code is not None:
+                    headers = {"Retry-After": f"{sink.retry_after:g}"} if sink.retry_after is not None else {}
+                    return self._answer(int(code), sink._status(2, "failing on purpose"), "application/x-protobuf",
+                                        headers)
+                if request is None:
+                    return self._answer(400, sink._status(3, "not an ExportMetricsServiceRequest"),
+                                        "application/x-protobuf")
                 sink.headers_seen = {k.lower(): v for k, v in self.headers.items()}
-                sink._accept(request)
-                self._answer(200, metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString(),
-                             "application/x-protobuf")
+                self._answer(200, sink._accept(request), "application/x-protobuf")
 
-            def _answer(self, code: int, body: bytes, ctype: str = "text/plain"):
+            def _answer(self, code: int, body: bytes, ctype: str = "text/plain", headers: dict | None = None):
                 self.send_response(code)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -146,13 +189,13 @@ class OtlpSink:
             def Export(self, request, context):
                 if sink.delay_s:
                     time.sleep(sink.delay_s)
-                if sink.fail_with is not None:
-                    with sink.lock:
-                        sink.rejected += 1
-                    context.abort(sink.fail_with, "failing on purpose")
+                code = sink._failure(request)
+                if code is not None:
+                    details = sink._status(code.value[0], "failing on purpose")
+                    context.set_trailing_metadata(((STATUS_DETAILS, details),))
+                    context.abort(code, "failing on purpose")
                 sink.headers_seen = dict(context.invocation_metadata())
-                sink._accept(request)
-                return metrics_service_pb2.ExportMetricsServiceResponse()
+                return metrics_service_pb2.ExportMetricsServiceResponse.FromString(sink._accept(request))
 
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Servicer(), server)

@@ -1,0 +1,185 @@
+"""OTLP metrics export of serialized `ExportMetricsServiceRequest`s over HTTP/protobuf or gRPC: one attempt per
+call, and the answer classified as the OTLP specification says (opentelemetry-proto, docs/specification.md,
+"Failures", "Retryable Response Codes", "Throttling"):
+
+- delivered: HTTP 2xx, gRPC OK. A partial success is delivered too (it must not be retried); the points the
+  receiver says it rejected, and its message, come with the answer.
+- retry: HTTP 429, 502, 503, 504; gRPC CANCELLED, DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE, UNAVAILABLE,
+  DATA_LOSS, and RESOURCE_EXHAUSTED when its status carries a RetryInfo; no answer at all (refused, reset,
+  timed out). `retry_after_s` is the server's wish: `Retry-After` (seconds or an HTTP date) or RetryInfo's
+  `retry_delay`.
+- refused: every other answer (400, 401, 413, 500, INVALID_ARGUMENT, RESOURCE_EXHAUSTED without RetryInfo,
+  ...): these bytes must not be sent again.
+
+The SDK's exporters retry inside export() and then say only SUCCESS or FAILURE; the sender must tell
+backpressure (keep, wait, resend) from a refusal, and retries itself, from its spool, so it sends the bytes
+through these instead. Whatever the server writes in its answer is untrusted: messages are cut short and
+stripped of control characters before they reach a log.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from urllib.parse import urlparse
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+
+from .config import CollectorConfig
+
+DELIVERED, RETRY, REFUSED = "delivered", "retry", "refused"
+RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
+RETRYABLE_GRPC = frozenset({"CANCELLED", "DEADLINE_EXCEEDED", "ABORTED", "OUT_OF_RANGE", "UNAVAILABLE", "DATA_LOSS"})
+GRPC_METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+USER_AGENT = "sloscope-collector"
+DETAIL_MAX = 200
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")
+
+
+@dataclass(frozen=True)
+class Answer:
+    outcome: str  # DELIVERED, RETRY or REFUSED
+    detail: str = ""  # what came back, for the log: "HTTP 503: busy"
+    retry_after_s: float | None = None
+    rejected_points: int = 0  # of a partial success
+
+
+def printable(text: str) -> str:
+    return _UNPRINTABLE.sub(" ", text)[:DETAIL_MAX]
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds from a Retry-After value (delay-seconds or an HTTP date); None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None  # an HTTP date is always GMT; anything else is not one
+    seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _delivered(body: bytes | None, what: str) -> Answer:
+    """A 2xx/OK answer, with its partial success if it carries one."""
+    try:
+        response = ExportMetricsServiceResponse.FromString(body or b"")
+    except Exception:  # a body that is not the response message: still delivered
+        return Answer(DELIVERED, what)
+    partial = response.partial_success
+    rejected = max(0, partial.rejected_data_points)
+    message = printable(partial.error_message)
+    return Answer(DELIVERED, f"{what}: {message}" if message else what, rejected_points=rejected)
+
+
+class HttpExporter:
+    """OTLP/HTTP protobuf, with one keep-alive session (the specification asks clients to keep the connection)."""
+
+    def __init__(self, endpoint: str, headers: dict[str, str], timeout_s: float):
+        import requests
+
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._requests = requests
+        self._session = requests.Session()
+        self._session.headers.update({**headers, "Content-Type": "application/x-protobuf", "User-Agent": USER_AGENT})
+
+    def send(self, body: bytes) -> Answer:
+        try:
+            response = self._session.post(self.endpoint, data=body, timeout=self.timeout_s, allow_redirects=False)
+        except self._requests.RequestException as exc:  # no answer: refused, reset, timed out, closed
+            return Answer(RETRY, printable(f"no answer: {type(exc).__name__}: {exc}"))
+        code = response.status_code
+        if 200 <= code < 300:
+            return _delivered(response.content, f"HTTP {code}")
+        detail = printable(f"HTTP {code}: {self._message(response)}")
+        if code in RETRYABLE_HTTP:
+            return Answer(RETRY, detail, parse_retry_after(response.headers.get("Retry-After")))
+        return Answer(REFUSED, detail)
+
+    @staticmethod
+    def _message(response) -> str:
+        """The google.rpc.Status message the specification puts in a failure's body, else the body as text."""
+        from google.rpc.status_pb2 import Status
+
+        if (response.headers.get("Content-Type") or "").startswith("application/x-protobuf"):
+            try:
+                return Status.FromString(response.content).message
+            except Exception:
+                pass
+        return response.content[:DETAIL_MAX].decode("utf-8", "replace")
+
+    def shutdown(self) -> None:
+        self._session.close()
+
+
+class GrpcExporter:
+    """OTLP/gRPC: MetricsService/Export with the request's bytes as they are."""
+
+    def __init__(self, endpoint: str, headers: dict[str, str], timeout_s: float):
+        import grpc
+
+        url = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._grpc = grpc
+        options = [("grpc.primary_user_agent", USER_AGENT)]
+        self._channel = (grpc.secure_channel(url.netloc, grpc.ssl_channel_credentials(), options=options)
+                         if url.scheme == "https" else grpc.insecure_channel(url.netloc, options=options))
+        self._export = self._channel.unary_unary(GRPC_METHOD, request_serializer=None,
+                                                 response_deserializer=None)  # bytes both ways
+        self._metadata = tuple((k.lower(), v) for k, v in headers.items())
+
+    def send(self, body: bytes) -> Answer:
+        try:
+            response = self._export(body, timeout=self.timeout_s, metadata=self._metadata)
+        except self._grpc.RpcError as exc:
+            return self._failure(exc)
+        except ValueError as exc:  # the channel was closed by shutdown()
+            return Answer(RETRY, printable(f"no answer: {exc}"))
+        return _delivered(response, "gRPC OK")
+
+    def _failure(self, exc) -> Answer:
+        code = exc.code().name if exc.code() is not None else "UNKNOWN"
+        detail = printable(f"gRPC {code}: {exc.details() or ''}")
+        retry_after = retry_delay(exc.trailing_metadata() or ())
+        if code in RETRYABLE_GRPC or (code == "RESOURCE_EXHAUSTED" and retry_after is not None):
+            return Answer(RETRY, detail, retry_after)
+        return Answer(REFUSED, detail)
+
+    def shutdown(self) -> None:
+        self._channel.close()
+
+
+def retry_delay(trailing_metadata) -> float | None:
+    """RetryInfo.retry_delay in seconds from a gRPC status's details (the grpc-status-details-bin trailer, a
+    google.rpc.Status), or None."""
+    from google.rpc.error_details_pb2 import RetryInfo
+    from google.rpc.status_pb2 import Status
+
+    for key, value in trailing_metadata:
+        if key != STATUS_DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        try:
+            for detail in Status.FromString(value).details:
+                if detail.Is(RetryInfo.DESCRIPTOR):
+                    info = RetryInfo()
+                    detail.Unpack(info)
+                    return max(0.0, info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
+        except Exception:  # an unreadable status: as if it had no RetryInfo
+            return None
+    return None
+
+
+def make_exporter(cfg: CollectorConfig) -> HttpExporter | GrpcExporter:
+    cls = GrpcExporter if cfg.protocol == "grpc" else HttpExporter
+    return cls(cfg.endpoint, dict(cfg.headers), cfg.timeout_s)
