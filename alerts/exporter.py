@@ -9,6 +9,7 @@ Families (names in alerts/exposition.py):
 - `sloscope_incident_cause_score{tier,service,node,cause}`: the top causes of each open incident, from
   analytics.rca.analyse over the last `incident_lookback_s`, computed at most once per `cache_s`.
 - `sloscope_ingest_<name>_total`: the store's ingest and rejection counters.
+- with `render(..., intake=...)`, `sloscope serve`'s own receiver and writer families (alerts/intake_metrics.py).
 - `sloscope_exporter_series_dropped_total{family}`: label sets left out of scrapes because a family reached
   `max_series` (summed over scrapes: a rate above zero means the cap bites);
   `sloscope_exporter_errors_total{part}`: parts of scrapes that failed (logged; the rest is still served).
@@ -302,9 +303,10 @@ class StoreCollector(Collector):
         return [d, e]
 
 
-def registry_for(collector: StoreCollector) -> CollectorRegistry:
+def registry_for(collector: StoreCollector, *others: Collector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
+    for each in (collector, *others):
+        registry.register(each)
     return registry
 
 
@@ -312,13 +314,14 @@ _collectors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _collectors_lock = threading.Lock()
 
 
-def render(store, spec=None, **options) -> tuple[bytes, str]:
+def render(store, spec=None, intake: Collector | None = None, **options) -> tuple[bytes, str]:
     """The /metrics response for `store` (an analytics.store.Store): (body, content type). The collector (and
-    its incident cache) is kept per store, so repeated scrapes reuse it."""
+    its incident cache) is kept per store, so repeated scrapes reuse it. `intake` adds the families of the
+    process's own intake (alerts.intake_metrics), which are not in the store."""
     with _collectors_lock:
         entry = _collectors.get(store)
         if entry is None:
             collector = StoreCollector(store.con.cursor, spec, **options)
-            entry = (collector, registry_for(collector))
+            entry = (collector, registry_for(collector, *([intake] if intake else [])))
             _collectors[store] = entry
     return generate_latest(entry[1]), CONTENT_TYPE

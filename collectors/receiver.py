@@ -9,15 +9,17 @@ partial success.
 
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
+import socket
 import threading
 import urllib.parse
-import zlib
 from collections import Counter
 from concurrent import futures
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from io import BufferedReader
 from typing import Callable
 
 import grpc
@@ -29,19 +31,21 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from sloscope.records import Batch
 
 from collectors import otlp_proto, otlp_spans
-from collectors.otlp_common import DecodeError
+from collectors.http_body import BodyError, declared_length, gunzip, read_body
+from collectors.http_conn import DeadlineReader, LimitedHTTPServer
+from collectors.limits import ByteBudget, Exhausted, Limits, Reservation
+from collectors.otlp_common import REFUSAL_REASONS, UNKEPT_REASONS, DecodeError, refusal_message
 from collectors.otlp_json import Decoder
 
 log = logging.getLogger("sloscope.receiver")
-MAX_BODY_BYTES = 32 * 2**20
 RETRY_AFTER_S = 1
 SIGNALS = ("traces", "metrics", "logs")
 RESPONSES = {"traces": trace_service_pb2.ExportTraceServiceResponse,
              "metrics": metrics_service_pb2.ExportMetricsServiceResponse,
              "logs": logs_service_pb2.ExportLogsServiceResponse}
 REJECTED_FIELD = {"traces": "rejected_spans", "metrics": "rejected_data_points", "logs": "rejected_log_records"}
-# Well-formed data that cannot be kept, reported back as partial success.
-UNKEPT = ("points_not_finite", "points_unsupported_type")
+# Data not kept, reported back as partial success: well-formed but unkept, and refused as invalid.
+UNKEPT = (*UNKEPT_REASONS, *REFUSAL_REASONS)
 # Protobuf trace requests by the decoder that read them (ingest counters): a falling share of the fast path
 # means an exporter writes what only the general decoder reads, at a fraction of the rate.
 FAST_PATH, GENERAL_PATH = "trace_requests_fast_path", "trace_requests_general_path"
@@ -96,10 +100,13 @@ class Receiver:
     of at least `offload_bytes` that the fast path declines are decoded by it instead (the fast path needs no
     other process: it runs without the interpreter lock)."""
 
-    def __init__(self, intake: Intake, offload: Offload | None = None, offload_bytes: int = 0):
+    def __init__(self, intake: Intake, offload: Offload | None = None, offload_bytes: int = 0,
+                 limits: Limits = Limits()):
         self.intake = intake
         self.offload = offload
         self.offload_bytes = offload_bytes
+        self.limits = limits
+        self.inflight = ByteBudget(limits.max_inflight_bytes)  # request bodies held, over HTTP and gRPC
         self.counts: Counter = Counter()
         self._lock = threading.Lock()
         self._local = threading.local()  # decoders keep caches; one per thread
@@ -107,6 +114,11 @@ class Receiver:
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counts[name] += n
+
+    def snapshot(self) -> dict[str, int]:
+        """The counts as of now, for /metrics (request threads go on counting meanwhile)."""
+        with self._lock:
+            return dict(self.counts)
 
     def _decoders(self) -> Decoders:
         if not hasattr(self._local, "decoders"):
@@ -117,17 +129,23 @@ class Receiver:
         """Parse, decode and offer one export request body; DecodeError: the whole request is invalid."""
         decoded = fast_decode(signal, body, is_json)
         if decoded is None and self.offload is not None and len(body) >= self.offload_bytes:
-            return self._offered(signal, *self.offload(signal, body, is_json))
-        batch, skips = decoded or self._decoders().decode(signal, body, is_json)
-        return self._offered(signal, self.intake(signal, batch, skips), skips)
+            outcome, skips = self.offload(signal, body, is_json)
+        else:
+            batch, skips = decoded or self._decoders().decode(signal, body, is_json)
+            outcome = self.intake(signal, batch, skips)
+        if outcome.accepted:  # partial rejects by reason, for /metrics
+            for reason in UNKEPT:
+                if skips.get(reason):
+                    self.count(f"{signal}_rejected_{reason}", skips[reason])
+        return self._offered(signal, outcome, skips)
 
     def _offered(self, signal: str, outcome: Outcome, skips: dict) -> Outcome:
         if not outcome.accepted:
             self.count(f"{signal}_refused_full")
             return outcome
-        unkept = sum(skips.get(k, 0) for k in UNKEPT)
+        unkept = {k: skips[k] for k in UNKEPT if skips.get(k)}
         if unkept:
-            outcome.rejected, outcome.message = unkept, f"{unkept} data points were not finite or of an unsupported type"
+            outcome.rejected, outcome.message = sum(unkept.values()), refusal_message(unkept)
         self.count(f"{signal}_requests_accepted")
         return outcome
 
@@ -136,19 +154,63 @@ class Receiver:
 
 
 # GET handler: (**query parameters, if it takes any) -> (body, content type). A ValueError it raises is the
-# client's mistake (400).
+# client's mistake (400); Unavailable says "not now" (503), as /readyz does while serve is not ready.
 Page = Callable[..., tuple[bytes, str]]
+
+
+class Unavailable(Exception):
+    """A page that cannot give its answer now (503)."""
 
 
 class _HttpHandler(BaseHTTPRequestHandler):
     receiver: Receiver
     pages: dict[str, Page]
+    limits: Limits
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # the status line and the body go out in two writes: no delayed-ACK stall
     server_version = "sloscope-otlp"
 
+    def setup(self):
+        super().setup()
+        self.rfile.close()  # reads go through the phase deadlines instead; buffered, for pipelined requests
+        self.reader = DeadlineReader(self.connection, self._cut_off)
+        self.rfile = BufferedReader(self.reader)
+        self.body_unread = False
+        self.answered = False
+
     def log_message(self, fmt, *args):  # noqa: D401 - quiet: per-request logs would swamp the log
         log.debug("%s " + fmt, self.address_string(), *args)
+
+    def _count(self, name: str) -> None:
+        if self.receiver is not None:  # a server of pages only counts nothing
+            self.receiver.count(name)
+
+    def _cut_off(self, why: str) -> None:
+        if why != "idle_timeout":  # a keep-alive connection left idle is closed as a matter of course
+            self._count(f"requests_{why}")
+
+    def handle_one_request(self):
+        # A new connection owes its first request's headers at once; a kept-alive one may first idle a while.
+        if self.answered and not self._next_request_arrives():
+            self.close_connection = True
+            return
+        self.reader.expect("header", self.limits.read_header_timeout_s, self.limits.max_header_bytes)
+        super().handle_one_request()
+        self.answered = True
+
+    def _next_request_arrives(self) -> bool:
+        self.reader.expect("idle", self.limits.idle_timeout_s)
+        try:
+            return bool(self.rfile.peek(1))
+        except OSError:  # the idle deadline (TimeoutError) or a reset
+            return False
+
+    def parse_request(self):
+        if not super().parse_request():
+            return False
+        framing = self.headers.get_all("Content-Length", []) + self.headers.get_all("Transfer-Encoding", [])
+        self.body_unread = bool(framing) and framing != ["0"]
+        return True
 
     def do_GET(self):  # noqa: N802 - http.server's naming
         path, _, query = self.path.partition("?")
@@ -165,6 +227,8 @@ class _HttpHandler(BaseHTTPRequestHandler):
             body, content_type = page(**params)
         except ValueError as exc:
             return self._plain(400, f"{path}: {exc}")
+        except Unavailable as exc:
+            return self._plain(503, f"{path}: {exc}")
         except Exception as exc:  # a failing page must not take the receiver down
             log.exception("GET %s failed", self.path)
             return self._plain(500, f"{type(exc).__name__}: {exc}")
@@ -178,9 +242,13 @@ class _HttpHandler(BaseHTTPRequestHandler):
         if content_type not in ("application/x-protobuf", "application/json"):
             return self._plain(415, "Content-Type must be application/x-protobuf or application/json")
         is_json = content_type == "application/json"
-        body = self._body()
-        if body is None:
-            return
+        with Reservation(self.receiver.inflight) as held:  # the body is held until it is answered
+            body = self._body(held, is_json)
+            if body is None:
+                return
+            self._export(signal, body, is_json, content_type)
+
+    def _export(self, signal: str, body: bytes, is_json: bool, content_type: str):
         try:
             outcome = self.receiver.accept_body(signal, body, is_json)
         except DecodeError as exc:
@@ -195,35 +263,27 @@ class _HttpHandler(BaseHTTPRequestHandler):
             response.partial_success.error_message = outcome.message
         self._send(200, _encode(response, is_json), content_type)
 
-    def _body(self) -> bytes | None:
+    def _body(self, held: Reservation, is_json: bool) -> bytes | None:
+        """The request body within the limits (decompressed), or None once the refusal is answered."""
+        limit = self.limits.max_body_bytes
+        self.reader.expect("body", self.limits.read_timeout_s)
         try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            self._plain(411, "Content-Length required")
-            return None
-        if length > MAX_BODY_BYTES:
-            self.receiver.count("requests_too_large")
-            self._plain(413, f"body larger than {MAX_BODY_BYTES} bytes", close=True)
-            return None
-        body = self.rfile.read(length)
-        encoding = (self.headers.get("Content-Encoding") or "").strip().lower()
-        if encoding in ("", "identity"):
-            return body
-        if encoding != "gzip":
-            self._plain(415, f"unsupported Content-Encoding {encoding!r} (gzip or none)")
-            return None
-        try:  # bounded: a small gzip bomb must not inflate past the limit
-            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            body = inflater.decompress(body, MAX_BODY_BYTES + 1)
-        except zlib.error as exc:
-            self.receiver.count("requests_bad_gzip")
-            self._plain(400, f"bad gzip body: {exc}")
-            return None
-        if len(body) > MAX_BODY_BYTES or inflater.unconsumed_tail:
-            self.receiver.count("requests_too_large")
-            self._plain(413, f"decompressed body larger than {MAX_BODY_BYTES} bytes")
-            return None
-        return body
+            encoding = (self.headers.get("Content-Encoding") or "").strip().lower()
+            if encoding not in ("", "identity", "gzip"):
+                raise BodyError(415, "requests_bad_encoding", f"unsupported Content-Encoding {encoding!r} (gzip or none)")
+            body = read_body(self.rfile, declared_length(self.headers), limit, held)
+            self.body_unread = False
+            return gunzip(body, limit, held) if encoding == "gzip" else body
+        except BodyError as exc:
+            self._count(exc.counter)
+            self._plain(exc.status, str(exc))
+        except Exhausted:
+            self._count("requests_refused_memory")
+            self._status(503, "sloscope holds too many request bytes; retry later", is_json,
+                         {"Retry-After": str(RETRY_AFTER_S)})
+        except TimeoutError:  # counted by the reader; say why before the connection closes
+            self._plain(408, f"request body not received within {self.limits.read_timeout_s:g} s")
+        return None
 
     def _status(self, code: int, message: str, is_json: bool, headers: dict | None = None):
         # OTLP/HTTP error bodies are google.rpc.Status, encoded like the request.
@@ -237,16 +297,17 @@ class _HttpHandler(BaseHTTPRequestHandler):
             content_type = "application/x-protobuf"
         self._send(code, body, content_type, headers)
 
-    def _plain(self, code: int, message: str, close: bool = False):
-        self._send(code, message.encode() + b"\n", "text/plain; charset=utf-8", close=close)
+    def _plain(self, code: int, message: str):
+        self._send(code, message.encode() + b"\n", "text/plain; charset=utf-8")
 
-    def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None, close: bool = False):
+    def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None):
+        self.connection.settimeout(self.limits.write_timeout_s)
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
-        if close:
+        if self.body_unread:  # what is left of it would be read as the next request
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
@@ -268,16 +329,14 @@ def _encode(message, is_json: bool) -> bytes:
     return orjson.dumps(MessageToDict(message))
 
 
-class _HttpServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-
-
-def http_server(receiver: Receiver, host: str, port: int, pages: dict[str, Page] | None = None) -> ThreadingHTTPServer:
-    """OTLP/HTTP on POST; `pages` adds GET endpoints (such as /metrics) on the same port."""
-    handler = type("Handler", (_HttpHandler,), {"receiver": receiver, "pages": dict(pages or {})})
-    return _HttpServer((host, port), handler)
+def http_server(receiver: Receiver | None, host: str, port: int,
+                pages: dict[str, Page] | None = None) -> LimitedHTTPServer:
+    """OTLP/HTTP on POST, under the receiver's limits; `pages` adds GET endpoints (such as /metrics) on the same
+    port. Without a receiver it serves the pages alone, under the default limits."""
+    limits = receiver.limits if receiver is not None else Limits()
+    handler = type("Handler", (_HttpHandler,), {"receiver": receiver, "pages": dict(pages or {}), "limits": limits})
+    count = receiver.count if receiver is not None else (lambda name: None)
+    return LimitedHTTPServer((host, port), handler, limits.max_connections, count)
 
 
 # --- OTLP/gRPC --------------------------------------------------------------------------------------------
@@ -294,7 +353,12 @@ def _export_handler(signal: str, receiver: Receiver):
 
     def export(body: bytes, context):
         try:
-            outcome = receiver.accept_body(signal, body, is_json=False)
+            with Reservation(receiver.inflight) as held:  # gRPC has read the message; count it while decoding
+                held.reserve(len(body))
+                outcome = receiver.accept_body(signal, body, is_json=False)
+        except Exhausted:
+            receiver.count("requests_refused_memory")
+            context.abort(grpc.StatusCode.UNAVAILABLE, "sloscope holds too many request bytes; retry later")
         except DecodeError as exc:
             receiver.count(f"{signal}_invalid")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -311,12 +375,36 @@ def _export_handler(signal: str, receiver: Receiver):
 
 
 def grpc_server(receiver: Receiver, host: str, port: int, workers: int = 8) -> tuple[grpc.Server, int]:
+    """OTLP/gRPC under the receiver's limits: a larger message is RESOURCE_EXHAUSTED before it is decoded. Calls
+    in progress are bounded per connection by HTTP/2's stream limit (the client waits, as with the Collector's
+    max_concurrent_streams) and in all (past it, RESOURCE_EXHAUSTED); those beyond `workers` wait for a
+    thread."""
+    limits = receiver.limits
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
-                         options=[("grpc.max_receive_message_length", MAX_BODY_BYTES)])
+                         maximum_concurrent_rpcs=limits.grpc_max_concurrent_rpcs,
+                         options=[("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
+                                  ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_streams),
+                                  # no SO_REUSEPORT: a second server on a taken port must fail, not share it
+                                  ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers([
         grpc.method_handlers_generic_handler(service, {"Export": _export_handler(signal, receiver)})
         for signal, service in GRPC_SERVICES.items()])
-    bound = server.add_insecure_port(f"{host}:{port}")
+    _check_bindable(host, port)
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio raises where it used to return 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen for OTLP/gRPC on {host}:{port}")
+        raise OSError(errno.EADDRINUSE, "address in use or not available", f"{host}:{port}")
     return server, bound
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """Bind the address once with a plain socket: its OSError says why (in use, not this host's, privileged),
+    where gRPC's core would log its own multi-line complaint and say only that it failed."""
+    if port == 0:
+        return
+    for family, kind, proto, _, address in socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM):
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: TIME_WAIT is no conflict
+            probe.bind(address)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 STAGE_COMMANDS = (
@@ -18,8 +17,12 @@ STAGE_COMMANDS = (
     "dashboards.cli",
 )
 
+# Commands one module serves alone: the node collector runs everywhere and for good, and registering every
+# stage would load the analytics stack (DuckDB, Arrow, Polars, NumPy: over 100 MiB) that it never uses.
+LEAN_COMMANDS = {"collect": "collectors.cli"}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     import importlib
 
     parser = argparse.ArgumentParser(
@@ -29,15 +32,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail to stderr")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in STAGE_COMMANDS:
+    for module in (LEAN_COMMANDS[command],) if command in LEAN_COMMANDS else STAGE_COMMANDS:
         importlib.import_module(module).register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from sloscope import logs
+
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(next((w for w in words if not w.startswith("-")), None)).parse_args(argv)
+    logs.configure_from(args)
     try:
         return args.func(args)
     except KeyboardInterrupt:

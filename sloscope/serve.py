@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 log = logging.getLogger("sloscope.serve")
+ACK_WAIT_S = 5.0  # longest a request waits for its commit before it is told to retry (exporters wait 10 s)
 
 
 def register(subparsers) -> None:
@@ -27,8 +28,11 @@ def register(subparsers) -> None:
         "with Retry-After, gRPC UNAVAILABLE). GET /metrics on the HTTP port is the Prometheus exposition of "
         "the SLIs, physical signals, incident cause scores and ingest counters that `sloscope rules` alerts on. "
         "With --webhook, Alertmanager's webhooks drive allow-listed remediation, audited in the same database. "
-        "SIGTERM writes everything accepted before exiting.")
+        "GET /healthz answers while the process runs; GET /readyz only while the store is open, the writer "
+        "can write and serve is not shutting down. SIGTERM writes everything accepted before exiting.")
     from analytics.store import DEFAULT_DB
+    from sloscope import logs
+    from sloscope.serve_ops import add_limit_arguments
 
     serve.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"DuckDB file (default: {DEFAULT_DB})")
     serve.add_argument("--slo", type=Path, metavar="SLO.yaml",
@@ -39,6 +43,12 @@ def register(subparsers) -> None:
                        help="OTLP/gRPC address (default: %(default)s; 'off' to disable)")
     serve.add_argument("--queue-rows", type=int, default=1_000_000,
                        help="rows accepted but not yet written before requests are refused (default: %(default)s)")
+    serve.add_argument("--queue-bytes", type=int, default=256 * 2**20,
+                       help="bytes of decoded rows queued for the writer before requests are refused "
+                       "(default: %(default)s)")
+    serve.add_argument("--ack", choices=("commit", "queued"), default="commit",
+                       help="answer a request once its rows are committed (durable; default) or once they are "
+                       "queued (answers sooner, but a crash or a failing disk loses data that was acknowledged)")
     serve.add_argument("--decode-workers", type=int, default=_default_decode_workers(), metavar="N",
                        help="processes that decode large requests (64 KiB and more), so that intake is not bound "
                        "to one core; 0 decodes every request in the server process (default: %(default)s)")
@@ -51,6 +61,8 @@ def register(subparsers) -> None:
     serve.add_argument("--sampling", type=Path, metavar="SAMPLING.yaml",
                        help="adaptive sampling config for GET /sampling (budget_spans_per_s, dwell, ...; "
                        "default: 100 spans/s, see alerts/sampling.py)")
+    add_limit_arguments(serve)
+    logs.add_arguments(serve)
     serve.set_defaults(func=run)
 
 
@@ -67,12 +79,15 @@ def _address(text: str) -> tuple[str, int] | None:
 
 
 class Intake:
-    """Enrich a decoded batch and hand it to the writer; refuse when the writer is full."""
+    """Enrich a decoded batch and hand it to the writer; accepted means committed (with ack="commit"), or only
+    queued (ack="queued": faster to answer, but a crash loses what was acknowledged and not yet written)."""
 
-    def __init__(self, writer, resolver, topology):
+    def __init__(self, writer, resolver, topology, ack: str = "commit", ack_wait_s: float = ACK_WAIT_S):
         self.writer = writer
         self.resolver = resolver
         self.topology = topology
+        self.ack = ack
+        self.ack_wait_s = ack_wait_s
         self._lock = threading.Lock()
 
     def __call__(self, signal_name, batch, skips):
@@ -95,7 +110,22 @@ class Intake:
             frames.requests = self.topology.place(frames.requests)
             counts += self.topology.counts
             self.topology.counts.clear()
-        return Outcome(accepted=self.writer.offer(frames, counts))
+        pending = self.writer.offer(frames, counts)
+        if pending is None or self.ack == "queued":
+            return Outcome(accepted=pending is not None)
+        return self._settled(pending.wait(self.ack_wait_s))
+
+    @staticmethod
+    def _settled(verdict):
+        """The receiver's answer to a writer's verdict; no verdict in time is a retry (the write may still land,
+        and the retry then adds nothing: the store's writes are idempotent)."""
+        from analytics.writer import COMMITTED, POISON
+        from collectors.otlp_common import DecodeError
+        from collectors.receiver import Outcome
+
+        if verdict is not None and verdict.outcome == POISON:
+            raise DecodeError(verdict.reason)
+        return Outcome(accepted=verdict is not None and verdict.outcome == COMMITTED)
 
     def offload(self, pool):
         """The receiver's offload: decode in the pool's workers, then queue here."""
@@ -157,13 +187,12 @@ def run(args) -> int:
     from analytics.cli import EXIT_USAGE, spec_for
     from analytics.store import Store, StoreError
     from analytics.writer import Writer
-    from alerts.exporter import render
     from alerts.sampling import SamplingService, load_config as load_sampling_config
-    from alerts.webhook import WebhookServer
-    from collectors.receiver import Receiver, grpc_server, http_server
+    from collectors.receiver import Receiver
     from enrich.tiers import TierResolver
     from enrich.topology import GpuTopology
     from sloscope.decode_pool import OFFLOAD_ABOVE_BYTES, DecodePool
+    from sloscope.serve_ops import Listeners, intake_collector, limits_of
     from sloscope.slo_spec import SpecError
 
     try:
@@ -172,51 +201,72 @@ def run(args) -> int:
         http_addr, grpc_addr, webhook_addr = _address(args.http), _address(args.grpc), _address(args.webhook)
         webhook_app = _webhook_app(args, store, spec) if webhook_addr else None
         sampling = SamplingService(store.reader(), spec, load_sampling_config(args.sampling))
+        limits = limits_of(args)
     except (SpecError, StoreError, ValueError) as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    writer = Writer(store, max_queued_rows=args.queue_rows).start()
+    writer = Writer(store, max_queued_rows=args.queue_rows, max_queued_bytes=args.queue_bytes).start()
     resolver = TierResolver.from_spec(spec)
-    intake = Intake(writer, resolver, GpuTopology(store.gpu_nodes()))
+    intake = Intake(writer, resolver, GpuTopology(store.gpu_nodes()), args.ack)
     pool = DecodePool(args.decode_workers, resolver.allowed, resolver.default_tier) if args.decode_workers else None
-    receiver = Receiver(intake, intake.offload(pool) if pool else None, OFFLOAD_ABOVE_BYTES)
+    receiver = Receiver(intake, intake.offload(pool) if pool else None, OFFLOAD_ABOVE_BYTES, limits)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    servers = []
+    listeners = Listeners()
+    pages = _pages(store, spec, sampling, writer, stop, intake_collector(receiver, writer, listeners))
     try:
-        if http_addr:
-            httpd = http_server(receiver, *http_addr, pages={"/metrics": lambda: render(store, spec),
-                                                                   "/sampling": sampling.page,
-                                                                   "/rca": rca_page(store, spec)})
-            threading.Thread(target=httpd.serve_forever, name="otlp-http", daemon=True).start()
-            servers.append(("http", httpd))
-            log.info("OTLP/HTTP on http://%s:%d", *httpd.server_address[:2])
-        if grpc_addr:
-            grpcd, port = grpc_server(receiver, *grpc_addr)
-            grpcd.start()
-            servers.append(("grpc", grpcd))
-            log.info("OTLP/gRPC on %s:%d", grpc_addr[0], port)
-        if webhook_app:
-            hook = WebhookServer(webhook_addr, webhook_app)
-            threading.Thread(target=hook.serve_forever, name="webhook", daemon=True).start()
-            servers.append(("http", hook))
-            log.info("Alertmanager webhook on http://%s:%d%s", *hook.server_address[:2], webhook_app.path)
+        _bind(listeners, (http_addr, grpc_addr, webhook_addr), webhook_app, receiver, pages)
     except OSError as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)
-        stop.set()
-    log.info("writing to %s; tiers %s (default %s)", args.db, ", ".join(spec.tiers), spec.default_tier)
-    stop.wait()
-    log.info("stopping: no new requests; writing what was accepted")
-    for kind, server in servers:
-        if kind == "http":
-            server.shutdown()
-            server.server_close()
-        else:
-            server.stop(grace=5).wait()
+    else:
+        listeners.start()
+        log.info("writing to %s; tiers %s (default %s)", args.db, ", ".join(spec.tiers), spec.default_tier)
+        while not stop.wait(0.5):  # a signal taken by another thread only runs its handler once this one wakes
+            pass
+        log.info("stopping: no new requests; writing what was accepted")
+        listeners.close()
     if pool:
         pool.close()
     writer.stop()
     store.close()
-    log.info("stopped; written: %s; receiver: %s", dict(writer.counts), dict(receiver.counts))
-    return 0 if servers and not writer.failed else 1
+    if not listeners.started:
+        return 1
+    log.info("stopped; written: %s; receiver: %s", dict(writer.counts), receiver.snapshot())
+    return 0 if not writer.failed else 1
+
+
+def _pages(store, spec, sampling, writer, stopping, intake_metrics) -> dict:
+    """GET endpoints on the OTLP/HTTP port."""
+    from alerts.exporter import render
+    from sloscope.serve_ops import healthz, readiness_page
+
+    return {"/metrics": lambda: render(store, spec, intake_metrics), "/sampling": sampling.page,
+            "/rca": rca_page(store, spec), "/healthz": healthz, "/readyz": readiness_page(store, writer, stopping)}
+
+
+def _bind(listeners, addresses, webhook_app, receiver, pages) -> None:
+    """Every listener serve is asked for, bound (not yet started); OSError names the one that cannot be."""
+    from alerts.webhook import WebhookServer
+    from collectors.receiver import grpc_server, http_server
+
+    http_addr, grpc_addr, webhook_addr = addresses
+
+    def otlp_http():
+        httpd = http_server(receiver, *http_addr, pages=pages)
+        return httpd, "OTLP/HTTP on http://%s:%d" % httpd.server_address[:2]
+
+    def otlp_grpc():
+        grpcd, port = grpc_server(receiver, *grpc_addr)
+        return grpcd, f"OTLP/gRPC on {grpc_addr[0]}:{port}"
+
+    def webhook():
+        hook = WebhookServer(webhook_addr, webhook_app)
+        return hook, "Alertmanager webhook on http://%s:%d%s" % (*hook.server_address[:2], webhook_app.path)
+
+    for kind, what, address, make in (("http", "OTLP/HTTP", http_addr, otlp_http),
+                                      ("grpc", "OTLP/gRPC", grpc_addr, otlp_grpc),
+                                      ("http", "the Alertmanager webhook", webhook_addr if webhook_app else None,
+                                       webhook)):
+        if address:
+            listeners.bind(kind, what, address, make)

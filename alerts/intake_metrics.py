@@ -1,0 +1,89 @@
+"""Prometheus families of `sloscope serve`'s own intake: what the receiver refused and why, and the writer's
+queue and failures. These live in serve's memory, not in the store, so they start from zero with the process
+(Prometheus's rate() reads that as a counter reset).
+
+- `sloscope_receiver_requests_total{signal,outcome}`: accepted, refused (the writer's queue is full) or invalid
+  (did not decode).
+- `sloscope_receiver_bad_requests_total{reason}`: refused before decoding: too_large, headers_too_large,
+  bad_framing (Content-Length or chunked), bad_encoding, bad_gzip, truncated, header_timeout, body_timeout,
+  refused_memory (the in-flight byte budget was spent).
+- `sloscope_receiver_partial_rejects_total{signal,reason}`: items of accepted requests reported back as
+  rejected in OTLP partial success.
+- `sloscope_receiver_connection_limit_waits_total`, `sloscope_receiver_open_connections`,
+  `sloscope_receiver_inflight_bytes`.
+- `sloscope_writer_queued_bytes`, `..._queued_requests`, `..._queued_rows`, `sloscope_writer_commits_total`,
+  `sloscope_writer_write_failures_total`, `sloscope_writer_rejected_requests_total`, `sloscope_writer_healthy`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+SIGNALS = ("traces", "metrics", "logs")
+OUTCOMES = {"requests_accepted": "accepted", "refused_full": "refused", "invalid": "invalid"}
+BAD_REQUEST_REASONS = ("too_large", "headers_too_large", "bad_framing", "bad_encoding", "bad_gzip", "truncated",
+                       "header_timeout", "body_timeout", "refused_memory")
+PARTIAL_PREFIX = "rejected_"  # receiver counts `{signal}_rejected_{reason}`
+WRITER_GAUGES = ("queued_bytes", "queued_requests", "queued_rows")
+WRITER_COUNTERS = ("commits", "write_failures", "rejected_requests")
+
+
+class IntakeCollector(Collector):
+    """Families from `stats()`: {"receiver": the receiver's counts, "open_connections", "inflight_bytes",
+    "writer": Writer.stats(), "writer_health": Writer.health()}."""
+
+    def __init__(self, stats: Callable[[], dict]):
+        self.stats = stats
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        stats = self.stats()
+        counts = dict(stats["receiver"])
+        yield from self._receiver(counts)
+        for name in ("open_connections", "inflight_bytes"):
+            yield GaugeMetricFamily(f"sloscope_receiver_{name}", _RECEIVER_GAUGE_HELP[name], value=stats[name])
+        writer = stats["writer"]
+        for name in WRITER_GAUGES:
+            yield GaugeMetricFamily(f"sloscope_writer_{name}", f"The writer's queue: {name.replace('_', ' ')}.",
+                                    value=writer.get(name, 0))
+        for name in WRITER_COUNTERS:
+            yield CounterMetricFamily(f"sloscope_writer_{name}", f"The writer's {name.replace('_', ' ')} so far.",
+                                      value=writer.get(name, 0))
+        yield GaugeMetricFamily("sloscope_writer_healthy", "1 while the writer can write, else 0 (see /readyz "
+                                "for why).", value=0 if stats["writer_health"] else 1)
+
+    def _receiver(self, counts: dict):
+        requests = CounterMetricFamily("sloscope_receiver_requests_total", "OTLP export requests by signal and "
+                                       "outcome: accepted, refused (writer queue full, retry), invalid.",
+                                       labels=["signal", "outcome"])
+        for signal in SIGNALS:
+            for key, outcome in OUTCOMES.items():
+                requests.add_metric([signal, outcome], counts.pop(f"{signal}_{key}", 0))
+        bad = CounterMetricFamily("sloscope_receiver_bad_requests_total", "Requests refused before decoding, by "
+                                  "reason.", labels=["reason"])
+        for reason in BAD_REQUEST_REASONS:
+            bad.add_metric([reason], counts.pop(f"requests_{reason}", 0))
+        partial = CounterMetricFamily("sloscope_receiver_partial_rejects_total", "Items of accepted requests "
+                                      "reported back as rejected (OTLP partial success), by signal and reason.",
+                                      labels=["signal", "reason"])
+        for key in sorted(counts):
+            signal, _, rest = key.partition("_")
+            if signal in SIGNALS and rest.startswith(PARTIAL_PREFIX):
+                partial.add_metric([signal, rest[len(PARTIAL_PREFIX):]], counts.pop(key))
+        waits = CounterMetricFamily("sloscope_receiver_connection_limit_waits_total", "Times new OTLP/HTTP "
+                                    "connections had to wait because --max-connections were open.",
+                                    value=counts.pop("http_connection_limit_waits", 0))
+        yield from (requests, bad, partial, waits)
+        for key in sorted(counts):  # anything else the receiver counts is shown rather than hidden
+            yield CounterMetricFamily(f"sloscope_receiver_{key}", f"Receiver counter {key}.", value=counts[key])
+
+
+_RECEIVER_GAUGE_HELP = {
+    "open_connections": "OTLP/HTTP connections open now.",
+    "inflight_bytes": "Bytes of request bodies being read or decoded now (bounded by --max-inflight-bytes).",
+}

@@ -1,0 +1,125 @@
+"""Reading an OTLP/HTTP request body within limits: framed by Content-Length or chunked transfer coding, then
+optionally gzip, bounded in bytes throughout and reserved against the receiver's in-flight budget.
+
+Framing is checked as strictly as RFC 9112 lets a server be, since a body whose end two parties see differently
+is how requests get smuggled past a proxy: a Content-Length that is not one plain decimal number, or one beside a
+Transfer-Encoding, is refused.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+from collectors.limits import Reservation
+
+_DECIMAL = re.compile(rb"[0-9]{1,18}")
+_HEX = re.compile(rb"[0-9a-fA-F]{1,15}")
+MAX_CHUNK_LINE = 4096  # a chunk size with its extensions
+MAX_TRAILER_LINES = 64
+INFLATE_STEP = 2**20  # decompressed bytes reserved at a time
+
+
+class BodyError(Exception):
+    """A request whose body cannot be taken: the HTTP status, the receiver counter and what to tell the client."""
+
+    def __init__(self, status: int, counter: str, message: str):
+        super().__init__(message)
+        self.status, self.counter = status, counter
+
+
+def declared_length(headers) -> int | None:
+    """The body's length by Content-Length, or None for a chunked body; BodyError for anything else."""
+    lengths = headers.get_all("Content-Length") or []
+    encodings = headers.get_all("Transfer-Encoding") or []
+    if encodings:
+        if lengths:
+            raise BodyError(400, "requests_bad_framing", "Content-Length and Transfer-Encoding together")
+        codings = [c.strip().lower() for value in encodings for c in value.split(",")]
+        if codings != ["chunked"]:
+            raise BodyError(501, "requests_bad_framing", "Transfer-Encoding must be chunked alone")
+        return None
+    if not lengths:
+        raise BodyError(411, "requests_bad_framing", "Content-Length or Transfer-Encoding: chunked required")
+    if len(lengths) > 1 or "," in lengths[0]:
+        raise BodyError(400, "requests_bad_framing", "Content-Length given more than once")
+    value = lengths[0].strip().encode("latin-1", "replace")
+    if not _DECIMAL.fullmatch(value):
+        raise BodyError(400, "requests_bad_framing", "Content-Length must be one non-negative decimal number")
+    return int(value)
+
+
+def too_large(limit: int, what: str = "body") -> BodyError:
+    return BodyError(413, "requests_too_large", f"{what} larger than {limit} bytes")
+
+
+def read_body(rfile, length: int | None, limit: int, held: Reservation) -> bytes:
+    """The framed body (not yet decompressed), each byte reserved before it is read."""
+    if length is None:
+        return _read_chunked(rfile, limit, held)
+    if length > limit:
+        raise too_large(limit)
+    held.reserve(length)
+    body = rfile.read(length)
+    if len(body) < length:
+        raise BodyError(400, "requests_truncated", f"body ended after {len(body)} of {length} bytes")
+    return body
+
+
+def _read_chunked(rfile, limit: int, held: Reservation) -> bytes:
+    parts, total = [], 0
+    while True:
+        size = _chunk_size(_line(rfile, "chunk size"))
+        if size == 0:
+            break
+        if total + size > limit:
+            raise too_large(limit)
+        held.reserve(size)
+        data = rfile.read(size)
+        if len(data) < size or _line(rfile, "chunk end") != b"":
+            raise BodyError(400, "requests_bad_framing", "chunk shorter than its size or not ended by CRLF")
+        parts.append(data)
+        total += size
+    for _ in range(MAX_TRAILER_LINES):  # trailers carry nothing OTLP uses; read past them
+        if _line(rfile, "trailer") == b"":
+            return b"".join(parts)
+    raise BodyError(400, "requests_bad_framing", f"more than {MAX_TRAILER_LINES} trailer lines")
+
+
+def _line(rfile, what: str) -> bytes:
+    line = rfile.readline(MAX_CHUNK_LINE + 1)
+    if not line.endswith(b"\r\n"):
+        problem = "too long" if len(line) > MAX_CHUNK_LINE else "cut off"
+        raise BodyError(400, "requests_bad_framing", f"chunked body: {what} line {problem}")
+    return line[:-2]
+
+
+def _chunk_size(line: bytes) -> int:
+    size = line.split(b";", 1)[0].strip()
+    if not _HEX.fullmatch(size):
+        raise BodyError(400, "requests_bad_framing", "chunked body: chunk size is not a hexadecimal number")
+    return int(size, 16)
+
+
+def gunzip(data: bytes, limit: int, held: Reservation) -> bytes:
+    """Inflate a gzip body (members one after another, as gzip writes them) to at most `limit` bytes, reserving
+    the output as it grows, so that a small bomb never inflates past the limit; a cut-off stream is a 400."""
+    parts, total = [], 0
+    inflater, pending = zlib.decompressobj(16 + zlib.MAX_WBITS), data
+    while True:
+        try:
+            chunk = inflater.decompress(pending, INFLATE_STEP)
+        except zlib.error as exc:
+            raise BodyError(400, "requests_bad_gzip", f"bad gzip body: {exc}") from None
+        total += len(chunk)
+        if total > limit:
+            raise too_large(limit, "decompressed body")
+        held.reserve(len(chunk))
+        parts.append(chunk)
+        pending = inflater.unconsumed_tail
+        if inflater.eof:
+            if not inflater.unused_data:
+                return b"".join(parts)
+            inflater, pending = zlib.decompressobj(16 + zlib.MAX_WBITS), inflater.unused_data
+        elif not pending and not chunk:
+            raise BodyError(400, "requests_bad_gzip", "gzip body cut off before its end")

@@ -1,0 +1,108 @@
+"""Connections of the OTLP/HTTP server, bounded in time and number.
+
+A socket timeout alone bounds the wait for each byte, so a client sending a header byte a second would hold its
+connection forever; here each phase of a request (waiting for it, its headers, its body) has one deadline for
+all its reads. The server holds at most `max_connections` connections; past that, new ones wait in the listen
+backlog until one closes, as Prometheus's connection limit does.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import socket
+import sys
+import threading
+import time
+from http.server import ThreadingHTTPServer
+from typing import Callable
+
+log = logging.getLogger("sloscope.receiver")
+ACCEPT_WAIT_S = 0.5  # how long one accept waits for a free slot before the server loop looks at shutdown again
+
+
+class HeadersTooLarge(OSError):
+    """More header bytes than the limit: the connection is closed."""
+
+
+class DeadlineReader(io.RawIOBase):
+    """The socket's reads under the current phase's deadline, and at most `max_bytes` of them in the phase when
+    it has such a bound (the headers). A read past the deadline raises TimeoutError (which http.server answers
+    by closing the connection), one past the bytes HeadersTooLarge; either reports the phase it cut off."""
+
+    def __init__(self, sock: socket.socket, on_limit: Callable[[str], None]):
+        self.sock = sock
+        self.on_limit = on_limit
+        self.phase, self.deadline, self.bytes_left = "idle", time.monotonic(), None
+
+    def expect(self, phase: str, within_s: float, max_bytes: int | None = None) -> None:
+        self.phase, self.deadline, self.bytes_left = phase, time.monotonic() + within_s, max_bytes
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.bytes_left is not None:
+            if self.bytes_left <= 0:
+                self.on_limit(f"{self.phase}s_too_large")
+                raise HeadersTooLarge(f"more than the limit of {self.phase} bytes")
+            buffer = memoryview(buffer)[: self.bytes_left]
+        left = self.deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError(f"{self.phase} deadline passed")
+            self.sock.settimeout(left)
+            n = self.sock.recv_into(buffer)
+        except TimeoutError:
+            self.on_limit(f"{self.phase}_timeout")
+            raise
+        if self.bytes_left is not None:
+            self.bytes_left -= n
+        return n
+
+
+class LimitedHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, address, handler, max_connections: int, count: Callable[[str], None]):
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._open_lock = threading.Lock()
+        self.open_connections = 0
+        self._waiting = False
+        self._count = count
+        super().__init__(address, handler)
+
+    def get_request(self):
+        if not self._slots.acquire(blocking=False):
+            if not self._waiting:  # once per stretch at the limit, not per retry
+                self._waiting = True
+                self._count("http_connection_limit_waits")
+            if not self._slots.acquire(timeout=ACCEPT_WAIT_S):
+                raise OSError("connection limit reached")  # the server loop skips this round and retries
+        self._waiting = False
+        try:
+            request = super().get_request()
+        except BaseException:
+            self._slots.release()
+            raise
+        with self._open_lock:
+            self.open_connections += 1
+        return request
+
+    def close_request(self, request):
+        try:
+            super().close_request(request)
+        finally:
+            with self._open_lock:
+                self.open_connections -= 1
+            self._slots.release()
+
+    def handle_error(self, request, client_address):
+        # A client that resets or vanishes is ordinary on the internet; anything else is this server's bug.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            log.debug("connection from %s ended: %s", client_address[0], exc)
+        else:
+            log.error("request from %s failed", client_address[0], exc_info=True)

@@ -1,0 +1,173 @@
+"""What makes `sloscope serve` operable: its limit flags, binding every listener before any serves, the
+liveness and readiness pages, and the intake's own families on /metrics."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+from dataclasses import dataclass, field
+
+log = logging.getLogger("sloscope.serve")
+TEXT = "text/plain; charset=utf-8"
+
+
+def add_limit_arguments(parser) -> None:
+    from collectors.limits import Limits, parse_size
+
+    d = Limits()
+    group = parser.add_argument_group("limits", "what one client, and all together, may hold of serve's memory "
+                                      "and time (sizes in bytes, or with KiB, MiB, GiB; times in seconds)")
+    size, seconds, count = _checked(parse_size), _checked(float), _checked(int)
+    group.add_argument("--max-request-body-size", type=size, default=d.max_body_bytes, metavar="SIZE",
+                       help="largest OTLP/HTTP body, compressed and after gzip; larger is a 413 "
+                       "(default: %(default)s)")
+    group.add_argument("--max-inflight-bytes", type=size, default=d.max_inflight_bytes, metavar="SIZE",
+                       help="request bodies being read or decoded at once, over HTTP and gRPC; past it, a "
+                       "retryable 503 / UNAVAILABLE (default: %(default)s)")
+    group.add_argument("--max-header-bytes", type=size, default=d.max_header_bytes, metavar="SIZE",
+                       help="a request's line and headers; more closes the connection (default: %(default)s)")
+    group.add_argument("--read-header-timeout", type=seconds, default=d.read_header_timeout_s, metavar="S",
+                       help="from a request's first byte to the end of its headers (default: %(default)s)")
+    group.add_argument("--read-timeout", type=seconds, default=d.read_timeout_s, metavar="S",
+                       help="for a request's whole body; past it, a 408 (default: %(default)s)")
+    group.add_argument("--write-timeout", type=seconds, default=d.write_timeout_s, metavar="S",
+                       help="for a whole response (default: %(default)s)")
+    group.add_argument("--idle-timeout", type=seconds, default=d.idle_timeout_s, metavar="S",
+                       help="a keep-alive connection waiting for its next request (default: %(default)s)")
+    group.add_argument("--max-connections", type=count, default=d.max_connections, metavar="N",
+                       help="OTLP/HTTP connections open at once; more wait in the listen backlog "
+                       "(default: %(default)s)")
+    group.add_argument("--grpc-max-recv-msg-size", type=size, default=d.grpc_max_message_bytes, metavar="SIZE",
+                       help="largest OTLP/gRPC message; larger is RESOURCE_EXHAUSTED (default: %(default)s)")
+    group.add_argument("--grpc-max-concurrent-rpcs", type=count, default=d.grpc_max_concurrent_rpcs, metavar="N",
+                       help="OTLP/gRPC calls in progress at once, over all connections; more are "
+                       "RESOURCE_EXHAUSTED (default: %(default)s)")
+    group.add_argument("--grpc-max-concurrent-streams", type=count, default=d.grpc_max_concurrent_streams,
+                       metavar="N", help="OTLP/gRPC calls in progress on one connection; more wait at the client "
+                       "(HTTP/2 streams; default: %(default)s)")
+
+
+def _checked(parse):
+    """An argparse type: `parse`, and above zero."""
+
+    def positive(text: str):
+        try:
+            value = parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be above zero")
+        return value
+
+    positive.__name__ = parse.__name__
+    return positive
+
+
+def limits_of(args):
+    from collectors.limits import Limits
+
+    return Limits(max_body_bytes=args.max_request_body_size, max_inflight_bytes=args.max_inflight_bytes,
+                  max_header_bytes=args.max_header_bytes,
+                  read_header_timeout_s=args.read_header_timeout, read_timeout_s=args.read_timeout,
+                  write_timeout_s=args.write_timeout, idle_timeout_s=args.idle_timeout,
+                  max_connections=args.max_connections, grpc_max_message_bytes=args.grpc_max_recv_msg_size,
+                  grpc_max_concurrent_rpcs=args.grpc_max_concurrent_rpcs,
+                  grpc_max_concurrent_streams=args.grpc_max_concurrent_streams)
+
+
+@dataclass
+class Listener:
+    kind: str  # "http" (socketserver) or "grpc"
+    server: object
+    shown: str  # for the log: what listens where
+
+    def start(self) -> None:
+        if self.kind == "grpc":
+            self.server.start()
+        else:
+            threading.Thread(target=self.server.serve_forever, name=self.shown, daemon=True).start()
+        log.info("%s", self.shown)
+
+    def close(self, started: bool) -> None:
+        if self.kind == "grpc":
+            self.server.stop(grace=5 if started else None).wait()
+            return
+        if started:
+            self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclass
+class Listeners:
+    """Every listener bound before any starts, so that an address that cannot be had stops serve before it
+    serves anything, with one line saying which."""
+
+    bound: list[Listener] = field(default_factory=list)
+    started: bool = False
+
+    def bind(self, kind: str, what: str, address: tuple[str, int], make) -> None:
+        """`make()` binds and returns (server, what the log says of it); OSError: this one and those bound before
+        are closed, and the error names the address."""
+        try:
+            server, shown = make()
+        except OSError as exc:
+            self.close()
+            raise OSError(f"cannot listen for {what} on {address[0]}:{address[1]}: {exc.strerror or exc}") from None
+        self.bound.append(Listener(kind, server, shown))
+
+    def start(self) -> None:
+        for listener in self.bound:
+            listener.start()
+        self.started = True
+
+    def close(self) -> None:
+        for listener in self.bound:
+            listener.close(self.started)
+        self.bound = []
+
+
+def healthz() -> tuple[bytes, str]:
+    """Live: the process answers HTTP."""
+    return b"ok\n", TEXT
+
+
+def readiness_page(store, writer, stopping: threading.Event):
+    """GET /readyz: 200 while the store is open, the writer can write and serve is not shutting down; else a
+    503 that says which, so that a load balancer sends exporters elsewhere."""
+    from collectors.receiver import Unavailable
+
+    def page() -> tuple[bytes, str]:
+        problems = ["shutting down"] if stopping.is_set() else []
+        problems += [p for p in (_store_problem(store), writer.health()) if p]
+        if problems:
+            raise Unavailable("not ready: " + "; ".join(problems))
+        return b"ready\n", TEXT
+
+    return page
+
+
+def _store_problem(store) -> str | None:
+    import duckdb
+
+    try:
+        cursor = store.con.cursor()
+        try:
+            cursor.execute("SELECT 1").fetchall()
+        finally:
+            cursor.close()
+    except duckdb.Error as exc:
+        return f"store not open: {exc}"
+    return None
+
+
+def intake_collector(receiver, writer, listeners: Listeners):
+    """The intake's own /metrics families (alerts/intake_metrics.py) for this process's receiver and writer."""
+    from alerts.intake_metrics import IntakeCollector
+
+    def stats() -> dict:
+        return {"receiver": receiver.snapshot(), "inflight_bytes": receiver.inflight.held, "writer": writer.stats(),
+                "writer_health": writer.health(),
+                "open_connections": sum(getattr(b.server, "open_connections", 0) for b in listeners.bound)}
+
+    return IntakeCollector(stats)
