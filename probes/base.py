@@ -11,7 +11,10 @@ The host checks go through `Host`, so a test or a caller can substitute a host t
 from __future__ import annotations
 
 import abc
+import functools
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import ClassVar, Iterable
@@ -84,11 +87,22 @@ class Host:
         return os.uname().release
 
     def bcc_import_error(self) -> str | None:
-        try:
-            import bcc  # noqa: F401
-        except Exception as exc:  # ImportError, or libbcc failing to load
-            return f"{type(exc).__name__}: {exc}"
+        return bcc_import_error()
+
+
+@functools.cache
+def bcc_import_error() -> str | None:
+    """Why `import bcc` fails (ImportError, or libbcc failing to load), asked once of a child interpreter:
+    importing bcc maps libbcc with clang and LLVM (about 70 MiB resident), which only the compile needs,
+    and the compile runs in a child too (probes/ebpf/compile.py)."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import bcc"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if proc.returncode == 0:
         return None
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else f"the interpreter exited with status {proc.returncode}"
 
 
 def privilege_missing(host: Host) -> str | None:
@@ -191,6 +205,11 @@ class Probe(abc.ABC):
     def notes(self) -> tuple[str, ...]:
         """What limits a running probe without stopping it (e.g. a syscall without tracepoints here)."""
         return ()
+
+    def missing_signals(self) -> dict[str, str] | None:
+        """Signals this running probe cannot produce now, each with what its source lacks (e.g. DCGM fields the
+        exporter does not serve); None for a probe whose signals all come whenever it runs."""
+        return None
 
     def __enter__(self):
         self.start()

@@ -134,6 +134,40 @@ def test_other_processes_are_filtered_out_by_pid(syscalls):
     assert read is None or read.count < 100  # dd's 3000 reads are not ours
 
 
+def test_with_every_process_traced_each_syscall_of_a_process_is_counted_once():
+    probe = started(SyscallLatencyProbe(syscalls=("read", "write"), per_pid=True))
+    try:
+        probe.collect()
+        dd = subprocess.Popen(["dd", "if=/dev/zero", "of=/dev/null", "bs=1", "count=4000"], stderr=subprocess.DEVNULL)
+        assert dd.wait(timeout=30) == 0
+        hs = histograms(probe.collect(), "sloscope.syscall.duration")
+    finally:
+        probe.stop()
+    read, write = (hs[(("process.pid", dd.pid), ("syscall.name", name))] for name in ("read", "write"))
+    assert 4000 <= read.count <= 4005  # the 4000 bytes, and the dynamic loader reading libc's header
+    assert 4000 <= write.count <= 4005  # the 4000 bytes, and dd's closing statistics
+    for h in (read, write):
+        check_histogram(h)
+    assert len({pid for (_, pid), _ in hs}) > 1  # other processes are traced too, each on its own
+
+
+def test_the_process_holding_the_probes_never_loads_the_compiler():
+    """bcc, clang and LLVM stay in the compiling child: the process that runs the probes maps none of them."""
+    script = """
+import os, sys
+from probes.ebpf.runqueue import RunqueueProbe
+with RunqueueProbe() as probe:
+    os.sched_yield()
+    samples = probe.collect()
+    libraries = {line.split()[-1] for line in open("/proc/self/maps") if ".so" in line}
+    loaded = sorted(lib for lib in libraries if "bcc" in lib or "LLVM" in lib or "clang" in lib)
+    print(len(samples), "bcc" in sys.modules, loaded)
+"""
+    out = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1], check=True,
+                         capture_output=True, text=True, timeout=120).stdout.split(maxsplit=2)
+    assert out == ["1", "False", "[]\n"] or out == ["1", "False", "[]"]
+
+
 def test_cgroup_filter_sees_only_processes_in_the_cgroup():
     mounts = cgroup2_mounts()
     need(bool(mounts), "no cgroup2 filesystem mounted")

@@ -5,7 +5,7 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from probes.ebpf.loader import HistogramDeltas, group_slots, map_value
+from probes.ebpf.loader import HIST_SLOTS, HistogramDeltas, histogram
 from probes.sample import (UNIT_SHIFT, HistogramSample, Sample, counter_delta, exponential_index,
                            log2_histogram, slot_to_index)
 
@@ -97,12 +97,7 @@ def test_histogram_deltas_only_report_new_observations():
         "read": ({20: 1, 22: 1}, 600), "write": ({19: 2}, 50)}
 
 
-def test_group_slots_and_map_values():
-    assert group_slots({(("a", 0), 3): 2, (("a", 0), 5): 1, (("b", 1), 3): 7}) == {
-        ("a", 0): {3: 2, 5: 1}, ("b", 1): {3: 7}}
-
-    class Scalar:
-        value = 4
-
-    assert map_value(Scalar()) == 4
-    assert map_value([1, 2, 3]) == 6  # per-CPU values are summed
+def test_a_histogram_map_value_is_its_slot_counts_then_the_sum():
+    value = [0] * HIST_SLOTS + [123]
+    value[1], value[4] = 4, 1
+    assert histogram(value) == ({1: 4, 4: 1}, 123)  # empty slots left out

@@ -12,14 +12,10 @@ struct rq_key {
     u64 sector;
 };
 
-struct hist_key {
-    u32 dev;
-    u32 slot;
-};
-
 BPF_TABLE("lru_hash", struct rq_key, u64, start, 65536);
-BPF_PERCPU_HASH(hist, struct hist_key, u64, 4096);
-BPF_PERCPU_HASH(sums, u32, u64, 256);
+/* by device; allocated as devices appear, not 256 x 520 bytes per CPU up front */
+BPF_F_TABLE("percpu_hash", u32, struct sloscope_hist, hist, 256, BPF_F_NO_PREALLOC);
+BPF_PERCPU_ARRAY(empty_hist, struct sloscope_hist, 1);  /* a zero value to create entries from */
 
 TRACEPOINT_PROBE(block, block_rq_issue)
 {
@@ -42,16 +38,13 @@ TRACEPOINT_PROBE(block, block_rq_complete)
     u64 delta = bpf_ktime_get_ns() - *tsp;
     start.delete(&key);
 
-    struct hist_key hk = {};
-    hk.dev = key.dev;
-    hk.slot = sloscope_slot(delta);
-    u64 zero = 0;
-    u64 *count = hist.lookup_or_try_init(&hk, &zero);
-    if (count)
-        (*count)++;
+    u32 zero = 0;
+    struct sloscope_hist *blank = empty_hist.lookup(&zero);
+    if (!blank)
+        return 0;
     u32 dev = key.dev;
-    u64 *sum = sums.lookup_or_try_init(&dev, &zero);
-    if (sum)
-        *sum += delta;
+    struct sloscope_hist *h = hist.lookup_or_try_init(&dev, blank);
+    if (h)
+        sloscope_hist_add(h, delta);
     return 0;
 }

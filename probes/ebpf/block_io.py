@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import struct
 
 from ..sample import AnySample, log2_histogram
-from .loader import BccProbe, HistogramDeltas, group_slots, read_map
+from .loader import BccProbe, HistogramDeltas, read_histograms
+from .maps import BpfMap
 
 SIGNAL = "sloscope.block.io.duration"
 
@@ -28,6 +30,7 @@ class BlockIoProbe(BccProbe):
     signals = (SIGNAL,)
     description = "block I/O latency per device (eBPF block:block_rq_issue -> block:block_rq_complete)"
     c_file = "block_io.c"
+    maps = ("hist",)
 
     def __init__(self, host=None):
         super().__init__(host)
@@ -42,8 +45,8 @@ class BlockIoProbe(BccProbe):
             self._names[dev] = device_name(dev)
         return self._names[dev]
 
-    def read(self, bpf, start_ns: int, now: int) -> list[AnySample]:
-        slots = group_slots(read_map(bpf[b"hist"], lambda k: (k.dev, k.slot)))
-        sums = read_map(bpf[b"sums"])
+    def read(self, maps: dict[str, BpfMap], start_ns: int, now: int) -> list[AnySample]:
+        hist = maps["hist"]
+        slots, sums = read_histograms(hist, [(raw, struct.unpack("=I", raw)[0]) for raw in hist.keys()])
         return [log2_histogram(SIGNAL, {"system.device": self._name(dev)}, delta, sum_ns / 1e9, start_ns, now)
                 for dev, (delta, sum_ns) in sorted(self._deltas.update(slots, sums).items())]

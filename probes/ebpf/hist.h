@@ -14,6 +14,12 @@
 
 #define SLOSCOPE_HIST_SLOTS 64
 
+/* One histogram as one map value: a probe updates every count and the sum through a single map lookup. */
+struct sloscope_hist {
+    u64 slots[SLOSCOPE_HIST_SLOTS];
+    u64 sum_ns;
+};
+
 static __always_inline u64 sloscope_ns_to_units(u64 ns)
 {
     if (ns < (1ULL << 43))
@@ -27,6 +33,13 @@ static __always_inline u32 sloscope_slot(u64 ns)
     if (units == 0)
         return 0;
     return bpf_log2l(units);
+}
+
+/* Plain increments: the histograms live in per-CPU maps, and a program never runs nested on its own CPU. */
+static __always_inline void sloscope_hist_add(struct sloscope_hist *h, u64 ns)
+{
+    h->slots[sloscope_slot(ns) & (SLOSCOPE_HIST_SLOTS - 1)]++;
+    h->sum_ns += ns;
 }
 
 #endif

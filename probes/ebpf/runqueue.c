@@ -1,6 +1,7 @@
 /* Run-queue delay: from the moment a task becomes runnable (sched:sched_wakeup, sched:sched_wakeup_new,
  * or being preempted while still runnable in sched:sched_switch) until sched:sched_switch runs it.
- * One log2 histogram for the node, plus the summed nanoseconds (runqlat's method, on stable tracepoints).
+ * One log2 histogram for the node with the summed nanoseconds, in one per-CPU map value (runqlat's method,
+ * on stable tracepoints).
  *
  * sched_switch's prev_state carries the task state bits in its low byte (S, D, T, t, X, Z, P, I) and a
  * "preempted" flag above them (TASK_REPORT_MAX, 0x100); no state bit set means still runnable. */
@@ -11,8 +12,7 @@
 /* Time each thread became runnable; 0 = not waiting. Rewritten in place, not inserted and deleted per
  * switch (sched_switch is hot); LRU, so exited threads age out. */
 BPF_TABLE("lru_hash", u32, u64, start, 65536);
-BPF_PERCPU_ARRAY(hist, u64, SLOSCOPE_HIST_SLOTS);
-BPF_PERCPU_ARRAY(sums, u64, 1);
+BPF_PERCPU_ARRAY(hist, struct sloscope_hist, 1);
 
 static __always_inline int enqueued(u32 tid)
 {
@@ -51,13 +51,9 @@ TRACEPOINT_PROBE(sched, sched_switch)
     u64 delta = bpf_ktime_get_ns() - *tsp;
     *tsp = 0;
 
-    u32 slot = sloscope_slot(delta);
-    u64 *count = hist.lookup(&slot);
-    if (count)
-        (*count)++;
     u32 zero = 0;
-    u64 *sum = sums.lookup(&zero);
-    if (sum)
-        *sum += delta;
+    struct sloscope_hist *h = hist.lookup(&zero);
+    if (h)
+        sloscope_hist_add(h, delta);
     return 0;
 }

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ..sample import AnySample, log2_histogram
-from .loader import BccProbe, HistogramDeltas, map_value
+from .loader import BccProbe, HistogramDeltas, read_histograms
+from .maps import BpfMap, index_key
 
 SIGNAL = "sloscope.cpu.runqueue.delay"
-SLOTS = 64
 
 
 class RunqueueProbe(BccProbe):
@@ -14,6 +14,7 @@ class RunqueueProbe(BccProbe):
     signals = (SIGNAL,)
     description = "run-queue delay histogram (eBPF sched:sched_wakeup{,_new} -> sched:sched_switch)"
     c_file = "runqueue.c"
+    maps = ("hist",)
 
     def __init__(self, host=None):
         super().__init__(host)
@@ -22,15 +23,8 @@ class RunqueueProbe(BccProbe):
     def tracepoints(self) -> list[str]:
         return ["sched:sched_wakeup", "sched:sched_wakeup_new", "sched:sched_switch"]
 
-    def read(self, bpf, start_ns: int, now: int) -> list[AnySample]:
-        hist = bpf[b"hist"]
-        slots = {}
-        for slot in range(SLOTS):
-            count = map_value(hist[slot])
-            if count:
-                slots[slot] = count
-        sum_ns = map_value(bpf[b"sums"][0])
-        deltas = self._deltas.update({None: slots}, {None: sum_ns})
+    def read(self, maps: dict[str, BpfMap], start_ns: int, now: int) -> list[AnySample]:
+        deltas = self._deltas.update(*read_histograms(maps["hist"], [(index_key(0), None)]))
         if None not in deltas:
             return []
         delta, sum_delta = deltas[None]

@@ -1,36 +1,43 @@
-/* Syscall latency: syscalls:sys_enter_<name> -> syscalls:sys_exit_<name>, one log2 histogram per syscall
- * (and per process when PER_PID is defined), with the summed nanoseconds per syscall beside it.
+/* Syscall latency: raw_syscalls sys_enter -> sys_exit as raw tracepoints, one log2 histogram per traced syscall
+ * (and per process when PER_PID is defined), with the summed nanoseconds in the same map value.
  *
- * The loader attaches on_sys_enter / on_sys_exit to the enter/exit tracepoints of each configured syscall;
- * the syscall number comes from the tracepoint record (common fields, then int __syscall_nr at offset 8,
- * the same for every syscalls:* event). Optional filters, compiled in only when asked for:
- * FILTER_CGROUP (cgroup v2 ids in cgroup_filter) and FILTER_PID (process ids in pid_filter).
+ * What each syscall costs, in map operations (the per-syscall price is the point of this layout):
+ * - enter: one array lookup (`traced`: syscall number -> histogram index; untraced syscalls stop here), the
+ *   filters when compiled in (FILTER_PID: one hash lookup of the process id; FILTER_CGROUP: one hash lookup of
+ *   the cgroup v2 id; tasks they refuse stop here), then the task's own storage slot (`in_flight`: found
+ *   through the task, no hashing, created once per task) gets the start time and the index.
+ * - exit: the task's storage slot (a task that is filtered out has none, and stops here), then one per-CPU
+ *   array lookup (`hist`, indexed by the histogram index) whose value holds every log2 slot and the sum: one
+ *   increment and one add (sloscope_hist_add in hist.h), no hash.
+ * Raw tracepoints hand the program the registers and the syscall number directly: no trace record is built
+ * per event as for syscalls:sys_enter_* or raw_syscalls:* perf tracepoints.
  */
-#include <uapi/linux/ptrace.h>
+#include <linux/sched.h>
 #include "hist.h"
 
-struct syscall_record {
-    u64 common;        /* common_type, common_flags, common_preempt_count, common_pid */
-    int __syscall_nr;
-};
+#define SLOSCOPE_SYSCALL_NR_MAX 1024
 
-struct hist_key {
-    u32 nr;
-    u32 pid;
-    u32 slot;
+struct in_flight {
+    u64 start_ns;
+    u32 index;  /* 1 + the histogram index of the syscall in flight; 0 = none */
     u32 pad;
 };
 
-struct sum_key {
-    u32 nr;
+/* syscall number -> 1 + histogram index; 0 = not traced. Filled from user space after loading. */
+BPF_ARRAY(traced, u32, SLOSCOPE_SYSCALL_NR_MAX);
+BPF_TASK_STORAGE(in_flight, struct in_flight);
+
+#ifdef PER_PID
+struct pid_key {
+    u32 index;
     u32 pid;
 };
-
-/* Syscall start time by thread id; 0 = not in a traced syscall. Entries are rewritten in place rather than
- * inserted and deleted per syscall (that halves the probe's cost); LRU, so exited threads age out. */
-BPF_TABLE("lru_hash", u32, u64, start, 65536);
-BPF_PERCPU_HASH(hist, struct hist_key, u64, 16384);
-BPF_PERCPU_HASH(sums, struct sum_key, u64, 4096);
+/* not preallocated: 16384 histograms of 520 bytes on every CPU would be reserved up front */
+BPF_F_TABLE("percpu_hash", struct pid_key, struct sloscope_hist, hist, 16384, BPF_F_NO_PREALLOC);
+BPF_PERCPU_ARRAY(empty_hist, struct sloscope_hist, 1);  /* a zero value to create entries from */
+#else
+BPF_PERCPU_ARRAY(hist, struct sloscope_hist, SLOSCOPE_SYSCALLS);
+#endif
 
 #ifdef FILTER_CGROUP
 BPF_HASH(cgroup_filter, u64, u8, 1024);
@@ -39,11 +46,14 @@ BPF_HASH(cgroup_filter, u64, u8, 1024);
 BPF_HASH(pid_filter, u32, u8, 4096);
 #endif
 
-int on_sys_enter(struct syscall_record *ctx)
+RAW_TRACEPOINT_PROBE(sys_enter)
 {
-    u64 id = bpf_get_current_pid_tgid();
+    u32 nr = ctx->args[1];  /* a negative (invalid) number becomes large and finds nothing */
+    u32 *index = traced.lookup(&nr);
+    if (!index || *index == 0)
+        return 0;
 #ifdef FILTER_PID
-    u32 tgid = id >> 32;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!pid_filter.lookup(&tgid))
         return 0;
 #endif
@@ -52,42 +62,37 @@ int on_sys_enter(struct syscall_record *ctx)
     if (!cgroup_filter.lookup(&cg))
         return 0;
 #endif
-    u32 tid = id;
-    u64 ts = bpf_ktime_get_ns();
-    u64 *tsp = start.lookup(&tid);
-    if (tsp)
-        *tsp = ts;
-    else
-        start.update(&tid, &ts);
+    struct in_flight *f = in_flight.task_storage_get(bpf_get_current_task_btf(), 0,
+                                                     BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!f)
+        return 0;
+    f->index = *index;
+    f->start_ns = bpf_ktime_get_ns();
     return 0;
 }
 
-int on_sys_exit(struct syscall_record *ctx)
+RAW_TRACEPOINT_PROBE(sys_exit)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tid = id;
-    u64 *tsp = start.lookup(&tid);
-    if (!tsp || *tsp == 0)
+    struct in_flight *f = in_flight.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+    if (!f || f->index == 0)
         return 0;
-    u64 delta = bpf_ktime_get_ns() - *tsp;
-    *tsp = 0;
-
-    struct hist_key hk = {};
-    hk.nr = ctx->__syscall_nr;
+    u64 delta = bpf_ktime_get_ns() - f->start_ns;
+    u32 index = f->index - 1;
+    f->index = 0;
 #ifdef PER_PID
-    hk.pid = id >> 32;
+    struct pid_key key = {};
+    key.index = index;
+    key.pid = bpf_get_current_pid_tgid() >> 32;
+    u32 zero = 0;
+    struct sloscope_hist *blank = empty_hist.lookup(&zero);
+    if (!blank)
+        return 0;
+    struct sloscope_hist *h = hist.lookup_or_try_init(&key, blank);
+#else
+    struct sloscope_hist *h = hist.lookup(&index);
 #endif
-    hk.slot = sloscope_slot(delta);
-    u64 zero = 0;
-    u64 *count = hist.lookup_or_try_init(&hk, &zero);
-    if (count)
-        (*count)++;
-
-    struct sum_key sk = {};
-    sk.nr = hk.nr;
-    sk.pid = hk.pid;
-    u64 *sum = sums.lookup_or_try_init(&sk, &zero);
-    if (sum)
-        *sum += delta;
+    if (!h)
+        return 0;
+    sloscope_hist_add(h, delta);
     return 0;
 }

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ..sample import AnySample, Sample, counter_delta
 from ..tcp_states import STATE_NAMES
-from .loader import BccProbe, map_value
+from .loader import BccProbe
+from .maps import BpfMap, index_key
 
 RETRANSMITS = "sloscope.tcp.retransmits"
 TRANSITIONS = "sloscope.tcp.state_transitions"
@@ -16,6 +17,7 @@ class TcpProbe(BccProbe):
     signals = (RETRANSMITS, TRANSITIONS)
     description = "TCP retransmits and state transitions (eBPF tcp:tcp_retransmit_skb, sock:inet_sock_set_state)"
     c_file = "tcp.c"
+    maps = ("retransmits", "transitions")
 
     def __init__(self, host=None):
         super().__init__(host)
@@ -24,11 +26,11 @@ class TcpProbe(BccProbe):
     def tracepoints(self) -> list[str]:
         return ["tcp:tcp_retransmit_skb", "sock:inet_sock_set_state"]
 
-    def read(self, bpf, start_ns: int, now: int) -> list[AnySample]:
-        current = {"retransmits": map_value(bpf[b"retransmits"][0])}
-        transitions = bpf[b"transitions"]
+    def read(self, maps: dict[str, BpfMap], start_ns: int, now: int) -> list[AnySample]:
+        (retransmits,) = maps["retransmits"].u64s(index_key(0))
+        current = {"retransmits": retransmits}
         for state, name in STATE_NAMES.items():
-            current[name] = map_value(transitions[state])
+            (current[name],) = maps["transitions"].u64s(index_key(state))
         samples = [Sample(RETRANSMITS, {}, now, counter_delta(self._prev.get("retransmits", 0),
                                                               current["retransmits"]), "counter_delta", start_ns)]
         for state, name in STATE_NAMES.items():
