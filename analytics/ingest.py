@@ -1,6 +1,8 @@
 """File ingest: OTLP-JSON lines -> decode -> tier enrichment -> store, in large transactions.
 
-A malformed line is reported as `file:line: reason`, counted, and skipped; every other line still loads.
+A malformed line is reported as `file:line: reason`, counted, and skipped; every other line still loads. A line
+with some invalid spans or data points loads the rest; what it refused is reported the same way and counted by
+reason.
 """
 
 from __future__ import annotations
@@ -30,14 +32,23 @@ MAX_REPORTED_ERRORS = 20
 class IngestReport:
     lines: int = 0
     rejected: list[str] = field(default_factory=list)  # "file:line: reason", the first MAX_REPORTED_ERRORS
-    rejected_count: int = 0
+    rejected_count: int = 0  # lines refused whole
+    partly_refused_count: int = 0  # lines that loaded, but for some items they refused
     counts: Counter = field(default_factory=Counter)
     seconds: float = 0.0
 
-    def reject(self, where: str, reason: str) -> None:
-        self.rejected_count += 1
+    def reject(self, where: str, reason: str, whole: bool = True) -> None:
+        if whole:
+            self.rejected_count += 1
+        else:
+            self.partly_refused_count += 1
         if len(self.rejected) < MAX_REPORTED_ERRORS:
             self.rejected.append(f"{where}: {reason}")
+
+    @property
+    def lines_with_refusals(self) -> int:
+        """Lines refused whole or in part: what is reported, and what makes ingest's exit status 1."""
+        return self.rejected_count + self.partly_refused_count
 
     @property
     def rows_loaded(self) -> int:
@@ -48,8 +59,8 @@ _worker_state: dict = {}
 
 
 def decode_chunk(chunk: list[tuple[str, bytes]], allowed: frozenset, default_tier: str):
-    """Decode and enrich a chunk of lines: (batch, [(where, reason)], counts). Runs in worker processes,
-    which keep their decoder (and its attribute cache) between chunks."""
+    """Decode and enrich a chunk of lines: (batch, [(where, reason, whole line?)], counts). Runs in worker
+    processes, which keep their decoder (and its attribute cache) between chunks."""
     key = (allowed, default_tier)
     if _worker_state.get("key") != key:
         _worker_state.update(key=key, decoder=Decoder(), resolver=TierResolver(allowed, default_tier))
@@ -59,8 +70,10 @@ def decode_chunk(chunk: list[tuple[str, bytes]], allowed: frozenset, default_tie
         try:
             decoded = decode_line(decoder, line)
         except DecodeError as exc:
-            rejects.append((where, str(exc)))
+            rejects.append((where, str(exc), True))
             continue
+        if decoder.refused:
+            rejects.append((where, decoder.refusal_report(), False))
         resolve_tiers(decoded.spans, resolver)
         batch.extend(decoded)
     counts = Counter(resolver.counts) + Counter(decoder.skipped)
@@ -107,8 +120,8 @@ class Ingestor:
     def _take(self, result, lines: int) -> None:
         frames, rejects, counts = result
         self.report.lines += lines
-        for where, reason in rejects:
-            self.report.reject(where, reason)
+        for where, reason, whole in rejects:
+            self.report.reject(where, reason, whole)
         self.topology.learn(frames.points, frames.histograms)
         frames.requests = self.topology.place(frames.requests)
         self.pending.append(frames)

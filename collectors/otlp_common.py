@@ -1,6 +1,14 @@
-"""What the OTLP decoders (JSON and protobuf) share: limits, span and metric semantics, row building."""
+"""What the OTLP decoders (JSON and protobuf) share: limits, span and metric semantics, row building, and the
+refusal of single invalid items.
+
+Every value the store constrains is checked here, before a row exists, so that no input makes a store write
+fail: an invalid span or data point is refused alone with a reason (an ingest counter, REFUSAL_REASONS), and
+the rest of its request is kept.
+"""
 
 from __future__ import annotations
+
+import math
 
 from sloscope import catalog
 from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
@@ -24,17 +32,66 @@ SPAN_ATTRIBUTES = frozenset({*STATUS_ATTRIBUTES, ROUTE_ATTRIBUTE, GPU_ATTRIBUTE,
 MAX_INT64 = 2**63 - 1  # times (ns) and counts are stored as signed 64-bit integers
 
 
+# Why a single span or data point is refused: each is an ingest counter, and the partial success names them.
+REFUSAL_REASONS = {
+    "spans_invalid": "not a span object, or a field of the wrong type",
+    "spans_invalid_id": "a trace id that is not 16 bytes (32 hex digits) or a span id not 8 (16)",
+    "spans_invalid_time": "no start time, an end before the start, or times past 2**63 ns",
+    "spans_invalid_status_code": "http.response.status_code not an integer in 0..999",
+    "spans_invalid_attribute": "an attribute value of the wrong type or nested too deep",
+    "spans_invalid_resource": "a resource or scope that is not an object, or has malformed attributes",
+    "points_invalid": "not a data point object, or a field of the wrong type",
+    "points_invalid_time": "no time, a start after the time, or times past 2**63 ns",
+    "points_invalid_value": "neither asDouble nor asInt, or one that is not a number",
+    "points_invalid_count": "a negative count, one past 2**63, or one that the buckets do not add up to",
+    "points_invalid_buckets": "a negative bucket count, a scale outside [-10, 20], or a bucket past 2**63",
+    "points_invalid_sum": "a sum, min or max that is not finite, or a min above the max",
+    "points_invalid_attribute": "an attribute value of the wrong type or nested too deep",
+    "points_invalid_metric": "a metric that is not an object, or a temporality other than delta or cumulative",
+    "points_invalid_resource": "a resource or scope that is not an object, or has malformed attributes",
+}
+# Well-formed data that is not kept, also reported back as rejected.
+UNKEPT_REASONS = {"points_not_finite": "a gauge or sum value that is not finite",
+                  "points_unsupported_type": "a metric type other than gauge, sum and exponential histogram"}
+
+
 class DecodeError(ValueError):
-    pass
+    """Invalid input. `reason` (a REFUSAL_REASONS key) when it concerns one item, which is then refused alone."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self):  # crosses process boundaries (decode workers) with its reason
+        return type(self), (str(self), self.reason)
+
+
+def refusal_message(counts: dict) -> str:
+    """What was refused and why, from counters: the partial success's error_message."""
+    parts = [f"{counts[k]} {k} ({why})" for k, why in {**REFUSAL_REASONS, **UNKEPT_REASONS}.items() if counts.get(k)]
+    return "refused: " + "; ".join(parts)
 
 
 def point_times(name: str, start: int, time: int) -> tuple[int, int]:
     """A data point's start and time (ns), which the store keeps as signed 64-bit integers."""
     if time <= 0:
-        raise DecodeError(f"{name}: data point without time_unix_nano")
+        raise DecodeError(f"{name}: data point without time_unix_nano", "points_invalid_time")
     if time > MAX_INT64 or not 0 <= start <= MAX_INT64:
-        raise DecodeError(f"{name}: time_unix_nano and start_time_unix_nano must be below 2**63")
+        raise DecodeError(f"{name}: time_unix_nano and start_time_unix_nano must be below 2**63",
+                          "points_invalid_time")
+    if start > time:
+        raise DecodeError(f"{name}: start_time_unix_nano after time_unix_nano", "points_invalid_time")
     return start, time
+
+
+def histogram_totals(name: str, count: int, total: float, low: float | None, high: float | None) -> None:
+    """An exponential histogram point's count, sum, min and max, as the store keeps them (UBIGINT, DOUBLE)."""
+    if not 0 <= count <= MAX_INT64:
+        raise DecodeError(f"{name}: count must be in [0, 2**63)", "points_invalid_count")
+    if not (math.isfinite(total) and (low is None or math.isfinite(low)) and (high is None or math.isfinite(high))):
+        raise DecodeError(f"{name}: sum, min and max must be finite", "points_invalid_sum")
+    if low is not None and high is not None and low > high:
+        raise DecodeError(f"{name}: min above max", "points_invalid_sum")
 
 
 def node_of(attrs: dict) -> str | None:
@@ -78,25 +135,25 @@ def append_span(cols, trace_id: str, span_id: str, resource: SpanResource, attrs
                 start: int, end: int, status_error: bool, name: str) -> None:
     """Validate one SERVER span's fields and add it as a row; attrs holds only SPAN_ATTRIBUTES."""
     if start <= 0 or end < start:
-        raise DecodeError(f"span {span_id}: end time before start time or no start time")
+        raise DecodeError(f"span {span_id}: end time before start time or no start time", "spans_invalid_time")
     if end > MAX_INT64:
-        raise DecodeError(f"span {span_id}: times must be below 2**63 ns")
+        raise DecodeError(f"span {span_id}: times must be below 2**63 ns", "spans_invalid_time")
     node, gpu, pod, namespace = resource.node, resource.gpu, resource.pod, resource.namespace
     if not _SPAN_OVERRIDES.isdisjoint(attrs):
         node = node_of(attrs) or node
         gpu = _text(attrs, GPU_ATTRIBUTE) or gpu
         pod = _text(attrs, POD_ATTRIBUTE) or pod
         namespace = _text(attrs, NAMESPACE_ATTRIBUTE) or namespace
-    if node is None and gpu is None:
-        raise DecodeError("span has neither k8s.node.name, host.name nor hw.id (span or resource attribute)")
     status = next((attrs[k] for k in STATUS_ATTRIBUTES if k in attrs), None)
     if status is not None and type(status) is not int:
         try:
             status = int(status)
-        except (TypeError, ValueError):
-            raise DecodeError(f"http.response.status_code: expected an integer, got {str(status)[:40]!r}") from None
+        except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite double
+            raise DecodeError(f"span {span_id}: http.response.status_code: expected an integer, got "
+                              f"{str(status)[:40]!r}", "spans_invalid_status_code") from None
     if status is not None and not 0 <= status <= 999:
-        raise DecodeError(f"http.response.status_code: {str(status)[:40]} is not an HTTP status code")
+        raise DecodeError(f"span {span_id}: http.response.status_code: {str(status)[:40]} is not an HTTP status "
+                          "code", "spans_invalid_status_code")
     route = attrs.get(ROUTE_ATTRIBUTE)
     cols.trace_id.append(trace_id)
     cols.span_id.append(span_id)
@@ -114,29 +171,92 @@ def append_span(cols, trace_id: str, span_id: str, resource: SpanResource, attrs
     cols.failed.append(status_error or (status is not None and status >= 500))
 
 
-def scale0_buckets(name: str, scale: int, zero_count: int, offset: int, counts) -> list[int]:
-    """An exponential histogram's buckets at any scale, folded onto scale 0 over the store's fixed range."""
+def scale0_buckets(name: str, count: int, scale: int, zero_count: int, offset: int, counts, negative) -> list[int]:
+    """An exponential histogram's buckets at any scale, folded onto scale 0 over the store's fixed range; its
+    count must be what the zero, positive and `negative` buckets add up to, as OTLP defines it."""
     if not -10 <= scale <= 20:
-        raise DecodeError(f"{name}: scale {scale} outside [-10, 20]")
+        raise DecodeError(f"{name}: scale {scale} outside [-10, 20]", "points_invalid_buckets")
+    if zero_count < 0 or (negative and min(negative) < 0):
+        raise DecodeError(f"{name}: negative bucket count", "points_invalid_buckets")
     out = [0] * HISTOGRAM_BUCKETS
     out[0] += zero_count
     for k, n in enumerate(counts):
         if n < 0:
-            raise DecodeError(f"{name}: negative bucket count")
+            raise DecodeError(f"{name}: negative bucket count", "points_invalid_buckets")
         if n:
             index = offset + k
             index = index >> scale if scale >= 0 else index << -scale
             out[min(max(index - HISTOGRAM_OFFSET, 0), HISTOGRAM_BUCKETS - 1)] += n
     if max(out) > MAX_INT64:
-        raise DecodeError(f"{name}: bucket counts must be below 2**63")
+        raise DecodeError(f"{name}: bucket counts must be below 2**63", "points_invalid_buckets")
+    if zero_count + sum(counts) + sum(negative) != count:
+        raise DecodeError(f"{name}: count {count} is not the sum of its bucket counts", "points_invalid_count")
     return out
 
 
+class TextCache:
+    """Canonical attribute texts by their raw encoding, which repeat for every data point of a series. Bounded
+    in bytes: when full it starts over, so a stream of ever-new attribute sets costs no more than the bound."""
+
+    MAX_BYTES = 4 * 2**20  # per decoder: one JSON and one protobuf decoder per request thread and decode worker
+    MAX_ENTRY_BYTES = 4096  # a larger attribute set is rare and not worth keeping
+    ENTRY_OVERHEAD = 160  # the key's bytes and the text's str objects and their dict slot, beyond their lengths
+
+    def __init__(self, max_bytes: int = MAX_BYTES):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._texts: dict[bytes, str] = {}
+
+    def get(self, key: bytes) -> str | None:
+        return self._texts.get(key)
+
+    def put(self, key: bytes, text: str) -> None:
+        size = len(key) + len(text) + self.ENTRY_OVERHEAD
+        if size > self.MAX_ENTRY_BYTES:
+            return
+        if self.bytes + size > self.max_bytes:
+            self._texts.clear()
+            self.bytes = 0
+        self._texts[key] = text
+        self.bytes += size
+
+
+def metric_rows(batch) -> int:
+    return len(batch.points) + len(batch.histograms)
+
+
 class Skips:
-    """Counts of data that was well-formed but is not kept (not a SERVER span, not in the catalog, ...)."""
+    """Counts of data that was well-formed but is not kept (not a SERVER span, not in the catalog, ...), and of
+    items refused as invalid (REFUSAL_REASONS), which also count into `skipped`."""
 
     def __init__(self):
         self.skipped: dict[str, int] = {}
+        self._start_request()
+
+    def _start_request(self) -> None:
+        self.refused: dict[str, int] = {}  # of the request being decoded
+        self.first_refusal = ""
+        self._well_formed_skips = 0
 
     def _skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n
+        self._well_formed_skips += n
+
+    def _count(self, name: str, n: int) -> None:
+        if n:
+            self.skipped[name] = self.skipped.get(name, 0) + n
+
+    def _refuse(self, error: DecodeError, n: int = 1) -> None:
+        if not self.refused:
+            self.first_refusal = str(error)
+        self.refused[error.reason] = self.refused.get(error.reason, 0) + n
+        self._count(error.reason, n)
+
+    def _check_something_good(self, batch) -> None:
+        """A request whose every item was refused is invalid as a whole (a 400), not a partial success."""
+        if self.refused and not len(batch) and not self._well_formed_skips:
+            raise DecodeError(self.refusal_report())
+
+    def refusal_report(self) -> str:
+        """The current request's refusals: the first one's detail, then the count of each reason."""
+        return f"{self.first_refusal}; {refusal_message(self.refused)}" if self.refused else ""

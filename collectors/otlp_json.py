@@ -3,8 +3,8 @@ bodies) into protocol-neutral records.
 
 OTLP/JSON differs from protobuf's canonical JSON: ids are hex, not base64; 64-bit integers arrive as
 strings (or numbers); enums are integers; keys are lowerCamelCase (snake_case is accepted as the spec
-allows). A request is decoded as a whole or rejected as a whole with a `DecodeError` saying why, so a bad
-line never half-loads.
+allows). An invalid span or data point is refused alone and counted by reason; a request that is not an export
+request, or has nothing good in it, raises a `DecodeError` saying why.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from sloscope.records import Batch
 
 from collectors.otlp_common import (
     FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, MAX_INT64, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
-    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, append_span, node_of, scale0_buckets)
+    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, TextCache, append_span,
+    histogram_totals, metric_rows, node_of, point_times, scale0_buckets)
 
 _HEX_TRACE = re.compile(r"^[0-9a-fA-F]{32}$")
 _HEX_SPAN = re.compile(r"^[0-9a-fA-F]{16}$")
+_INTEGER = re.compile(r"-?[0-9]{1,20}")  # ASCII digits only, and no more than a 64-bit integer has
 
 
 def _get(obj: dict, camel: str, snake: str | None = None, default=None):
@@ -45,7 +47,7 @@ def _int(value, what: str) -> int:
     kind = type(value)
     if kind is int:
         number = value
-    elif kind is str and value.lstrip("-").isdigit():
+    elif kind is str and _INTEGER.fullmatch(value):
         number = int(value)
     elif kind is float and value.is_integer():
         number = int(value)
@@ -129,27 +131,45 @@ def _resource_attributes(resource_block: dict) -> dict:
     return attributes(_get(resource, "attributes", None, []))
 
 
-class Decoder(Skips):
-    """Turns export requests into a Batch. Keeps a cache of canonical attribute texts, which repeat for
-    every data point of a series."""
+def _refusable(default: str, exc: DecodeError) -> DecodeError:
+    """The error as the refusal of one item: its own reason, else the item kind's general one."""
+    exc.reason = exc.reason or default
+    return exc
 
-    def __init__(self):
+
+def _items_in(block, *path: str) -> int:
+    """How many items a block holds at the end of `path` (lists of objects along it), for refusing them all;
+    at least one, however malformed the block."""
+    level = [block]
+    for key in path:
+        level = [item for obj in level if type(obj) is dict and type(obj.get(key)) is list for item in obj[key]]
+    return max(len(level), 1)
+
+
+class Decoder(Skips):
+    """Turns export requests into a Batch: each invalid span or data point refused alone (counted by reason),
+    a request with nothing good in it refused whole. Keeps a bounded cache of canonical attribute texts."""
+
+    def __init__(self, cache_bytes: int = TextCache.MAX_BYTES):
         super().__init__()
-        self._attr_text: dict[bytes, str] = {}
+        self.attribute_texts = TextCache(cache_bytes)
 
     def _canonical(self, raw) -> str:
         """Canonical JSON text (sorted keys) of a data point's raw attribute list, cached by its raw form."""
         key = orjson.dumps(raw) if raw else b""
-        text = self._attr_text.get(key)
+        text = self.attribute_texts.get(key)
         if text is None:
-            text = orjson.dumps(attributes(raw or []), option=orjson.OPT_SORT_KEYS).decode()
-            if len(self._attr_text) < 100_000:
-                self._attr_text[key] = text
+            try:
+                text = orjson.dumps(attributes(raw or []), option=orjson.OPT_SORT_KEYS).decode()
+            except DecodeError as exc:
+                raise DecodeError(str(exc), "points_invalid_attribute") from None
+            self.attribute_texts.put(key, text)
         return text
 
     def decode(self, request) -> Batch:
         if not isinstance(request, dict):
             raise DecodeError(f"expected a JSON object, got {type(request).__name__}")
+        self._start_request()
         batch = Batch()
         known = False
         if "resourceSpans" in request or "resource_spans" in request:
@@ -165,19 +185,32 @@ class Decoder(Skips):
             _list(request, "resourceLogs", "resource_logs")  # logs carry no SLI or catalog signal
         if not known:
             raise DecodeError("not an OTLP export request (no resourceSpans, resourceMetrics or resourceLogs)")
+        self._check_something_good(batch)
         return batch
 
     # --- traces ---------------------------------------------------------------------------------------
 
     def _resource_spans(self, block, batch: Batch) -> None:
-        if not isinstance(block, dict):
-            raise DecodeError("resourceSpans: expected objects")
-        resource = SpanResource(_resource_attributes(block))
-        for scope in _list(block, "scopeSpans", "scope_spans"):
-            if not isinstance(scope, dict):
-                raise DecodeError("scopeSpans: expected objects")
-            for span in _list(scope, "spans"):
-                self._span(span, resource, batch)
+        try:
+            if not isinstance(block, dict):
+                raise DecodeError("resourceSpans: expected objects")
+            resource = SpanResource(_resource_attributes(block))
+            scopes = _list(block, "scopeSpans", "scope_spans")
+        except DecodeError as exc:
+            return self._refuse(_refusable("spans_invalid_resource", exc), _items_in(block, "scopeSpans", "spans"))
+        for scope in scopes:
+            try:
+                if not isinstance(scope, dict):
+                    raise DecodeError("scopeSpans: expected objects")
+                spans = _list(scope, "spans")
+            except DecodeError as exc:
+                self._refuse(_refusable("spans_invalid_resource", exc), _items_in(scope, "spans"))
+                continue
+            for span in spans:
+                try:
+                    self._span(span, resource, batch)
+                except DecodeError as exc:
+                    self._refuse(_refusable("spans_invalid", exc))
 
     def _span(self, span, resource: SpanResource, batch: Batch) -> None:
         if not isinstance(span, dict):
@@ -188,12 +221,18 @@ class Decoder(Skips):
             return
         trace_id, span_id = _get(span, "traceId", "trace_id", ""), _get(span, "spanId", "span_id", "")
         if not isinstance(trace_id, str) or not _HEX_TRACE.match(trace_id):
-            raise DecodeError(f"traceId: expected 32 hex digits, got {str(trace_id)[:40]!r}")
+            raise DecodeError(f"traceId: expected 32 hex digits, got {str(trace_id)[:40]!r}", "spans_invalid_id")
         if not isinstance(span_id, str) or not _HEX_SPAN.match(span_id):
-            raise DecodeError(f"spanId: expected 16 hex digits, got {str(span_id)[:40]!r}")
-        start = _int(_get(span, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano")
-        end = _int(_get(span, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano")
-        attrs = _selected_attributes(_get(span, "attributes", None, []), SPAN_ATTRIBUTES)
+            raise DecodeError(f"spanId: expected 16 hex digits, got {str(span_id)[:40]!r}", "spans_invalid_id")
+        try:
+            start = _int(_get(span, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano")
+            end = _int(_get(span, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano")
+        except DecodeError as exc:
+            raise DecodeError(f"span {span_id}: {exc}", "spans_invalid_time") from None
+        try:
+            attrs = _selected_attributes(_get(span, "attributes", None, []), SPAN_ATTRIBUTES)
+        except DecodeError as exc:
+            raise DecodeError(f"span {span_id}: {exc}", "spans_invalid_attribute") from None
         span_status = _get(span, "status", None, {})
         status_error = _get(span_status, "code", None, 0) in (STATUS_CODE_ERROR, "STATUS_CODE_ERROR")
         append_span(batch.spans, trace_id.lower(), span_id.lower(), resource, attrs, start, end,
@@ -202,49 +241,61 @@ class Decoder(Skips):
     # --- metrics --------------------------------------------------------------------------------------
 
     def _resource_metrics(self, block, batch: Batch) -> None:
-        if not isinstance(block, dict):
-            raise DecodeError("resourceMetrics: expected objects")
-        resource = _resource_attributes(block)
-        node = node_of(resource)
+        try:
+            if not isinstance(block, dict):
+                raise DecodeError("resourceMetrics: expected objects")
+            node = node_of(_resource_attributes(block))
+            scopes = _list(block, "scopeMetrics", "scope_metrics")
+        except DecodeError as exc:
+            return self._refuse(_refusable("points_invalid_resource", exc), _items_in(block, "scopeMetrics", "metrics"))
+        rows_before = metric_rows(batch)
+        for scope in scopes:
+            try:
+                if not isinstance(scope, dict):
+                    raise DecodeError("scopeMetrics: expected objects")
+                scope_metrics = _list(scope, "metrics")
+            except DecodeError as exc:
+                self._refuse(_refusable("points_invalid_resource", exc), _items_in(scope, "metrics"))
+                continue
+            for metric in scope_metrics:
+                self._metric(metric, node or catalog.UNKNOWN_NODE, batch)
         if node is None:
-            raise DecodeError("resource has neither k8s.node.name nor host.name")
-        for scope in _list(block, "scopeMetrics", "scope_metrics"):
-            if not isinstance(scope, dict):
-                raise DecodeError("scopeMetrics: expected objects")
-            for metric in _list(scope, "metrics"):
-                self._metric(metric, node, batch)
+            self._count("points_node_unknown", metric_rows(batch) - rows_before)
 
     def _metric(self, metric, node: str, batch: Batch) -> None:
         if not isinstance(metric, dict) or not isinstance(metric.get("name"), str):
-            raise DecodeError("metrics: expected objects with a name")
+            return self._refuse(DecodeError("metrics: expected objects with a name", "points_invalid_metric"))
         name = metric["name"]
         if name not in catalog.BY_NAME:
             self._skip("points_not_in_catalog")
             return
-        if "gauge" in metric:
-            self._number_points(metric["gauge"], name, node, batch, is_sum=False)
-        elif "sum" in metric:
-            self._number_points(metric["sum"], name, node, batch, is_sum=True)
-        elif "exponentialHistogram" in metric or "exponential_histogram" in metric:
-            self._exp_histogram(_get(metric, "exponentialHistogram", "exponential_histogram"), name, node, batch)
-        else:
+        data = _get(metric, "exponentialHistogram", "exponential_histogram")
+        kind = "exponential_histogram" if data is not None else "gauge" if "gauge" in metric else "sum"
+        data = data if data is not None else metric.get(kind)
+        if data is None:
             self._skip("points_unsupported_type")
-
-    def _number_points(self, data, name: str, node: str, batch: Batch, is_sum: bool) -> None:
-        if not isinstance(data, dict):
-            raise DecodeError(f"{name}: expected an object")
-        cumulative = is_sum and self._temporality(data, name) == TEMPORALITY_CUMULATIVE
-        cols = batch.points
-        points = _list(data, "dataPoints", "data_points")
-        canonical, time_of = self._canonical, self._time
-        values, times, starts, attrs = [], [], [], []
+            return
+        try:
+            if not isinstance(data, dict):
+                raise DecodeError(f"{name}: expected an object")
+            points = _list(data, "dataPoints", "data_points")
+            cumulative = kind != "gauge" and self._temporality(data, name) == TEMPORALITY_CUMULATIVE
+        except DecodeError as exc:
+            return self._refuse(_refusable("points_invalid_metric", exc), _items_in(data, "dataPoints"))
+        read = self._histogram_point if kind == "exponential_histogram" else self._number_point
         for point in points:
-            if type(point) is not dict:
-                raise DecodeError(f"{name}: dataPoints: expected objects")
-            flags = point.get("flags")
-            if flags and _int(flags, "flags") & FLAG_NO_RECORDED_VALUE:
-                continue
-            raw = _get(point, "asDouble", "as_double")
+            try:
+                read(point, name, node, batch, kind == "sum", cumulative)
+            except DecodeError as exc:
+                self._refuse(_refusable("points_invalid", exc))
+
+    def _number_point(self, point, name: str, node: str, batch: Batch, is_sum: bool, cumulative: bool) -> None:
+        if type(point) is not dict:
+            raise DecodeError(f"{name}: dataPoints: expected objects")
+        if self._no_recorded_value(point):
+            return
+        raw = _get(point, "asDouble", "as_double")
+        try:
             if raw is not None:
                 value = raw if type(raw) is float else _float(raw, f"{name}: asDouble")
             else:
@@ -252,53 +303,75 @@ class Decoder(Skips):
                 if raw is None:
                     raise DecodeError(f"{name}: data point has neither asDouble nor asInt")
                 value = float(_int(raw, f"{name}: asInt"))
-            if not math.isfinite(value):
-                self._skip("points_not_finite")
-                continue
-            values.append(value)
-            times.append(time_of(point, name))
-            starts.append(_int(_get(point, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano"))
-            attrs.append(canonical(point.get("attributes")))
-        n = len(values)
-        cols.node.extend([node] * n)
-        cols.metric.extend([name] * n)
-        cols.is_sum.extend([is_sum] * n)
-        cols.cumulative.extend([cumulative] * n)
-        cols.attributes.extend(attrs)
-        cols.start_ns.extend(starts)
-        cols.time_ns.extend(times)
-        cols.value.extend(values)
+        except DecodeError as exc:
+            raise _refusable("points_invalid_value", exc) from None
+        if not math.isfinite(value):
+            self._skip("points_not_finite")
+            return
+        start, time = self._times(point, name)
+        attrs = self._canonical(point.get("attributes"))
+        cols = batch.points
+        cols.node.append(node)
+        cols.metric.append(name)
+        cols.is_sum.append(is_sum)
+        cols.cumulative.append(cumulative)
+        cols.attributes.append(attrs)
+        cols.start_ns.append(start)
+        cols.time_ns.append(time)
+        cols.value.append(value)
 
-    def _exp_histogram(self, data, name: str, node: str, batch: Batch) -> None:
-        if not isinstance(data, dict):
-            raise DecodeError(f"{name}: expected an object")
-        cumulative = self._temporality(data, name) == TEMPORALITY_CUMULATIVE
+    def _histogram_point(self, point, name: str, node: str, batch: Batch, _is_sum: bool, cumulative: bool) -> None:
+        if not isinstance(point, dict):
+            raise DecodeError(f"{name}: dataPoints: expected objects")
+        if self._no_recorded_value(point):
+            return
+        start, time = self._times(point, name)
+        try:
+            count = _int(_get(point, "count", None, 0), f"{name}: count")
+        except DecodeError as exc:
+            raise _refusable("points_invalid_count", exc) from None
+        try:
+            total = _float(_get(point, "sum", None, 0.0), f"{name}: sum")
+            low = _float(point["min"], f"{name}: min") if point.get("min") is not None else None
+            high = _float(point["max"], f"{name}: max") if point.get("max") is not None else None
+        except DecodeError as exc:
+            raise _refusable("points_invalid_sum", exc) from None
+        histogram_totals(name, count, total, low, high)
+        buckets = self._buckets(point, name, count)
+        attrs = self._canonical(point.get("attributes"))
         cols = batch.histograms
-        for point in _list(data, "dataPoints", "data_points"):
-            if not isinstance(point, dict):
-                raise DecodeError(f"{name}: dataPoints: expected objects")
-            if _int(_get(point, "flags", None, 0), "flags") & FLAG_NO_RECORDED_VALUE:
-                continue
-            cols.node.append(node)
-            cols.metric.append(name)
-            cols.attributes.append(self._canonical(point.get("attributes")))
-            cols.cumulative.append(cumulative)
-            cols.start_ns.append(_int(_get(point, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano"))
-            cols.time_ns.append(self._time(point, name))
-            cols.count.append(_int(_get(point, "count", None, 0), f"{name}: count"))
-            cols.sum.append(_float(_get(point, "sum", None, 0.0), f"{name}: sum"))
-            cols.min.append(_float(point["min"], f"{name}: min") if "min" in point else None)
-            cols.max.append(_float(point["max"], f"{name}: max") if "max" in point else None)
-            cols.buckets.append(self._buckets(point, name))
+        cols.node.append(node)
+        cols.metric.append(name)
+        cols.attributes.append(attrs)
+        cols.cumulative.append(cumulative)
+        cols.start_ns.append(start)
+        cols.time_ns.append(time)
+        cols.count.append(count)
+        cols.sum.append(total)
+        cols.min.append(low)
+        cols.max.append(high)
+        cols.buckets.append(buckets)
+
+    def _no_recorded_value(self, point: dict) -> bool:
+        flags = point.get("flags")
+        if flags and _int(flags, "flags") & FLAG_NO_RECORDED_VALUE:
+            self._skip("points_no_recorded_value")
+            return True
+        return False
 
     @staticmethod
-    def _buckets(point: dict, name: str) -> list[int]:
-        positive = _get(point, "positive", None, {})
-        return scale0_buckets(
-            name, _int(_get(point, "scale", None, 0), f"{name}: scale"),
-            _int(_get(point, "zeroCount", "zero_count", 0), f"{name}: zeroCount"),
-            _int(_get(positive, "offset", None, 0), f"{name}: positive.offset"),
-            [_int(raw, f"{name}: bucketCounts") for raw in _list(positive, "bucketCounts", "bucket_counts")])
+    def _buckets(point: dict, name: str, count: int) -> list[int]:
+        try:
+            positive, negative = _get(point, "positive", None, {}), _get(point, "negative", None, {})
+            scale = _int(_get(point, "scale", None, 0), f"{name}: scale")
+            zero_count = _int(_get(point, "zeroCount", "zero_count", 0), f"{name}: zeroCount")
+            offset = _int(_get(positive, "offset", None, 0), f"{name}: positive.offset")
+            counts = [_int(raw, f"{name}: bucketCounts") for raw in _list(positive, "bucketCounts", "bucket_counts")]
+            negative_counts = [_int(raw, f"{name}: negative bucketCounts")
+                               for raw in _list(negative, "bucketCounts", "bucket_counts")]
+        except DecodeError as exc:
+            raise _refusable("points_invalid_buckets", exc) from None
+        return scale0_buckets(name, count, scale, zero_count, offset, counts, negative_counts)
 
     @staticmethod
     def _temporality(data: dict, name: str) -> int:
@@ -307,16 +380,17 @@ class Decoder(Skips):
             return TEMPORALITY_DELTA
         if temporality in ("AGGREGATION_TEMPORALITY_CUMULATIVE", TEMPORALITY_CUMULATIVE):
             return TEMPORALITY_CUMULATIVE
-        raise DecodeError(f"{name}: aggregationTemporality must be 1 (delta) or 2 (cumulative), got {temporality!r}")
+        raise DecodeError(f"{name}: aggregationTemporality must be 1 (delta) or 2 (cumulative), got "
+                          f"{str(temporality)[:40]!r}", "points_invalid_metric")
 
     @staticmethod
-    def _time(point: dict, name: str) -> int:
-        raw = point.get("timeUnixNano")
-        t = int(raw) if type(raw) is str and raw.isdigit() else _int(
-            _get(point, "timeUnixNano", "time_unix_nano", 0), f"{name}: timeUnixNano")
-        if not 0 < t <= MAX_INT64:
-            raise DecodeError(f"{name}: data point without timeUnixNano, or one past 2**63")
-        return t
+    def _times(point: dict, name: str) -> tuple[int, int]:
+        try:
+            time = _int(_get(point, "timeUnixNano", "time_unix_nano", 0), f"{name}: timeUnixNano")
+            start = _int(_get(point, "startTimeUnixNano", "start_time_unix_nano", 0), f"{name}: startTimeUnixNano")
+        except DecodeError as exc:
+            raise _refusable("points_invalid_time", exc) from None
+        return point_times(name, start, time)
 
 
 def decode_line(decoder: Decoder, line: bytes) -> Batch:

@@ -1,5 +1,6 @@
 """Decoding of OTLP protobuf export requests (OTLP/HTTP `application/x-protobuf` bodies, OTLP/gRPC messages)
-into the same protocol-neutral records as the JSON decoder. A request decodes whole or raises DecodeError."""
+into the same protocol-neutral records as the JSON decoder. A body that does not parse raises DecodeError; after
+that, invalid spans and data points are refused one by one, as by the JSON decoder."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from sloscope import catalog
 from sloscope.records import Batch
 
 from collectors.otlp_common import (
-    FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, MAX_INT64, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
-    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, append_span, node_of, point_times,
-    scale0_buckets)
+    FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
+    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, TextCache, append_span,
+    histogram_totals, metric_rows, node_of, point_times, scale0_buckets)
 
 REQUEST_TYPES = {"traces": ExportTraceServiceRequest, "metrics": ExportMetricsServiceRequest,
                  "logs": ExportLogsServiceRequest}
@@ -55,12 +56,16 @@ def attributes(items) -> dict:
 
 
 class ProtoDecoder(Skips):
-    def __init__(self):
+    """As the JSON decoder: each invalid span or data point refused alone (counted by reason), a request with
+    nothing good in it refused whole; a bounded cache of canonical attribute texts."""
+
+    def __init__(self, cache_bytes: int = TextCache.MAX_BYTES):
         super().__init__()
-        self._attr_text: dict[bytes, str] = {}
+        self.attribute_texts = TextCache(cache_bytes)
 
     def decode(self, request) -> Batch:
         """A batch from an export request as `parse` returns it."""
+        self._start_request()
         batch = Batch()
         if isinstance(request, ExportTraceServiceRequest):
             for block in request.resource_spans:
@@ -68,95 +73,130 @@ class ProtoDecoder(Skips):
         elif isinstance(request, ExportMetricsServiceRequest):
             for block in request.resource_metrics:
                 self._resource_metrics(block, batch)
+        self._check_something_good(batch)
         return batch  # logs carry no SLI or catalog signal
 
     def _canonical(self, items) -> str:
         key = b"".join(kv.SerializeToString() for kv in items)
-        text = self._attr_text.get(key)
+        text = self.attribute_texts.get(key)
         if text is None:
-            text = orjson.dumps(attributes(items), option=orjson.OPT_SORT_KEYS).decode()
-            if len(self._attr_text) < 100_000:
-                self._attr_text[key] = text
+            try:
+                text = orjson.dumps(attributes(items), option=orjson.OPT_SORT_KEYS).decode()
+            except DecodeError as exc:
+                raise DecodeError(str(exc), "points_invalid_attribute") from None
+            self.attribute_texts.put(key, text)
         return text
 
     def _resource_spans(self, block, batch: Batch) -> None:
-        resource = SpanResource(attributes(block.resource.attributes))
-        spans = batch.spans
+        try:
+            resource = SpanResource(attributes(block.resource.attributes))
+        except DecodeError as exc:
+            exc.reason = "spans_invalid_resource"
+            return self._refuse(exc, max(1, sum(len(scope.spans) for scope in block.scope_spans)))
         for scope in block.scope_spans:
             for span in scope.spans:
-                if span.kind != SPAN_KIND_SERVER:
-                    self._skip("spans_not_server")
-                    continue
-                trace_id, span_id = span.trace_id, span.span_id
-                if len(trace_id) != 16 or len(span_id) != 8:
-                    raise DecodeError("span: trace_id must be 16 bytes and span_id 8 bytes")
-                kept = {kv.key: any_value(kv.value) for kv in span.attributes if kv.key in SPAN_ATTRIBUTES}
-                append_span(spans, trace_id.hex(), span_id.hex(), resource, kept, span.start_time_unix_nano,
-                            span.end_time_unix_nano, span.status.code == STATUS_CODE_ERROR, span.name)
+                try:
+                    self._span(span, resource, batch)
+                except DecodeError as exc:
+                    self._refuse(exc)
+
+    def _span(self, span, resource: SpanResource, batch: Batch) -> None:
+        if span.kind != SPAN_KIND_SERVER:
+            self._skip("spans_not_server")
+            return
+        trace_id, span_id = span.trace_id, span.span_id
+        if len(trace_id) != 16 or len(span_id) != 8:
+            raise DecodeError("span: trace_id must be 16 bytes and span_id 8 bytes", "spans_invalid_id")
+        try:
+            kept = {kv.key: any_value(kv.value) for kv in span.attributes if kv.key in SPAN_ATTRIBUTES}
+        except DecodeError as exc:
+            raise DecodeError(f"span {span_id.hex()}: {exc}", "spans_invalid_attribute") from None
+        append_span(batch.spans, trace_id.hex(), span_id.hex(), resource, kept, span.start_time_unix_nano,
+                    span.end_time_unix_nano, span.status.code == STATUS_CODE_ERROR, span.name)
 
     def _resource_metrics(self, block, batch: Batch) -> None:
-        node = node_of(attributes(block.resource.attributes))
-        if node is None:
-            raise DecodeError("resource has neither k8s.node.name nor host.name")
+        try:
+            node = node_of(attributes(block.resource.attributes))
+        except DecodeError as exc:
+            exc.reason = "points_invalid_resource"
+            return self._refuse(exc, max(1, sum(_points_of(metric) for scope in block.scope_metrics
+                                                for metric in scope.metrics)))
+        rows_before = metric_rows(batch)
         for scope in block.scope_metrics:
             for metric in scope.metrics:
-                if metric.name not in catalog.BY_NAME:
-                    self._skip("points_not_in_catalog")
-                    continue
-                kind = metric.WhichOneof("data")
-                if kind == "gauge":
-                    self._number_points(metric.gauge.data_points, metric.name, node, batch, False, False)
-                elif kind == "sum":
-                    cumulative = _temporality(metric.sum.aggregation_temporality, metric.name) == TEMPORALITY_CUMULATIVE
-                    self._number_points(metric.sum.data_points, metric.name, node, batch, True, cumulative)
-                elif kind == "exponential_histogram":
-                    self._exp_histogram(metric.exponential_histogram, metric.name, node, batch)
-                else:
-                    self._skip("points_unsupported_type")
+                self._metric(metric, node or catalog.UNKNOWN_NODE, batch)
+        if node is None:
+            self._count("points_node_unknown", metric_rows(batch) - rows_before)
 
-    def _number_points(self, points, name: str, node: str, batch: Batch, is_sum: bool, cumulative: bool) -> None:
+    def _metric(self, metric, node: str, batch: Batch) -> None:
+        if metric.name not in catalog.BY_NAME:
+            self._skip("points_not_in_catalog")
+            return
+        kind = metric.WhichOneof("data")
+        if kind not in ("gauge", "sum", "exponential_histogram"):
+            self._skip("points_unsupported_type")
+            return
+        data = getattr(metric, kind)
+        try:
+            cumulative = kind != "gauge" and _temporality(data.aggregation_temporality, metric.name) == \
+                TEMPORALITY_CUMULATIVE
+        except DecodeError as exc:
+            return self._refuse(exc, max(1, len(data.data_points)))
+        read = self._histogram_point if kind == "exponential_histogram" else self._number_point
+        for point in data.data_points:
+            if point.flags & FLAG_NO_RECORDED_VALUE:
+                self._skip("points_no_recorded_value")
+                continue
+            try:
+                read(point, metric.name, node, batch, kind == "sum", cumulative)
+            except DecodeError as exc:
+                self._refuse(exc)
+
+    def _number_point(self, p, name: str, node: str, batch: Batch, is_sum: bool, cumulative: bool) -> None:
+        value = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
+        if not math.isfinite(value):
+            self._skip("points_not_finite")
+            return
+        start, time = point_times(name, p.start_time_unix_nano, p.time_unix_nano)
+        attrs = self._canonical(p.attributes)
         cols = batch.points
-        for p in points:
-            if p.flags & FLAG_NO_RECORDED_VALUE:
-                continue
-            value = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
-            if not math.isfinite(value):
-                self._skip("points_not_finite")
-                continue
-            start, time = point_times(name, p.start_time_unix_nano, p.time_unix_nano)
-            cols.node.append(node)
-            cols.metric.append(name)
-            cols.attributes.append(self._canonical(p.attributes))
-            cols.is_sum.append(is_sum)
-            cols.cumulative.append(cumulative)
-            cols.start_ns.append(start)
-            cols.time_ns.append(time)
-            cols.value.append(value)
+        cols.node.append(node)
+        cols.metric.append(name)
+        cols.attributes.append(attrs)
+        cols.is_sum.append(is_sum)
+        cols.cumulative.append(cumulative)
+        cols.start_ns.append(start)
+        cols.time_ns.append(time)
+        cols.value.append(value)
 
-    def _exp_histogram(self, data, name: str, node: str, batch: Batch) -> None:
-        cumulative = _temporality(data.aggregation_temporality, name) == TEMPORALITY_CUMULATIVE
+    def _histogram_point(self, p, name: str, node: str, batch: Batch, _is_sum: bool, cumulative: bool) -> None:
+        start, time = point_times(name, p.start_time_unix_nano, p.time_unix_nano)
+        low, high = (p.min if p.HasField("min") else None), (p.max if p.HasField("max") else None)
+        histogram_totals(name, p.count, p.sum, low, high)
+        buckets = scale0_buckets(name, p.count, p.scale, p.zero_count, p.positive.offset, p.positive.bucket_counts,
+                                 p.negative.bucket_counts)
+        attrs = self._canonical(p.attributes)
         cols = batch.histograms
-        for p in data.data_points:
-            if p.flags & FLAG_NO_RECORDED_VALUE:
-                continue
-            start, time = point_times(name, p.start_time_unix_nano, p.time_unix_nano)
-            if p.count > MAX_INT64:
-                raise DecodeError(f"{name}: count must be below 2**63")
-            buckets = scale0_buckets(name, p.scale, p.zero_count, p.positive.offset, p.positive.bucket_counts)
-            cols.node.append(node)
-            cols.metric.append(name)
-            cols.attributes.append(self._canonical(p.attributes))
-            cols.cumulative.append(cumulative)
-            cols.start_ns.append(start)
-            cols.time_ns.append(time)
-            cols.count.append(p.count)
-            cols.sum.append(p.sum)
-            cols.min.append(p.min if p.HasField("min") else None)
-            cols.max.append(p.max if p.HasField("max") else None)
-            cols.buckets.append(buckets)
+        cols.node.append(node)
+        cols.metric.append(name)
+        cols.attributes.append(attrs)
+        cols.cumulative.append(cumulative)
+        cols.start_ns.append(start)
+        cols.time_ns.append(time)
+        cols.count.append(p.count)
+        cols.sum.append(p.sum)
+        cols.min.append(low)
+        cols.max.append(high)
+        cols.buckets.append(buckets)
+
+
+def _points_of(metric) -> int:
+    kind = metric.WhichOneof("data")
+    return len(getattr(metric, kind).data_points) if kind else 0
 
 
 def _temporality(value: int, name: str) -> int:
     if value not in (TEMPORALITY_DELTA, TEMPORALITY_CUMULATIVE):
-        raise DecodeError(f"{name}: aggregation_temporality must be 1 (delta) or 2 (cumulative), got {value}")
+        raise DecodeError(f"{name}: aggregation_temporality must be 1 (delta) or 2 (cumulative), got {value}",
+                          "points_invalid_metric")
     return value

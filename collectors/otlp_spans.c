@@ -636,8 +636,7 @@ static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
         if (over.present)
             text[overrides[k][2]] = over;
     }
-    if (!text[COL_NODE].present && !text[COL_GPU].present)
-        return DECLINE;
+    /* A span that names no node stays null here, as in the general path: enrich places it (GPU, else unknown). */
     const Value *route = &kept->v[SLOT_ROUTE];
     text[COL_ROUTE] = (Text){1, bounded(route->kind == V_STRING ? route->s : f->name)};
 

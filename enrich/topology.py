@@ -8,13 +8,14 @@ from collections import Counter
 
 import polars as pl
 
+from sloscope.catalog import UNKNOWN_NODE
+
 GPU_KEY = '"hw.id"'
-UNKNOWN_NODE = "unknown"
 
 
 class GpuTopology:
     def __init__(self, known: dict[str, str] | None = None):
-        self.node_of: dict[str, str] = dict(known or {})
+        self.node_of: dict[str, str] = {gpu: node for gpu, node in (known or {}).items() if node != UNKNOWN_NODE}
         self.counts: Counter = Counter()
 
     def learn(self, *frames: pl.DataFrame) -> None:
@@ -22,15 +23,16 @@ class GpuTopology:
         for frame in frames:
             if frame.is_empty():
                 continue
-            pairs = frame.filter(pl.col("attributes").str.contains(GPU_KEY, literal=True)).select(
-                "node", "attributes").unique()
+            pairs = frame.filter(pl.col("attributes").str.contains(GPU_KEY, literal=True)
+                                 & (pl.col("node") != UNKNOWN_NODE)).select("node", "attributes").unique()
             for node, attributes in pairs.iter_rows():
                 gpu = json.loads(attributes).get("hw.id")
                 if isinstance(gpu, str):
                     self.node_of[gpu] = node
 
     def place(self, requests: pl.DataFrame) -> pl.DataFrame:
-        """Fill the node of requests that carry only a GPU UUID; unknown GPUs go to node "unknown" (counted)."""
+        """Fill the node of requests that name none from their GPU UUID; the others (no GPU, or one not seen on
+        any node) get UNKNOWN_NODE, counted, and keep their pod and namespace for a later resolution."""
         missing = requests["node"].null_count()
         if not missing:
             return requests

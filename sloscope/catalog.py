@@ -67,13 +67,22 @@ SIGNALS: tuple[Signal, ...] = (
     _signal("hw.gpu.utilization", "gauge", "1", ["hw.id", "hw.gpu.task", "process.pid"],
             "NVML / DCGM_FI_DEV_GPU_UTIL (process.pid: NVML per-process SM utilization, optional)",
             noise_floor=0.05, description="GPU utilization"),
-    _signal("sloscope.gpu.sm.active.max", "gauge", "1", ["hw.id"],
-            "max of NVML utilization samples or DCGM_FI_PROF_SM_ACTIVE in the window", noise_floor=0.05,
-            description="peak SM activity within the collection window"),
+    # Two SM signals with different meanings (one small kernel reads ~1.0 on the first, ~1/132 on the second
+    # on an H100/H200), kept apart so that baselines and z-scores never mix them.
+    _signal("sloscope.gpu.kernel.busy.max", "gauge", "1", ["hw.id"],
+            "NVML: max of nvmlDeviceGetSamples(NVML_GPU_UTILIZATION_SAMPLES) within the window", noise_floor=0.05,
+            description="peak share of time a kernel was running, within the collection window (0 when idle)"),
+    _signal("sloscope.gpu.sm.active", "gauge", "1", ["hw.id"],
+            "DCGM_FI_PROF_SM_ACTIVE (DCGM 4.x name DCGM_FI_PROF_SM_UTIL_RATIO, field 1002)", noise_floor=0.05,
+            description="mean share of SMs with at least one warp resident over DCGM's sample period"),
     _signal("sloscope.gpu.dram.active", "gauge", "1", ["hw.id"], "DCGM_FI_PROF_DRAM_ACTIVE", noise_floor=0.05,
             description="HBM bandwidth utilization"),
-    _signal("hw.gpu.memory.usage", "gauge", "By", ["hw.id"], "NVML memory info / DCGM_FI_DEV_FB_USED",
-            noise_floor=256 * 2**20, description="framebuffer in use"),
+    _signal("hw.gpu.memory.usage", "gauge", "By", ["hw.id"],
+            "NVML nvmlDeviceGetMemoryInfo_v2 used (v1 on drivers without it) / DCGM_FI_DEV_FB_USED",
+            noise_floor=256 * 2**20, description="framebuffer in use, without the driver's reserved memory"),
+    _signal("sloscope.gpu.memory.reserved", "gauge", "By", ["hw.id"],
+            "NVML nvmlDeviceGetMemoryInfo_v2 reserved / DCGM_FI_DEV_FB_RESERVED", noise_floor=256 * 2**20,
+            description="framebuffer the driver and firmware reserve (not available to applications)"),
     _signal("hw.gpu.memory.limit", "gauge", "By", ["hw.id"], "NVML / DCGM FB total", noise_floor=2**30,
             description="framebuffer size"),
     _signal("hw.gpu.io", "counter", "By", ["hw.id", "network.io.direction", "sloscope.gpu.link"],
@@ -92,6 +101,10 @@ SIGNALS: tuple[Signal, ...] = (
     _signal("sloscope.probe.health", "gauge", "1", ["probe.name", "probe.running"],
             "the node collector: 1 when a requested probe runs itself and its last collection worked, else 0",
             harmful="down", noise_floor=0.5, description="probe health (probe.running: what runs in its place)"),
+    _signal("sloscope.probe.signal.health", "gauge", "1", ["probe.name", "sloscope.signal.name", "probe.needs"],
+            "the node collector: per signal of a running probe, 1 while it is produced, 0 while the source lacks "
+            "what it needs (probe.needs: the missing DCGM fields, or SPDK's bdev_set_qd_sampling_period)",
+            harmful="down", noise_floor=0.5, description="whether a running probe can produce each of its signals"),
     _signal("sloscope.nvme.temperature", "gauge", "Cel", ["spdk.bdev.name", "system.device"],
             "SPDK NVMe health info, else /sys/class/nvme/*/hwmon*", noise_floor=2.0,
             description="NVMe composite temperature"),
@@ -109,3 +122,6 @@ def signal(name: str) -> Signal:
 
 # Resource attributes every metric carries; analytics resolves a sample's node with this precedence.
 NODE_ATTRIBUTES = ("k8s.node.name", "host.name")
+# The node of a span or data point that names none (and, for a span, no GPU whose node is known): stored as this
+# name, counted (spans_node_unknown, points_node_unknown), and skipped by node attribution; tier SLIs count it.
+UNKNOWN_NODE = "unknown"

@@ -3,6 +3,7 @@ import polars as pl
 from analytics.store import Store
 from enrich.tiers import MAX_HEADER_LENGTH, TierResolver
 from enrich.topology import GpuTopology
+from sloscope.catalog import UNKNOWN_NODE
 from sloscope.cli import main
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import attr, gauge, metrics, resource, span, traces, write_lines
@@ -45,8 +46,10 @@ def test_pod_namespace_and_gpu_placement_through_ingest(tmp_path):
         assert store.gpu_nodes() == {"GPU-7": "gpu-node-7"}
 
 
-def test_a_span_with_no_node_and_no_gpu_is_rejected(tmp_path, capsys):
-    bare = {"resourceSpans": [{"resource": resource(service_name="llm"),
+def test_a_span_with_no_node_and_no_gpu_is_kept_on_the_unknown_node(tmp_path):
+    bare = {"resourceSpans": [{"resource": resource(service_name="llm", k8s_pod_name="llm-0"),
                                "scopeSpans": [{"spans": [span("c" * 32, "d" * 16, T0, 100)]}]}]}
-    assert main(["ingest", "--db", str(tmp_path / "x.duckdb"), str(write_lines(tmp_path / "g.jsonl", [bare]))]) == 1
-    assert "neither k8s.node.name, host.name nor hw.id" in capsys.readouterr().err
+    assert main(["ingest", "--db", str(tmp_path / "x.duckdb"), str(write_lines(tmp_path / "g.jsonl", [bare]))]) == 0
+    with Store(tmp_path / "x.duckdb", read_only=True) as store:
+        assert store.rows("SELECT node, pod FROM requests") == [(UNKNOWN_NODE, "llm-0")]
+        assert store.counters()["spans_node_unknown"] == 1

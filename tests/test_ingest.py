@@ -129,7 +129,6 @@ def test_metrics_outside_the_catalog_are_counted_not_stored(tmp_path):
 
 
 @pytest.mark.parametrize("mutate,reason", [
-    (lambda m: m["resourceMetrics"][0]["resource"].update(attributes=[]), "neither k8s.node.name nor host.name"),
     (lambda m: m["resourceMetrics"][0]["scopeMetrics"][0]["metrics"][0]["gauge"]["dataPoints"][0].update(
         asDouble="hot"), "expected a number"),
     (lambda m: m["resourceMetrics"][0]["scopeMetrics"][0]["metrics"][0]["gauge"]["dataPoints"][0].update(

@@ -13,7 +13,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from analytics.store import Frames
 from collectors import otlp_proto, otlp_spans
-from collectors.otlp_common import DecodeError
+from collectors.otlp_common import REFUSAL_REASONS, DecodeError
 from collectors.receiver import FAST_PATH, GENERAL_PATH, Decoders, fast_decode
 from enrich.tiers import TierResolver, resolve_tiers
 
@@ -114,12 +114,20 @@ def test_what_the_fast_path_takes_it_reads_as_the_general_decoder(request):
     body = request.SerializeToString()
     if not assert_same_as_general(body):
         with pytest.raises((DecodeError, LeftToGeneralPath)):
-            general_rows(body)
+            _refused_in_part(body)
             _left_to_general_path(request)
 
 
 class LeftToGeneralPath(Exception):
-    """A reason the fast path leaves a valid request to the general decoder."""
+    """A reason the fast path leaves a request to the general decoder: a span it refuses, or a valid request with
+    what only it reads."""
+
+
+def _refused_in_part(body: bytes):
+    """Raise LeftToGeneralPath when the general decoder refuses some of the spans (a partial success)."""
+    refused = sorted(k for k in general_rows(body)[1] if k in REFUSAL_REASONS)
+    if refused:
+        raise LeftToGeneralPath(f"the general path refuses {refused}")
 
 
 RESOURCE_KEYS = {"service.name", "k8s.node.name", "host.name", "hw.id", "k8s.pod.name", "k8s.namespace.name"}
@@ -207,30 +215,39 @@ def test_an_sdk_request_takes_the_fast_path_with_the_same_rows():
     assert rows["failed"].sum() == len([i for i in range(50) if i % 7 == 0 or i % 5 == 0])
 
 
-def _declines_and_general_says(body: bytes, error: str | None):
+def _declines_and_general_says(body: bytes, error: str | None = None, refused: str | None = None):
+    """The fast path declines; the general path refuses the request (error), refuses one span of it (refused:
+    the reason), or reads it whole."""
     assert fast_rows(body) is None
-    if error is None:
-        general_rows(body)
-    else:
+    if error is not None:
         with pytest.raises(DecodeError, match=error):
             general_rows(body)
+        return
+    rows, counts = general_rows(body)
+    refusals = {k: n for k, n in counts.items() if k in REFUSAL_REASONS}
+    assert refusals == ({refused: 1} if refused else {})
+    assert len(rows) == 3 - bool(refused)
 
 
 def test_what_it_declines_the_general_path_decides():
     good = sdk_like_request(3)
-    _declines_and_general_says(good.SerializeToString() + b"\x98\x06\x01", None)  # an unknown field (99)
+    _declines_and_general_says(good.SerializeToString() + b"\x98\x06\x01")  # an unknown field (99)
     short_id = sdk_like_request(3)
     short_id.resource_spans[0].scope_spans[0].spans[0].trace_id = b"\x01" * 15
-    _declines_and_general_says(short_id.SerializeToString(), "16 bytes")
+    _declines_and_general_says(short_id.SerializeToString(), refused="spans_invalid_id")
     backwards = sdk_like_request(3)
     backwards.resource_spans[0].scope_spans[0].spans[0].end_time_unix_nano = T0 - 1
-    _declines_and_general_says(backwards.SerializeToString(), "end time before start")
+    _declines_and_general_says(backwards.SerializeToString(), refused="spans_invalid_time")
     text_status = sdk_like_request(3)
     text_status.resource_spans[0].scope_spans[0].spans[0].attributes.add(
         key="http.response.status_code", value=AnyValue(string_value="200"))  # the last one wins
-    _declines_and_general_says(text_status.SerializeToString(), None)
+    _declines_and_general_says(text_status.SerializeToString())
     bad_utf8 = good.SerializeToString().replace(b"POST /v1/chat", b"POST /v1/ch\xff\xfe")
-    _declines_and_general_says(bad_utf8, "not a valid")
+    _declines_and_general_says(bad_utf8, error="not a valid")
+    alone = sdk_like_request(1)
+    del alone.resource_spans[0].scope_spans[0].spans[1]  # the CLIENT span, which is good (though not kept)
+    alone.resource_spans[0].scope_spans[0].spans[0].span_id = b"\x01" * 7
+    _declines_and_general_says(alone.SerializeToString(), error="spans_invalid_id")  # nothing good: a 400
 
 
 def test_a_singular_field_written_twice_is_left_to_the_general_path():

@@ -1,5 +1,6 @@
 -- Every catalog signal as one number per step, for all nodes in a time range: gauges as measured, counters
--- as a rate per second (increase / interval), histograms as their mean (sum / count).
+-- as a rate per second (increase / interval), histograms as their mean (sum / count). Signals of the unknown
+-- node (sources that named none) are no node's evidence, nor part of any node's fleet.
 WITH points AS (
     SELECT ts, node, metric, attributes, value
     FROM samples
@@ -19,4 +20,5 @@ SELECT node,
        time_bucket(to_seconds($step_s), ts) AS step,
        avg(value) AS value
 FROM points
+WHERE node <> $unknown_node
 GROUP BY ALL
