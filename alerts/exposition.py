@@ -62,28 +62,37 @@ _GPU = ("gpu", "hw.id")
 _BDEV = ("bdev", "spdk.bdev.name")
 
 GPU_UTILIZATION = "sloscope_gpu_utilization_ratio"
-GPU_SM_ACTIVE_MAX = "sloscope_gpu_sm_active_max_ratio"
+GPU_KERNEL_BUSY_MAX = "sloscope_gpu_kernel_busy_max_ratio"
+GPU_SM_ACTIVE = "sloscope_gpu_sm_active_ratio"
 GPU_DRAM_ACTIVE = "sloscope_gpu_dram_active_ratio"
 GPU_MEMORY_USED = "sloscope_gpu_memory_used_bytes"
 GPU_MEMORY_LIMIT = "sloscope_gpu_memory_limit_bytes"
+GPU_MEMORY_RESERVED = "sloscope_gpu_memory_reserved_bytes"
 GPU_TEMPERATURE = "sloscope_gpu_temperature_celsius"
 NVME_TEMPERATURE = "sloscope_nvme_temperature_celsius"
 SPDK_BDEV_IO_WAIT = "sloscope_spdk_bdev_io_wait_seconds"
 SPDK_BDEV_QUEUE_DEPTH = "sloscope_spdk_bdev_queue_depth"
 SPDK_REACTOR_BUSY = "sloscope_spdk_reactor_busy_ratio"
 PROBE_UP = "sloscope_probe_up"
+PROBE_SIGNAL_UP = "sloscope_probe_signal_up"
 
 GAUGES: tuple[GaugeFamily, ...] = (
     GaugeFamily(GPU_UTILIZATION, "hw.gpu.utilization", "GPU utilization (0..1), latest sample per GPU.",
                 (_NODE, _GPU), exclude_if=("process.pid",)),
-    GaugeFamily(GPU_SM_ACTIVE_MAX, "sloscope.gpu.sm.active.max",
-                "Peak SM activity (0..1) within the last collection window, latest sample per GPU.", (_NODE, _GPU)),
+    GaugeFamily(GPU_KERNEL_BUSY_MAX, "sloscope.gpu.kernel.busy.max",
+                "Peak share of time a kernel ran (0..1, NVML) within the last collection window, latest sample.",
+                (_NODE, _GPU)),
+    GaugeFamily(GPU_SM_ACTIVE, "sloscope.gpu.sm.active",
+                "Mean share of SMs with a warp resident (0..1, DCGM SM_ACTIVE), latest sample per GPU.",
+                (_NODE, _GPU)),
     GaugeFamily(GPU_DRAM_ACTIVE, "sloscope.gpu.dram.active", "HBM bandwidth utilization (0..1), latest sample.",
                 (_NODE, _GPU)),
     GaugeFamily(GPU_MEMORY_USED, "hw.gpu.memory.usage", "GPU framebuffer in use, bytes, latest sample.",
                 (_NODE, _GPU)),
     GaugeFamily(GPU_MEMORY_LIMIT, "hw.gpu.memory.limit", "GPU framebuffer size, bytes, latest sample.",
                 (_NODE, _GPU)),
+    GaugeFamily(GPU_MEMORY_RESERVED, "sloscope.gpu.memory.reserved",
+                "GPU framebuffer reserved by the driver, bytes, latest sample.", (_NODE, _GPU)),
     GaugeFamily(GPU_TEMPERATURE, "hw.gpu.temperature", "GPU temperature, degrees Celsius, latest sample.",
                 (_NODE, _GPU)),
     GaugeFamily(NVME_TEMPERATURE, "sloscope.nvme.temperature",
@@ -99,6 +108,10 @@ GAUGES: tuple[GaugeFamily, ...] = (
                 "1 when the node collector's probe runs itself and collects, 0 when it is missing (`running` names "
                 "the fallback in its place) or failing; latest report.",
                 (_NODE, ("probe", "probe.name"), ("running", "probe.running"))),
+    GaugeFamily(PROBE_SIGNAL_UP, "sloscope.probe.signal.health",
+                "1 while a running probe produces the signal, 0 while its source lacks what it needs (`needs`: the "
+                "DCGM fields the exporter does not serve, or SPDK's bdev_set_qd_sampling_period); latest report.",
+                (_NODE, ("probe", "probe.name"), ("signal", "sloscope.signal.name"), ("needs", "probe.needs"))),
 )
 GAUGES_BY_NAME = {g.name: g for g in GAUGES}
 

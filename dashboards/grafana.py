@@ -5,8 +5,8 @@ Three dashboards, each with stable uids (so a push replaces its own earlier vers
 - `sloscope-slo-overview`: per tier of the spec, its latency percentile against the objective, the error ratio
   against the budget, multiwindow burn rates (latency and errors) and the error budget left over the spec's
   window; above them, request rate, error ratio and open incidents for all tiers.
-- `sloscope-node`: the physical layer of the nodes that serve a tier: GPU SM activity (peak in the collection
-  window) per GPU, utilization, HBM activity, memory, temperature; SPDK bdev wait, queue depth, reactor busy, NVMe
+- `sloscope-node`: the physical layer of the nodes that serve a tier: GPU kernel-busy time (NVML, peak in the
+  collection window) and SM activity (DCGM) per GPU, utilization, HBM activity, memory, temperature; SPDK bdev wait, queue depth, reactor busy, NVMe
   temperature; and, when exported, NVLink/PCIe throughput, TCP retransmits, pressure stall and the syscall, block
   I/O and run-queue latency heatmaps; with the incident cause scores of the node on top.
 - `sloscope-incidents`: incidents with their top causes (one row per incident and cause, with the time range the
@@ -401,10 +401,16 @@ def _node_panels(gaps: list[Gap]) -> list[tuple[str, list]]:
         return None
 
     gpu = [
-        _timeseries("GPU SM active (peak in window), per GPU", "percentunit",
-                    "Peak SM activity within each collection window (NVML utilization samples or DCGM SM_ACTIVE): "
-                    "near 100% while requests slow down means SM time-slice contention from co-tenant kernels.",
-                    [_query(_gauge_expr(x.GPU_SM_ACTIVE_MAX, "node, gpu"), "{{node}} {{gpu}}")],
+        _timeseries("GPU kernel busy (peak in window, NVML), per GPU", "percentunit",
+                    "Peak share of time any kernel ran within each collection window (NVML utilization samples; "
+                    "0 on an idle GPU). Near 100% while requests slow down: kernels queue behind co-tenants. One "
+                    "small kernel reads 100% here, so read it beside SM active.",
+                    [_query(_gauge_expr(x.GPU_KERNEL_BUSY_MAX, "node, gpu"), "{{node}} {{gpu}}")],
+                    w=8, min_val=0, max_val=1),
+        _timeseries("GPU SM active (DCGM), per GPU", "percentunit",
+                    "Mean share of SMs with at least one warp resident (DCGM SM_ACTIVE, needs sloscope's "
+                    "dcgm-exporter counters file). High while requests slow down: the SMs themselves are full.",
+                    [_query(_gauge_expr(x.GPU_SM_ACTIVE, "node, gpu"), "{{node}} {{gpu}}")],
                     w=8, min_val=0, max_val=1),
         _timeseries("GPU utilization", "percentunit", "GPU utilization per GPU (NVML / DCGM GPU_UTIL).",
                     [_query(_gauge_expr(x.GPU_UTILIZATION, "node, gpu"), "{{node}} {{gpu}}")],
@@ -414,10 +420,11 @@ def _node_panels(gaps: list[Gap]) -> list[tuple[str, list]]:
                     [_query(_gauge_expr(x.GPU_DRAM_ACTIVE, "node, gpu"), "{{node}} {{gpu}}")],
                     w=8, min_val=0, max_val=1),
         _timeseries("GPU memory used", "bytes",
-                    "Framebuffer in use per GPU, and its size: steady growth is a leak (the rule: > 5 %/min three "
-                    "minutes in a row).",
+                    "Framebuffer in use per GPU (without the driver's reserved memory, shown apart), and its size: "
+                    f"steady growth is a leak (the rule: {taxonomy.GPU_MEMORY_LEAK.text}).",
                     [_query(_gauge_expr(x.GPU_MEMORY_USED, "node, gpu"), "{{node}} {{gpu}} used", "A"),
-                     _query(_gauge_expr(x.GPU_MEMORY_LIMIT, "node, gpu"), "{{node}} {{gpu}} size", "B")],
+                     _query(_gauge_expr(x.GPU_MEMORY_LIMIT, "node, gpu"), "{{node}} {{gpu}} size", "B"),
+                     _query(_gauge_expr(x.GPU_MEMORY_RESERVED, "node, gpu"), "{{node}} {{gpu}} reserved", "C")],
                     w=8, min_val=0),
         _timeseries("GPU temperature", "celsius", "GPU temperature; throttling starts near the dashed line.",
                     [_query(_gauge_expr(x.GPU_TEMPERATURE, "node, gpu"), "{{node}} {{gpu}}")],
@@ -488,6 +495,17 @@ def _node_panels(gaps: list[Gap]) -> list[tuple[str, list]]:
                                 "{{node}} {{probe}} {{running}}"))
             .mappings([dm.ValueMap(options={"0": dm.ValueMappingResult(text="down", color="red", index=0),
                                             "1": dm.ValueMappingResult(text="up", color="green", index=1)})])
+            .thresholds(_thresholds((None, "red"), (1, "green"))).show_value(cm.VisibilityMode.NEVER)
+            .merge_values(True).row_height(0.9))
+        probes.append(
+            statetimeline.Panel().title("Signals a running probe cannot produce").unit("none").datasource(_ds())
+            .span(24).height(6)
+            .description("Per node, probe and signal: down while the source lacks what the signal needs (`needs`: "
+                         "DCGM fields the dcgm-exporter does not serve, or SPDK queue-depth sampling that is off).")
+            .with_target(_query(f'min by (node, probe, signal, needs) ({x.PROBE_SIGNAL_UP}{{node=~"$node"}})',
+                                "{{node}} {{probe}} {{signal}} {{needs}}"))
+            .mappings([dm.ValueMap(options={"0": dm.ValueMappingResult(text="missing", color="red", index=0),
+                                            "1": dm.ValueMappingResult(text="produced", color="green", index=1)})])
             .thresholds(_thresholds((None, "red"), (1, "green"))).show_value(cm.VisibilityMode.NEVER)
             .merge_values(True).row_height(0.9))
     return [("GPU", gpu), ("Storage (SPDK, NVMe, block)", storage), ("Kernel (network, CPU, syscalls)", kernel),

@@ -71,6 +71,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="dcgm probe: dcgm-exporter's metrics endpoint (default %s)" % DCGM_URL)
     parser.add_argument("--spdk-socket", metavar="PATH",
                         help="spdk probe: the SPDK target's JSON-RPC socket (default %s)" % SPDK_SOCKET)
+    parser.add_argument("--spdk-qd-sampling-us", type=int, default=0, metavar="US",
+                        help="spdk probe: turn the target's queue-depth sampling on at this period where it is off "
+                             "(bdev_set_qd_sampling_period; one poller per bdev; 0, the default, changes nothing)")
     parser.set_defaults(func=run)
     return parser
 
@@ -175,8 +178,13 @@ def run(args: argparse.Namespace, out=None) -> int:
         options["nvml"] = {"per_process": True}
     if args.dcgm_url:
         options["dcgm"] = {"url": args.dcgm_url}
+    spdk_opts = {}
     if args.spdk_socket:
-        options["spdk"] = {"socket_path": args.spdk_socket}
+        spdk_opts["socket_path"] = args.spdk_socket
+    if args.spdk_qd_sampling_us:
+        spdk_opts["qd_sampling_period_us"] = args.spdk_qd_sampling_us
+    if spdk_opts:
+        options["spdk"] = spdk_opts
 
     def emit(line: str) -> None:
         print(line, file=out, flush=True)

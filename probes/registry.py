@@ -10,12 +10,15 @@ tracefs, no kernel headers, or its program fails to compile or attach):
 
 GPU and storage probes fall back the same way:
 
-    dcgm     -> nvml       (no dcgm-exporter: the driver's own counters; no sloscope.gpu.dram.active)
+    dcgm     -> nvml       (no dcgm-exporter: the driver's own counters; kernel-busy time, no SM share and
+                            no sloscope.gpu.dram.active)
     spdk     -> nvme       (no SPDK target: NVMe temperatures of kernel-attached drives from sysfs)
 
 `ProbeSet` starts the chosen probes, records a `Decision` per requested name (what runs, what is missing,
 which signals are lost), collects from all of them (one failing probe never stops the others) and stops
-them all, also on Ctrl-C or error (`with ProbeSet(...) as probes:`).
+them all, also on Ctrl-C or error (`with ProbeSet(...) as probes:`). A probe that runs can still lack a
+signal (a dcgm-exporter without DCGM_FI_PROF_SM_ACTIVE, SPDK with queue-depth sampling off): `health()` adds
+a `sloscope.probe.signal.health` gauge per signal of such a probe, naming what it needs.
 """
 
 from __future__ import annotations
@@ -173,6 +176,22 @@ class ProbeSet:
             out.append(Sample("sloscope.probe.health",
                               {"probe.name": d.requested, "probe.running": ",".join(d.running) or "none"},
                               time_unix_nano, 1.0 if ok else 0.0, "gauge", time_unix_nano))
+        return out + self.signal_health(time_unix_nano)
+
+    def signal_health(self, time_unix_nano: int) -> list[Sample]:
+        """One `sloscope.probe.signal.health` gauge per signal of each running probe that tracks what its
+        source lacks: 1 while produced, 0 with `probe.needs` naming what is missing."""
+        out = []
+        for name, probe in self.probes.items():
+            missing = probe.missing_signals()
+            if missing is None:
+                continue
+            for signal in probe.signals:
+                attrs = {"probe.name": name, "sloscope.signal.name": signal}
+                if signal in missing:
+                    attrs["probe.needs"] = missing[signal]
+                out.append(Sample("sloscope.probe.signal.health", attrs, time_unix_nano,
+                                  0.0 if signal in missing else 1.0, "gauge", time_unix_nano))
         return out
 
     def stop(self) -> None:

@@ -143,8 +143,10 @@ def apply_cause(node: NodeSeries, spec: FaultSpec, n: int, rng: np.random.Genera
         hw = node.gpus[int(rng.integers(0, len(node.gpus)))]
         target["hw.id"] = hw
         if c == "gpu_sm_contention":
-            for s in node.find("sloscope.gpu.sm.active.max", hw__id=hw):
+            for s in node.find("sloscope.gpu.kernel.busy.max", hw__id=hw):
                 toward(s, p, u(0.97, 1.02), noise_keep=0.25)
+            for s in node.find("sloscope.gpu.sm.active", hw__id=hw):
+                toward(s, p, u(0.85, 0.95), noise_keep=0.3)
             for s in node.find("hw.gpu.utilization", hw__id=hw):
                 toward(s, p, u(0.94, 1.0), noise_keep=0.3)
             for s in node.find("sloscope.gpu.dram.active", hw__id=hw):

@@ -37,21 +37,45 @@ class Cause:
     explained_by: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class GrowthRule:
+    """A gauge growing by more than `per_step` (relative) over each of `in_a_row` consecutive steps of
+    `step_s` seconds, each step measured from the reading one step earlier. The Prometheus alert
+    (alerts/rules.py) is written from this, so there is one rule, in one unit and at one cadence."""
+
+    signal: str
+    per_step: float  # relative growth per step, e.g. 0.05 = 5 %
+    step_s: int
+    in_a_row: int
+
+    @property
+    def text(self) -> str:
+        return (f"{self.in_a_row} steps of {self.step_s} s in a row each growing more than "
+                f"{self.per_step:.0%} over the step before")
+
+
+# GPU memory leak (cause gpu_memory_leak): more than 5 % a minute, three minutes in a row. A caching
+# allocator's sawtooth (grow, give back) never grows three whole minutes running.
+GPU_MEMORY_LEAK = GrowthRule("hw.gpu.memory.usage", per_step=0.05, step_s=60, in_a_row=3)
+
+
 def _ev(signal, feature="level", **where):
     catalog.signal(signal)  # fail at import on a name the catalog does not know
     return Evidence(signal, tuple((k.replace("__", "."), v) for k, v in sorted(where.items())), feature)
 
 
 CAUSES: tuple[Cause, ...] = (
+    # Kernel-busy time (NVML) says a kernel ran all the time; SM activity (DCGM) says how many SMs had work.
+    # Either path's signal is evidence on its own; a node with both gives both.
     Cause("gpu_sm_contention", "gpu",
-          (_ev("sloscope.gpu.sm.active.max"), _ev("hw.gpu.utilization")),
+          (_ev("sloscope.gpu.kernel.busy.max"), _ev("sloscope.gpu.sm.active"), _ev("hw.gpu.utilization")),
           "SM time-slice preemption, warp-scheduler contention (co-tenant kernels)",
           "shift new requests away from {node} (GPU saturated)"),
     Cause("gpu_memory_bandwidth", "gpu", (_ev("sloscope.gpu.dram.active"),),
           "HBM channel arbitration / bandwidth saturation",
           "shift new requests away from {node} (HBM bandwidth saturated); check co-tenant memory-bound jobs"),
     Cause("gpu_memory_leak", "gpu", (_ev("hw.gpu.memory.usage", feature="growth"),),
-          "framebuffer leak (3 samples in a row growing > 5 %/min)",
+          "framebuffer leak (" + GPU_MEMORY_LEAK.text + ")",
           "restart the leaking inference workload on {node}"),
     Cause("gpu_interconnect", "gpu", (_ev("hw.gpu.io"),),
           "NVLink / PCIe DMA contention",

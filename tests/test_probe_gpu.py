@@ -1,23 +1,30 @@
-"""GPU probes: NVML windowing, units and error handling against an NVML stand-in (and the real pynvml without a
-driver), dcgm-exporter scraping against a fake exporter on 127.0.0.1, and the GPU memory-leak rule."""
+"""GPU probes: NVML windowing, units and error handling against an NVML stand-in that behaves as drivers do
+(and the real pynvml without a driver); both GPU paths fed the same GPU behaviour; the GPU memory-leak rule
+at the probe's own timestamps through promtool; the GPU check script. dcgm-exporter: test_probe_dcgm.py."""
 
 import logging
+import re
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from probes.base import ProbeError, ProbeUnavailable
-from probes.gpu import dcgm_exporter as dcgm
-from probes.gpu.dcgm_exporter import DcgmExporterProbe, parse_exposition, TruncatedExposition
-from probes.gpu.leak import LeakDetector, detect_leak, growth_per_min
+from probes.gpu import nvml as nvml_module
+from probes.gpu.dcgm_exporter import DcgmExporterProbe
 from probes.gpu.nvml import NvmlProbe
 from probes.registry import ProbeSet
 from probes.sample import Sample
-from sloscope import catalog
+from alerts.rules import render_rules
+from sloscope import catalog, taxonomy
+from sloscope.slo_spec import DEFAULT_SPEC_YAML, parse_spec
+from tests.conftest import need
 from tests.fakes import nvml as fake_nvml
-from tests.fakes.dcgm_exporter import FakeDcgmExporter, FakeGpu as DcgmGpu, default_fields
+from tests.fakes.dcgm_exporter import FakeDcgmExporter, load_counters
 from tests.fakes.nvml import FakeGpu, FakeNvml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +56,7 @@ def assert_catalog_samples(samples):
 def test_fake_nvml_constants_are_pynvml_values():
     import pynvml  # the bindings import without a driver; only nvmlInit needs libnvidia-ml.so
 
-    for name in fake_nvml.CONSTANTS:
+    for name in fake_nvml.CONSTANTS + list(fake_nvml.STRUCT_VERSIONS):
         if name != "NVML_ERROR_UNKNOWN" or hasattr(pynvml, name):
             assert getattr(pynvml, name) == getattr(fake_nvml, name), name
 
@@ -112,23 +119,24 @@ def gpu():
                    nvlink_tx_kib=1000, nvlink_rx_kib=5000)
 
 
-def test_sm_active_max_is_the_max_of_new_samples_per_window(gpu):
+def test_kernel_busy_max_is_the_max_of_new_samples_per_window_and_0_when_idle(gpu):
     gpu.add_samples(99, 98)  # buffered before the probe started: not part of any window
     probe = NvmlProbe(nvml=FakeNvml([gpu]))
     probe.start()
     try:
         gpu.add_samples(10, 30, 20)
         first = probe.collect()
-        assert one(first, "sloscope.gpu.sm.active.max", **{"hw.id": UUID_A}).value == pytest.approx(0.30)
+        assert one(first, "sloscope.gpu.kernel.busy.max", **{"hw.id": UUID_A}).value == pytest.approx(0.30)
 
-        second = probe.collect()  # the driver has nothing new: NVML_ERROR_NOT_FOUND, not an error
-        assert by(second, "sloscope.gpu.sm.active.max") == []
-        assert by(second, "hw.gpu.utilization")  # the rest of the GPU is still reported
+        gpu.run(2.0, busy=0.0)  # idle: the driver records nothing, NVML_ERROR_NOT_FOUND
+        second = probe.collect()
+        assert one(second, "sloscope.gpu.kernel.busy.max").value == 0.0  # an idle GPU is 0, not a gap
+        assert one(second, "hw.gpu.utilization").value == 0.0
         assert not probe.error_counts and probe.healthy
 
         gpu.add_samples(70, 5)
         third = probe.collect()
-        assert one(third, "sloscope.gpu.sm.active.max").value == pytest.approx(0.70)
+        assert one(third, "sloscope.gpu.kernel.busy.max").value == pytest.approx(0.70)
     finally:
         probe.stop()
     # each query continued from the newest timestamp already seen: no sample counted twice or skipped
@@ -144,8 +152,45 @@ def test_nvml_gauges_and_units(gpu):
     assert util.value == pytest.approx(0.42) and util.attributes == {"hw.id": UUID_A, "hw.gpu.task": "general"}
     assert one(samples, "hw.gpu.memory.usage").value == 20 * 2**30
     assert one(samples, "hw.gpu.memory.limit").value == 80 * 2**30
+    assert one(samples, "sloscope.gpu.memory.reserved").value == 512 * 2**20
     assert one(samples, "hw.gpu.temperature").value == 61
     assert_catalog_samples(samples)
+    assert gpu.calls["nvmlDeviceGetTemperature"] == 0  # the current call, not the deprecated one
+
+
+def test_memory_v1_on_old_drivers_includes_reserved_and_says_so(gpu):
+    gpu.memory_v2 = False  # a driver before R510
+    probe = NvmlProbe(nvml=FakeNvml([gpu]))
+    with probe:
+        first, second = probe.collect(), probe.collect()
+    assert one(second, "hw.gpu.memory.usage").value == 20 * 2**30 + 512 * 2**20  # v1: used includes reserved
+    assert by(first, "sloscope.gpu.memory.reserved") == []
+    assert sum("memory v2 not supported" in n for n in probe.notes) == 1 and not probe.error_counts
+    assert probe.missing_signals() == {"sloscope.gpu.memory.reserved": "nvmlDeviceGetMemoryInfo_v2"}
+    assert gpu.calls["nvmlDeviceGetMemoryInfo"] == 3  # v2 refused once, then v1 each collect
+
+
+def test_temperature_falls_back_between_the_current_and_the_deprecated_call(gpu):
+    gpu.temperature_v = False  # an old driver: only the deprecated call
+    old = NvmlProbe(nvml=FakeNvml([gpu]))
+    with old:
+        assert one(old.collect(), "hw.gpu.temperature").value == 61
+    new_gpu = FakeGpu(UUID_B, temperature=55, legacy_temperature=False)  # the deprecated call is gone
+    new = NvmlProbe(nvml=FakeNvml([new_gpu]))
+    with new:
+        assert one(new.collect(), "hw.gpu.temperature").value == 55
+    assert new_gpu.calls["nvmlDeviceGetTemperature"] == 0 and not new.notes
+
+
+def test_per_process_values_above_100_are_clamped(gpu):
+    probe = NvmlProbe(nvml=FakeNvml([gpu]), per_process=True)
+    with probe:
+        gpu.add_process_samples(4242, 104, 100)  # drivers report more than 100 %
+        gpu.add_samples(101)
+        samples = probe.collect()
+    (proc,) = [s for s in by(samples, "hw.gpu.utilization") if "process.pid" in s.attributes]
+    assert proc.value == 1.0
+    assert one(samples, "sloscope.gpu.kernel.busy.max").value == 1.0
 
 
 def test_nvlink_bytes_from_the_aggregate_scope_as_deltas(gpu):
@@ -171,6 +216,7 @@ def test_nvlink_bytes_from_the_aggregate_scope_as_deltas(gpu):
 def test_unsupported_fields_are_skipped_once_with_one_log_line(gpu, caplog):
     gpu.field_returns = {fake_nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: fake_nvml.NVML_ERROR_NOT_SUPPORTED,
                          fake_nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: fake_nvml.NVML_ERROR_NOT_SUPPORTED}
+    gpu.fail["nvmlDeviceGetTemperatureV"] = (fake_nvml.NVML_ERROR_NOT_SUPPORTED, None)
     gpu.fail["nvmlDeviceGetTemperature"] = (fake_nvml.NVML_ERROR_NOT_SUPPORTED, None)
     probe = NvmlProbe(nvml=FakeNvml([gpu]))
     with caplog.at_level(logging.INFO, logger="probes.gpu.nvml"), probe:
@@ -179,11 +225,12 @@ def test_unsupported_fields_are_skipped_once_with_one_log_line(gpu, caplog):
     assert by(samples, "hw.gpu.io") == [] and by(samples, "hw.gpu.temperature") == []
     assert by(samples, "hw.gpu.memory.usage")
     assert gpu.calls["nvmlDeviceGetFieldValues"] == 1  # asked at start, never again
-    assert gpu.calls["nvmlDeviceGetTemperature"] == 1
+    assert gpu.calls["nvmlDeviceGetTemperature"] == gpu.calls["nvmlDeviceGetTemperatureV"] == 1
     lines = [r.getMessage() for r in caplog.records]
     assert sum("nvlink not supported" in m for m in lines) == 1
     assert sum("temperature not supported" in m for m in lines) == 1
-    assert len(probe.notes) == 2 and probe.healthy and not probe.error_counts
+    assert sum("temperature (deprecated call) not supported" in m for m in lines) == 1
+    assert len(probe.notes) == 3 and probe.healthy and not probe.error_counts
 
 
 def test_transient_errors_are_counted_and_retried(gpu):
@@ -194,7 +241,7 @@ def test_transient_errors_are_counted_and_retried(gpu):
         second = probe.collect()
     assert by(first, "hw.gpu.memory.usage") == [] and by(first, "hw.gpu.temperature")
     assert one(second, "hw.gpu.memory.usage").value == gpu.memory_used
-    assert probe.error_counts == {"memory": 1} and probe.healthy
+    assert probe.error_counts == {"memory v2": 1} and probe.healthy
 
 
 def test_a_lost_gpu_marks_the_probe_unhealthy_and_the_rest_go_on(gpu):
@@ -238,211 +285,174 @@ def test_nvml_in_a_probe_set_with_injected_module(gpu):
     assert nv.inits == nv.shutdowns
 
 
-# -- dcgm-exporter --------------------------------------------------------------------------------------------
+# -- one GPU behaviour through both paths -------------------------------------------------------------------
 
 @pytest.fixture
-def exporter():
-    fake = FakeDcgmExporter().start()
+def both_paths(gpu):
+    """The same GPU seen by NVML (stand-in driver) and by dcgm-exporter with sloscope's counters file."""
+    gpu.uuid = UUID_A
+    exporter = FakeDcgmExporter(counters=load_counters(REPO / "deploy" / "dcgm-exporter-counters.csv")).start()
+    exporter.gpus = exporter.gpus[:1]
+    exporter.gpus[0].uuid = UUID_A
+    free = gpu.memory_total - gpu.memory_used - gpu.memory_reserved
+    for field, value in (("FB_USED", gpu.memory_used), ("FB_RESERVED", gpu.memory_reserved), ("FB_FREE", free)):
+        exporter.set(0, "DCGM_FI_DEV_" + field, value // 2**20)  # DCGM reports MiB
     try:
-        yield fake
+        yield gpu, exporter
     finally:
-        fake.stop()
+        exporter.stop()
 
 
-def test_exposition_parser_labels_escapes_and_comments():
-    text = ('# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).\n# TYPE DCGM_FI_DEV_GPU_TEMP gauge\n'
-            'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-x",modelName="A \\"quoted\\" \\\\ name",} 47\n'
-            'DCGM_FI_PROF_SM_ACTIVE{UUID="GPU-x"} 0.812500 1700000000000\n'
-            'up 1\n')
-    samples, problems = parse_exposition(text)
-    assert problems == []
-    assert samples[0].labels == {"gpu": "0", "UUID": "GPU-x", "modelName": 'A "quoted" \\ name'}
-    assert (samples[1].name, samples[1].value) == ("DCGM_FI_PROF_SM_ACTIVE", 0.8125)
-    bad, problems = parse_exposition('DCGM_FI_DEV_GPU_TEMP{UUID="GPU-x} 4\nok 1\nx{a="b"} notanumber\n')
-    assert [s.name for s in bad] == ["ok"] and len(problems) == 2 and "line 3" in problems[1]
-    with pytest.raises(TruncatedExposition):
-        parse_exposition('DCGM_FI_DEV_GPU_TEMP{UUID="GPU-x"} 47\nDCGM_FI_DEV_FB_USED{UUID="GP')
+def play(gpu, exporter, seconds, kernel_busy, sm_share):
+    gpu.run(seconds, busy=kernel_busy)
+    exporter.play(0, kernel_busy, sm_share)
 
 
-def test_dcgm_fields_map_to_the_catalog(exporter):
-    probe = DcgmExporterProbe(url=exporter.url)
-    assert probe.check().ok
+H200_SMS = 132
+
+
+@pytest.mark.parametrize("phase, kernel_busy, sm_share", [
+    ("idle", 0.0, 0.0),
+    ("one small kernel", 1.0, 1 / H200_SMS),
+    ("saturating co-tenant", 1.0, 0.97),
+])
+def test_both_paths_give_comparable_series_for_the_same_gpu_behaviour(both_paths, phase, kernel_busy, sm_share):
+    gpu, exporter = both_paths
+    nvml, dcgm = NvmlProbe(nvml=FakeNvml([gpu])), DcgmExporterProbe(url=exporter.url)
+    with nvml, dcgm:
+        play(gpu, exporter, 2.0, kernel_busy, sm_share)
+        from_nvml, from_dcgm = nvml.collect(), dcgm.collect()
+    hw = {"hw.id": UUID_A}
+    # the signal both paths have agrees
+    assert one(from_nvml, "hw.gpu.utilization", **hw).value == one(from_dcgm, "hw.gpu.utilization", **hw).value \
+        == pytest.approx(kernel_busy)
+    # each path's SM signal under its own name, with its own meaning
+    assert one(from_nvml, "sloscope.gpu.kernel.busy.max", **hw).value == pytest.approx(kernel_busy)
+    assert one(from_dcgm, "sloscope.gpu.sm.active", **hw).value == pytest.approx(sm_share, abs=1e-6)
+    assert by(from_nvml, "sloscope.gpu.sm.active") == [] and by(from_dcgm, "sloscope.gpu.kernel.busy.max") == []
+    # memory: used without the reserved part on both, reserved apart, the same size
+    for name in ("hw.gpu.memory.usage", "sloscope.gpu.memory.reserved", "hw.gpu.memory.limit"):
+        assert one(from_nvml, name, **hw).value == one(from_dcgm, name, **hw).value, name
+    assert_catalog_samples(from_nvml + from_dcgm)
+
+
+def test_the_taxonomy_reads_both_sm_signals_as_evidence():
+    evidence = {e.signal for e in taxonomy.BY_ID["gpu_sm_contention"].evidence}
+    assert {"sloscope.gpu.kernel.busy.max", "sloscope.gpu.sm.active"} <= evidence
+    assert "sloscope.gpu.sm.active.max" not in catalog.BY_NAME  # the signal that meant two things is gone
+
+
+# -- the GPU memory-leak rule, at the probe's own timestamps ---------------------------------------------------
+
+COLLECT_EVERY_S = 5  # the node collector's default interval
+
+
+def probe_memory_series(monkeypatch, gpu, used_at) -> list[tuple[int, float]]:
+    """(time_unix_nano, bytes) of hw.gpu.memory.usage as the NVML probe reports it, one collect every 5 s for
+    six minutes, starting now; `used_at(seconds)` is what the workload holds then."""
+    clock = [time.time_ns()]
+    monkeypatch.setattr(nvml_module, "now_ns", lambda: clock[0])
+    probe = NvmlProbe(nvml=FakeNvml([gpu]))
+    out = []
     with probe:
-        samples = probe.collect()
-    assert_catalog_samples(samples)
-    uuid = exporter.gpus[0].uuid
-    hw = {"hw.id": uuid}
-    assert one(samples, "sloscope.gpu.sm.active.max", **hw).value == pytest.approx(0.8125)
-    assert one(samples, "sloscope.gpu.dram.active", **hw).value == pytest.approx(0.4375)
-    util = one(samples, "hw.gpu.utilization", **hw)
-    assert util.value == pytest.approx(0.87) and util.attributes["hw.gpu.task"] == "general"
-    assert one(samples, "hw.gpu.memory.usage", **hw).value == 20500 * 2**20
-    assert one(samples, "hw.gpu.memory.limit", **hw).value == (20500 + 60000 + 559) * 2**20
-    assert one(samples, "hw.gpu.temperature", **hw).value == 47
-    assert {s.attributes["hw.id"] for s in samples} == {g.uuid for g in exporter.gpus}
+        for i in range(6 * 60 // COLLECT_EVERY_S + 1):
+            clock[0] += COLLECT_EVERY_S * 10**9
+            gpu.memory_used = int(used_at(i * COLLECT_EVERY_S))
+            s = one(probe.collect(), "hw.gpu.memory.usage")
+            out.append((s.time_unix_nano, s.value))
+    return out
 
 
-def test_dcgm_byte_rates_become_byte_counts_per_interval(exporter):
-    probe = DcgmExporterProbe(url=exporter.url)
-    with probe:
-        exporter.set(0, "DCGM_FI_PROF_NVLINK_TX_BYTES", 4_000_000_000)  # 2 GB/s before, 4 GB/s now
-        samples = probe.collect()
-    tx = one(samples, "hw.gpu.io", **{"hw.id": exporter.gpus[0].uuid, "sloscope.gpu.link": "nvlink",
-                                      "network.io.direction": "transmit"})
-    seconds = (tx.time_unix_nano - tx.start_time_unix_nano) / 1e9
-    assert tx.kind == "counter_delta" and seconds > 0
-    assert tx.value == pytest.approx(3_000_000_000 * seconds)  # trapezoid of 2 and 4 GB/s
-    pcie_rx = one(samples, "hw.gpu.io", **{"hw.id": exporter.gpus[0].uuid, "sloscope.gpu.link": "pcie",
-                                           "network.io.direction": "receive"})
-    assert pcie_rx.value == pytest.approx(3_000_000 * seconds)
+def seconds(duration: str) -> int:
+    """Seconds of a Prometheus duration as promtool prints it (3m15s)."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", duration))
 
 
-def test_dcgm_blank_values_are_dropped_not_reported(exporter):
-    exporter.set(0, "DCGM_FI_DEV_FB_USED", None)  # int64 blank
-    exporter.set(0, "DCGM_FI_PROF_SM_ACTIVE", None)  # fp64 blank
-    assert str(dcgm.DCGM_INT64_BLANK) in exporter.exposition() and "140737488355328.000000" in exporter.exposition()
-    probe = DcgmExporterProbe(url=exporter.url)
-    with probe:
-        samples = probe.collect()
-    hw = {"hw.id": exporter.gpus[0].uuid}
-    assert by(samples, "hw.gpu.memory.usage", **hw) == [] and by(samples, "sloscope.gpu.sm.active.max", **hw) == []
-    assert by(samples, "hw.gpu.memory.limit", **hw) == []  # used+free needs the blank field
-    assert one(samples, "hw.gpu.temperature", **hw).value == 47
-    assert max(s.value for s in samples if s.name != "hw.gpu.io") < 2**40
-    assert probe.error_counts["blank value"] >= 2
+def leak_alert_times(tmp_path, series: list[tuple[int, float]]) -> list[int]:
+    """Seconds after the first sample at which promtool finds SloscopeGpuMemoryLeak firing, the generated rules
+    evaluated every 5 s over the series as Prometheus would scrape it."""
+    need(shutil.which("promtool") is not None, "promtool (Debian package prometheus) is not installed")
+    steps = {b - a for (a, _), (b, _) in zip(series, series[1:])}
+    assert steps == {COLLECT_EVERY_S * 10**9}  # the probe's own cadence, in ns
+    (tmp_path / "rules.yml").write_text(render_rules(parse_spec(DEFAULT_SPEC_YAML)))
+    checks = list(range(0, len(series) * COLLECT_EVERY_S, 15))
+    test = {"rule_files": ["rules.yml"], "evaluation_interval": f"{COLLECT_EVERY_S}s", "tests": [{
+        "interval": f"{COLLECT_EVERY_S}s",
+        "input_series": [{"series": 'sloscope_gpu_memory_used_bytes{node="n1",gpu="GPU-a"}',
+                          "values": " ".join(f"{v:.0f}" for _, v in series)}],
+        "alert_rule_test": [{"alertname": "SloscopeGpuMemoryLeak", "eval_time": f"{t}s", "exp_alerts": []}
+                            for t in checks]}]}
+    (tmp_path / "leak.yml").write_text(yaml.safe_dump(test))
+    done = subprocess.run(["promtool", "test", "rules", "leak.yml"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    # every check expects silence; the ones that fail are the times the alert fired
+    report = done.stdout + done.stderr
+    fired = [seconds(m) for m in re.findall(r"alertname: SloscopeGpuMemoryLeak, time: (\w+),", report)]
+    assert done.returncode == (1 if fired else 0), report
+    return sorted(set(fired))
 
-
-def test_dcgm_truncated_text_is_a_clear_counted_error(exporter):
-    probe = DcgmExporterProbe(url=exporter.url)
-    with probe:
-        exporter.cut_mid_line = True
-        with pytest.raises(ProbeError, match="truncated"):
-            probe.collect()
-        exporter.cut_mid_line = False
-        exporter.short_body = True
-        with pytest.raises(ProbeError, match="truncated"):
-            probe.collect()
-        exporter.short_body = False
-        assert by(probe.collect(), "hw.gpu.temperature")  # the next good scrape is used
-    assert probe.error_counts["truncated"] == 2
-
-
-def test_dcgm_bad_lines_and_http_errors(exporter):
-    exporter.garbage_line = 'DCGM_FI_DEV_GPU_TEMP{UUID="GPU-broken" 12'
-    probe = DcgmExporterProbe(url=exporter.url)
-    with probe:
-        assert by(probe.collect(), "hw.gpu.temperature")  # the other lines are kept
-        assert probe.error_counts["bad line"] >= 1
-        exporter.status = 503
-        with pytest.raises(ProbeError, match="HTTP 503"):
-            probe.collect()
-
-
-def test_dcgm_legacy_spellings_ratio_names_and_mig(exporter):
-    exporter.legacy = True
-    legacy = DcgmExporterProbe(url=exporter.url, hostname="gpu-node-1")
-    with legacy:
-        s = legacy.collect()
-    assert one(s, "hw.gpu.temperature", **{"hw.id": exporter.gpus[1].uuid}).value == 47
-    assert one(s, "hw.gpu.utilization", **{"hw.id": exporter.gpus[1].uuid}).value == pytest.approx(0.87)
-    assert one(s, "sloscope.gpu.sm.active.max", **{"hw.id": exporter.gpus[1].uuid}).value == pytest.approx(0.8125)
-
-    exporter.legacy, exporter.ratio_names = False, True
-    exporter.gpus.append(DcgmGpu(0, exporter.gpus[0].uuid, mig_instance="3",
-                                 fields={"DCGM_FI_PROF_SM_ACTIVE": 0.25}))
-    probe = DcgmExporterProbe(url=exporter.url)
-    with probe:
-        s = probe.collect()
-    assert "DCGM_FI_DEV_GPU_UTIL_RATIO" in exporter.exposition()
-    assert one(s, "hw.gpu.utilization", **{"hw.id": exporter.gpus[0].uuid}).value == pytest.approx(0.87)
-    assert one(s, "sloscope.gpu.dram.active", **{"hw.id": exporter.gpus[0].uuid}).value == pytest.approx(0.4375)
-    assert one(s, "sloscope.gpu.sm.active.max", **{"hw.id": exporter.gpus[0].uuid + "/gi3"}).value == 0.25
-
-    other_host = DcgmExporterProbe(url=exporter.url, hostname="another-node")
-    assert not other_host.check().ok  # every row belongs to gpu-node-1
-
-
-def test_dcgm_unreachable_is_named_and_falls_back_to_nvml(exporter, gpu):
-    url = exporter.url
-    exporter.stop()  # nothing listens on that port any more
-    missing = DcgmExporterProbe(url=url, timeout=1.0).check().missing
-    assert missing == (f"dcgm-exporter at {url}: connection refused (dcgm-exporter not running, or on another "
-                       "port: --dcgm-url)",)
-    nv = FakeNvml([gpu])
-    with ProbeSet(["dcgm"], options={"dcgm": {"url": url}, "nvml": {"nvml": nv}}) as probes:
-        (decision,) = probes.decisions
-        assert decision.running == ("nvml",) and "connection refused" in decision.missing[0]
-        assert decision.lost_signals == ("sloscope.gpu.dram.active",)
-
-
-def test_dcgm_default_fields_cover_every_mapped_field():
-    assert set(default_fields()) >= {f for f in dcgm.FIELDS if not f.endswith("_RATIO") and "TOTAL" not in f}
-
-
-# -- GPU memory-leak rule -------------------------------------------------------------------------------------
 
 GIB = 2**30
 
 
-def test_leak_rising_is_flagged_on_the_third_growing_sample():
-    samples = [(60.0 * i, 10 * GIB * 1.08**i) for i in range(6)]  # +8 %/min
-    detector = LeakDetector()
-    flags = [detector.add(t, b).leaking for t, b in samples]
-    assert flags == [False, False, False, True, True, True]
-    verdict = detect_leak(samples)
-    assert verdict.leaking and verdict.since == 0.0 and len(verdict.growth_per_min) == 3
-    assert verdict.growth_per_min[0] == pytest.approx(0.08)
+def test_leak_rule_fires_on_steady_growth_three_steps_after_it_starts(monkeypatch, tmp_path, gpu):
+    rate = taxonomy.GPU_MEMORY_LEAK.per_step + 0.03  # 8 % a minute
+    series = probe_memory_series(monkeypatch, gpu, lambda t: 10 * GIB * (1 + rate) ** (t / 60))
+    fired = leak_alert_times(tmp_path, series)
+    rule = taxonomy.GPU_MEMORY_LEAK
+    first_possible = rule.in_a_row * rule.step_s  # each step needs the reading one step before it
+    assert fired == list(range(first_possible, len(series) * COLLECT_EVERY_S, 15))  # from then on, every check
 
 
-def test_leak_flat_and_slow_growth_are_not_flagged():
-    assert not detect_leak([(10.0 * i, 20 * GIB) for i in range(30)]).leaking
-    slow = [(60.0 * i, 10 * GIB * 1.04**i) for i in range(30)]  # +4 %/min: under the 5 %/min threshold
-    assert not detect_leak(slow).leaking
+@pytest.mark.parametrize("shape", ["flat", "slow", "sawtooth"])
+def test_leak_rule_is_quiet_on_flat_slow_and_allocator_sawtooth(monkeypatch, tmp_path, gpu, shape):
+    used = {
+        "flat": lambda t: 20 * GIB,
+        "slow": lambda t: 10 * GIB * 1.04 ** (t / 60),  # 4 % a minute: under the threshold
+        # a caching allocator: +30 % in 40 s, then it gives the memory back
+        "sawtooth": lambda t: 10 * GIB * (1 + 0.3 * min(t % 60, 40) / 40 if t % 60 < 40 else 1.0),
+    }[shape]
+    assert leak_alert_times(tmp_path, probe_memory_series(monkeypatch, gpu, used)) == []
 
 
-def test_leak_allocator_sawtooth_is_not_flagged():
-    # a caching allocator: grows fast for two samples, then returns memory; never 3 growing samples in a row
-    levels = [10, 11, 12, 10, 11, 12, 10, 11, 12, 10]
-    samples = [(30.0 * i, level * GIB) for i, level in enumerate(levels)]
-    assert all(growth_per_min(*samples[i], *samples[i + 1]) > 0.05 for i in (0, 1))
-    verdict = detect_leak(samples)
-    assert not verdict.leaking and verdict.run == 0
+# -- the GPU check script, on the stand-ins --------------------------------------------------------------------
 
-
-def test_leak_growth_is_per_minute_and_series_are_separate():
-    d = LeakDetector()
-    # +1 % per 6 s is +10 %/min
-    for i in range(4):
-        d.add(6.0 * i, 100.0 * 1.01**i, key="a")
-        d.add(6.0 * i, 100.0 + i * 0.01, key="b")
-    assert d.verdict("a").leaking and not d.verdict("b").leaking
-    with pytest.raises(ValueError):
-        d.add(6.0, 200.0, key="a")  # time must move forward
-
-
-# -- the GPU check script's NVML path, on the stand-in ---------------------------------------------------------
-
-def test_gpu_check_script_runs_its_windows_on_the_nvml_path(monkeypatch, capsys, gpu):
+def test_gpu_check_prints_both_sm_signals_for_each_path(monkeypatch, capsys, both_paths):
     import importlib.util
 
+    gpu, exporter = both_paths
     spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     nv = FakeNvml([gpu])
-    gpu.add_samples(*[55] * 100)
-    gpu.add_process_samples(31337, 80, 90)
     monkeypatch.setattr(script, "NvmlProbe", lambda per_process: NvmlProbe(nvml=nv, per_process=per_process))
+    monkeypatch.setattr(script, "DcgmExporterProbe", lambda url: DcgmExporterProbe(url=exporter.url))
     monkeypatch.setattr(script, "torch_cuda_problem", lambda: "torch is not installed")
     real_sleep = script.time.sleep
 
-    def sleep(seconds):  # driver samples arriving during the window
-        gpu.add_samples(12, 64, 33)
+    def sleep(seconds):  # one small kernel running during the window
+        play(gpu, exporter, 0.5, 1.0, 1 / H200_SMS)
         real_sleep(seconds)
 
     monkeypatch.setattr(script.time, "sleep", sleep)
     assert script.main(["--seconds", "0.2", "--interval", "0.1"]) == 0
     out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if line.strip().startswith(UUID_A))
-    assert row.split()[1:3] == ["0.640", "0.420"]  # peak SM activity of the window, mean utilization
-    assert "co-tenant window skipped: torch is not installed" in out
+    rows = {line.split()[0]: line.split()[2:5] for line in out.splitlines() if UUID_A in line}
+    assert rows["nvml"] == ["1.000", "-", "1.000"]  # kernel busy all the time, no SM share on this path
+    assert rows["dcgm"] == ["-", "0.008", "1.000"]  # one SM in 132 has work
+    assert "one small kernel: skipped: torch is not installed" in out
     assert nv.inits == nv.shutdowns == 2
+
+
+def test_gpu_check_without_a_gpu_is_one_line(monkeypatch, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script, "NvmlProbe", lambda per_process: NvmlProbe(
+        nvml=FakeNvml([], init_error=fake_nvml.NVML_ERROR_LIBRARY_NOT_FOUND)))
+    assert script.main(["--dcgm-url", "http://127.0.0.1:9/metrics"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("gpu_check: no NVIDIA GPU path to check here (nvml: NVIDIA driver:")

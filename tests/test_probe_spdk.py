@@ -15,8 +15,8 @@ from probes.cli import main
 from probes.registry import ProbeSet
 from probes.sample import Sample
 from probes.spdk.nvme_sysfs import read_nvme_temperatures
-from probes.spdk.rpc_client import (JsonStreamDecoder, SpdkConnectionError, SpdkProtocolError, SpdkRpcClient,
-                                    SpdkRpcError, SpdkTimeout)
+from probes.spdk.rpc_client import (INVALID_STATE, JsonStreamDecoder, SpdkConnectionError, SpdkProtocolError,
+                                    SpdkRpcClient, SpdkRpcError, SpdkTimeout)
 from probes.spdk.spdk import SpdkProbe, health_temperature
 from sloscope import catalog
 from tests.fakes.spdk_target import FakeSpdkTarget, TICK_RATE
@@ -397,8 +397,97 @@ def test_cli_spdk_socket_option(target, capsys):
 
 
 def test_probe_unavailable_when_the_target_errors(target):
-    target.errors["bdev_get_iostat"] = (-32604, "Method may only be called after framework is initialized")
+    target.errors["bdev_get_iostat"] = (INVALID_STATE, "Method may only be called after framework is initialized "
+                                                       "using framework_start_init RPC.")
     probe = SpdkProbe(socket_path=target.path)
     assert "framework is initialized" in probe.check().missing[0]
     with pytest.raises(ProbeUnavailable, match="framework is initialized"):
         probe.start()
+
+
+# -- a stock target: queue-depth sampling off, bdev_get_iostat's parameters by release ------------------------
+
+def test_a_stock_target_has_sampling_off_and_the_probe_says_what_is_missing(target, sockdir):
+    assert all(b.qd_period_us == 0 for b in target.bdevs.values())  # as spdk_tgt starts
+    options = {"spdk": {"socket_path": target.path, "sysfs": os.path.join(sockdir, "nosys")}}
+    with ProbeSet(["spdk"], options=options) as probes:
+        target.advance(1.0)
+        samples = probes.collect()
+        spdk = probes.probes["spdk"]
+        assert by(samples, "spdk.bdev.queue_depth") == [] and by(samples, "spdk.bdev.utilization") == []
+        assert any("queue-depth sampling is off on bdev Malloc0, Nvme0n1" in n for n in spdk.notes)
+        health = {s.attributes["sloscope.signal.name"]: (s.value, s.attributes.get("probe.needs"))
+                  for s in probes.health(1) if s.name == "sloscope.probe.signal.health"}
+    assert health["spdk.bdev.queue_depth"] == health["spdk.bdev.utilization"] == (0.0, "bdev_set_qd_sampling_period")
+    assert health["spdk.bdev.io.wait"] == (1.0, None)
+    assert not [r for r in target.requests if r["method"] == "bdev_set_qd_sampling_period"]  # nothing changed
+
+
+def test_the_probe_turns_sampling_on_and_again_after_a_restart(target, sockdir):
+    probe = SpdkProbe(socket_path=target.path, sysfs=os.path.join(sockdir, "nosys"), qd_sampling_period_us=10_000)
+    with probe:
+        assert {n: b.qd_period_us for n, b in target.bdevs.items()} == {"Nvme0n1": 10_000, "Malloc0": 10_000}
+        nvme = target.bdevs["Nvme0n1"]
+        with target.lock:
+            nvme.busy(polls_busy=50, depth=4)  # 0.5 s busy at depth 4
+        target.advance(1.0)
+        first = probe.collect()
+        assert one(first, "spdk.bdev.queue_depth", **{"spdk.bdev.name": "Nvme0n1"}).value == pytest.approx(4.0)
+        assert one(first, "spdk.bdev.utilization", **{"spdk.bdev.name": "Nvme0n1"}).value == pytest.approx(0.5)
+        assert probe.missing_signals() == {}
+
+        target.restart()  # sampling off again, as after every spdk_tgt restart
+        target.advance(1.0)
+        probe.collect()
+        assert probe.restarts == 1 and nvme.qd_period_us == 10_000
+        assert probe.qd_sampling_enabled == {"Nvme0n1": 2, "Malloc0": 2}
+        target.advance(1.0)
+        probe.collect()  # the first answer with sampling on again is the new baseline
+        with target.lock:
+            nvme.busy(polls_busy=25, depth=2)
+        target.advance(1.0)
+        again = probe.collect()
+        assert one(again, "spdk.bdev.queue_depth", **{"spdk.bdev.name": "Nvme0n1"}).value == pytest.approx(2.0)
+
+
+def test_a_period_someone_else_set_is_left_alone(target, client, sockdir):
+    client.bdev_set_qd_sampling_period("Nvme0n1", 500)
+    with SpdkProbe(socket_path=target.path, sysfs=os.path.join(sockdir, "nosys"), qd_sampling_period_us=10_000):
+        pass
+    assert (target.bdevs["Nvme0n1"].qd_period_us, target.bdevs["Malloc0"].qd_period_us) == (500, 10_000)
+
+
+@pytest.mark.parametrize("version, takes_names", [("26.05", True), ("26.01", True), ("25.09", False)])
+def test_the_client_speaks_the_iostat_parameters_the_target_takes(sockdir, version, takes_names):
+    with FakeSpdkTarget(os.path.join(sockdir, "v.sock"), version=version) as target:
+        with SpdkRpcClient(target.path) as c:
+            answer = c.bdev_get_iostat(["Nvme0n1", "Malloc0"])
+            assert [b["name"] for b in answer["bdevs"]] == ["Nvme0n1", "Malloc0"]
+            assert c.iostat_takes_names is takes_names
+            c.bdev_get_iostat(["Malloc0"])  # the form the target took is kept: no second refusal
+            sent = [r["params"] for r in target.requests if r["method"] == "bdev_get_iostat"]
+            both = {"names": ["Nvme0n1", "Malloc0"]}
+            if takes_names:
+                assert sent == [both, {"names": ["Malloc0"]}]
+            else:
+                assert sent == [both, {"name": "Nvme0n1"}, {"name": "Malloc0"}, {"name": "Malloc0"}]
+            with pytest.raises(SpdkRpcError) as err:
+                c.bdev_get_iostat(["Nvme9n1"])
+            assert (err.value.code, err.value.message) == (-19, "No such device")
+
+
+def test_a_new_target_refuses_the_old_name_parameter_with_spdks_code(sockdir):
+    with FakeSpdkTarget(os.path.join(sockdir, "new.sock"), version="26.05") as target, \
+            SpdkRpcClient(target.path) as c:
+        with pytest.raises(SpdkRpcError) as err:
+            c.call("bdev_get_iostat", {"name": "Nvme0n1"})
+        assert (err.value.code, err.value.message) == (-32603, "spdk_json_decode_object failed")
+        with pytest.raises(SpdkRpcError) as err:
+            c.bdev_set_qd_sampling_period("Nvme9n1", 1000)
+        assert (err.value.code, err.value.message) == (-19, "No such device")
+
+
+def test_cli_turns_sampling_on(target, capsys):
+    assert main(["probe", "spdk", "--spdk-socket", target.path, "--spdk-qd-sampling-us", "2000",
+                 "--duration", "0.2", "--interval", "0.1", "--format", "json"]) == 0
+    assert target.bdevs["Nvme0n1"].qd_period_us == 2000

@@ -1,28 +1,41 @@
 """dcgm-exporter probe: scrape its Prometheus text endpoint (default http://127.0.0.1:9400/metrics) and map the
 DCGM fields onto the signal catalog, per GPU keyed by the `UUID` label (`hw.id`).
 
-| DCGM field (dcgm-exporter metric)           | catalog signal               | conversion                          |
-|---------------------------------------------|------------------------------|-------------------------------------|
-| DCGM_FI_PROF_SM_ACTIVE (ratio)              | sloscope.gpu.sm.active.max   | as is (0..1)                        |
-| DCGM_FI_PROF_DRAM_ACTIVE (ratio)            | sloscope.gpu.dram.active     | as is                               |
-| DCGM_FI_DEV_GPU_UTIL (%)                    | hw.gpu.utilization           | / 100, `hw.gpu.task`=general        |
-| DCGM_FI_DEV_FB_USED (MiB)                   | hw.gpu.memory.usage          | * 2^20 bytes                        |
-| DCGM_FI_DEV_FB_TOTAL, else USED+FREE(+RESERVED) (MiB) | hw.gpu.memory.limit | * 2^20 bytes                        |
-| DCGM_FI_DEV_GPU_TEMP (C)                    | hw.gpu.temperature           | as is                               |
-| DCGM_FI_PROF_NVLINK_{TX,RX}_BYTES (B/s)     | hw.gpu.io, link nvlink       | rate integrated over the interval   |
-| DCGM_FI_PROF_PCIE_{TX,RX}_BYTES (B/s)       | hw.gpu.io, link pcie         | rate integrated over the interval   |
+| DCGM field (id; DCGM 4.x name)                       | catalog signal                | conversion             |
+|-------------------------------------------------------|-------------------------------|------------------------|
+| DCGM_FI_PROF_SM_ACTIVE (1002; PROF_SM_UTIL_RATIO)     | sloscope.gpu.sm.active        | ratio, as is           |
+| DCGM_FI_PROF_DRAM_ACTIVE (1005; PROF_DRAM_UTIL_RATIO) | sloscope.gpu.dram.active      | ratio, as is           |
+| DCGM_FI_DEV_GPU_UTIL (203; DEV_GPU_UTIL_RATIO)        | hw.gpu.utilization            | percent / 100          |
+| DCGM_FI_DEV_FB_USED (252)                             | hw.gpu.memory.usage           | MiB * 2^20             |
+| DCGM_FI_DEV_FB_RESERVED (253)                         | sloscope.gpu.memory.reserved  | MiB * 2^20             |
+| DCGM_FI_DEV_FB_TOTAL (250), else USED+FREE+RESERVED   | hw.gpu.memory.limit           | MiB * 2^20             |
+| DCGM_FI_DEV_GPU_TEMP (150; DEV_GPU_TEMP_CELSIUS)      | hw.gpu.temperature            | as is                  |
+| DCGM_FI_PROF_NVLINK_{TX,RX}_BYTES (1011, 1012)        | hw.gpu.io, link nvlink        | B/s integrated         |
+| DCGM_FI_PROF_PCIE_{TX,RX}_BYTES (1009, 1010)          | hw.gpu.io, link pcie          | B/s integrated         |
 
-The PROF *_BYTES fields are rates (bytes per second, as DCGM and dcgm-exporter's dcp-metrics CSV describe
-them), while `hw.gpu.io` is a byte counter: each interval's bytes are the trapezoid of the previous and the
-current rate times the time between the two scrapes. A series missing from one scrape starts over (no
-interpolation across the gap). SM_ACTIVE is DCGM's average over its own sampling period, the closest DCGM
-has to NVML's per-window maximum.
+Names, types and units are those of DCGM's dcgm_fields.h and dcgm_fields.cpp (tests/fakes/dcgm_fields.py holds
+them as read there, and a test holds this table to them). DCGM 4.x renamed several fields and keeps the old
+names as aliases of the same id; both spellings are read. The `_RATIO` in a name is no unit:
+DCGM_FI_DEV_GPU_UTIL_RATIO is still the driver's percentage (int64). Any other name is not guessed at (there
+is no DCGM_FI_PROF_SM_ACTIVE_RATIO). DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, which the stock counters file
+enables, is not read: it sums both directions of every link.
+
+SM_ACTIVE is the mean share of SMs with at least one warp resident over DCGM's sample period; it is not
+NVML's kernel-busy time (`sloscope.gpu.kernel.busy.max`), which reads 1.0 for one small kernel.
+
+The PROF *_BYTES fields are rates (bytes per second: DCGM reads them from the GPM "per second" metrics),
+while `hw.gpu.io` is a byte counter: each interval's bytes are the trapezoid of the previous and the current
+rate times the time between the two scrapes. A series missing from one scrape starts over (no interpolation
+across the gap).
+
+The stock dcgm-exporter (etc/default-counters.csv) does not serve SM_ACTIVE nor the NVLink bytes; sloscope's
+counters file, deploy/dcgm-exporter-counters.csv, enables every field above. Each needed field the exporter
+does not serve is named once in a note and the log, and `missing_signals()` gives, per signal, the fields it
+lacks (the node collector exports that as `sloscope.probe.signal.health`).
 
 Accepted spellings: labels `UUID` or `uuid`, `Hostname` or `hostname`; dcgm-exporter 1.x metric names
-(dcgm_gpu_temp, dcgm_gpu_utilization, dcgm_fb_used, dcgm_fb_free, dcgm_fi_prof_*); and a `_RATIO` suffix on
-SM_ACTIVE, DRAM_ACTIVE and GPU_UTIL, whose value is then already a 0..1 ratio. (DCGM's real
-DCGM_FI_DEV_FB_USED_RATIO, used/(total - reserved), carries no byte count and is not mapped.) MIG instances
-(a non-empty `GPU_I_ID` label) are reported with `hw.id` = "<GPU UUID>/gi<GPU_I_ID>".
+(dcgm_gpu_temp, dcgm_gpu_utilization, dcgm_fb_used, dcgm_fb_free, dcgm_fi_prof_*). MIG instances (a non-empty
+`GPU_I_ID` label) are reported with `hw.id` = "<GPU UUID>/gi<GPU_I_ID>".
 
 Bad input: DCGM's blank sentinels (a field with no value: int64 fields at or above 0x7ffffffffffffff0,
 double fields at or above 2^47), NaN and infinities are dropped and counted, never reported. A body that is
@@ -40,7 +53,7 @@ import socket
 import urllib.error
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..base import Availability, Probe, ProbeError, ProbeUnavailable, now_ns
 from ..sample import AnySample, Sample
@@ -51,33 +64,57 @@ DEFAULT_URL = "http://127.0.0.1:9400/metrics"
 MIB = 2**20
 
 UTILIZATION = "hw.gpu.utilization"
-SM_ACTIVE_MAX = "sloscope.gpu.sm.active.max"
+SM_ACTIVE = "sloscope.gpu.sm.active"
 DRAM_ACTIVE = "sloscope.gpu.dram.active"
 MEMORY_USAGE = "hw.gpu.memory.usage"
 MEMORY_LIMIT = "hw.gpu.memory.limit"
+MEMORY_RESERVED = "sloscope.gpu.memory.reserved"
 TEMPERATURE = "hw.gpu.temperature"
 IO = "hw.gpu.io"
 
 DCGM_INT64_BLANK = 0x7FFFFFFFFFFFFFF0
 DCGM_FP64_BLANK = 140737488355328.0  # 2**47
 
-# field -> (key, value kind, DCGM type)
-FIELDS: dict[str, tuple[str, str, str]] = {
-    "DCGM_FI_PROF_SM_ACTIVE": ("sm_active", "ratio", "fp64"),
-    "DCGM_FI_PROF_DRAM_ACTIVE": ("dram_active", "ratio", "fp64"),
-    "DCGM_FI_DEV_GPU_UTIL": ("gpu_util", "percent", "int64"),
-    "DCGM_FI_DEV_FB_USED": ("fb_used", "mib", "int64"),
-    "DCGM_FI_DEV_FB_FREE": ("fb_free", "mib", "int64"),
-    "DCGM_FI_DEV_FB_RESERVED": ("fb_reserved", "mib", "int64"),
-    "DCGM_FI_DEV_FB_TOTAL": ("fb_total", "mib", "int64"),
-    "DCGM_FI_DEV_GPU_TEMP": ("gpu_temp", "celsius", "int64"),
-    "DCGM_FI_PROF_NVLINK_TX_BYTES": ("nvlink/transmit", "bytes_per_s", "int64"),
-    "DCGM_FI_PROF_NVLINK_RX_BYTES": ("nvlink/receive", "bytes_per_s", "int64"),
-    "DCGM_FI_PROF_PCIE_TX_BYTES": ("pcie/transmit", "bytes_per_s", "int64"),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": ("pcie/receive", "bytes_per_s", "int64"),
+
+@dataclass(frozen=True)
+class Field:
+    key: str  # what the probe calls the value
+    field_id: int  # DCGM's field id
+    dcgm_type: str  # "int64" or "fp64" (DCGM_FT_INT64 / DCGM_FT_DOUBLE)
+    unit: str  # "ratio", "percent", "MiB", "Cel", "B/s"
+
+
+def _fields(*rows) -> dict[str, Field]:
+    return {name: Field(key, field_id, dcgm_type, unit) for names, key, field_id, dcgm_type, unit in rows
+            for name in names}
+
+
+# names (the stock spelling first, then DCGM 4.x's), key, id, type, unit
+FIELDS: dict[str, Field] = _fields(
+    (("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO"), "sm_active", 1002, "fp64", "ratio"),
+    (("DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO"), "dram_active", 1005, "fp64", "ratio"),
+    (("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO"), "gpu_util", 203, "int64", "percent"),
+    (("DCGM_FI_DEV_FB_TOTAL",), "fb_total", 250, "int64", "MiB"),
+    (("DCGM_FI_DEV_FB_FREE",), "fb_free", 251, "int64", "MiB"),
+    (("DCGM_FI_DEV_FB_USED",), "fb_used", 252, "int64", "MiB"),
+    (("DCGM_FI_DEV_FB_RESERVED",), "fb_reserved", 253, "int64", "MiB"),
+    (("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_TEMP_CELSIUS"), "gpu_temp", 150, "int64", "Cel"),
+    (("DCGM_FI_PROF_PCIE_TX_BYTES",), "pcie/transmit", 1009, "int64", "B/s"),
+    (("DCGM_FI_PROF_PCIE_RX_BYTES",), "pcie/receive", 1010, "int64", "B/s"),
+    (("DCGM_FI_PROF_NVLINK_TX_BYTES",), "nvlink/transmit", 1011, "int64", "B/s"),
+    (("DCGM_FI_PROF_NVLINK_RX_BYTES",), "nvlink/receive", 1012, "int64", "B/s"),
+)
+STOCK_NAME: dict[str, str] = {}  # key -> the name a counters file enables it by
+for _name, _field in FIELDS.items():
+    STOCK_NAME.setdefault(_field.key, _name)
+
+# What each signal needs from the exporter (memory.limit: FB_TOTAL is not served, so USED + FREE).
+NEEDS: dict[str, tuple[str, ...]] = {
+    SM_ACTIVE: ("sm_active",), DRAM_ACTIVE: ("dram_active",), UTILIZATION: ("gpu_util",),
+    MEMORY_USAGE: ("fb_used",), MEMORY_LIMIT: ("fb_used", "fb_free"), MEMORY_RESERVED: ("fb_reserved",),
+    TEMPERATURE: ("gpu_temp",), IO: ("nvlink/transmit", "nvlink/receive", "pcie/transmit", "pcie/receive"),
 }
-for _base in ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_DEV_GPU_UTIL"):
-    FIELDS[_base + "_RATIO"] = (FIELDS[_base][0], "ratio", "fp64")
+COUNTERS_FILE = "deploy/dcgm-exporter-counters.csv"
 LEGACY_NAMES = {  # dcgm-exporter 1.x (and its 1.x-compatibility CSV)
     "dcgm_gpu_temp": "DCGM_FI_DEV_GPU_TEMP",
     "dcgm_gpu_utilization": "DCGM_FI_DEV_GPU_UTIL",
@@ -230,38 +267,41 @@ class Reading:
 
     gpus: dict[str, dict[str, float]]
     counts: Counter  # what was dropped, by reason
+    served: set = field(default_factory=set)  # keys the exporter serves (also when blank)
 
 
 def read_fields(samples: list[PromSample], hostname: str | None = None) -> Reading:
     gpus: dict[str, dict[str, float]] = {}
     counts: Counter = Counter()
+    served: set[str] = set()
     for s in samples:
-        field = field_of(s.name)
-        if field is None:
+        name = field_of(s.name)
+        if name is None:
             continue
         if hostname is not None and hostname_of(s.labels) not in (None, hostname):
             counts["other host"] += 1
             continue
-        key, kind, dcgm_type = FIELDS[field]
+        f = FIELDS[name]
+        served.add(f.key)
         hw = gpu_id(s.labels)
         if hw is None:
             counts["no UUID label"] += 1
             continue
-        if is_blank(s.value, dcgm_type):
+        if is_blank(s.value, f.dcgm_type):
             counts["blank value"] += 1
             continue
         if s.value < 0:
             counts["negative value"] += 1
             continue
-        value = s.value / 100.0 if (kind == "percent" and not field.endswith("_RATIO")) else s.value
-        gpus.setdefault(hw, {}).setdefault(key, value)  # the first series wins (pod labels may repeat a GPU)
-    return Reading(gpus, counts)
+        value = s.value / 100.0 if f.unit == "percent" else s.value
+        gpus.setdefault(hw, {}).setdefault(f.key, value)  # the first series wins (pod labels may repeat a GPU)
+    return Reading(gpus, counts, served)
 
 
 class DcgmExporterProbe(Probe):
     name = "dcgm"
     source = "http"
-    signals = (UTILIZATION, SM_ACTIVE_MAX, DRAM_ACTIVE, MEMORY_USAGE, MEMORY_LIMIT, TEMPERATURE, IO)
+    signals = (UTILIZATION, SM_ACTIVE, DRAM_ACTIVE, MEMORY_USAGE, MEMORY_LIMIT, MEMORY_RESERVED, TEMPERATURE, IO)
     description = ("GPU SM/DRAM activity, utilization, memory, temperature, NVLink/PCIe bytes "
                    f"(dcgm-exporter, {DEFAULT_URL})")
 
@@ -274,6 +314,31 @@ class DcgmExporterProbe(Probe):
         self._running = False
         self._last_ns = 0
         self._rates: dict[tuple[str, str], tuple[float, int]] = {}  # (hw.id, link/direction) -> (B/s, time)
+        self._served: set[str] = set(STOCK_NAME)
+        self._notes: list[str] = []
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(self._notes)
+
+    def missing_signals(self) -> dict[str, str]:
+        """Signal -> the DCGM fields it needs that the exporter does not serve (comma-separated)."""
+        out = {}
+        for signal, keys in NEEDS.items():
+            lacking = [STOCK_NAME[k] for k in keys if k not in self._served]
+            if lacking:
+                out[signal] = ",".join(lacking)
+        return out
+
+    def _see(self, reading: Reading) -> None:
+        """Remember what the exporter serves; name each needed field it lacks, once."""
+        self._served = set(reading.served)
+        for signal, fields in sorted(self.missing_signals().items()):
+            text = (f"dcgm-exporter at {self.url} does not serve {fields.replace(',', ', ')}: no {signal} "
+                    f"(enable it in the exporter's counters file, e.g. sloscope's {COUNTERS_FILE})")
+            if text not in self._notes:
+                self._notes.append(text)
+                log.warning("dcgm: %s", text)
 
     @property
     def running(self) -> bool:
@@ -334,7 +399,7 @@ class DcgmExporterProbe(Probe):
 
     def check(self) -> Availability:
         if self._running:
-            return Availability(self.name)
+            return Availability(self.name, notes=self.notes)
         try:
             reading = self.scrape()
         except ProbeError as exc:
@@ -354,6 +419,7 @@ class DcgmExporterProbe(Probe):
         if not reading.gpus:
             raise ProbeUnavailable(self.name, [f"dcgm-exporter at {self.url}: no DCGM_FI_* field with a GPU "
                                                "UUID label in its answer"])
+        self._see(reading)
         now = now_ns()
         self._rates = self._rate_points(reading, now)
         self._last_ns = now
@@ -371,6 +437,7 @@ class DcgmExporterProbe(Probe):
         if not self._running:
             raise ProbeError(f"probe {self.name!r} is not started")
         reading = self.scrape()
+        self._see(reading)
         now = now_ns()
         start, self._last_ns = self._last_ns, now
         out: list[AnySample] = []
@@ -383,11 +450,13 @@ class DcgmExporterProbe(Probe):
             if "gpu_util" in f:
                 gauge(UTILIZATION, f["gpu_util"], **{"hw.gpu.task": "general"})
             if "sm_active" in f:
-                gauge(SM_ACTIVE_MAX, f["sm_active"])
+                gauge(SM_ACTIVE, f["sm_active"])
             if "dram_active" in f:
                 gauge(DRAM_ACTIVE, f["dram_active"])
             if "fb_used" in f:
                 gauge(MEMORY_USAGE, f["fb_used"] * MIB)
+            if "fb_reserved" in f:
+                gauge(MEMORY_RESERVED, f["fb_reserved"] * MIB)
             if "fb_total" in f:
                 gauge(MEMORY_LIMIT, f["fb_total"] * MIB)
             elif "fb_used" in f and "fb_free" in f:

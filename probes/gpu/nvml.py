@@ -4,25 +4,34 @@ Per GPU, keyed by its UUID (`hw.id`), each collect reports:
 
 - `hw.gpu.utilization` (ratio): nvmlDeviceGetUtilizationRates().gpu / 100, the driver's percentage of time a
   kernel ran over its last sample period; attribute `hw.gpu.task`=general.
-- `sloscope.gpu.sm.active.max` (ratio): the maximum of the driver's utilization samples
-  (nvmlDeviceGetSamples, NVML_GPU_UTILIZATION_SAMPLES) taken since the previous collect. Each call passes the
-  newest timestamp already seen, so every driver sample lands in exactly one window; samples buffered before
-  `start()` are skipped. A window without new samples (NVML_ERROR_NOT_FOUND) produces no value: that is the
-  driver saying "nothing new", not an error.
-- `hw.gpu.memory.usage` / `hw.gpu.memory.limit` (bytes): nvmlDeviceGetMemoryInfo used / total.
-- `hw.gpu.temperature` (Cel): nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU).
+- `sloscope.gpu.kernel.busy.max` (ratio): the maximum of the driver's utilization samples
+  (nvmlDeviceGetSamples, NVML_GPU_UTILIZATION_SAMPLES) taken since the previous collect: the share of each
+  sample period during which any kernel ran, however few SMs it used (one small kernel reads 1.0; DCGM's
+  `sloscope.gpu.sm.active` is the other signal, the share of SMs in use). Each call passes the newest timestamp
+  already seen, so every driver sample lands in exactly one window; samples buffered before `start()` are
+  skipped. The driver records samples only while a kernel runs, so a window without new samples
+  (NVML_ERROR_NOT_FOUND) is an idle GPU and reads 0 (collects are seconds apart; the driver samples every
+  1/6 s to 1 s, depending on the product).
+- `hw.gpu.memory.usage` / `hw.gpu.memory.limit` / `sloscope.gpu.memory.reserved` (bytes): the v2 struct of
+  nvmlDeviceGetMemoryInfo (used without the driver's reserved memory, as DCGM's FB_USED, and reserved apart).
+  Drivers without it (before R510) give the v1 struct, whose used includes reserved: then there is no
+  reserved value and the note says so.
+- `hw.gpu.temperature` (Cel): nvmlDeviceGetTemperatureV(NVML_TEMPERATURE_GPU), else the deprecated
+  nvmlDeviceGetTemperature on drivers without it.
 - `hw.gpu.io` (bytes, delta): NVLink data throughput field values NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{TX,RX}
   with scopeId UINT_MAX (the aggregate over all links); they are cumulative KiB, reported as byte deltas per
   interval with `network.io.direction` transmit/receive and `sloscope.gpu.link`=nvlink. A counter that goes
   down (driver reload) counts as a reset (0), never as a negative delta.
 - with `per_process=True`: per-process SM utilization (nvmlDeviceGetProcessUtilization since the previous
-  collect, mean smUtil per pid / 100) as `hw.gpu.utilization` with a `process.pid` attribute.
+  collect, mean smUtil per pid / 100, each sample clamped to 100: drivers report more) as `hw.gpu.utilization`
+  with a `process.pid` attribute.
 
-Errors: a feature a GPU does not support (NVML_ERROR_NOT_SUPPORTED, or a driver without the function) is
-logged once and not asked again on that GPU. NVML_ERROR_GPU_IS_LOST marks that GPU lost and the probe
-unhealthy (`healthy`, `notes`); the other GPUs go on, and only when every GPU is lost does `collect` raise.
-Other errors skip the feature for this interval and are counted in `error_counts`. Without a driver,
-`check()` says so in one line.
+Errors: a feature a GPU does not support (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_ARGUMENT_VERSION_MISMATCH, or a
+driver without the function) is logged once and not asked again on that GPU; where an older call exists
+(memory v1, the deprecated temperature call) it is used from then on. NVML_ERROR_GPU_IS_LOST marks that
+GPU lost and the probe unhealthy (`healthy`, `notes`); the other GPUs go on, and only when every GPU is lost
+does `collect` raise. Other errors skip the feature for this interval and are counted in `error_counts`.
+Without a driver, `check()` says so in one line.
 """
 
 from __future__ import annotations
@@ -39,19 +48,19 @@ from ..sample import AnySample, Sample
 log = logging.getLogger(__name__)
 
 UTILIZATION = "hw.gpu.utilization"
-SM_ACTIVE_MAX = "sloscope.gpu.sm.active.max"
+KERNEL_BUSY_MAX = "sloscope.gpu.kernel.busy.max"
 MEMORY_USAGE = "hw.gpu.memory.usage"
 MEMORY_LIMIT = "hw.gpu.memory.limit"
+MEMORY_RESERVED = "sloscope.gpu.memory.reserved"
 TEMPERATURE = "hw.gpu.temperature"
 IO = "hw.gpu.io"
 
 NVLINK_SCOPE_ALL_LINKS = 0xFFFFFFFF  # nvmlFieldValue_t.scopeId for the aggregate over every link
 KIB = 1024
+MAX_PERCENT = 100.0
 
 # nvmlValueType_t -> member of the nvmlValue_t union
 VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
-
-FEATURES = ("utilization", "samples", "memory", "temperature", "nvlink", "processes")
 
 
 def load_pynvml():
@@ -92,8 +101,8 @@ class GpuState:
 class NvmlProbe(Probe):
     name = "nvml"
     source = "nvml"
-    signals = (UTILIZATION, SM_ACTIVE_MAX, MEMORY_USAGE, MEMORY_LIMIT, TEMPERATURE, IO)
-    description = ("per-GPU utilization, peak SM activity per window, memory, temperature, NVLink bytes "
+    signals = (UTILIZATION, KERNEL_BUSY_MAX, MEMORY_USAGE, MEMORY_LIMIT, MEMORY_RESERVED, TEMPERATURE, IO)
+    description = ("per-GPU utilization, peak kernel-busy time per window, memory, temperature, NVLink bytes "
                    "(NVML via nvidia-ml-py)")
 
     def __init__(self, host=None, nvml=None, per_process: bool = False):
@@ -197,6 +206,12 @@ class NvmlProbe(Probe):
     def notes(self) -> tuple[str, ...]:
         return tuple(self._notes)
 
+    def missing_signals(self) -> dict[str, str]:
+        """Signals some GPU's driver cannot give, with the NVML call or fields they need."""
+        needs = {"memory v2": (MEMORY_RESERVED, "nvmlDeviceGetMemoryInfo_v2"),
+                 "nvlink": (IO, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX")}
+        return dict(needs[f] for gpu in self.gpus for f in sorted(gpu.unsupported) if f in needs)
+
     def _note(self, text: str, level=logging.INFO) -> None:
         if text not in self._notes:
             self._notes.append(text)
@@ -239,23 +254,59 @@ class NvmlProbe(Probe):
                 raise _GpuLost from exc
             if code in empty_codes:
                 return ()
-            if code in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND):
+            if code in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND,
+                        getattr(nv, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", nv.NVML_ERROR_NOT_SUPPORTED)):
                 self._unsupported(gpu, feature, str(exc))
                 return _SKIP
             self.error_counts[feature] += 1
             log.warning("nvml: GPU %s: reading %s failed: %s", gpu.uuid, feature, exc)
             return _SKIP
 
+    def _call_newest(self, gpu: GpuState, *attempts):
+        """The first of (feature, function name, args, kwargs) that the bindings and the driver have, newest
+        first; `_SKIP` when none has it, or when one that has it failed this time (counted by `_call`)."""
+        for feature, function, args, kwargs in attempts:
+            if feature in gpu.unsupported:
+                continue
+            fn = getattr(self._nvml, function, None)
+            if fn is None:
+                self._unsupported(gpu, feature, f"these nvidia-ml-py bindings lack {function}")
+                continue
+            got = self._call(gpu, feature, lambda: fn(gpu.handle, *args, **kwargs))
+            if got is not _SKIP or feature not in gpu.unsupported:
+                return got
+        return _SKIP
+
+    def _memory(self, gpu: GpuState):
+        """(used, total, reserved or None) bytes, or `_SKIP`."""
+        nv = self._nvml
+        version = getattr(nv, "nvmlMemory_v2", None)
+        attempts = [("memory v1 (used includes reserved)", "nvmlDeviceGetMemoryInfo", (), {})]
+        if version is not None:
+            attempts.insert(0, ("memory v2", "nvmlDeviceGetMemoryInfo", (), {"version": version}))
+        mem = self._call_newest(gpu, *attempts)
+        if mem is _SKIP:
+            return _SKIP
+        return mem.used, mem.total, getattr(mem, "reserved", None)
+
+    def _temperature(self, gpu: GpuState):
+        sensor = self._nvml.NVML_TEMPERATURE_GPU
+        return self._call_newest(gpu, ("temperature", "nvmlDeviceGetTemperatureV", (sensor,), {}),
+                                 ("temperature (deprecated call)", "nvmlDeviceGetTemperature", (sensor,), {}))
+
     def _unsupported(self, gpu: GpuState, feature: str, why: str) -> None:
         gpu.unsupported.add(feature)
         self._note(f"GPU {gpu.uuid}: {feature} not supported ({why}); not asked again")
 
-    def _utilization_samples(self, gpu: GpuState) -> list[float]:
-        """Utilization samples (percent) newer than the last one seen; advances the mark."""
+    def _utilization_samples(self, gpu: GpuState) -> list[float] | None:
+        """Utilization samples (percent) newer than the last one seen, advancing the mark; [] when there are
+        none (an idle GPU), None when they cannot be read."""
         nv = self._nvml
         got = self._call(gpu, "samples", nv.nvmlDeviceGetSamples, gpu.handle, nv.NVML_GPU_UTILIZATION_SAMPLES,
                          gpu.last_sample_ts, empty_codes=(nv.NVML_ERROR_NOT_FOUND,))
-        if got is _SKIP or not got:
+        if got is _SKIP:
+            return None
+        if not got:
             return []
         value_type, samples = got
         fresh = [s for s in samples if int(s.timeStamp) > gpu.last_sample_ts]
@@ -278,7 +329,7 @@ class NvmlProbe(Probe):
             if ts <= gpu.last_process_ts:
                 continue
             newest = max(newest, ts)
-            per_pid.setdefault(int(s.pid), []).append(float(s.smUtil))
+            per_pid.setdefault(int(s.pid), []).append(min(MAX_PERCENT, float(s.smUtil)))
         gpu.last_process_ts = newest
         return per_pid
 
@@ -346,13 +397,16 @@ class NvmlProbe(Probe):
         if util is not _SKIP:
             gauge(UTILIZATION, util.gpu / 100.0, **{"hw.gpu.task": "general"})
         window = self._utilization_samples(gpu)
-        if window:
-            gauge(SM_ACTIVE_MAX, max(window) / 100.0)
-        mem = self._call(gpu, "memory", nv.nvmlDeviceGetMemoryInfo, gpu.handle)
+        if window is not None:
+            gauge(KERNEL_BUSY_MAX, min(MAX_PERCENT, max(window, default=0.0)) / 100.0)
+        mem = self._memory(gpu)
         if mem is not _SKIP:
-            gauge(MEMORY_USAGE, mem.used)
-            gauge(MEMORY_LIMIT, mem.total)
-        temp = self._call(gpu, "temperature", nv.nvmlDeviceGetTemperature, gpu.handle, nv.NVML_TEMPERATURE_GPU)
+            used, total, reserved = mem
+            gauge(MEMORY_USAGE, used)
+            gauge(MEMORY_LIMIT, total)
+            if reserved is not None:
+                gauge(MEMORY_RESERVED, reserved)
+        temp = self._temperature(gpu)
         if temp is not _SKIP:
             gauge(TEMPERATURE, temp)
         if "nvlink" not in gpu.unsupported:

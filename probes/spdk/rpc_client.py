@@ -20,8 +20,11 @@ gets no answer at all, and that call is sent once more on a new connection (ever
 
 Methods used here take their parameters exactly as SPDK documents them (doc/jsonrpc.md); methods that
 accept no parameters (framework_get_reactors) are sent without a "params" member, since SPDK rejects
-even an empty one for them, and bdev_get_iostat is sent without parameters, so no version-specific option
-(per_channel, reset_mode) is needed for a whole-target read.
+even an empty one for them. bdev_get_iostat for every bdev is sent without parameters (nothing
+version-specific); for some bdevs it takes the `names` array (SPDK v26.01 and later, and the only form since
+v26.05 removed `name`), and a target that refuses that (an unknown parameter is INTERNAL_ERROR
+"spdk_json_decode_object failed") is asked once per bdev with the `name` that older releases take; the form
+the target took is remembered for the connection's target.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import itertools
 import json
 import socket
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 DEFAULT_SOCKET = "/var/tmp/spdk.sock"
 DEFAULT_TIMEOUT = 5.0
@@ -43,7 +46,8 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
-INVALID_STATE = -32604  # "method may only be called ... state"
+INVALID_STATE = -1  # SPDK_JSONRPC_ERROR_INVALID_STATE: the method is not allowed in the target's state
+DECODE_FAILED = "spdk_json_decode_object failed"  # INTERNAL_ERROR's message for parameters it does not take
 
 
 class SpdkError(Exception):
@@ -155,6 +159,7 @@ class SpdkRpcClient:
         self._sock: socket.socket | None = None
         self._decoder = JsonStreamDecoder()
         self._ids = itertools.count(1)
+        self.iostat_takes_names: bool | None = None  # bdev_get_iostat's `names` array: not asked yet
 
     # -- connection ------------------------------------------------------------------------------------------
 
@@ -306,8 +311,24 @@ class SpdkRpcClient:
 
     # -- SPDK methods ----------------------------------------------------------------------------------------
 
-    def bdev_get_iostat(self, name: str | None = None) -> dict:
-        return self.call("bdev_get_iostat", {"name": name} if name else None)
+    def bdev_get_iostat(self, names: Sequence[str] = ()) -> dict:
+        """I/O statistics of every bdev, or of `names` in the parameter form this target takes."""
+        if not names:
+            return self.call("bdev_get_iostat")
+        if self.iostat_takes_names is not False:
+            try:
+                result = self.call("bdev_get_iostat", {"names": list(names)})
+            except SpdkRpcError as exc:
+                if self.iostat_takes_names or exc.code != INTERNAL_ERROR or exc.message != DECODE_FAILED:
+                    raise
+                self.iostat_takes_names = False  # a release before v26.01
+            else:
+                self.iostat_takes_names = True
+                return result
+        answers = self.call_many([("bdev_get_iostat", {"name": n}) for n in names])
+        merged = dict(answers[0])
+        merged["bdevs"] = [b for answer in answers for b in answer.get("bdevs") or ()]
+        return merged
 
     def framework_get_reactors(self) -> dict:
         return self.call("framework_get_reactors")

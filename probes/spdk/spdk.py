@@ -1,7 +1,7 @@
 """SPDK target probe over JSON-RPC (probes/spdk/rpc_client.py).
 
-Each collect asks, in one pipelined round trip, for `bdev_get_iostat` (no parameters: every bdev, and nothing
-version-specific) and `framework_get_reactors`, and compares with the previous answer:
+Each collect asks for `bdev_get_iostat` (every bdev, or the `bdevs` given, in the parameter form the target
+takes: rpc_client.py) and `framework_get_reactors`, and compares with the previous answer:
 
 - `spdk.bdev.io.wait` (s), per bdev and `disk.io.direction` read/write:
   Δread_latency_ticks / Δnum_read_ops / tick_rate (the same for writes): the mean time an I/O spent in the
@@ -17,6 +17,15 @@ version-specific) and `framework_get_reactors`, and compares with the previous a
   weighted_io_time. So io_time is in MICROSECONDS (busy time at the granularity of one period, not ticks),
   weighted_io_time in microsecond-I/Os. Elapsed time comes from the same answer's `ticks`/`tick_rate` (the
   target's TSC), or the wall clock between collects on targets too old to send `ticks`.
+
+  Queue-depth sampling is off by default, and again after every target restart (it is per bdev, in memory).
+  With `qd_sampling_period_us` > 0 (`--spdk-qd-sampling-us`) the probe turns it on for every bdev it finds
+  with it off, at start and whenever a bdev answers without it (a restart, a new bdev, someone turning it
+  off); a period someone else set is left alone. Its cost, in the target: one poller per bdev at that period,
+  and each poll visits every I/O channel of the bdev (a message to each SPDK thread that has one) to count
+  the I/O outstanding: at 10000 us, 100 channel walks a second per bdev. With 0 (the default) the probe
+  changes nothing in the target: it names the bdevs without sampling once, and `missing_signals()` reports
+  spdk.bdev.queue_depth and spdk.bdev.utilization as needing bdev_set_qd_sampling_period.
 - `spdk.reactor.busy` (ratio), per `spdk.reactor.lcore`: Δbusy / (Δbusy + Δidle), both in TSC ticks.
 - `sloscope.nvme.temperature` (Cel): for each NVMe controller of the target (bdev_nvme_get_controllers),
   bdev_nvme_get_controller_health_info's `temperature_celsius`, with `spdk.bdev.name` the controller name
@@ -40,7 +49,7 @@ import os
 import stat
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from ..base import Availability, Probe, ProbeError, ProbeUnavailable, now_ns
 from ..sample import AnySample, Sample
@@ -76,6 +85,11 @@ class IostatSnapshot:
     wall_ns: int
     bdevs: dict[str, dict[str, float]]
     bad: list[str] = field(default_factory=list)  # entries that could not be read
+
+    @property
+    def sampling_off(self) -> list[str]:
+        """Bdevs answering without queue-depth sampling (no io_time)."""
+        return sorted(name for name, values in self.bdevs.items() if "io_time" not in values)
 
 
 @dataclass
@@ -238,8 +252,14 @@ class SpdkProbe(Probe):
     description = ("SPDK bdev wait, queue depth and utilization, reactor busy, NVMe temperature "
                    "(JSON-RPC on the target's socket, default %s)" % DEFAULT_SOCKET)
 
-    def __init__(self, host=None, socket_path: str = DEFAULT_SOCKET, timeout: float = 2.0, sysfs: str = "/sys"):
+    def __init__(self, host=None, socket_path: str = DEFAULT_SOCKET, timeout: float = 2.0, sysfs: str = "/sys",
+                 qd_sampling_period_us: int = 0, bdevs: Sequence[str] = ()):
         super().__init__(host)
+        if isinstance(qd_sampling_period_us, bool) or int(qd_sampling_period_us) < 0:
+            raise ValueError("qd_sampling_period_us must be a non-negative integer")
+        self.qd_sampling_period_us = int(qd_sampling_period_us)
+        self.bdevs = tuple(bdevs)
+        self.qd_sampling_enabled: Counter = Counter()  # bdev -> times the probe turned sampling on
         self.socket_path = socket_path
         self.timeout = timeout
         self.sysfs = sysfs
@@ -289,7 +309,7 @@ class SpdkProbe(Probe):
             return Availability(self.name, (problem,))
         probe_client = SpdkRpcClient(self.socket_path, self.timeout)
         try:
-            parse_iostat(probe_client.bdev_get_iostat(), now_ns())
+            parse_iostat(probe_client.bdev_get_iostat(self.bdevs), now_ns())
         except SpdkError as exc:
             return Availability(self.name, (str(exc),))
         except ValueError as exc:
@@ -306,6 +326,8 @@ class SpdkProbe(Probe):
             raise ProbeUnavailable(self.name, [problem])
         try:
             self._iostat, self._reactors = self._read_counters(now_ns())
+            if self._enable_sampling(self._iostat):
+                self._iostat, self._reactors = self._read_counters(now_ns())
         except (SpdkError, ValueError) as exc:
             self.client.close()
             raise ProbeUnavailable(self.name, [str(exc)]) from exc
@@ -316,37 +338,66 @@ class SpdkProbe(Probe):
         self._running = False
         self.client.close()
 
+    def missing_signals(self) -> dict[str, str]:
+        missing = {}
+        if self._iostat is not None and self._iostat.sampling_off:
+            missing.update({QUEUE_DEPTH: "bdev_set_qd_sampling_period", UTILIZATION: "bdev_set_qd_sampling_period"})
+        if not self._reactors_supported:
+            missing[REACTOR_BUSY] = "framework_get_reactors"
+        return missing
+
+    def _enable_sampling(self, iostat: IostatSnapshot) -> bool:
+        """Turn queue-depth sampling on where it is off, if configured to; else name those bdevs once.
+        True when it turned any on."""
+        off = iostat.sampling_off
+        if not off:
+            return False
+        if not self.qd_sampling_period_us:
+            self._note(f"queue-depth sampling is off on bdev {', '.join(off)}: no {QUEUE_DEPTH} or {UTILIZATION} "
+                       "there (SPDK starts with it off; --spdk-qd-sampling-us turns it on, or "
+                       "bdev_set_qd_sampling_period)", logging.WARNING)
+            return False
+        enabled = False
+        for name in off:
+            try:
+                self.client.bdev_set_qd_sampling_period(name, self.qd_sampling_period_us)
+            except SpdkRpcError as exc:
+                self.error_counts["bdev_set_qd_sampling_period"] += 1
+                log.warning("spdk: turning queue-depth sampling on for %s failed: %s", name, exc)
+                continue
+            self.qd_sampling_enabled[name] += 1
+            log.info("spdk: queue-depth sampling on for bdev %s every %d us", name, self.qd_sampling_period_us)
+            enabled = True
+        return enabled
+
     def _read_counters(self, wall_ns: int) -> tuple[IostatSnapshot, ReactorSnapshot | None]:
-        calls = [("bdev_get_iostat", None)]
-        if self._reactors_supported:
-            calls.append(("framework_get_reactors", None))
-        results = self.client.call_many(calls, raise_errors=False)
-        if isinstance(results[0], SpdkRpcError):
-            raise results[0]
-        iostat = parse_iostat(results[0], wall_ns)
+        iostat = parse_iostat(self.client.bdev_get_iostat(self.bdevs), wall_ns)
         for problem in iostat.bad:
             self.error_counts["malformed bdev entry"] += 1
             log.warning("spdk: bdev_get_iostat: %s (left out)", problem)
-        reactors = None
-        if len(results) > 1:
-            if isinstance(results[1], SpdkRpcError):
-                if results[1].code == METHOD_NOT_FOUND:
-                    self._reactors_supported = False
-                    self._note("framework_get_reactors not offered by this target: no spdk.reactor.busy")
-                else:
-                    self.error_counts["framework_get_reactors"] += 1
-                    log.warning("spdk: %s", results[1])
+        return iostat, (self._read_reactors() if self._reactors_supported else None)
+
+    def _read_reactors(self) -> ReactorSnapshot | None:
+        try:
+            answer = self.client.framework_get_reactors()
+        except SpdkRpcError as exc:
+            if exc.code == METHOD_NOT_FOUND:
+                self._reactors_supported = False
+                self._note("framework_get_reactors not offered by this target: no spdk.reactor.busy")
             else:
-                try:
-                    reactors = parse_reactors(results[1])
-                except ValueError as exc:
-                    self.error_counts["malformed framework_get_reactors"] += 1
-                    log.warning("spdk: %s", exc)
-                else:
-                    for problem in reactors.bad:
-                        self.error_counts["malformed reactor entry"] += 1
-                        log.warning("spdk: framework_get_reactors: %s (left out)", problem)
-        return iostat, reactors
+                self.error_counts["framework_get_reactors"] += 1
+                log.warning("spdk: %s", exc)
+            return None
+        try:
+            reactors = parse_reactors(answer)
+        except ValueError as exc:
+            self.error_counts["malformed framework_get_reactors"] += 1
+            log.warning("spdk: %s", exc)
+            return None
+        for problem in reactors.bad:
+            self.error_counts["malformed reactor entry"] += 1
+            log.warning("spdk: framework_get_reactors: %s (left out)", problem)
+        return reactors
 
     def _temperatures(self, start: int, now: int) -> list[AnySample]:
         out: list[AnySample] = []
@@ -405,6 +456,7 @@ class SpdkProbe(Probe):
         if reason:
             self.restarts += 1
             self._failed_controllers.clear()
+            self.client.iostat_takes_names = None  # it may be another release now
             log.warning("spdk: target restarted (%s): counters re-baselined, no deltas this interval", reason)
         else:
             if self._iostat is not None:
@@ -412,6 +464,7 @@ class SpdkProbe(Probe):
             if self._reactors is not None and reactors is not None:
                 samples.extend(reactor_samples(self._reactors, reactors, start, now, self.resets))
         self._iostat = iostat
+        self._enable_sampling(iostat)
         if reactors is not None or not self._reactors_supported:
             self._reactors = reactors
         samples.extend(self._temperatures(start, now))

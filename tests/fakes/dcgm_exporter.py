@@ -3,8 +3,14 @@ real exporter writes: `# HELP` / `# TYPE` per field, then one line per GPU with 
 pci_bus_id, device, modelName, Hostname, DCGM_FI_DRIVER_VERSION (and GPU_I_PROFILE / GPU_I_ID for MIG
 instances), double fields with six decimals, integer fields as integers.
 
-Scriptable: per-GPU field values (`set`), a blank value (DCGM's sentinel) for a field, the 1.x spelling
-(lower-case names, `uuid`/`hostname` labels), `_RATIO` names, and broken answers: a body cut mid-line, a
+It serves the fields of its counters file and no others, as the real exporter does: by default the ones the
+stock etc/default-counters.csv of NVIDIA/dcgm-exporter enables (STOCK_COUNTERS, as read there: no
+DCGM_FI_PROF_SM_ACTIVE, which it ships commented out, and no DCGM_FI_PROF_NVLINK_*_BYTES);
+`load_counters(path)` reads a counters file in that CSV format (FIELD, Prometheus type, help; `#` comments).
+
+Scriptable: per-GPU field values (`set`, `play` for one GPU behaviour: kernel-busy share and SM share), a
+blank value (DCGM's sentinel) for a field, the 1.x spelling (lower-case names, `uuid`/`hostname` labels), the
+DCGM 4.x field names (`dcgm4_names`: same ids, same units), and broken answers: a body cut mid-line, a
 Content-Length longer than the body (the connection closes early), an HTTP error status.
 """
 
@@ -17,34 +23,46 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 INT64_BLANK = 0x7FFFFFFFFFFFFFF0
 FP64_BLANK = 140737488355328.0
 
-# field -> (type, help) as in dcgm-exporter's CSVs
-FIELD_INFO = {
-    "DCGM_FI_DEV_SM_CLOCK": ("gauge", "SM clock frequency (in MHz)."),
-    "DCGM_FI_DEV_GPU_TEMP": ("gauge", "GPU temperature (in C)."),
-    "DCGM_FI_DEV_POWER_USAGE": ("gauge", "Power draw (in W)."),
-    "DCGM_FI_DEV_GPU_UTIL": ("gauge", "GPU utilization (in %)."),
-    "DCGM_FI_DEV_FB_FREE": ("gauge", "Framebuffer memory free (in MiB)."),
-    "DCGM_FI_DEV_FB_USED": ("gauge", "Framebuffer memory used (in MiB)."),
-    "DCGM_FI_DEV_FB_RESERVED": ("gauge", "Framebuffer memory reserved (in MiB)."),
-    "DCGM_FI_DEV_XID_ERRORS": ("gauge", "Value of the last XID error encountered."),
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gauge", "Ratio of time the graphics engine is active."),
-    "DCGM_FI_PROF_SM_ACTIVE": ("gauge", "The ratio of cycles an SM has at least 1 warp assigned."),
-    "DCGM_FI_PROF_DRAM_ACTIVE": ("gauge", "Ratio of cycles the device memory interface is active sending or "
-                                          "receiving data."),
-    "DCGM_FI_PROF_PCIE_TX_BYTES": ("gauge", "The rate of data transmitted over the PCIe bus - including both "
-                                            "protocol headers and data payloads - in bytes per second."),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": ("gauge", "The rate of data received over the PCIe bus - including both "
-                                            "protocol headers and data payloads - in bytes per second."),
-    "DCGM_FI_PROF_NVLINK_TX_BYTES": ("gauge", "The rate of data transmitted over NVLink, not including protocol "
-                                              "headers, in bytes per second."),
-    "DCGM_FI_PROF_NVLINK_RX_BYTES": ("gauge", "The rate of data received over NVLink, not including protocol "
-                                              "headers, in bytes per second."),
-}
+# The DCGM fields the stock default-counters.csv enables, in its order.
+STOCK_COUNTERS = (
+    "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
+)
+# Prometheus type of every field the stand-in can serve
+FIELD_TYPES = {f: "gauge" for f in STOCK_COUNTERS + ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_NVLINK_TX_BYTES",
+                                                     "DCGM_FI_PROF_NVLINK_RX_BYTES")}
+FIELD_TYPES.update({f: "counter" for f in (
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS")})
 DOUBLE_FIELDS = {"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE",
-                 "DCGM_FI_PROF_DRAM_ACTIVE"}
+                 "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"}
+# DCGM 4.x names of the same fields (dcgm_fields.h keeps the old ones as aliases)
+DCGM4_NAMES = {"DCGM_FI_PROF_SM_ACTIVE": "DCGM_FI_PROF_SM_UTIL_RATIO",
+               "DCGM_FI_PROF_DRAM_ACTIVE": "DCGM_FI_PROF_DRAM_UTIL_RATIO",
+               "DCGM_FI_DEV_GPU_UTIL": "DCGM_FI_DEV_GPU_UTIL_RATIO",
+               "DCGM_FI_DEV_GPU_TEMP": "DCGM_FI_DEV_GPU_TEMP_CELSIUS"}
 LEGACY = {"DCGM_FI_DEV_GPU_TEMP": "dcgm_gpu_temp", "DCGM_FI_DEV_GPU_UTIL": "dcgm_gpu_utilization",
           "DCGM_FI_DEV_FB_USED": "dcgm_fb_used", "DCGM_FI_DEV_FB_FREE": "dcgm_fb_free",
           "DCGM_FI_DEV_SM_CLOCK": "dcgm_sm_clock", "DCGM_FI_DEV_POWER_USAGE": "dcgm_power_usage"}
+
+
+def load_counters(path) -> tuple[str, ...]:
+    """The DCGM fields a dcgm-exporter counters file enables (the exporter's CSV: FIELD, type, help)."""
+    fields = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("#"):
+                name, kind = (part.strip() for part in line.split(",")[:2])
+                if kind != "label":
+                    fields.append(name)
+    return tuple(fields)
 
 
 @dataclass
@@ -58,12 +76,19 @@ class FakeGpu:
 
 
 def default_fields() -> dict:
-    return {"DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_GPU_TEMP": 47, "DCGM_FI_DEV_POWER_USAGE": 312.25,
-            "DCGM_FI_DEV_GPU_UTIL": 87, "DCGM_FI_DEV_FB_FREE": 60000, "DCGM_FI_DEV_FB_USED": 20500,
-            "DCGM_FI_DEV_FB_RESERVED": 559, "DCGM_FI_DEV_XID_ERRORS": 0, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.91,
-            "DCGM_FI_PROF_SM_ACTIVE": 0.8125, "DCGM_FI_PROF_DRAM_ACTIVE": 0.4375,
-            "DCGM_FI_PROF_PCIE_TX_BYTES": 1_000_000, "DCGM_FI_PROF_PCIE_RX_BYTES": 3_000_000,
-            "DCGM_FI_PROF_NVLINK_TX_BYTES": 2_000_000_000, "DCGM_FI_PROF_NVLINK_RX_BYTES": 1_000_000_000}
+    return {"DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_MEM_CLOCK": 2619, "DCGM_FI_DEV_MEMORY_TEMP": 52,
+            "DCGM_FI_DEV_GPU_TEMP": 47, "DCGM_FI_DEV_POWER_USAGE": 312.25,
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 9_876_543_210, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
+            "DCGM_FI_DEV_GPU_UTIL": 87, "DCGM_FI_DEV_MEM_COPY_UTIL": 31, "DCGM_FI_DEV_ENC_UTIL": 0,
+            "DCGM_FI_DEV_DEC_UTIL": 0, "DCGM_FI_DEV_XID_ERRORS": 0, "DCGM_FI_DEV_FB_FREE": 60000,
+            "DCGM_FI_DEV_FB_USED": 20500, "DCGM_FI_DEV_FB_RESERVED": 559,
+            "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": 123_456_789, "DCGM_FI_DEV_VGPU_LICENSE_STATUS": 0,
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 0,
+            "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.91,
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.42, "DCGM_FI_PROF_SM_ACTIVE": 0.8125,
+            "DCGM_FI_PROF_DRAM_ACTIVE": 0.4375, "DCGM_FI_PROF_PCIE_TX_BYTES": 1_000_000,
+            "DCGM_FI_PROF_PCIE_RX_BYTES": 3_000_000, "DCGM_FI_PROF_NVLINK_TX_BYTES": 2_000_000_000,
+            "DCGM_FI_PROF_NVLINK_RX_BYTES": 1_000_000_000}
 
 
 def _escape(value: str) -> str:
@@ -71,15 +96,17 @@ def _escape(value: str) -> str:
 
 
 class FakeDcgmExporter:
-    def __init__(self, gpus=None, hostname: str = "gpu-node-1", driver: str = "550.54.15"):
+    def __init__(self, gpus=None, hostname: str = "gpu-node-1", driver: str = "550.54.15",
+                 counters: tuple[str, ...] = STOCK_COUNTERS):
         self.gpus: list[FakeGpu] = list(gpus) if gpus is not None else [
             FakeGpu(0, "GPU-5d0e7c8a-1f0b-4c61-9a7e-0d7b2b1c9a01", fields=default_fields()),
             FakeGpu(1, "GPU-8f3b2c1d-2e4a-4b7f-8c9d-1e2f3a4b5c02", pci_bus_id="00000000:2A:00.0",
                     fields=default_fields())]
         self.hostname = hostname
         self.driver = driver
+        self.counters = tuple(counters)  # the fields its counters file enables
         self.legacy = False  # dcgm-exporter 1.x: lower-case names, uuid/hostname labels
-        self.ratio_names = False  # *_RATIO spellings of SM_ACTIVE / DRAM_ACTIVE / GPU_UTIL (value as a ratio)
+        self.dcgm4_names = False  # a counters file written with DCGM 4.x field names
         self.status = 200
         self.cut_mid_line = False  # body ends inside a sample line, Content-Length matching the short body
         self.short_body = False  # Content-Length promises more than is sent, then the connection closes
@@ -91,13 +118,18 @@ class FakeDcgmExporter:
     def set(self, index: int, field_name: str, value) -> None:
         self.gpus[index].fields[field_name] = value
 
+    def play(self, index: int, kernel_busy: float, sm_share: float) -> None:
+        """GPU `index` runs kernels `kernel_busy` of the time, with `sm_share` of its SMs holding a warp."""
+        self.set(index, "DCGM_FI_DEV_GPU_UTIL", round(kernel_busy * 100))
+        self.set(index, "DCGM_FI_PROF_SM_ACTIVE", sm_share)
+
     # -- exposition ------------------------------------------------------------------------------------------
 
     def _name(self, f: str) -> str:
         if self.legacy:
             return LEGACY.get(f, f.lower())
-        if self.ratio_names and f in ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_DEV_GPU_UTIL"):
-            return f + "_RATIO"
+        if self.dcgm4_names:
+            return DCGM4_NAMES.get(f, f)
         return f
 
     def _labels(self, gpu: FakeGpu) -> str:
@@ -115,19 +147,17 @@ class FakeDcgmExporter:
         double = f in DOUBLE_FIELDS
         if value is None:
             return f"{FP64_BLANK:f}" if double else str(INT64_BLANK)
-        if self.ratio_names and f == "DCGM_FI_DEV_GPU_UTIL":
-            return f"{value / 100:f}"
         return f"{value:f}" if double else str(int(value))
 
     def exposition(self) -> str:
         lines = []
-        for f, (kind, help_text) in FIELD_INFO.items():
+        for f in self.counters:
             rows = [(g, g.fields[f]) for g in self.gpus if f in g.fields]
             if not rows:
                 continue
             name = self._name(f)
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
+            lines.append(f"# HELP {name} {f} as the counters file describes it.")
+            lines.append(f"# TYPE {name} {FIELD_TYPES.get(f, 'gauge')}")
             for gpu, value in rows:
                 lines.append(f"{name}{{{self._labels(gpu)}}} {self._value(f, value)}")
             if self.garbage_line and f == "DCGM_FI_DEV_GPU_TEMP":
@@ -159,7 +189,7 @@ class FakeDcgmExporter:
                 body = fake.exposition().encode()
                 length = len(body)
                 if fake.cut_mid_line:
-                    cut = body.rfind(b"DCGM_FI_PROF_NVLINK_RX_BYTES{") + 40
+                    cut = body.rfind(b'UUID="') + 10  # inside the last sample line
                     body = body[:cut]
                     length = len(body)
                 elif fake.short_body:

@@ -11,6 +11,15 @@ It exposes the functions, constants and NVMLError that the probe uses, with NVML
   links, any other scopeId that one link.
 - a value union holds only the member of its value type; the other members hold garbage, so reading the wrong
   member gives a wrong number.
+- the driver records a utilization sample every `sample_period_us` only while a kernel runs (`run`): an idle
+  GPU's buffer runs dry and nvmlDeviceGetSamples raises NVML_ERROR_NOT_FOUND.
+- nvmlDeviceGetMemoryInfo(handle) is the v1 struct, whose `used` includes the driver's reserved memory
+  (used = total - free); with version=nvmlMemory_v2 it is the v2 struct (version, total, reserved, free, used,
+  used without reserved), which drivers before R510 lack (NVML_ERROR_FUNCTION_NOT_FOUND, as pynvml raises it).
+- nvmlDeviceGetTemperature is deprecated: a driver may lack it (`legacy_temperature=False`), and
+  nvmlDeviceGetTemperatureV(handle, sensor, version=nvmlTemperature_v1) may be missing on old drivers
+  (`temperature_v=False`).
+- per-process smUtil can read above 100, as real drivers report it.
 
 Every call is counted per function name (`gpu.calls`), errors can be injected per function (`gpu.fail`,
 once or always), and a GPU can be lost (every call raises NVML_ERROR_GPU_IS_LOST).
@@ -42,9 +51,14 @@ NVML_VALUE_TYPE_UNSIGNED_INT = 1
 NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 SCOPE_ALL_LINKS = 0xFFFFFFFF
 
 CONSTANTS = [n for n in dir() if n.startswith("NVML_")]
+# struct versions: nvml.h's NVML_STRUCT_VERSION(struct, n), the values pynvml passes
+nvmlMemory_v2 = 0x02000028
+nvmlTemperature_v1 = 0x100000C
+STRUCT_VERSIONS = ("nvmlMemory_v2", "nvmlTemperature_v1")
 
 _STRINGS = {NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_NOT_FOUND: "Not Found",
             NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded", NVML_ERROR_TIMEOUT: "Timeout",
@@ -114,18 +128,32 @@ class Memory:
 
 
 @dataclass
+class Memory_v2:
+    version: int
+    total: int
+    reserved: int
+    free: int
+    used: int
+
+
+@dataclass
 class FakeGpu:
     uuid: str
     utilization: int = 0  # percent
     memory_total: int = 80 * 2**30
-    memory_used: int = 2**30
+    memory_used: int = 2**30  # what applications hold, without the reserved memory
+    memory_reserved: int = 512 * 2**20
+    memory_v2: bool = True  # the driver has nvmlDeviceGetMemoryInfo_v2 (R510 and later)
     temperature: int = 40
+    temperature_v: bool = True  # the driver has nvmlDeviceGetTemperatureV
+    legacy_temperature: bool = True  # the deprecated nvmlDeviceGetTemperature is still there
     nvlink_links: int = 4
     nvlink_tx_kib: int = 0  # cumulative, all links
     nvlink_rx_kib: int = 0
     field_returns: dict = field(default_factory=dict)  # fieldId -> nvmlReturn to report for it
     lost: bool = False
     buffer_size: int = 120  # utilization samples the driver keeps
+    sample_period_us: int = 166_667  # the driver's utilization sample period
     clock_us: int = 1_700_000_000_000_000
     samples: list = field(default_factory=list)
     process_samples: list = field(default_factory=list)
@@ -139,6 +167,16 @@ class FakeGpu:
             self.clock_us += step_us
             self.samples.append(UtilSample(self.clock_us, Value(NVML_VALUE_TYPE_UNSIGNED_INT, p)))
         del self.samples[:-self.buffer_size]
+
+    def run(self, seconds: float, busy: float) -> None:
+        """The GPU runs for `seconds` with a kernel resident `busy` of the time (0: idle). The driver samples
+        only while something runs, so an idle stretch adds no samples at all."""
+        self.utilization = round(busy * 100)
+        periods = int(seconds * 1e6 // self.sample_period_us)
+        if busy > 0:
+            self.add_samples(*[self.utilization] * periods, step_us=self.sample_period_us)
+        else:
+            self.clock_us += periods * self.sample_period_us
 
     def add_process_samples(self, pid: int, *sm_percents: int, step_us: int = 100_000) -> None:
         for p in sm_percents:
@@ -165,7 +203,7 @@ class FakeNvml:
     NVMLError = NVMLError
 
     def __init__(self, gpus=(), init_error: int | None = None, count_error: int | None = None):
-        for name in CONSTANTS:
+        for name in CONSTANTS + list(STRUCT_VERSIONS):
             setattr(self, name, globals()[name])
         self.gpus = list(gpus)
         self.init_error = init_error
@@ -219,12 +257,31 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NOT_FOUND)
         return NVML_VALUE_TYPE_UNSIGNED_INT, fresh
 
-    def nvmlDeviceGetMemoryInfo(self, gpu):
+    def nvmlDeviceGetMemoryInfo(self, gpu, version=None):
         gpu._enter("nvmlDeviceGetMemoryInfo")
-        return Memory(gpu.memory_total, gpu.memory_total - gpu.memory_used, gpu.memory_used)
+        free = gpu.memory_total - gpu.memory_used - gpu.memory_reserved
+        if not version:
+            return Memory(gpu.memory_total, free, gpu.memory_total - free)  # v1: used includes reserved
+        if not gpu.memory_v2:
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        if version != nvmlMemory_v2:
+            raise NVMLError(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return Memory_v2(version, gpu.memory_total, gpu.memory_reserved, free, gpu.memory_used)
 
     def nvmlDeviceGetTemperature(self, gpu, sensor):
         gpu._enter("nvmlDeviceGetTemperature")
+        if not gpu.legacy_temperature:
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        if sensor != NVML_TEMPERATURE_GPU:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.temperature
+
+    def nvmlDeviceGetTemperatureV(self, gpu, sensor, version=nvmlTemperature_v1):
+        gpu._enter("nvmlDeviceGetTemperatureV")
+        if not gpu.temperature_v:
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        if version != nvmlTemperature_v1:
+            raise NVMLError(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         if sensor != NVML_TEMPERATURE_GPU:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return gpu.temperature

@@ -5,13 +5,18 @@ as SPDK's source writes them:
 - bdev_get_iostat (lib/bdev/bdev_rpc.c): {"tick_rate", "ticks", "bdevs": [{"name", then the I/O stat fields
   of spdk_bdev_dump_io_stat_json (bytes_read, num_read_ops, ..., read_latency_ticks, max_/min_..., io_error),
   then "queue_depth_polling_period", "queue_depth", "io_time", "weighted_io_time" only while queue-depth
-  sampling is on, then "driver_specific"}]}. Its params are decoded strictly (name, per_channel, reset_mode;
-  an `old` target knows only name, and sends no "ticks").
+  sampling is on, then "driver_specific"}]}. Its params are decoded strictly, by release (`version`): the
+  `names` array from v26.01, the single `name` until v26.05 removed it (v26.01 refuses both together with
+  -EINVAL); per_channel and reset_mode; an `old` target knows only name, and sends no "ticks". An unknown
+  parameter is -32603 "spdk_json_decode_object failed", an unknown bdev -19 "No such device" (-ENODEV and
+  spdk_strerror, as bdev_rpc.c answers).
+- queue-depth sampling starts off for every bdev and is off again after `restart()`, as in bdev.c.
 - framework_get_reactors (lib/event/app_rpc.c): {"tick_rate", "reactors": [{"lcore", "busy", "idle",
   "in_interrupt", "lw_threads": [{"name", "id", "cpumask", "elapsed"}]}]}; any params are an error.
 - bdev_nvme_get_controllers, bdev_nvme_get_controller_health_info (temperature_celsius written as the
   unsigned 64-bit `kelvin - 273`, as SPDK does), bdev_set_qd_sampling_period, bdev_set_qos_limit.
-- errors as {"jsonrpc": "2.0", "id", "error": {"code", "message"}}; -32601 "Method not found".
+- errors as {"jsonrpc": "2.0", "id", "error": {"code", "message"}}, with SPDK's codes (include/spdk/jsonrpc.h:
+  -32601 "Method not found", -32602 invalid params, -32603 internal error, and negative errno values).
 
 Queue-depth accounting follows bdev.c: every `period` microseconds with I/O outstanding adds `period` to
 io_time and `period * depth` to weighted_io_time (`FakeBdev.busy`).
@@ -103,9 +108,10 @@ class FakeReactor:
 
 
 class FakeSpdkTarget:
-    def __init__(self, path: str, old: bool = False):
+    def __init__(self, path: str, old: bool = False, version: str = "26.05"):
         self.path = path
         self.old = old
+        self.version = tuple(int(part) for part in version.split("."))
         self.tick_rate = TICK_RATE
         self.ticks = 5_000_000_000_000  # the TSC: runs across target restarts
         self.app_started = self.ticks - 10 * TICK_RATE
@@ -151,15 +157,31 @@ class FakeSpdkTarget:
 
     # -- methods ---------------------------------------------------------------------------------------------
 
+    def _iostat_params(self) -> set:
+        if self.old:
+            return {"name"}
+        allowed = {"per_channel", "reset_mode"}
+        if self.version < (26, 5):
+            allowed.add("name")
+        if self.version >= (26, 1):
+            allowed.add("names")
+        return allowed
+
     def _bdev_get_iostat(self, params):
-        allowed = {"name"} if self.old else {"name", "per_channel", "reset_mode"}
-        if params is not None and (not isinstance(params, dict) or set(params) - allowed):
+        if params is not None and (not isinstance(params, dict) or set(params) - self._iostat_params()):
             return None, (-32603, "spdk_json_decode_object failed")
-        bdevs = list(self.bdevs.values())
-        if params and params.get("name"):
-            bdevs = [b for b in bdevs if b.name == params["name"]]
-            if not bdevs:
-                return None, (-19, "No such device")
+        params = params or {}
+        if "name" in params and "names" in params:
+            return None, (-22, "Invalid argument")
+        wanted = params.get("names", [params["name"]] if "name" in params else None)
+        if wanted is None:
+            bdevs = list(self.bdevs.values())
+        elif not isinstance(wanted, list) or not all(isinstance(n, str) for n in wanted):
+            return None, (-32603, "spdk_json_decode_object failed")
+        elif any(n not in self.bdevs for n in wanted):
+            return None, (-19, "No such device")
+        else:
+            bdevs = [self.bdevs[n] for n in wanted]
         result = {"tick_rate": self.tick_rate}
         if not self.old:
             result["ticks"] = self.ticks
