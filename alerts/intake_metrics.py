@@ -9,6 +9,10 @@ queue and failures. These live in serve's memory, not in the store, so they star
   refused_memory (the in-flight byte budget was spent).
 - `sloscope_receiver_partial_rejects_total{signal,reason}`: items of accepted requests reported back as
   rejected in OTLP partial success.
+- `sloscope_receiver_unauthenticated_total{protocol}`: requests refused for a missing or wrong bearer token
+  (http: 401, grpc: UNAUTHENTICATED).
+- `sloscope_receiver_tls_handshake_failures_total{reason}`: OTLP/HTTP connections closed before their TLS
+  handshake completed: timeout (not done within the header deadline), not_tls (plain text), failed.
 - `sloscope_receiver_connection_limit_waits_total`, `sloscope_receiver_open_connections`,
   `sloscope_receiver_inflight_bytes`.
 - `sloscope_writer_queued_bytes`, `..._queued_requests`, `..._queued_rows`, `sloscope_writer_commits_total`,
@@ -27,6 +31,8 @@ OUTCOMES = {"requests_accepted": "accepted", "refused_full": "refused", "invalid
 BAD_REQUEST_REASONS = ("too_large", "headers_too_large", "bad_framing", "bad_encoding", "bad_gzip", "truncated",
                        "header_timeout", "body_timeout", "refused_memory")
 PARTIAL_PREFIX = "rejected_"  # receiver counts `{signal}_rejected_{reason}`
+AUTH_PROTOCOLS = ("http", "grpc")  # receiver counts `unauthenticated_{protocol}`
+TLS_HANDSHAKE_FAILURES = ("timeout", "not_tls", "failed")  # receiver counts `tls_handshake_{reason}`
 WRITER_GAUGES = ("queued_bytes", "queued_requests", "queued_rows")
 WRITER_COUNTERS = ("commits", "write_failures", "rejected_requests")
 
@@ -78,9 +84,22 @@ class IntakeCollector(Collector):
         waits = CounterMetricFamily("sloscope_receiver_connection_limit_waits_total", "Times new OTLP/HTTP "
                                     "connections had to wait because --max-connections were open.",
                                     value=counts.pop("http_connection_limit_waits", 0))
-        yield from (requests, bad, partial, waits)
+        yield from (requests, bad, partial, waits, *_edge(counts))
         for key in sorted(counts):  # anything else the receiver counts is shown rather than hidden
             yield CounterMetricFamily(f"sloscope_receiver_{key}", f"Receiver counter {key}.", value=counts[key])
+
+
+def _edge(counts: dict):
+    """The edge's refusals (collectors/auth.py, collectors/tls.py), taken out of `counts`."""
+    refused = CounterMetricFamily("sloscope_receiver_unauthenticated_total", "Requests refused for a missing or "
+                                  "wrong bearer token, by protocol.", labels=["protocol"])
+    for protocol in AUTH_PROTOCOLS:
+        refused.add_metric([protocol], counts.pop(f"unauthenticated_{protocol}", 0))
+    handshakes = CounterMetricFamily("sloscope_receiver_tls_handshake_failures_total", "OTLP/HTTP connections "
+                                     "closed before their TLS handshake completed, by reason.", labels=["reason"])
+    for reason in TLS_HANDSHAKE_FAILURES:
+        handshakes.add_metric([reason], counts.pop(f"tls_handshake_{reason}", 0))
+    return refused, handshakes
 
 
 _RECEIVER_GAUGE_HELP = {

@@ -57,9 +57,10 @@ class TokenError(ValueError):
     pass
 
 
-def load_token(token_file: str | Path | None = None, env: dict | None = None) -> bytes:
-    """The bearer token: the first line of `token_file`, else $SLOSCOPE_WEBHOOK_TOKEN. Never a command-line
-    value (which `ps` would show)."""
+def load_token(token_file: str | Path | None = None, env: dict | None = None, env_name: str = TOKEN_ENV) -> bytes:
+    """The bearer token: the first line of `token_file`, else the variable `env_name` (by default
+    $SLOSCOPE_WEBHOOK_TOKEN). Never a
+    command-line value (which `ps` would show)."""
     env = os.environ if env is None else env
     if token_file is not None:
         path = Path(token_file)
@@ -72,9 +73,9 @@ def load_token(token_file: str | Path | None = None, env: dict | None = None) ->
             log.warning("%s: token file is readable by group or others; chmod 600 it", path)
         token, where = (text.splitlines() or [""])[0].strip(), str(path)
     else:
-        token, where = env.get(TOKEN_ENV, "").strip(), f"${TOKEN_ENV}"
+        token, where = env.get(env_name, "").strip(), f"${env_name}"
         if not token:
-            raise TokenError(f"no token: give --token-file or set {TOKEN_ENV}")
+            raise TokenError(f"no token: give --token-file or set {env_name}")
     if len(token) < MIN_TOKEN_LENGTH:
         raise TokenError(f"{where}: the token must have at least {MIN_TOKEN_LENGTH} characters")
     return token.encode()

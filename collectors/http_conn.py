@@ -3,7 +3,8 @@
 A socket timeout alone bounds the wait for each byte, so a client sending a header byte a second would hold its
 connection forever; here each phase of a request (waiting for it, its headers, its body) has one deadline for
 all its reads. The server holds at most `max_connections` connections; past that, new ones wait in the listen
-backlog until one closes, as Prometheus's connection limit does.
+backlog until one closes, as Prometheus's connection limit does. With TLS, the handshake is made in the
+connection's own thread, holding one of those slots, within the header deadline.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 import io
 import logging
 import socket
+import ssl
 import sys
 import threading
 import time
 from http.server import ThreadingHTTPServer
 from typing import Callable
+
+from collectors.tls import NotTls, TlsFiles, accept_tls
 
 log = logging.getLogger("sloscope.receiver")
 ACCEPT_WAIT_S = 0.5  # how long one accept waits for a free slot before the server loop looks at shutdown again
@@ -66,13 +70,39 @@ class LimitedHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, address, handler, max_connections: int, count: Callable[[str], None]):
+    def __init__(self, address, handler, max_connections: int, count: Callable[[str], None],
+                 tls: TlsFiles | None = None, handshake_timeout_s: float = 10.0):
         self._slots = threading.BoundedSemaphore(max_connections)
         self._open_lock = threading.Lock()
         self.open_connections = 0
         self._waiting = False
         self._count = count
+        self.tls = tls
+        self.handshake_timeout_s = handshake_timeout_s
         super().__init__(address, handler)
+
+    def process_request_thread(self, request, client_address):
+        if self.tls is not None:
+            request = self._handshake(request, client_address)
+            if request is None:
+                return
+        super().process_request_thread(request, client_address)
+
+    def _handshake(self, request: socket.socket, client_address) -> ssl.SSLSocket | None:
+        """The TLS connection, or None once a failed handshake is counted and its slot given back."""
+        try:
+            return accept_tls(request, self.tls.context, self.handshake_timeout_s)
+        except TimeoutError:
+            self._count("tls_handshake_timeout")
+        except NotTls:
+            self._count("tls_handshake_not_tls")
+        except ssl.SSLError as exc:
+            self._count("tls_handshake_failed")
+            log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
+        except OSError as exc:  # the client went away: ordinary, not counted
+            log.debug("connection from %s ended before TLS: %s", client_address[0], exc)
+        self.shutdown_request(request)
+        return None
 
     def get_request(self):
         if not self._slots.acquire(blocking=False):

@@ -31,11 +31,13 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from sloscope.records import Batch
 
 from collectors import otlp_proto, otlp_spans
+from collectors.auth import BearerAuth, BearerInterceptor
 from collectors.http_body import BodyError, declared_length, gunzip, read_body
 from collectors.http_conn import DeadlineReader, LimitedHTTPServer
 from collectors.limits import ByteBudget, Exhausted, Limits, Reservation
 from collectors.otlp_common import REFUSAL_REASONS, UNKEPT_REASONS, DecodeError, refusal_message
 from collectors.otlp_json import Decoder
+from collectors.tls import TlsFiles
 
 log = logging.getLogger("sloscope.receiver")
 RETRY_AFTER_S = 1
@@ -166,6 +168,7 @@ class _HttpHandler(BaseHTTPRequestHandler):
     receiver: Receiver
     pages: dict[str, Page]
     limits: Limits
+    auth: BearerAuth | None
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # the status line and the body go out in two writes: no delayed-ACK stall
     server_version = "sloscope-otlp"
@@ -212,8 +215,23 @@ class _HttpHandler(BaseHTTPRequestHandler):
         self.body_unread = bool(framing) and framing != ["0"]
         return True
 
+    def _authenticated(self, page: str | None = None) -> bool:
+        """True where the request may go on (a GET of an open `page` needs no token); else it is answered 401
+        with the challenge, and counted."""
+        if self.auth is None or page in self.auth.open_paths:
+            return True
+        challenge = self.auth.check(self.headers.get("Authorization"))
+        if challenge is None:
+            return True
+        self._count("unauthenticated_http")
+        self._send(401, b"missing or wrong bearer token\n", "text/plain; charset=utf-8",
+                   {"WWW-Authenticate": challenge})
+        return False
+
     def do_GET(self):  # noqa: N802 - http.server's naming
         path, _, query = self.path.partition("?")
+        if not self._authenticated(path):
+            return
         page = self.pages.get(path)
         if page is None:
             return self._plain(404, f"not found; GET serves {', '.join(sorted(self.pages)) or 'nothing'}")
@@ -235,6 +253,8 @@ class _HttpHandler(BaseHTTPRequestHandler):
         self._send(200, body, content_type)
 
     def do_POST(self):  # noqa: N802 - http.server's naming
+        if not self._authenticated():  # before the body is read: an unknown client costs no memory
+            return
         signal = {f"/v1/{s}": s for s in SIGNALS}.get(self.path.split("?", 1)[0])
         if signal is None:
             return self._plain(404, "unknown path: OTLP/HTTP serves /v1/traces, /v1/metrics and /v1/logs")
@@ -329,14 +349,18 @@ def _encode(message, is_json: bool) -> bytes:
     return orjson.dumps(MessageToDict(message))
 
 
-def http_server(receiver: Receiver | None, host: str, port: int,
-                pages: dict[str, Page] | None = None) -> LimitedHTTPServer:
+def http_server(receiver: Receiver | None, host: str, port: int, pages: dict[str, Page] | None = None,
+                tls: TlsFiles | None = None, auth: BearerAuth | None = None) -> LimitedHTTPServer:
     """OTLP/HTTP on POST, under the receiver's limits; `pages` adds GET endpoints (such as /metrics) on the same
-    port. Without a receiver it serves the pages alone, under the default limits."""
+    port. Without a receiver it serves the pages alone, under the default limits. With `tls`, HTTPS only (the
+    handshake within the header deadline); with `auth`, every request but those for its open pages needs the
+    bearer token."""
     limits = receiver.limits if receiver is not None else Limits()
-    handler = type("Handler", (_HttpHandler,), {"receiver": receiver, "pages": dict(pages or {}), "limits": limits})
+    handler = type("Handler", (_HttpHandler,), {"receiver": receiver, "pages": dict(pages or {}), "limits": limits,
+                                                "auth": auth})
     count = receiver.count if receiver is not None else (lambda name: None)
-    return LimitedHTTPServer((host, port), handler, limits.max_connections, count)
+    return LimitedHTTPServer((host, port), handler, limits.max_connections, count, tls,
+                             limits.read_header_timeout_s)
 
 
 # --- OTLP/gRPC --------------------------------------------------------------------------------------------
@@ -374,16 +398,20 @@ def _export_handler(signal: str, receiver: Receiver):
                                                response_serializer=lambda m: m.SerializeToString())
 
 
-def grpc_server(receiver: Receiver, host: str, port: int, workers: int = 8) -> tuple[grpc.Server, int]:
+def grpc_server(receiver: Receiver, host: str, port: int, workers: int = 8, tls: TlsFiles | None = None,
+                auth: BearerAuth | None = None) -> tuple[grpc.Server, int]:
     """OTLP/gRPC under the receiver's limits: a larger message is RESOURCE_EXHAUSTED before it is decoded. Calls
     in progress are bounded per connection by HTTP/2's stream limit (the client waits, as with the Collector's
     max_concurrent_streams) and in all (past it, RESOURCE_EXHAUSTED); those beyond `workers` wait for a
-    thread."""
+    thread. A connection's handshake (TLS, HTTP/2 preface) has the header deadline. With `tls`, TLS only; with
+    `auth`, a call without the bearer token is UNAUTHENTICATED."""
     limits = receiver.limits
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
+                         interceptors=[BearerInterceptor(auth, receiver.count)] if auth else None,
                          maximum_concurrent_rpcs=limits.grpc_max_concurrent_rpcs,
                          options=[("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
                                   ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_streams),
+                                  ("grpc.server_handshake_timeout_ms", int(limits.read_header_timeout_s * 1000)),
                                   # no SO_REUSEPORT: a second server on a taken port must fail, not share it
                                   ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers([
@@ -391,7 +419,8 @@ def grpc_server(receiver: Receiver, host: str, port: int, workers: int = 8) -> t
         for signal, service in GRPC_SERVICES.items()])
     _check_bindable(host, port)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        bound = server.add_secure_port(address, tls.grpc_credentials()) if tls else server.add_insecure_port(address)
     except RuntimeError:  # grpcio raises where it used to return 0
         bound = 0
     if bound == 0:

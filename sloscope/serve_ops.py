@@ -1,15 +1,20 @@
-"""What makes `sloscope serve` operable: its limit flags, binding every listener before any serves, the
-liveness and readiness pages, and the intake's own families on /metrics."""
+"""What makes `sloscope serve` operable: its limit flags, TLS and authentication at its edge, binding every
+listener before any serves, the liveness and readiness pages, and the intake's own families on /metrics."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 log = logging.getLogger("sloscope.serve")
 TEXT = "text/plain; charset=utf-8"
+BEARER_TOKEN_ENV = "SLOSCOPE_BEARER_TOKEN"
+OPEN_PAGES = frozenset({"/healthz", "/readyz"})  # the kubelet's probes carry no credentials
 
 
 def add_limit_arguments(parser) -> None:
@@ -46,6 +51,58 @@ def add_limit_arguments(parser) -> None:
     group.add_argument("--grpc-max-concurrent-streams", type=count, default=d.grpc_max_concurrent_streams,
                        metavar="N", help="OTLP/gRPC calls in progress on one connection; more wait at the client "
                        "(HTTP/2 streams; default: %(default)s)")
+
+
+def add_edge_arguments(parser) -> None:
+    group = parser.add_argument_group(
+        "TLS and authentication", "for OTLP/HTTP (and its GET pages) and OTLP/gRPC, as the OpenTelemetry "
+        "Collector's tls settings and bearertokenauth extension. With a token, every request needs "
+        "'Authorization: Bearer TOKEN' (gRPC: 'authorization' metadata), else HTTP 401 / UNAUTHENTICATED; as "
+        "for a Prometheus exporter's web config, that includes GET /metrics, /rca and /sampling (give Prometheus "
+        "the token with authorization.credentials_file); only /healthz and /readyz stay open, for the kubelet. "
+        "SIGHUP rereads the certificate files.")
+    group.add_argument("--tls-cert-file", type=Path, metavar="FILE",
+                       help="PEM certificate (chain) to serve; with --tls-key-file, both listeners take TLS only")
+    group.add_argument("--tls-key-file", type=Path, metavar="FILE", help="PEM private key of --tls-cert-file")
+    group.add_argument("--tls-client-ca-file", type=Path, metavar="FILE",
+                       help="PEM CA bundle: clients must present a certificate it signed (mutual TLS)")
+    group.add_argument("--bearer-token-file", type=Path, metavar="FILE",
+                       help=f"file whose first line is the token OTLP clients must present (default: "
+                       f"${BEARER_TOKEN_ENV} where set; else none is asked for)")
+
+
+@dataclass(frozen=True)
+class Edge:
+    tls: object = None  # collectors.tls.TlsFiles
+    auth: object = None  # collectors.auth.BearerAuth
+
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    def reload_on_sighup(self) -> None:
+        if self.tls is not None:
+            signal.signal(signal.SIGHUP, lambda *_: self.tls.reload())
+
+
+def edge_of(args, env: dict | None = None) -> Edge:
+    """TLS and the bearer token from the flags (and $SLOSCOPE_BEARER_TOKEN); ValueError says what is wrong."""
+    from alerts.webhook import load_token
+    from collectors.auth import BearerAuth
+    from collectors.tls import TlsFiles
+
+    env = os.environ if env is None else env
+    if (args.tls_cert_file is None) != (args.tls_key_file is None):
+        raise ValueError("--tls-cert-file and --tls-key-file go together")
+    if args.tls_client_ca_file is not None and args.tls_cert_file is None:
+        raise ValueError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
+    tls = TlsFiles(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file) if args.tls_cert_file else None
+    auth = None
+    if args.bearer_token_file is not None or env.get(BEARER_TOKEN_ENV, "").strip():
+        token = load_token(args.bearer_token_file, env, BEARER_TOKEN_ENV)
+        if not all(33 <= byte < 127 for byte in token):  # what a client can put in one header value
+            raise ValueError("the bearer token must be printable ASCII without spaces")
+        auth = BearerAuth(token, OPEN_PAGES)
+    return Edge(tls, auth)
 
 
 def _checked(parse):
