@@ -8,7 +8,9 @@ their last stored point, so a point at or before it is recognised as already see
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -125,14 +127,40 @@ class Store(Reader):
             raise StoreError(f"{self.path}: no such database (ingest something first)")
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.con = duckdb.connect(str(self.path), read_only=read_only,
-                                      config={"memory_limit": memory_limit, "preserve_insertion_order": False})
-        except duckdb.Error as exc:
-            raise StoreError(f"{self.path}: cannot open the database: {exc}") from None
+        self.memory_limit = memory_limit
+        self.con = self._connect()
         if not read_only:
             self._migrate()
         self._check_version()
+
+    def _connect(self):
+        try:
+            return duckdb.connect(str(self.path), read_only=self.read_only,
+                                  config={"memory_limit": self.memory_limit, "preserve_insertion_order": False})
+        except duckdb.Error as exc:
+            raise StoreError(f"{self.path}: cannot open the database: {exc}") from None
+
+    def reopen(self) -> None:
+        """A new connection, for a database DuckDB invalidated after a fatal error (it refuses everything on the
+        old one); opening replays its write-ahead log. Readers from `reader()` after this use the new one."""
+        with suppress(duckdb.Error):  # an invalidated connection may fail to close; it is dropped either way
+            self.con.close()
+        self.con = self._connect()
+
+    def probe(self) -> None:
+        """A small committed write: raises when the store cannot commit at all."""
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.set_meta("writer_probe", str(time.time_ns()))
+            self.con.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+
+    def _rollback(self) -> None:
+        # A failed COMMIT has already ended the transaction: rolling back then fails, and must not hide why.
+        with suppress(duckdb.Error):
+            self.con.execute("ROLLBACK")
 
     def close(self) -> None:
         self.con.close()
@@ -168,10 +196,11 @@ class Store(Reader):
 
     def add_counters(self, counts: dict[str, int]) -> None:
         rows = [(k, int(v)) for k, v in counts.items() if v]
-        if rows:
-            self.con.executemany(
-                "INSERT INTO ingest_counters VALUES (?, ?) "
-                "ON CONFLICT (name) DO UPDATE SET value = ingest_counters.value + excluded.value", rows)
+        if rows:  # one statement, not one per counter: it is part of every commit
+            self.con.execute(
+                f"INSERT INTO ingest_counters VALUES {', '.join(['(?, ?)'] * len(rows))} "
+                "ON CONFLICT (name) DO UPDATE SET value = ingest_counters.value + excluded.value",
+                [x for row in rows for x in row])
 
     def gpu_nodes(self) -> dict[str, str]:
         """GPU UUID -> the node it was last seen on."""
@@ -197,7 +226,7 @@ class Store(Reader):
             self.add_counters(counts)
             self.con.execute("COMMIT")
         except BaseException:
-            self.con.execute("ROLLBACK")
+            self._rollback()
             raise
         return counts
 
@@ -207,21 +236,27 @@ class Store(Reader):
             return 0
         frame = frame.unique(subset=key, keep="first")
         lo, hi = frame[time_column].min(), frame[time_column].max()
-        before = self._count(table)
-        self.con.register("incoming", frame)
-        try:
+        with self._registered("incoming", frame):
             cols = ", ".join(frame.columns)
             keys = ", ".join(key)
-            self.con.execute(
+            (added,), = self.con.execute(
                 f"INSERT INTO {table} ({cols}) SELECT {cols} FROM incoming ANTI JOIN "
                 f"(SELECT {keys} FROM {table} WHERE {time_column} BETWEEN ? AND ?) stored USING ({keys})",
-                [lo, hi])
-        finally:
-            self.con.unregister("incoming")
-        return self._count(table) - before
+                [lo, hi]).fetchall()  # an INSERT answers the number of rows it inserted
+        return added
 
-    def _count(self, table: str) -> int:
-        return self.scalar(f"SELECT count(*) FROM {table}")
+    @contextmanager
+    def _registered(self, name: str, frame: pl.DataFrame):
+        """frame as a view for the statements inside; a failed statement's error is the one that surfaces (an
+        aborted transaction also fails the unregistering, which would hide why)."""
+        self.con.register(name, frame)
+        try:
+            yield
+        except BaseException:
+            with suppress(duckdb.Error):
+                self.con.unregister(name)
+            raise
+        self.con.unregister(name)
 
     def _write_requests(self, frame: pl.DataFrame) -> dict[str, int]:
         added = self._insert_new("requests", frame, ["trace_id", "span_id"], "start_time")
@@ -275,6 +310,8 @@ class Store(Reader):
         first_value = fields[0]  # "value" for sums, "count" for histograms
         restarted = prev["start_ns"].is_null() | (pl.col("start_ns") != prev["start_ns"])
         went_down = pl.col(first_value) < prev[first_value]
+        if "buckets" in fields:  # a bucket that went down is a reset too: its delta must not be negative (UBIGINT)
+            went_down = went_down | ((pl.col("buckets") - prev["buckets"]).list.min() < 0)
         has_start = (pl.col("start_ns") > 0) & (pl.col("start_ns") < pl.col("time_ns"))
         merged = merged.with_columns(
             _restarted=restarted, _went_down=went_down.fill_null(False),
@@ -302,21 +339,15 @@ class Store(Reader):
 
     def _load_state(self, frame: pl.DataFrame, fields: list[str]) -> pl.DataFrame:
         keys = frame.select(SERIES).unique()
-        self.con.register("batch_series", keys)
-        try:
+        with self._registered("batch_series", keys):
             state = self.frame(
                 f"SELECT s.node, s.metric, s.attributes, s.start_ns, s.time_ns, {', '.join('s.' + f for f in fields)} "
                 "FROM cumulative_state s JOIN batch_series USING (node, metric, attributes)")
-        finally:
-            self.con.unregister("batch_series")
         casts = {"start_ns": pl.Int64, "time_ns": pl.Int64, "value": pl.Float64, "count": pl.Int64,
                  "sum": pl.Float64, "buckets": pl.List(pl.Int64)}
         return state.with_columns(*(pl.col(c).cast(casts[c]) for c in ["start_ns", "time_ns"] + fields))
 
     def _save_state(self, state: pl.DataFrame, fields: list[str]) -> None:
-        self.con.register("new_state", state)
-        try:
+        with self._registered("new_state", state):
             cols = ", ".join(SERIES + ["start_ns", "time_ns"] + fields)
             self.con.execute(f"INSERT OR REPLACE INTO cumulative_state ({cols}) SELECT {cols} FROM new_state")
-        finally:
-            self.con.unregister("new_state")

@@ -1,93 +1,237 @@
-"""The store's single writer for live intake: a bounded queue of decoded frames, written in batches.
+"""The store's single writer for live intake: a queue bounded in rows and bytes, written by group commit.
 
-Request threads offer frames and get an immediate yes or no: no means the queue is full and the client must
-retry later. Everything accepted is written, including on shutdown.
+A request thread offers its frames and gets a `Pending` back (or None: the queue is full or the writer is
+stopping, so the client must retry later), then waits on it for its verdict. The writer commits as soon as
+something is queued, taking everything queued meanwhile as one transaction, so a request waits about one commit
+and concurrent requests share its fsync. DuckDB writes and fsyncs its write-ahead log on COMMIT, so a committed
+verdict means durable.
+
+A failed group write must cost no other request its data: the writer retries each request of the group alone.
+A request that fails alone while the store still commits (shown by counting it as rejected) is poison and is
+refused for good; when the store itself fails (disk full, I/O error) the requests are told to retry, and the
+writer backs off, reopens the connection where DuckDB invalidated it, and goes on trying.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+import duckdb
 
 from analytics.store import Frames, Store
 
 log = logging.getLogger("sloscope.writer")
+COMMITTED, RETRY, POISON = "committed", "retry", "poison"
+BACKOFF_S = (0.05, 2.0)  # after a store failure: first pause, longest pause
+REASON_CHARS = 300
+
+
+@dataclass
+class Verdict:
+    outcome: str  # COMMITTED, RETRY (the store is failing: try again later) or POISON (never storable)
+    reason: str = ""
+
+
+@dataclass
+class Pending:
+    """One offered request, waiting for the commit (or failure) of the group that holds it."""
+
+    frames: Frames
+    counts: dict
+    rows: int
+    nbytes: int
+    verdict: Verdict | None = None
+    _done: threading.Event = field(default_factory=threading.Event)
+
+    def wait(self, timeout: float | None = None) -> Verdict | None:
+        """The verdict, or None when it did not come within timeout."""
+        return self.verdict if self._done.wait(timeout) else None
+
+    def settle(self, verdict: Verdict) -> None:
+        self.verdict = verdict
+        self._done.set()
+
+
+def frame_bytes(frames: Frames) -> int:
+    return sum(f.estimated_size() for f in (frames.requests, frames.points, frames.histograms))
+
+
+def _store_fault(exc: BaseException) -> bool:
+    """Whether an error is the store's own (disk, I/O, memory, a lost database) rather than the data's."""
+    if isinstance(exc, (OSError, MemoryError, duckdb.IOException, duckdb.FatalException, duckdb.ConnectionException,
+                        duckdb.OutOfMemoryException, duckdb.InternalException)):
+        return True
+    text = str(exc)
+    return any(sign in text for sign in ("Failed to commit", "No space left", "invalidated", "I/O"))
+
+
+def _needs_reopen(exc: BaseException) -> bool:
+    """DuckDB refuses every later statement on a database it invalidated after a fatal error."""
+    return isinstance(exc, (duckdb.FatalException, duckdb.ConnectionException)) or "invalidated" in str(exc)
 
 
 class Writer:
-    def __init__(self, store: Store, max_queued_rows: int = 1_000_000, batch_rows: int = 200_000,
-                 max_delay_s: float = 0.5):
+    def __init__(self, store: Store, max_queued_rows: int = 1_000_000, max_queued_bytes: int = 256 * 2**20,
+                 batch_rows: int = 200_000):
         self.store = store
         self.max_queued_rows = max_queued_rows
+        self.max_queued_bytes = max_queued_bytes
         self.batch_rows = batch_rows
-        self.max_delay_s = max_delay_s
-        self.counts: Counter = Counter()  # what has been written, for /metrics and logs
-        self._queue: queue.Queue = queue.Queue()
-        self._queued_rows = 0
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
+        self.counts: Counter = Counter()  # what has been written, for logs
+        self._queue: deque[Pending] = deque()
+        self._queued_rows = self._queued_bytes = 0
+        self._stats: Counter = Counter()
+        self._fault: str | None = None  # why the last group write failed, until one succeeds
+        self._backoff_s = BACKOFF_S[0]
+        self._ready = threading.Condition()
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="sloscope-writer", daemon=True)
-        self.failed: BaseException | None = None
 
     def start(self) -> "Writer":
         self._thread.start()
         return self
 
     @property
-    def queued_rows(self) -> int:
-        return self._queued_rows
+    def failed(self) -> str | None:
+        """Why the store cannot write right now (None while it can)."""
+        return self._fault
 
-    def offer(self, frames: Frames, counts: dict) -> bool:
-        """Queue frames (and the counters that go with them) unless that would pass the bound."""
-        rows = len(frames)
-        with self._lock:
-            full = self._queued_rows and self._queued_rows + rows > self.max_queued_rows
-            if self._stopping.is_set() or self.failed or full:
-                return False
-            self._queued_rows += rows
-            self._queue.put((frames, counts, rows))
-        return True
+    def health(self) -> str | None:
+        """None while the writer can write; else why not, in a few words (for /readyz and /metrics)."""
+        if self._fault is not None:
+            return f"store write failing: {self._fault[:REASON_CHARS]}"
+        if self._stopping:
+            return "stopping"
+        if self._thread.ident is not None and not self._thread.is_alive():
+            return "writer thread ended"
+        return None
+
+    def stats(self) -> dict[str, int]:
+        """The queue's fill and the writes so far, for /metrics."""
+        with self._ready:
+            return {"queued_bytes": self._queued_bytes, "queued_requests": len(self._queue),
+                    "queued_rows": self._queued_rows, "write_failures": self._stats["write_failures"],
+                    "commits": self._stats["commits"], "rejected_requests": self._stats["rejected_requests"]}
+
+    def offer(self, frames: Frames, counts: dict) -> Pending | None:
+        """Queue frames (and the counters that go with them) unless that would pass a bound."""
+        pending = Pending(frames, counts, len(frames), frame_bytes(frames))
+        with self._ready:
+            full = self._queue and (self._queued_rows + pending.rows > self.max_queued_rows
+                                    or self._queued_bytes + pending.nbytes > self.max_queued_bytes)
+            if self._stopping or full:
+                return None
+            self._queued_rows += pending.rows
+            self._queued_bytes += pending.nbytes
+            self._queue.append(pending)
+            self._ready.notify()
+        return pending
 
     def stop(self, timeout: float | None = None) -> None:
-        """Refuse new frames, write everything queued, and return when it is committed."""
-        with self._lock:
-            self._stopping.set()
-            self._queue.put(None)
-        self._thread.join(timeout)
+        """Refuse new frames, write everything queued, and return when it is committed (or refused)."""
+        with self._ready:
+            self._stopping = True
+            self._ready.notify()
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+
+    # --- the writer thread ------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        done = False
-        while not done:
-            parts, counts, rows = [], Counter(), 0
-            deadline = time.monotonic() + self.max_delay_s
-            while rows < self.batch_rows:
-                try:
-                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if item is None:
-                    done = True
-                    continue  # keep draining what was queued before the stop
-                frames, item_counts, item_rows = item
-                parts.append(frames)
-                counts.update(item_counts)
-                rows += item_rows
-                if done and self._queue.empty():
-                    break
-            if parts or counts:
-                self._write(parts, counts, rows)
+        while (group := self._take()) is not None:
+            try:
+                self._commit(group)
+            except Exception as exc:  # a bug here must not leave request threads waiting for ever
+                log.exception("writer: unexpected failure")
+                self._settle(group, Verdict(RETRY, f"{type(exc).__name__}: {exc}"))
 
-    def _write(self, parts: list[Frames], counts: Counter, rows: int) -> None:
-        try:
-            written = self.store.write(Frames.concat(parts), counts)
-        except Exception as exc:  # a store that cannot write must not look like a busy one
-            self.failed = exc
-            log.exception("writing %d rows failed; refusing new data", rows)
+    def _take(self) -> list[Pending] | None:
+        """Everything queued (up to batch_rows rows, at least one request); None once stopped and drained."""
+        with self._ready:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._ready.wait()
+            group, rows = [], 0
+            while self._queue and (not group or rows + self._queue[0].rows <= self.batch_rows):
+                pending = self._queue.popleft()
+                group.append(pending)
+                rows += pending.rows
+                self._queued_rows -= pending.rows
+                self._queued_bytes -= pending.nbytes
+        return group
+
+    def _commit(self, group: list[Pending]) -> None:
+        error = self._write(group)
+        if error is None:
             return
-        finally:
-            with self._lock:
-                self._queued_rows -= rows
+        if len(group) > 1 and self._store_commits():
+            for pending in group:  # the store works: find which requests the failure belongs to
+                self._commit([pending])
+        elif len(group) == 1 and not _store_fault(error) and self._count_rejected():
+            why = str(error)[:REASON_CHARS]  # it may quote the request's own values: keep it short
+            log.warning("refused a request the store cannot take (%d rows): %s", group[0].rows, why)
+            group[0].settle(Verdict(POISON, f"the store cannot take this request: {why}"))
+        else:
+            self._store_failed(group, error)
+
+    def _write(self, group: list[Pending]) -> BaseException | None:
+        counts = Counter()
+        for pending in group:
+            counts.update(pending.counts)
+        try:
+            written = self.store.write(Frames.concat([p.frames for p in group]), counts)
+        except Exception as exc:
+            return exc
         self.counts.update(written)
+        self._stats["commits"] += 1
+        if self._fault is not None:
+            log.info("store writes succeed again")
+        self._fault, self._backoff_s = None, BACKOFF_S[0]
+        self._settle(group, Verdict(COMMITTED))
+        return None
+
+    def _store_commits(self) -> bool:
+        """Whether a small transaction still commits: the store works, so a failure is the data's."""
+        try:
+            self.store.probe()
+        except Exception:
+            return False
+        return True
+
+    def _count_rejected(self) -> bool:
+        """Count a request as refused, in a transaction of its own; False when even that does not commit."""
+        try:
+            self.store.write(Frames.concat([]), {"store_rejected_requests": 1})
+        except Exception:
+            return False
+        self._stats["rejected_requests"] += 1
+        return True
+
+    def _store_failed(self, group: list[Pending], error: BaseException) -> None:
+        reason = f"{type(error).__name__}: {error}"
+        if self._fault is None:
+            log.error("store write failed (%d requests told to retry): %s", len(group), reason)
+        self._fault = reason
+        self._stats["write_failures"] += 1
+        self._settle(group, Verdict(RETRY, reason))
+        if _needs_reopen(error):
+            self._reopen()
+        time.sleep(self._backoff_s)  # queued requests wait (bounded by their own timeout) for the next try
+        self._backoff_s = min(BACKOFF_S[1], self._backoff_s * 2)
+
+    def _reopen(self) -> None:
+        try:
+            self.store.reopen()
+            log.info("reopened %s", self.store.path)
+        except Exception as exc:
+            log.error("reopening %s failed: %s", self.store.path, exc)
+
+    @staticmethod
+    def _settle(group: list[Pending], verdict: Verdict) -> None:
+        for pending in group:
+            pending.settle(verdict)

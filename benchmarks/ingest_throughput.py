@@ -1,11 +1,15 @@
 """OTLP/HTTP ingest throughput of `sloscope serve`, from request to committed rows.
 
-Sends protobuf ExportTraceServiceRequest and ExportMetricsServiceRequest payloads over loopback from a few
-client threads to a real `sloscope serve` process, then stops it with SIGTERM (which returns once every
-accepted row is committed) and counts the rows. The baseline, measured in the same run on the same payloads,
-is the bare protobuf parse rate (ParseFromString alone, one core).
+Sends protobuf ExportTraceServiceRequest and ExportMetricsServiceRequest payloads over loopback from
+concurrent client threads to a real `sloscope serve` process, then stops it with SIGTERM (which returns once
+every accepted row is committed) and counts the rows. The baseline, measured in the same run on the same
+payloads, is the bare protobuf parse rate (ParseFromString alone, one core).
 
     .venv/bin/python benchmarks/ingest_throughput.py [--spans 1000000] [--points 300000] [--per-request 1000]
+
+Spans are sent twice: with durable acknowledgements (the default, `--ack commit`: a 200 once the rows are
+committed) and with `--ack queued` (a 200 once they are queued) as the baseline of what durability costs. Then
+the acknowledgement latency (p50, p99) of durable acks at half the durable rate, with an open-loop client.
 
 For spans it also measures, in this process on the same payloads, the stages alone: the fast path and the
 general decoder from bytes to frames, and the store writing those rows. Metric points are also measured with
@@ -158,24 +162,79 @@ def send_all(port: int, path: str, payloads: list[bytes], clients: int) -> tuple
     return counts[0], counts[1]
 
 
-def end_to_end(path: str, payloads: list[bytes], items: int, table: str, clients: int, workdir: Path,
-               serve_args: tuple[str, ...] = ()) -> tuple[float, int, int]:
-    db, port = workdir / f"{table}{len(serve_args)}.duckdb", free_port()
+def paced_latencies(port: int, path: str, payloads: list[bytes], requests_per_s: float, clients: int) -> list[float]:
+    """Send payloads at a fixed rate, open loop (request i is due at i / rate, whether or not the ones before it
+    were answered), and return each one's seconds from when it was due to its 200: what an exporter waits,
+    queueing behind slow answers included."""
+    lock, due, latencies = threading.Lock(), iter(range(len(payloads))), []
+    started = time.perf_counter() + 0.2
+
+    def client():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while True:
+            with lock:
+                i = next(due, None)
+            if i is None:
+                break
+            at = started + i / requests_per_s
+            time.sleep(max(0.0, at - time.perf_counter()))
+            conn.request("POST", path, payloads[i], {"Content-Type": "application/x-protobuf"})
+            response = conn.getresponse()
+            response.read()
+            if response.status != 200:
+                raise SystemExit(f"{path}: HTTP {response.status} at {requests_per_s:.0f} requests/s")
+            with lock:
+                latencies.append(time.perf_counter() - at)
+        conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(latencies)
+
+
+def _serve(db: Path, port: int, serve_args: tuple[str, ...]) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "sloscope.cli", "serve", "--db", str(db),
                              "--http", f"127.0.0.1:{port}", "--grpc", "off", *serve_args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_listening(port, proc, "sloscope serve")
+    return proc
+
+
+def _committed_rows(db: Path, table: str) -> int:
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
+    con.close()
+    return rows
+
+
+def end_to_end(path: str, payloads: list[bytes], items: int, table: str, clients: int, workdir: Path,
+               serve_args: tuple[str, ...] = ()) -> tuple[float, int, int]:
+    db, port = workdir / f"{table}-{'-'.join(serve_args).replace('--', '')}.duckdb", free_port()
+    proc = _serve(db, port, serve_args)
     started = time.perf_counter()
     _, retries = send_all(port, path, payloads, clients)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=600)
     seconds = time.perf_counter() - started
-    con = duckdb.connect(str(db), read_only=True)
-    rows = con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
-    con.close()
+    rows = _committed_rows(db, table)
     if rows != items:
         raise SystemExit(f"{table}: {rows} rows committed for {items} sent")
     return items / seconds, rows, retries
+
+
+def ack_latency(payloads: list[bytes], requests_per_s: float, clients: int, workdir: Path) -> tuple[float, float]:
+    """p50 and p99 seconds from a request being due to its 200, with durable acknowledgements, at a fixed rate."""
+    db, port = workdir / "latency.duckdb", free_port()
+    proc = _serve(db, port, ("--ack", "commit"))
+    try:
+        latencies = paced_latencies(port, "/v1/traces", payloads, requests_per_s, clients)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=600)
+    return latencies[len(latencies) // 2], latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -221,13 +280,23 @@ def main() -> int:
     parser.add_argument("--spans", type=int, default=1_000_000)
     parser.add_argument("--points", type=int, default=300_000)
     parser.add_argument("--per-request", type=int, default=1000)
-    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=10,
+                        help="concurrent requests: 10 is an OpenTelemetry Collector exporter's default "
+                        "(sending_queue.num_consumers)")
+    parser.add_argument("--latency-seconds", type=float, default=20, help="length of the fixed-rate latency run")
+    parser.add_argument("--latency-clients", type=int, default=16,
+                        help="connections of the fixed-rate run (enough that none waits for a free one)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         spans = trace_payloads(args.spans, args.per_request)
         bare_spans = bare_parse_rate(spans, ExportTraceServiceRequest, args.spans)
         span_rate, span_rows, span_retries = end_to_end("/v1/traces", spans, args.spans, "requests", args.clients,
-                                                        Path(tmp))
+                                                        Path(tmp), ("--ack", "commit"))
+        queued_rate, _, _ = end_to_end("/v1/traces", spans, args.spans, "requests", args.clients, Path(tmp),
+                                       ("--ack", "queued"))
+        half_rate = span_rate / 2 / args.per_request  # requests per second
+        p50, p99 = ack_latency(spans[:max(200, int(half_rate * args.latency_seconds))], half_rate,
+                               args.latency_clients, Path(tmp))
         points = metric_payloads(args.points, args.per_request)
         bare_points = bare_parse_rate(points, ExportMetricsServiceRequest, args.points)
         point_rate, point_rows, point_retries = end_to_end("/v1/metrics", points, args.points, "samples",
@@ -239,8 +308,13 @@ def main() -> int:
         print(f"  {'bare protobuf parse (upb)':<36} {bare_spans:>11,.0f}/s")
         for stage, rate in stages.items():
             print(f"  {stage:<36} {rate:>11,.0f}/s  (x{rate / bare_spans:.3f} of the bare parse)")
-        print(f"  {'end to end, request to committed row':<36} {span_rate:>11,.0f}/s  -> ratio "
-              f"{span_rate / bare_spans:.3f} ({span_rows:,} rows committed, {span_retries} retried 503s)")
+        print(f"  {'end to end, durable acks (default)':<36} {span_rate:>11,.0f}/s  -> ratio "
+              f"{span_rate / bare_spans:.3f} of the bare parse ({span_rows:,} rows committed, {span_retries} "
+              f"retried 503s)")
+        print(f"  {'end to end, acks on enqueue':<36} {queued_rate:>11,.0f}/s  (--ack queued): durable acks "
+              f"keep x{span_rate / queued_rate:.3f} of it")
+        print(f"  acknowledgement latency at half that rate ({half_rate * args.per_request:,.0f} spans/s, "
+              f"{half_rate:.0f} requests/s, open loop): p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms")
         print(f"metric points: {point_rate:>9,.0f}/s end to end ({point_rows:,} rows committed, {point_retries} "
               f"retried 503s); bare protobuf parse {bare_points:>11,.0f}/s -> ratio {point_rate / bare_points:.3f}")
         print(f"{'':>13}  {inline:>9,.0f}/s with every request decoded in the server process "

@@ -32,7 +32,7 @@ def register(subparsers) -> None:
         "can write and serve is not shutting down. SIGTERM writes everything accepted before exiting.")
     from analytics.store import DEFAULT_DB
     from sloscope import logs
-    from sloscope.serve_ops import add_limit_arguments
+    from sloscope.serve_ops import add_edge_arguments, add_limit_arguments
 
     serve.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"DuckDB file (default: {DEFAULT_DB})")
     serve.add_argument("--slo", type=Path, metavar="SLO.yaml",
@@ -61,6 +61,7 @@ def register(subparsers) -> None:
     serve.add_argument("--sampling", type=Path, metavar="SAMPLING.yaml",
                        help="adaptive sampling config for GET /sampling (budget_spans_per_s, dwell, ...; "
                        "default: 100 spans/s, see alerts/sampling.py)")
+    add_edge_arguments(serve)
     add_limit_arguments(serve)
     logs.add_arguments(serve)
     serve.set_defaults(func=run)
@@ -192,7 +193,7 @@ def run(args) -> int:
     from enrich.tiers import TierResolver
     from enrich.topology import GpuTopology
     from sloscope.decode_pool import OFFLOAD_ABOVE_BYTES, DecodePool
-    from sloscope.serve_ops import Listeners, intake_collector, limits_of
+    from sloscope.serve_ops import Listeners, edge_of, intake_collector, limits_of
     from sloscope.slo_spec import SpecError
 
     try:
@@ -202,6 +203,7 @@ def run(args) -> int:
         webhook_app = _webhook_app(args, store, spec) if webhook_addr else None
         sampling = SamplingService(store.reader(), spec, load_sampling_config(args.sampling))
         limits = limits_of(args)
+        edge = edge_of(args)
     except (SpecError, StoreError, ValueError) as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -213,10 +215,11 @@ def run(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    edge.reload_on_sighup()
     listeners = Listeners()
     pages = _pages(store, spec, sampling, writer, stop, intake_collector(receiver, writer, listeners))
     try:
-        _bind(listeners, (http_addr, grpc_addr, webhook_addr), webhook_app, receiver, pages)
+        _bind(listeners, (http_addr, grpc_addr, webhook_addr), webhook_app, receiver, pages, edge)
     except OSError as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)
     else:
@@ -245,7 +248,7 @@ def _pages(store, spec, sampling, writer, stopping, intake_metrics) -> dict:
             "/rca": rca_page(store, spec), "/healthz": healthz, "/readyz": readiness_page(store, writer, stopping)}
 
 
-def _bind(listeners, addresses, webhook_app, receiver, pages) -> None:
+def _bind(listeners, addresses, webhook_app, receiver, pages, edge) -> None:
     """Every listener serve is asked for, bound (not yet started); OSError names the one that cannot be."""
     from alerts.webhook import WebhookServer
     from collectors.receiver import grpc_server, http_server
@@ -253,12 +256,12 @@ def _bind(listeners, addresses, webhook_app, receiver, pages) -> None:
     http_addr, grpc_addr, webhook_addr = addresses
 
     def otlp_http():
-        httpd = http_server(receiver, *http_addr, pages=pages)
-        return httpd, "OTLP/HTTP on http://%s:%d" % httpd.server_address[:2]
+        httpd = http_server(receiver, *http_addr, pages=pages, tls=edge.tls, auth=edge.auth)
+        return httpd, "OTLP/HTTP on %s://%s:%d" % (edge.scheme(), *httpd.server_address[:2])
 
     def otlp_grpc():
-        grpcd, port = grpc_server(receiver, *grpc_addr)
-        return grpcd, f"OTLP/gRPC on {grpc_addr[0]}:{port}"
+        grpcd, port = grpc_server(receiver, *grpc_addr, tls=edge.tls, auth=edge.auth)
+        return grpcd, f"OTLP/gRPC on {grpc_addr[0]}:{port}{' (TLS)' if edge.tls else ''}"
 
     def webhook():
         hook = WebhookServer(webhook_addr, webhook_app)

@@ -32,7 +32,7 @@ class Running:
     def __init__(self, db, start_writer=True, queue_rows=1_000_000, decode_pool=None):
         """With a decode pool, every request is decoded by its workers."""
         self.store = Store(db)
-        self.writer = Writer(self.store, max_queued_rows=queue_rows, max_delay_s=0.05)
+        self.writer = Writer(self.store, max_queued_rows=queue_rows)
         if start_writer:
             self.writer.start()
         intake = Intake(self.writer, TierResolver.from_spec(load_spec(None)), GpuTopology())
@@ -125,14 +125,22 @@ def test_oversized_and_gzip_bomb_bodies_are_refused(server):
 def test_a_full_writer_answers_503_with_retry_after(tmp_path):
     s = Running(tmp_path / "full.duckdb", start_writer=False, queue_rows=4)
     try:
-        assert s.post("/v1/traces", _proto_traces(3).SerializeToString())[0] == 200
+        first = []  # queued, and answered only once the writer has committed it
+        waiting = threading.Thread(target=lambda: first.append(
+            s.post("/v1/traces", _proto_traces(3).SerializeToString())[0]))
+        waiting.start()
+        while not s.writer.stats()["queued_requests"]:
+            waiting.join(0.01)
         status, headers, _ = s.post("/v1/traces", _proto_traces(3).SerializeToString())
         assert status == 503 and headers["Retry-After"] == "1"
         with grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}") as channel:
             with pytest.raises(grpc.RpcError) as err:
                 trace_service_pb2_grpc.TraceServiceStub(channel).Export(_proto_traces(3), timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        s.writer.start()  # accepted data is written once the writer runs
+        assert not first
+        s.writer.start()
+        waiting.join(10)
+        assert first == [200]
         assert s.rows("SELECT count(*) FROM requests") == [(3,)]
     finally:
         s.close()
