@@ -2,7 +2,7 @@
 VENV ?= .venv
 SLOSCOPE := $(VENV)/bin/sloscope
 
-.PHONY: setup demo test
+.PHONY: setup demo test image
 setup:
 	@bash scripts/setup.sh
 
@@ -11,3 +11,7 @@ demo: setup
 
 test: setup
 	@$(VENV)/bin/python -m pytest -q
+
+# The image localhost/sloscope:VERSION (Containerfile), built with Debian's debootstrap and podman, as root.
+image:
+	@bash scripts/build-image.sh

@@ -6,6 +6,10 @@ logged and skipped, never fatal), turns the samples into the SDK's `MetricsData`
 hands it to the sender (shipper.py), which owns the exporter (otlp_exporter.py) and the spool (spool.py). So
 the collection loop never waits for the network.
 
+Its own /healthz and /metrics (telemetry.py) are served on `listen` while it runs. Before the probes start, a
+root collector that sees no tracefs mounts it (probes/tracefs_mount.py), so that a fresh mount namespace or a
+container without the host's tracing mount keeps its eBPF probes.
+
 Shutdown (SIGTERM/SIGINT, --duration, --once): one last collection of the partial interval, probes
 detached, queued batches exported (healthy, within `shutdown_grace_s`) or spooled, spool fsynced.
 """
@@ -22,12 +26,14 @@ from opentelemetry.sdk.resources import Resource
 
 from probes import registry
 from probes.registry import ProbeSet
+from probes.tracefs_mount import ensure_tracefs
 
 from .config import CollectorConfig, ConfigError
 from .otlp_exporter import make_exporter
 from .otlp_metrics import MetricsBuilder, count_points
 from .shipper import RETRY_INITIAL_S, RETRY_MAX_S, SHUTDOWN_GRACE_S, Shipper
 from .spool import Spool
+from .telemetry import TelemetryServer
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +127,7 @@ class Agent:
         self.decisions: list = []
         self.shipper: Shipper | None = None
         self.probes: ProbeSet | None = None
+        self.telemetry: TelemetryServer | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -141,7 +148,13 @@ class Agent:
         shipper = self.shipper = Shipper(exporter, spool, timeout_s=cfg.timeout_s, **self._retry)
         builder = MetricsBuilder(build_resource(cfg), cfg.temporality)
         probes = self.probes = ProbeSet(names, options=cfg.probe_options)
+        telemetry = self.telemetry = TelemetryServer(self, cfg.listen) if cfg.listen else None
         try:
+            if telemetry:
+                telemetry.start()
+            mounted = ensure_tracefs()
+            if mounted:
+                log.info("%s", mounted)
             self.decisions = probes.start()
             for d in self.decisions:
                 (log.info if not d.missing else log.warning)("probe %s", d.explain())
@@ -153,6 +166,8 @@ class Agent:
         finally:
             probes.stop()
             shipper.close(self.shutdown_grace_s)
+            if telemetry:
+                telemetry.stop()
             self._log_health(final=True)
         return 0
 

@@ -10,6 +10,8 @@ import signal
 import sys
 from dataclasses import asdict
 
+from sloscope import logs
+
 from . import config as config_mod
 
 log = logging.getLogger("collectors.collect")
@@ -32,9 +34,27 @@ configuration (flags > environment > --config file > defaults):
   resource          -                     OTEL_RESOURCE_ATTRIBUTES (below the file's)
   node_name         --node-name           NODE_NAME (a DaemonSet sets it from spec.nodeName)
   health_interval   --health-interval
+  compression       --compression         OTEL_EXPORTER_OTLP_METRICS_COMPRESSION, OTEL_EXPORTER_OTLP_COMPRESSION
+  certificate       --certificate         OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE, OTEL_EXPORTER_OTLP_CERTIFICATE
+  client_key        --client-key          OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY, OTEL_EXPORTER_OTLP_CLIENT_KEY
+  client_certificate --client-certificate OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE, ..._CLIENT_CERTIFICATE
+  insecure          --insecure            OTEL_EXPORTER_OTLP_METRICS_INSECURE, OTEL_EXPORTER_OTLP_INSECURE
+  listen            --listen
 
   Default endpoint: http://localhost:4317 (grpc) or http://localhost:4318/v1/metrics (http/protobuf).
   For HTTP a base URL gets /v1/metrics appended. Durations: 10, 10s, 500ms, 1m. Sizes: 256MiB, 1GB.
+  A gRPC endpoint without a scheme (host:port) takes TLS unless insecure is true; a scheme always wins.
+  certificate: PEM bundle to verify the endpoint (default: the system's); client_key and client_certificate:
+  PEM pair for mutual TLS; compression: gzip or none (default none).
+
+own telemetry: GET /healthz (200 while probes run and the sender lives, else 503; an unreachable endpoint is
+  not unhealthy: the spool holds the data) and GET /metrics (Prometheus text: sloscope_collector_probe_up,
+  _batches_exported_total, _batches_spooled_total, _batches_replayed_total, _batches_dropped_total{reason},
+  _export_duration_seconds, ...) on --listen, by default 127.0.0.1:9465: on, and on loopback only, as the
+  OpenTelemetry Collector serves its own telemetry. 0.0.0.0:9465 for a kubelet and Prometheus; off to disable.
+
+tracefs: where none is mounted (a fresh mount namespace, a container without the host's tracing mount), a
+  root collector mounts it in its own mount namespace before the eBPF probes start.
 
 probes: auto (default) = the node set with eBPF where privileged, else the procfs fallbacks, plus every
   other registered probe (GPU, SPDK, ...) that is configured or available here; node; all; or names
@@ -85,6 +105,15 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="of counters and histograms (default cumulative)")
     parser.add_argument("--node-name", metavar="NAME", help="k8s.node.name (default $NODE_NAME)")
     parser.add_argument("--health-interval", metavar="S", help="log a health line every S (default 60s)")
+    parser.add_argument("--compression", choices=config_mod.COMPRESSIONS, help="of export requests (default none)")
+    parser.add_argument("--certificate", metavar="PEM", help="CA bundle to verify the endpoint with")
+    parser.add_argument("--client-key", metavar="PEM", help="private key for mutual TLS (with --client-certificate)")
+    parser.add_argument("--client-certificate", metavar="PEM", help="certificate (chain) for mutual TLS")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="plain text to a gRPC endpoint given without a scheme (default: TLS)")
+    parser.add_argument("--listen", metavar="HOST:PORT",
+                        help=f"serve /healthz and /metrics here (default {config_mod.DEFAULT_LISTEN}; off to disable)")
+    logs.add_arguments(parser)
     bounded = parser.add_mutually_exclusive_group()
     bounded.add_argument("--duration", metavar="S", help="stop after S (default: run until SIGTERM/SIGINT)")
     bounded.add_argument("--once", action="store_true", help="collect one interval, export it, stop")
@@ -120,6 +149,12 @@ def _flags(args: argparse.Namespace) -> dict:
                               if args.health_interval else None),
         "duration_s": parse.parse_duration(args.duration, "--duration") if args.duration else None,
         "once": True if args.once else None,
+        "compression": args.compression,
+        "certificate": args.certificate,
+        "client_key": args.client_key,
+        "client_certificate": args.client_certificate,
+        "insecure": args.insecure,
+        "listen": args.listen,
     }
 
 
@@ -172,8 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logs.configure_from(args)
     return args.func(args)
 
 

@@ -24,11 +24,17 @@ Keys (YAML file; flags in brackets; environment variables after the arrow):
 Endpoints follow the OTLP exporter specification: for HTTP/protobuf a base URL (from the file, a flag or
 OTEL_EXPORTER_OTLP_ENDPOINT) gets `/v1/metrics` appended unless it already ends so, while
 OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is used as is; for gRPC the URL is `http://host:port` (plain text) or
-`https://host:port` (TLS), and a bare `host:port` means plain text. Timeouts in the OTEL_* variables are
+`https://host:port` (TLS), and a bare `host:port` means TLS unless `insecure` (OTEL_EXPORTER_OTLP_INSECURE=true)
+says plain text: the scheme, when there is one, wins. Timeouts in the OTEL_* variables are
 milliseconds, as the specification says (the Python SDK alone reads them as seconds; sloscope passes the
 timeout to the exporter explicitly, so the specification's unit holds). Headers in OTEL_* variables are
 `key=value` pairs separated by commas, values percent-decoded. A signal-specific variable (..._METRICS_...)
 wins over the generic one; headers are taken whole from the highest layer that sets any.
+
+TLS and compression (OTEL_EXPORTER_OTLP_{,METRICS_}{CERTIFICATE,CLIENT_KEY,CLIENT_CERTIFICATE,COMPRESSION,
+INSECURE}): `certificate` is the PEM bundle the endpoint's certificate is verified against (else the system's),
+`client_key` and `client_certificate` the PEM pair presented for mutual TLS (both or neither), `compression`
+gzip or none. Files are checked at start-up, so a wrong path is a configuration error, not a failing export.
 """
 
 from __future__ import annotations
@@ -44,8 +50,14 @@ PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 METRICS_PATH = "/v1/metrics"
+COMPRESSIONS = ("none", "gzip")
+# On, and on loopback only, as the OpenTelemetry Collector serves its own telemetry: a node's operator can
+# curl it, and exposing it to the pod network is a choice (the DaemonSet makes it, for probes and scraping).
+DEFAULT_LISTEN = "127.0.0.1:9465"
 FILE_KEYS = ("endpoint", "protocol", "headers", "timeout", "interval", "probes", "probe_options", "cgroups",
-             "spool", "temporality", "resource", "node_name", "health_interval")
+             "spool", "temporality", "resource", "node_name", "health_interval", "compression", "certificate",
+             "client_key", "client_certificate", "insecure", "listen")
+TLS_FILES = ("certificate", "client_key", "client_certificate")
 SPOOL_KEYS = ("dir", "max_bytes", "max_batches")
 
 
@@ -71,6 +83,12 @@ class CollectorConfig:
     node_name: str | None = None
     host_name: str = field(default_factory=socket.gethostname)
     health_interval_s: float = 60.0
+    compression: str = "none"
+    certificate: str | None = None  # PEM bundle to verify the endpoint with (None: the system's)
+    client_key: str | None = None  # PEM, with client_certificate, for mutual TLS
+    client_certificate: str | None = None
+    insecure: bool = False  # gRPC only: a scheme-less endpoint in plain text
+    listen: str | None = DEFAULT_LISTEN  # HOST:PORT of the collector's own /healthz and /metrics (None: off)
     duration_s: float | None = None  # run this long, then stop (None: until signalled)
     once: bool = False  # one interval, one export, then stop
     sources: dict[str, str] = field(default_factory=dict)  # key -> where its value came from
@@ -82,7 +100,11 @@ class CollectorConfig:
                 f"timeout {self.timeout_s:g}s{src('timeout')}, interval {self.interval_s:g}s{src('interval')}, "
                 f"probes {','.join(self.probes)}{src('probes')}, temporality {self.temporality}, "
                 f"spool {self.spool_dir} (max {self.spool_max_bytes} bytes / {self.spool_max_batches} batches), "
-                f"node {self.node_name or '-'}{src('node_name')}, host {self.host_name}"
+                f"node {self.node_name or '-'}{src('node_name')}, host {self.host_name}, "
+                f"compression {self.compression}{src('compression')}"
+                + (f", certificate {self.certificate}{src('certificate')}" if self.certificate else "")
+                + (f", client certificate {self.client_certificate}{src('client_certificate')}"
+                   if self.client_certificate else "")
                 + (f", headers {', '.join(sorted(self.headers))}{src('headers')}" if self.headers else ""))
 
 
@@ -164,6 +186,43 @@ def parse_protocol(value: Any, what: str) -> str:
     return text
 
 
+def parse_compression(value: Any, what: str) -> str:
+    text = str(value).strip().lower()
+    if text not in COMPRESSIONS:
+        raise ConfigError(f"{what}: {value!r} is not one of {', '.join(COMPRESSIONS)}")
+    return text
+
+
+def parse_bool(value: Any, what: str) -> bool:
+    """true/false as the specification's boolean variables (case-insensitive); YAML booleans as they are."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise ConfigError(f"{what}: {value!r} is not true or false")
+    return text == "true"
+
+
+def parse_listen(value: Any, what: str) -> str | None:
+    """HOST:PORT, or None for `off`."""
+    if str(value).strip().lower() in ("off", "none", "false", ""):  # YAML reads a bare off as false
+        return None
+    host, sep, port = str(value).strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what}: {value!r} is not HOST:PORT (like 0.0.0.0:9464 or 127.0.0.1:9464)")
+    return f"{host.strip('[]') or '0.0.0.0'}:{int(port)}"
+
+
+def _readable_file(value: Any, what: str) -> str:
+    path = str(value)
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{what}: {path}: {exc.strerror}") from None
+    return path
+
+
 def _ms(value: str, what: str) -> float:
     try:
         ms = float(value)
@@ -192,13 +251,14 @@ def _mapping(value: Any, what: str) -> dict:
 
 # -- endpoint ------------------------------------------------------------------------------------------------
 
-def resolve_endpoint(value: str | None, protocol: str, *, as_is: bool = False) -> str:
-    """The URL handed to the exporter. `as_is` for a signal-specific endpoint (not completed)."""
+def resolve_endpoint(value: str | None, protocol: str, *, as_is: bool = False, insecure: bool = False) -> str:
+    """The URL handed to the exporter. `as_is` for a signal-specific endpoint (not completed); `insecure` for
+    a scheme-less gRPC endpoint (else it takes TLS, as the specification's default)."""
     if not value:
         value = DEFAULT_GRPC_ENDPOINT if protocol == "grpc" else DEFAULT_HTTP_ENDPOINT
     value = value.strip()
     if "://" not in value:
-        value = "http://" + value
+        value = ("https://" if protocol == "grpc" and not insecure else "http://") + value
     parsed = urlparse(value)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ConfigError(f"endpoint: {value!r} is not an http:// or https:// URL")
@@ -287,6 +347,15 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
         take("node_name", str(data["node_name"]), "file")
     if "health_interval" in data:
         take("health_interval_s", parse_duration(data["health_interval"], f"{where}: health_interval"), "file")
+    if "compression" in data:
+        take("compression", parse_compression(data["compression"], f"{where}: compression"), "file")
+    if "insecure" in data:
+        take("insecure", parse_bool(data["insecure"], f"{where}: insecure"), "file")
+    if "listen" in data:
+        take("listen", parse_listen(data["listen"], f"{where}: listen"), "file")
+    for key in TLS_FILES:
+        if key in data:
+            take(key, _readable_file(data[key], f"{where}: {key}"), "file")
 
     # < environment
     for var in ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
@@ -301,6 +370,12 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
         if env.get(var):
             take("timeout_s", _ms(env[var], var), var)
             break
+    for key, parse in (("compression", parse_compression), ("insecure", parse_bool),
+                       *((key, _readable_file) for key in TLS_FILES)):
+        for var in (f"OTEL_EXPORTER_OTLP_METRICS_{key.upper()}", f"OTEL_EXPORTER_OTLP_{key.upper()}"):
+            if env.get(var):
+                take(key, parse(env[var], var), var)
+                break
     if env.get("OTEL_METRIC_EXPORT_INTERVAL"):
         take("interval_s", _ms(env["OTEL_METRIC_EXPORT_INTERVAL"], "OTEL_METRIC_EXPORT_INTERVAL"),
              "OTEL_METRIC_EXPORT_INTERVAL")
@@ -317,6 +392,12 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
             value = tuple(value)
         elif key == "temporality":
             value = _temporality(value, "--temporality")
+        elif key == "compression":
+            value = parse_compression(value, "--compression")
+        elif key == "listen":
+            value = parse_listen(value, "--listen")
+        elif key in TLS_FILES:
+            value = _readable_file(value, f"--{key.replace('_', '-')}")
         if key != "endpoint":
             take(key, value, "flag")
 
@@ -331,7 +412,10 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
         endpoint, src["endpoint"] = env["OTEL_EXPORTER_OTLP_ENDPOINT"], "OTEL_EXPORTER_OTLP_ENDPOINT"
     elif "endpoint" in data:
         endpoint, src["endpoint"] = str(data["endpoint"]), "file"
-    cfg.endpoint = resolve_endpoint(endpoint, cfg.protocol, as_is=as_is)
+    cfg.endpoint = resolve_endpoint(endpoint, cfg.protocol, as_is=as_is, insecure=cfg.insecure)
+    if (cfg.client_key is None) != (cfg.client_certificate is None):
+        raise ConfigError("client_key and client_certificate go together (mutual TLS needs both); got only "
+                          + ("client_key" if cfg.client_key else "client_certificate"))
 
     if cfg.cgroups:
         cfg.probe_options.setdefault("syscall", {})["cgroups"] = list(cfg.cgroups)

@@ -32,7 +32,7 @@ import random
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from opentelemetry.sdk.metrics.export import MetricsData
@@ -57,6 +57,26 @@ class _Batch:
     points: int
 
 
+# Export latency buckets: a healthy endpoint answers in milliseconds; the top ones meet the exporter's timeout.
+LATENCY_BOUNDS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class LatencyHistogram:
+    bounds_s: tuple[float, ...] = LATENCY_BOUNDS_S
+    counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BOUNDS_S))  # per bucket, not cumulative
+    total: int = 0
+    sum_s: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        for i, bound in enumerate(self.bounds_s):
+            if seconds <= bound:
+                self.counts[i] += 1
+                break
+        self.total += 1
+        self.sum_s += seconds
+
+
 @dataclass
 class ShipperStats:
     exported_batches: int = 0
@@ -66,6 +86,7 @@ class ShipperStats:
     failed_exports: int = 0  # attempts not delivered: retryable answers and refusals
     refused_exports: int = 0  # non-retryable answers
     partially_rejected_points: int = 0  # points a receiver's partial success said it did not keep
+    export_latency: LatencyHistogram = field(default_factory=LatencyHistogram)  # every attempt, answered or not
 
 
 class Shipper:
@@ -100,6 +121,10 @@ class Shipper:
         with self._cv:
             self._queue.append(_Batch(data, count_points(data)))
             self._cv.notify()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     @property
     def queued(self) -> int:
@@ -189,11 +214,13 @@ class Shipper:
             return None
 
     def _send(self, body: bytes) -> Answer:
+        began = time.monotonic()
         try:
             answer = self.exporter.send(body)
         except Exception as exc:  # an exporter bug: no answer, like a dropped connection
             log.warning("export raised %s: %s", type(exc).__name__, exc)
             answer = Answer(RETRY, f"export raised {type(exc).__name__}")
+        self.stats.export_latency.observe(time.monotonic() - began)
         if answer.outcome != DELIVERED:
             self.stats.failed_exports += 1
             self.stats.refused_exports += answer.outcome == REFUSED

@@ -2,12 +2,23 @@
 # Idempotent set-up for `make demo` and `make test`: Debian packages (when root), kernel header links and
 # tracefs for eBPF, a venv with the project installed, and Debian's bcc made importable from that venv.
 # Each step checks whether it is already done and skips if so.
+#   --image-tools  also the tools `make image` builds with (debootstrap, podman, runc)
+#   --container    what the image needs, from inside its build (the Containerfile): the collector's and serve's
+#                  packages only, no test extras; kernel headers and tracefs come from the node at run time
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
+MODE=${1:-host}
 APT_PACKAGES=(gcc libc6-dev python3-dev python3-bpfcc bpfcc-tools linux-headers-amd64 prometheus prometheus-alertmanager nftables stress-ng fio iproute2 chromium)
+EXTRAS="[test]"
+case "$MODE" in
+    host) ;;
+    --image-tools) APT_PACKAGES+=(debootstrap podman runc) ;;
+    --container) APT_PACKAGES=(gcc libc6-dev python3-dev python3-venv python3-bpfcc); EXTRAS="" ;;
+    *) echo "usage: $0 [--image-tools | --container]" >&2; exit 2 ;;
+esac
 
 say() { printf 'setup: %s\n' "$*"; }
 
@@ -20,6 +31,7 @@ install_apt_packages() {
     say "installing Debian packages: ${missing[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    [ "$MODE" != --container ] || { apt-get clean; rm -rf /var/lib/apt/lists/*; }  # smaller image layers
 }
 
 link_kernel_headers() {
@@ -55,11 +67,13 @@ make_venv() {
         }
     fi
     local stamp="$VENV/.installed" want
-    want=$(cat pyproject.toml setup.py collectors/otlp_spans.c | sha256sum | cut -d' ' -f1)  # the C extension is built at install
+    # The C extension is built at install, and an editable install maps the packages it found then: a new
+    # package (or the image's first, dependencies-only layer, which has none) needs another install.
+    want=$({ cat pyproject.toml setup.py collectors/otlp_spans.c; printf '%s\n' */__init__.py; } | sha256sum | cut -d' ' -f1)
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! fast_path_built; then
         say "installing sloscope and its dependencies into $VENV"
         "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-        "$VENV/bin/python" -m pip install -q -e ".[test]"
+        "$VENV/bin/python" -m pip install -q -e ".$EXTRAS"
         # Not up to date until the fast path is built: the next run tries again (say, once gcc is there).
         if fast_path_built; then echo "$want" > "$stamp"; else rm -f "$stamp"
             say "the trace fast path was not compiled (needs gcc, libc6-dev, python3-dev): every trace request takes the general decoder"
@@ -78,7 +92,9 @@ expose_bcc() {
     [ -e "$site/bcc" ] || ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
 }
 
-if [ "$(id -u)" -eq 0 ]; then
+if [ "$(id -u)" -eq 0 ] && [ "$MODE" = --container ]; then
+    install_apt_packages
+elif [ "$(id -u)" -eq 0 ]; then
     install_apt_packages
     link_kernel_headers
     mount_tracefs

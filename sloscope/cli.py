@@ -22,6 +22,13 @@ STAGE_COMMANDS = (
 LEAN_COMMANDS = {"collect": "collectors.cli"}
 
 
+def package_version() -> str:
+    """The installed distribution's version: pyproject.toml's, the one the image is tagged with."""
+    from importlib.metadata import version
+
+    return version("sloscope")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     import importlib
 
@@ -31,6 +38,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "per tier, rank their physical-layer causes with evidence.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail to stderr")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (LEAN_COMMANDS[command],) if command in LEAN_COMMANDS else STAGE_COMMANDS:
         importlib.import_module(module).register(subparsers)

@@ -68,7 +68,8 @@ def test_signal_specific_variables_win_and_the_metrics_endpoint_is_used_as_is():
 
 
 def test_grpc_endpoints():
-    assert cfgmod.load(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "otelcol:4317"}).endpoint == "http://otelcol:4317"
+    # scheme-less: TLS, as the specification's OTEL_EXPORTER_OTLP_INSECURE defaults to false
+    assert cfgmod.load(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "otelcol:4317"}).endpoint == "https://otelcol:4317"
     assert cfgmod.load(flags={"endpoint": "https://gw:4317"}, environ={}).endpoint == "https://gw:4317"
 
 

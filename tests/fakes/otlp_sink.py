@@ -10,6 +10,7 @@ same port, or told to answer with an error, to play an endpoint that goes away.
     sink.partially_rejected = 3                # successes are partial: "rejected 3 data points"
     sink.requests                              # [ExportMetricsServiceRequest, ...] in arrival order
     sink.failures                              # [(time.monotonic(), code), ...] of every failure answered
+    OtlpSink("grpc", tls=pki.server)           # TLS (tests/fakes/tls.py); with client_ca, mutual TLS
 
 Failures are answered as the OTLP specification says: HTTP with a google.rpc.Status body, gRPC with the
 RetryInfo in the status details (the grpc-status-details-bin trailer).
@@ -40,7 +41,8 @@ def free_port() -> int:
 
 
 class OtlpSink:
-    def __init__(self, protocol: str = "http", port: int | None = None, *, delay_s: float = 0.0, on_request=None):
+    def __init__(self, protocol: str = "http", port: int | None = None, *, delay_s: float = 0.0, on_request=None,
+                 tls=None):
         if protocol not in ("http", "grpc"):
             raise ValueError("protocol is http or grpc")
         self.protocol = protocol
@@ -51,6 +53,8 @@ class OtlpSink:
         self.retry_after: float | None = None
         self.partially_rejected = 0
         self.on_request = on_request
+        self.tls = tls  # tests.fakes.tls.ServerTls or None (plain text)
+        self.headers_seen: dict = {}
         self.requests: list[ExportMetricsServiceRequest] = []
         self.failures: list[tuple[float, object]] = []
         self.rejected = 0
@@ -60,7 +64,7 @@ class OtlpSink:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -173,6 +177,8 @@ class OtlpSink:
 
         server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         server.daemon_threads = False
+        if self.tls:  # a failed handshake is an OSError in accept(), which the server survives
+            server.socket = self.tls.ssl_context().wrap_socket(server.socket, server_side=True)
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
@@ -199,7 +205,9 @@ class OtlpSink:
 
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Servicer(), server)
-        bound = server.add_insecure_port(f"127.0.0.1:{self.port}")
+        address = f"127.0.0.1:{self.port}"
+        bound = (server.add_secure_port(address, self.tls.grpc_credentials()) if self.tls
+                 else server.add_insecure_port(address))
         if bound != self.port:
             server.stop(0)
             raise OSError(f"could not bind 127.0.0.1:{self.port}")

@@ -1,0 +1,127 @@
+"""The collector as an operator sees it: /healthz and /metrics on --listen over real HTTP, following an
+endpoint that goes away and comes back; JSON logs; and, as root, eBPF probes that still load in a fresh mount
+namespace without tracefs (`ip netns exec` remounts /sys), because the collector mounts it."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from collectors.agent import Agent
+from collectors.spool import Spool
+from tests.conftest import need
+from tests.fakes.otlp_sink import OtlpSink, free_port
+from tests.test_collector import counting_probe, make_config, run_in_thread, wait_for  # noqa: F401 (a fixture)
+
+SLOSCOPE = [sys.executable, "-m", "sloscope.cli"]
+
+
+def get(port, path):
+    """(status, body) of GET http://127.0.0.1:port/path."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metric(text, name, **labels):
+    """The value of one sample in a Prometheus exposition."""
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = re.escape(name) + (r"\{" + re.escape(want) + r"(?:,[^}]*)?\}" if want else "") + r" ([0-9.e+-]+)$"
+    found = re.search(pattern, text, re.M)
+    assert found, f"{name} {labels} not in:\n{text}"
+    return float(found.group(1))
+
+
+def test_health_and_metrics_follow_the_endpoint(tmp_path, counting_probe):  # noqa: F811
+    port = free_port()
+    sink = OtlpSink("http").start()
+    agent = Agent(make_config(tmp_path, sink, listen=f"127.0.0.1:{port}"), retry_initial_s=0.1, retry_max_s=0.2)
+    thread, result = run_in_thread(agent)
+    try:
+        assert wait_for(lambda: len(sink.requests) >= 2)
+        assert get(port, "/healthz") == (200, "ok\n")
+        status, text = get(port, "/metrics")
+        assert status == 200 and metric(text, "sloscope_collector_probe_up", probe="fake_counting") == 1
+        assert metric(text, "sloscope_collector_batches_exported_total") >= 2
+        assert metric(text, "sloscope_collector_export_duration_seconds_count") >= 2
+        assert metric(text, "sloscope_collector_endpoint_up") == 1
+
+        sink.stop()  # down: batches spool, and the collector stays healthy, since restarting it would not help
+        assert wait_for(lambda: metric(get(port, "/metrics")[1], "sloscope_collector_spool_batches") >= 3)
+        text = get(port, "/metrics")[1]
+        assert metric(text, "sloscope_collector_endpoint_up") == 0
+        assert metric(text, "sloscope_collector_batches_spooled_total") >= 3
+        assert metric(text, "sloscope_collector_export_failures_total") >= 1
+        assert get(port, "/healthz")[0] == 200
+
+        sink.start()
+        assert wait_for(lambda: metric(get(port, "/metrics")[1], "sloscope_collector_batches_replayed_total") >= 3)
+        text = get(port, "/metrics")[1]
+        assert metric(text, "sloscope_collector_batches_dropped_total", reason="other") == 0
+        assert get(port, "/nope")[0] == 404
+    finally:
+        agent.request_stop()
+        thread.join(30)
+        sink.stop()
+    assert result["rc"] == 0
+    with pytest.raises(OSError):  # gone with the collector
+        get(port, "/healthz")
+
+
+def test_a_port_in_use_costs_the_telemetry_not_the_collection(tmp_path, counting_probe, caplog):  # noqa: F811
+    with OtlpSink("http") as sink, OtlpSink("http") as occupant:
+        assert Agent(make_config(tmp_path, sink, once=True, listen=f"127.0.0.1:{occupant.port}")).run() == 0
+        assert len(sink.requests) == 1
+    assert "telemetry: cannot listen on 127.0.0.1:" in caplog.text
+
+
+def test_json_logs_and_bad_listen_from_the_command_line(tmp_path):
+    with OtlpSink("http") as sink:
+        done = subprocess.run(SLOSCOPE + ["collect", "--protocol", "http/protobuf", "--endpoint", sink.endpoint,
+                                          "--probe", "pressure", "--once", "--interval", "0.2", "--listen", "off",
+                                          "--spool-dir", str(tmp_path / "spool"), "--log-format", "json",
+                                          "--log-level", "info"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        lines = [json.loads(line) for line in done.stderr.splitlines()]
+        assert {"time", "level", "logger", "message"} <= set(lines[0]) and len(sink.requests) == 1
+        assert any(line["message"].startswith("sloscope collect: endpoint") for line in lines)
+    bad = subprocess.run(SLOSCOPE + ["collect", "--listen", "nowhere"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--listen: 'nowhere' is not HOST:PORT" in bad.stderr
+
+
+@pytest.mark.privileged
+def test_ebpf_probes_load_in_a_fresh_mount_namespace_without_tracefs(tmp_path):
+    need(os.geteuid() == 0, "network namespaces and eBPF need root")
+    need(shutil.which("ip") is not None, "needs iproute2")
+    namespace = f"slo-tracefs-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", namespace], check=True)
+    try:
+        spool = tmp_path / "spool"
+        # In the namespace /sys is a fresh sysfs, so /sys/kernel/tracing is an empty directory until mounted.
+        script = ("test ! -e /sys/kernel/tracing/events || { echo tracefs already there; exit 9; }; "
+                  f'exec "$@"')
+        done = subprocess.run(
+            ["ip", "netns", "exec", namespace, "sh", "-c", script, "sh", *SLOSCOPE, "collect", "--once",
+             "--interval", "1", "--probe", "syscall", "--probe", "runqueue", "--listen", "off",
+             "--endpoint", f"http://127.0.0.1:{free_port()}", "--timeout", "1", "--spool-dir", str(spool)],
+            capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "tracefs was not mounted: mounted tracefs on /sys/kernel/tracing" in done.stderr
+    finally:
+        subprocess.run(["ip", "netns", "del", namespace], check=False)
+    _, body, _ = Spool(str(spool)).peek()  # the endpoint was unreachable from there: the batch is spooled
+    health = {dict((kv.key, kv.value.string_value) for kv in p.attributes)["probe.name"]: p.as_double
+              for rm in ExportMetricsServiceRequest.FromString(body).resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics if m.name == "sloscope.probe.health"
+              for p in m.gauge.data_points}
+    assert health == {"syscall": 1.0, "runqueue": 1.0}
