@@ -14,6 +14,7 @@ from probes.procfs.netstat import NetstatProbe, parse_netstat
 from probes.procfs.pressure import PressureProbe, parse_pressure
 from probes.procfs.schedstat import SchedstatProbe, parse_schedstat
 from probes.procfs.tcp_connections import TcpConnectionsProbe, parse_proc_net_tcp
+from probes.procfs.vmstat import parse_vmstat, vmstat_value
 from probes.sample import Sample
 from tests.conftest import need
 from sloscope import catalog
@@ -91,6 +92,15 @@ def test_proc_net_tcp_fixture():
     assert v4 == {"established": 6, "fin_wait_2": 1, "time_wait": 2, "close_wait": 1, "listen": 2}
     v6 = parse_proc_net_tcp(read("net_tcp6"))
     assert v6 == {"established": 2, "listen": 1}
+
+
+def test_vmstat_lookup_agrees_with_the_full_parse():
+    for text in (read("vmstat"), Path("/proc/vmstat").read_text(), "pgfault 7"):
+        assert all(vmstat_value(text, name) == value for name, value in parse_vmstat(text).items())
+    with pytest.raises(KeyError):
+        vmstat_value("pgfaults 1\nxpgfault 2\n", "pgfault")
+    with pytest.raises(ValueError):
+        vmstat_value("pgfault 1 2\n", "pgfault")
 
 
 # -- parsers on the live /proc ------------------------------------------------------------------------------

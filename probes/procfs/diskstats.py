@@ -44,13 +44,19 @@ class DiskstatsProbe(ProcfsProbe):
         super().__init__(proc, host)
         self.include_partitions = include_partitions
         self.sysfs = sysfs
+        self._partitions: dict[str, bool] = {}  # asked of sysfs once per device name, not every collect
+
+    def _is_partition(self, device: str) -> bool:
+        if device not in self._partitions:
+            self._partitions[device] = is_partition(device, self.sysfs)
+        return self._partitions[device]
 
     def read_counters(self):
         out = {}
         for device, stats in parse_diskstats(self.read_text("diskstats")).items():
             if stats["reads_completed"] == 0 and stats["writes_completed"] == 0 and stats["io_ms"] == 0:
                 continue  # never used (idle loop and ram devices)
-            if not self.include_partitions and is_partition(device, self.sysfs):
+            if not self.include_partitions and self._is_partition(device):
                 continue
             out[(SIGNAL, (("system.device", device),))] = stats["io_ms"] / 1e3
         return out
