@@ -10,10 +10,13 @@ Per tier (one group each, recording rules before the alerts that read them):
 - Multiwindow, multi-burn-rate alerts (SRE Workbook): page when the burn rate exceeds 14.4 over 1h and 5m, or
   6 over 6h and 30m; ticket when it exceeds 1 over 3d and 6h. For latency the budget is the percentile's
   allowance (p99: 1 % of requests may be slower than the threshold); for errors, 1 - availability/100.
-- The tier's percentile above its threshold over the last minute: raise trace sampling of the tier to 100 %.
+- Per (tier, service, node), more requests slower than the threshold over the last minute than a service at
+  exactly the percentile's allowance would produce at ALERT_ALPHA (the analysis' latency test): raise trace
+  sampling of the tier to 100 %.
 
 Physical layer (thresholds from the field): GPU utilization above 80 % (shift new requests away), GPU memory
-growing more than 5 %/min three minutes in a row (restart the workload), NVMe above 65 C and SPDK bdev wait
+growing as taxonomy.GPU_MEMORY_LEAK defines it (more than 5 % over each of 3 consecutive minutes; restart the
+workload), NVMe above 65 C and SPDK bdev wait
 above 5 ms (throttle the bdev), SPDK reactor busy above 70 %, a node's error ratio above 5 % over 1 minute.
 
 RCA: one alert per taxonomy cause, firing while that cause is the top-ranked cause (score >= 0.5) of an open
@@ -33,6 +36,9 @@ import yaml
 from sloscope import taxonomy
 from sloscope.slo_spec import SloSpec, TierObjective
 
+from analytics.significance import z_for
+from analytics.slo import FLEET_FDR, slow_allowance
+
 from alerts import exposition as x
 from alerts.actions import (DRAIN, NOTIFY, QOS, RAISE_SAMPLING, RESTART)
 
@@ -41,11 +47,15 @@ SLI_WINDOWS = ("5m", "30m", "1h", "6h", "3d")
 # (burn-rate factor, long window, short window), SRE Workbook chapter 5, for a 30-day budget.
 PAGE_BURNS = ((14.4, "1h", "5m"), (6, "6h", "30m"))
 TICKET_BURNS = ((1, "3d", "6h"),)
-MIN_REQUESTS_PER_MINUTE = 10  # below this, a minute's percentile or error ratio is noise
+MIN_REQUESTS_PER_MINUTE = 10  # below this, a minute's error ratio is noise
+# The rules judge each (tier, service, node) minute alone: at the level the analysis applies to the first
+# violation among ALERT_FLEET_TESTS tests (about an hour of a 10-node fleet's windows), as they cannot see the
+# fleet's other windows.
+ALERT_FLEET_TESTS = 10_000
+ALERT_ALPHA = FLEET_FDR / ALERT_FLEET_TESTS
 
 # Field thresholds.
 GPU_UTILIZATION_MAX = 0.8
-GPU_MEMORY_GROWTH_PER_MINUTE = 0.05
 NVME_TEMPERATURE_MAX_C = 65
 SPDK_BDEV_WAIT_MAX_S = 0.005
 SPDK_REACTOR_BUSY_MAX = 0.7
@@ -97,7 +107,7 @@ ACTION_TEXT = {
 
 RECORD_SLOW = "tier:sloscope_request_slow:ratio_rate{window}"
 RECORD_ERRORS = "tier:sloscope_request_errors:ratio_rate{window}"
-RECORD_GPU_MEMORY_GROWTH = "node_gpu:sloscope_gpu_memory_used_bytes:growth_ratio_1m"
+LEAK = taxonomy.GPU_MEMORY_LEAK  # the one definition of the GPU memory-leak rule
 
 
 def camel(cause_id: str) -> str:
@@ -205,23 +215,30 @@ def _burn_alerts(t: TierObjective) -> list[dict]:
 
 
 def _tier_latency_alert(t: TierObjective) -> dict:
-    q = t.percentile / 100.0
+    """The analysis' latency test over the last minute per (tier, service, node): slow requests improbable for
+    a service at exactly the percentile's allowance (Poisson tail in closed form, at ALERT_ALPHA)."""
+    allowance = slow_allowance(t)
     threshold_s = x.le_seconds(t.threshold_ms)
-    tier = _q(t.name)
+    matcher = f"{{tier={_q(t.name)}}}"
+    bucket = f"{{tier={_q(t.name)}, le={_q(x.le_label(threshold_s))}}}"
+    by = "sum by (tier, service, node)"
+    total = f"{by} (increase({x.REQUEST_DURATION}_count{matcher}[1m]))"
+    fast = f"{by} (increase({x.REQUEST_DURATION}_bucket{bucket}[1m]))"
+    expected = f"{total} * {_num(allowance)}"
+    z = z_for(ALERT_ALPHA)
     return {
         "alert": TIER_LATENCY_HIGH,
-        "expr": (f"histogram_quantile({_num(q)}, sum by (tier, le) "
-                 f"(rate({x.REQUEST_DURATION}_bucket{{tier={tier}}}[1m]))) > {_num(threshold_s)}\n"
-                 f"and on (tier)\n"
-                 f"sum by (tier) (rate({x.REQUEST_DURATION}_count{{tier={tier}}}[1m])) * 60 >= "
-                 f"{MIN_REQUESTS_PER_MINUTE}\n"),
+        "expr": (f"({total}\n-\n{fast})\n>=\n{expected}\n+ {_num(round(z, 4))} * sqrt({expected})\n"
+                 f"+ {_num(round((z * z + 2) / 6, 4))}\n"),
         "labels": {"severity": "warning", "tier": t.name, "slo": "latency", "cause": UNATTRIBUTED,
                    "action": RAISE_SAMPLING},
         "annotations": {
-            "summary": f"Tier {t.name} p{_num(t.percentile)} latency is {{{{ $value | humanizeDuration }}}} "
-                       f"(objective {_ms(threshold_s)})",
-            "description": f"Over the last minute the p{_num(t.percentile)} latency of tier {t.name} is above its "
-                           f"objective of {_ms(threshold_s)} (at least {MIN_REQUESTS_PER_MINUTE} requests a minute).",
+            "summary": f"Tier {t.name}: {{{{ $value | printf \"%.0f\" }}}} requests of {{{{ $labels.service }}}} on "
+                       f"{{{{ $labels.node }}}} slower than {_ms(threshold_s)} in the last minute",
+            "description": f"More requests of tier {t.name} were slower than {_ms(threshold_s)} over the last minute "
+                           f"than a service meeting its p{_num(t.percentile)} objective (at most {_pct(allowance)} "
+                           f"slower) would produce with probability {_num(ALERT_ALPHA)}: the test sloscope rca "
+                           f"applies to its SLI windows.",
             "runbook": ACTION_TEXT[RAISE_SAMPLING] + " Then see sloscope rca for the node and physical cause."}}
 
 
@@ -232,13 +249,29 @@ def tier_group(t: TierObjective) -> dict:
 
 # --- physical layer ------------------------------------------------------------------------------------------------
 
+def _duration(seconds: int) -> str:
+    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
+
+
+def gpu_memory_growth_record() -> str:
+    return f"node_gpu:{x.GPU_MEMORY_USED}:growth_ratio_{_duration(LEAK.step_s)}"
+
+
+def _leak_expr(growth: str) -> str:
+    limit = _num(LEAK.per_step)
+    steps = [growth + (f" offset {_duration(i * LEAK.step_s)}" if i else "") + f" > {limit}\n"
+             for i in range(LEAK.in_a_row)]
+    return "and\n".join(steps)
+
+
 def physical_group(hold: str | None = None) -> dict:
-    growth = RECORD_GPU_MEMORY_GROWTH
+    growth = gpu_memory_growth_record()
     mem = x.GPU_MEMORY_USED
+    step = _duration(LEAK.step_s)
     requests_1m = f"sum by (node) (rate({x.REQUESTS}[1m]))"
     rules = [
         {"record": growth,
-         "expr": f"({mem} - {mem} offset 1m)\n/\n({mem} offset 1m > 0)\n"},
+         "expr": f"({mem} - {mem} offset {step})\n/\n({mem} offset {step} > 0)\n"},
         {"alert": GPU_SATURATED, "expr": f"{x.GPU_UTILIZATION} > {_num(GPU_UTILIZATION_MAX)}\n", "for": hold or "2m",
          "labels": {"severity": "warning", "cause": "gpu_sm_contention", "action": DRAIN},
          "annotations": {
@@ -247,15 +280,13 @@ def physical_group(hold: str | None = None) -> dict:
                             "{{ $labels.node }}: new requests queue behind running kernels (SM contention).",
              "runbook": "Shift new requests away from {{ $labels.node }}. " + ACTION_TEXT[DRAIN]}},
         {"alert": GPU_MEMORY_LEAK,
-         "expr": (f"{growth} > {_num(GPU_MEMORY_GROWTH_PER_MINUTE)}\n"
-                  f"and\n{growth} offset 1m > {_num(GPU_MEMORY_GROWTH_PER_MINUTE)}\n"
-                  f"and\n{growth} offset 2m > {_num(GPU_MEMORY_GROWTH_PER_MINUTE)}\n"),
+         "expr": _leak_expr(growth),
          "labels": {"severity": "warning", "cause": "gpu_memory_leak", "action": RESTART},
          "annotations": {
              "summary": "GPU {{ $labels.gpu }} memory on {{ $labels.node }} grows "
-                        "{{ $value | humanizePercentage }} a minute",
+                        f"{{{{ $value | humanizePercentage }}}} per {step}",
              "description": f"GPU framebuffer use on node {{{{ $labels.node }}}} grew more than "
-                            f"{_pct(GPU_MEMORY_GROWTH_PER_MINUTE)} a minute three minutes in a row: a leak "
+                            f"{_pct(LEAK.per_step)} over each of {LEAK.in_a_row} consecutive {step} steps: a leak "
                             "that ends in out-of-memory failures.",
              "runbook": "Restart the leaking inference workload on {{ $labels.node }}. " + ACTION_TEXT[RESTART]}},
         {"alert": NVME_HOT, "expr": f"{x.NVME_TEMPERATURE} > {_num(NVME_TEMPERATURE_MAX_C)}\n", "for": hold or "1m",

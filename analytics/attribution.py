@@ -12,9 +12,22 @@ is evidence for a cause (taxonomy) when
 - it moved here: the same signal did not move on the other nodes at the same time, which would make it a
   fleet-wide change (a rollout, the weather) rather than this node's problem (locality).
 
-The cause score is the best of its series' scores, in [0, 1]. A cause whose signals sit downstream of other
-causes' (taxonomy `explained_by`: a syscall that waits on the disk or for a CPU is slow because of them) keeps
-only the part of its score that they leave unexplained: score x (1 - the best of theirs).
+A series' score is the product of four parts, each in [0, 1], so that it reads the same for every signal:
+
+- magnitude z / (z + 3) of its robust z (the smaller of the incident's and the break's): 0.5 at the anomaly
+  threshold z = 3, 0.75 at z = 9, 0.9 at z = 27; at least 0.9 once a taxonomy seed threshold is crossed;
+- precedence 1 when it moved at or before the SLI broke, EFFECT_PENALTY (0.25) when only afterwards;
+- consistency 0.5 + 0.5 x the share of the incident's steps in which it is anomalous;
+- locality 1 - the share of other nodes on which it moved too.
+
+The cause score is the best of its series' scores. A cause whose signals sit downstream of other causes'
+(taxonomy `explained_by`: a syscall that waits on the disk or for a CPU is slow because of them) keeps only the
+part of its score that they leave unexplained: score x (1 - the best of theirs).
+
+CLEAR_CAUSE_FLOOR (0.3) is the weakest evidence reported as a cause: a signal at the anomaly threshold that
+moved first, on this node alone, and stayed anomalous in a fifth of the incident's steps. A signal that only
+moved after the SLI broke never reaches it. Below it, the diagnosis is "no clear cause", with the strongest
+candidates and the parts of their score that fall short.
 """
 
 from __future__ import annotations
@@ -38,6 +51,9 @@ GROWTH_SUFFIX = ":growth_per_min"
 GROWTH_NOISE_FLOOR = 0.01
 EFFECT_PENALTY = 0.25
 MIN_SCORE = 0.05  # causes scoring below this are not worth a reader's attention
+CLEAR_CAUSE_FLOOR = 0.3
+CANDIDATES = 3  # shown when no cause is clear
+MIN_BASELINE_STEPS = 6  # fewer signal steps of history say nothing about a series' normal level
 IQR_TO_SIGMA = 1.349
 
 
@@ -48,6 +64,7 @@ class Window:
     incident_start: datetime
     incident_end: datetime
     resolution_s: float  # the SLO spec's SLI step
+    requested_baseline_s: float = BASELINE.total_seconds()
 
     @classmethod
     def around(cls, start: datetime, end: datetime, resolution_s: float, baseline: timedelta = BASELINE,
@@ -55,7 +72,35 @@ class Window:
         """The window for an episode of trouble that began at `start` (the first SLI break) and lasted to `end`:
         `baseline` long, ending `lookback` before `start` (onsets are searched from there)."""
         analysis_start = start - lookback
-        return cls(analysis_start - baseline, analysis_start, start, min(end, start + MAX_OBSERVED), resolution_s)
+        return cls(analysis_start - baseline, analysis_start, start, min(end, start + MAX_OBSERVED), resolution_s,
+                   baseline.total_seconds())
+
+    def fitted(self, history_start: datetime | None) -> "Window":
+        """This window, shortened to the history there is: when less precedes the incident than the baseline and
+        lookback ask for, the lookback shrinks first (down to the precedence tolerance, so that a cause's
+        onset still falls after the baseline), then the baseline (see min_baseline_s, below which there is no
+        analysis)."""
+        if history_start is None or history_start <= self.baseline_start:
+            return self
+        available = (self.incident_start - history_start).total_seconds()
+        asked = (self.incident_start - self.analysis_start).total_seconds()
+        lookback = min(asked, max(self.precedence_tolerance.total_seconds(), available - self.min_baseline_s))
+        analysis_start = self.incident_start - timedelta(seconds=lookback)
+        return Window(min(history_start, analysis_start), analysis_start, self.incident_start, self.incident_end,
+                      self.resolution_s, self.requested_baseline_s)
+
+    @property
+    def baseline_s(self) -> float:
+        return (self.analysis_start - self.baseline_start).total_seconds()
+
+    @property
+    def min_baseline_s(self) -> float:
+        return MIN_BASELINE_STEPS * self.step_s
+
+    def baseline_json(self) -> dict:
+        return {"requested_s": self.requested_baseline_s, "used_s": round(self.baseline_s, 1),
+                "minimum_s": self.min_baseline_s,
+                "lookback_s": round((self.incident_start - self.analysis_start).total_seconds(), 1)}
 
     @property
     def step_s(self) -> float:
@@ -71,6 +116,7 @@ class Window:
 
 def signal_steps(store: Store, window: Window) -> pl.DataFrame:
     steps = store.frame(sql("signal_steps"), {"since": window.baseline_start, "until": window.incident_end,
+                                              "unknown_node": catalog.UNKNOWN_NODE,
                                               "step_s": window.step_s})
     return pl.concat([steps, _growth_series(steps, window.step_s)])
 
@@ -106,7 +152,7 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True)
     baseline = (steps.filter(pl.col("step") < window.analysis_start).group_by(key)
                 .agg(median=pl.col("value").median(), q1=pl.col("value").quantile(0.25),
                      q3=pl.col("value").quantile(0.75), baseline_steps=pl.len())
-                .filter(pl.col("baseline_steps") >= 6)
+                .filter(pl.col("baseline_steps") >= MIN_BASELINE_STEPS)
                 .join(meta, on="metric")
                 .with_columns(scale=pl.max_horizontal((pl.col("q3") - pl.col("q1")) / IQR_TO_SIGMA,
                                                       pl.col("floor") / THRESHOLD, pl.lit(1e-12))))
@@ -159,31 +205,81 @@ def _evidence_signal(ev: taxonomy.Evidence) -> str:
     return ev.signal + GROWTH_SUFFIX if ev.feature == "growth" else ev.signal
 
 
-def rank_causes(scores: pl.DataFrame, node: str, window: Window, top: int = 5) -> list[dict]:
+def _candidates(scores: pl.DataFrame, node: str, window: Window) -> list[dict]:
+    """Every cause with a series on `node`, scored by its best series and explained away, best first."""
     fleet_share = _fleet_share(scores, node)
     local = scores.filter(pl.col("node") == node)
     ranked = []
     for cause in taxonomy.CAUSES:
-        candidates = []
+        series = []
         for ev in cause.evidence:
             name = _evidence_signal(ev)
             for row in local.filter(pl.col("metric") == name).iter_rows(named=True):
                 attributes = json.loads(row["attributes"])
                 if ev.matches(attributes):
-                    candidates.append(_score_series(cause, row, attributes, fleet_share.get(name, 0.0), window))
-        candidates.sort(key=lambda c: -c["score"])
-        if not candidates or candidates[0]["score"] < MIN_SCORE:
+                    series.append(_score_series(cause, row, attributes, fleet_share.get(name, 0.0), window))
+        if not series:
             continue
+        series.sort(key=lambda c: -c["score"])
         # The best series, and the others that moved too.
-        evidence = [candidates[0]] + [c for c in candidates[1:3] if c["evidence"]["z"] > THRESHOLD]
+        evidence = [series[0]] + [c for c in series[1:3] if c["evidence"]["z"] > THRESHOLD]
         ranked.append({
-            "cause": cause.id, "layer": cause.layer, "score": round(candidates[0]["score"], 3),
+            "cause": cause.id, "layer": cause.layer, "score": round(series[0]["score"], 3),
             "evidence": [c["evidence"] for c in evidence],
             "remediation": cause.remediation.format(node=node),
+            "score_parts": series[0]["parts"],
         })
-    ranked = [c for c in _explain_away(ranked) if c["score"] >= MIN_SCORE]
+    ranked = _explain_away(ranked)
     ranked.sort(key=lambda c: -c["score"])
-    return ranked[:top]
+    return ranked
+
+
+def rank_causes(scores: pl.DataFrame, node: str, window: Window, top: int = 5) -> list[dict]:
+    """The causes worth a reader's attention (score at least MIN_SCORE), best first."""
+    if node == catalog.UNKNOWN_NODE:
+        return []
+    return [c for c in _candidates(scores, node, window) if c["score"] >= MIN_SCORE][:top]
+
+
+def diagnose(scores: pl.DataFrame, node: str, window: Window, top: int = 5) -> tuple[list[dict], dict]:
+    """(causes, diagnosis): the ranking when its best cause reaches CLEAR_CAUSE_FLOOR; otherwise no causes and
+    a diagnosis that says why, with the strongest candidates and what each falls short on."""
+    floor = {"floor": CLEAR_CAUSE_FLOOR, "baseline": window.baseline_json()}
+    if node == catalog.UNKNOWN_NODE:  # requests that named no node: their SLI counts, but no node is to blame
+        return [], {"verdict": "no_node", **floor,
+                    "reason": "the requests name no node, so no node's signals can explain them"}
+    if window.baseline_s < window.min_baseline_s:
+        return [], {"verdict": "insufficient_baseline", **floor,
+                    "reason": f"only {window.baseline_s:.0f} s of this node's signals precede the incident; "
+                              f"at least {window.min_baseline_s:.0f} s are needed to know their normal level"}
+    candidates = _candidates(scores, node, window)
+    if not candidates:
+        return [], {"verdict": "no_evidence", **floor,
+                    "reason": "no signal of this node that is evidence for a cause has a baseline in the window"}
+    if candidates[0]["score"] >= CLEAR_CAUSE_FLOOR:
+        return [c for c in candidates if c["score"] >= MIN_SCORE][:top], {"verdict": "ranked", **floor}
+    strongest = [{**c, "falls_short": _shortfalls(c)} for c in candidates[:CANDIDATES]]
+    return [], {"verdict": "no_clear_cause", **floor, "candidates": strongest,
+                "reason": f"no cause's evidence reaches the floor of {CLEAR_CAUSE_FLOOR:g} (best: "
+                          f"{candidates[0]['cause']} at {candidates[0]['score']:g})"}
+
+
+def _shortfalls(candidate: dict) -> list[str]:
+    parts, ev = candidate["score_parts"], candidate["evidence"][0]
+    out = []
+    if parts["magnitude"] < 0.5:
+        out.append(f"moved {ev['z']:g} robust deviations from its baseline; {THRESHOLD:g} make a step anomalous")
+    if parts["precedence"] < 1.0:
+        out.append("moved only after the SLI broke (an effect)" if ev["onset"] else
+                   "never anomalous two steps in a row")
+    if parts["consistency"] < 0.6:
+        out.append(f"anomalous in {2 * parts['consistency'] - 1:.0%} of the incident's steps")
+    if parts["locality"] < 0.8:
+        out.append(f"moved on {1 - parts['locality']:.0%} of the other nodes too (fleet-wide)")
+    if parts["unexplained"] < 1.0:
+        out.append(f"a downstream effect of {', '.join(taxonomy.BY_ID[candidate['cause']].explained_by)} "
+                   f"({1 - parts['unexplained']:.0%} explained)")
+    return out or [f"score {candidate['score']:g} below the floor {CLEAR_CAUSE_FLOOR:g}"]
 
 
 def _explain_away(ranked: list[dict]) -> list[dict]:
@@ -191,6 +287,7 @@ def _explain_away(ranked: list[dict]) -> list[dict]:
     for c in ranked:
         explained = max((raw.get(other, 0.0) for other in taxonomy.BY_ID[c["cause"]].explained_by), default=0.0)
         c["score"] = round(c["score"] * (1.0 - explained), 3)
+        c["score_parts"]["unexplained"] = round(1.0 - explained, 3)
     return ranked
 
 
@@ -217,7 +314,30 @@ def _score_series(cause: taxonomy.Cause, row: dict, attributes: dict, fleet_shar
                 "z": round(row["z_observed"], 1), "fleet_share": round(fleet_share, 2)}
     if feature:
         evidence["feature"] = feature
-    return {"score": score, "evidence": evidence}
+    parts = {"magnitude": round(magnitude, 3), "precedence": precedence, "consistency": round(consistency, 3),
+             "locality": round(1.0 - fleet_share, 3)}
+    return {"score": score, "evidence": evidence, "parts": parts}
+
+
+def evidence_still_moved(scores: pl.DataFrame, recent_steps: pl.DataFrame, node: str, cause: dict,
+                         recent: Window) -> bool:
+    """Whether a series of `cause`'s evidence on `node` is still anomalous in `recent_steps` (the median of its
+    robust z above THRESHOLD), against the baseline in `scores`. A growth feature is followed on its level: a
+    leak's memory stays up."""
+    for ev in cause["evidence"]:
+        attributes = json.dumps(ev["attributes"], sort_keys=True)
+        base = [r for r in scores.filter((pl.col("node") == node) & (pl.col("metric") == ev["signal"]))
+                .iter_rows(named=True) if json.loads(r["attributes"]) == ev["attributes"]]
+        if not base:
+            continue
+        values = [v for a, v in recent_steps.filter(
+            (pl.col("node") == node) & (pl.col("metric") == ev["signal"]) & (pl.col("step") >= recent.incident_start))
+            .select("attributes", "value").iter_rows() if json.dumps(json.loads(a), sort_keys=True) == attributes]
+        if values:
+            z = [(v - base[0]["baseline"]) * base[0]["direction"] / base[0]["scale"] for v in values]
+            if sorted(z)[len(z) // 2] > THRESHOLD:
+                return True
+    return False
 
 
 def _round(value: float | None) -> float | None:

@@ -40,6 +40,10 @@ def register(subparsers) -> None:
                      help="SLO spec (default: the spec last used with this database, else the built-in spec)")
     rca.add_argument("--since", help="RFC 3339 time or a duration back from the newest request (e.g. 1h)")
     rca.add_argument("--until", help="RFC 3339 time")
+    rca.add_argument("--at", metavar="TIME",
+                     help="explain a moment instead of incidents: (node, cause) pairs ranked for the minute from "
+                     "TIME (RFC 3339, or a duration back from the newest request), no SLI breach required")
+    rca.add_argument("--node", help="with --at: only this node")
     rca.add_argument("--format", choices=["json", "table"],
                      help="json (Contract 4) or table for people (default: table on a terminal, else json)")
     rca.add_argument("--top", type=int, default=5, help="causes shown per incident (default: %(default)s)")
@@ -75,20 +79,20 @@ def run_ingest(args) -> int:
         report = Ingestor(store, TierResolver.from_spec(spec), batch_rows=args.batch_rows).ingest_files(args.files)
     for line in report.rejected:
         print(line, file=sys.stderr)
-    if report.rejected_count > len(report.rejected):
-        print(f"... and {report.rejected_count - len(report.rejected)} more rejected lines", file=sys.stderr)
+    if report.lines_with_refusals > len(report.rejected):
+        print(f"... and {report.lines_with_refusals - len(report.rejected)} more rejected lines", file=sys.stderr)
     c = report.counts
     rate = report.rows_loaded / report.seconds if report.seconds else 0.0
     print(f"ingested {report.lines} lines into {args.db} in {report.seconds:.1f}s ({rate:,.0f} rows/s): "
           f"{c['requests_loaded']} requests, {c['samples_loaded']} samples, {c['histograms_loaded']} histograms; "
           f"duplicates skipped: {c['requests_duplicate'] + c['samples_duplicate'] + c['histograms_duplicate']}; "
           f"tier header defaulted: {c['tier_invalid']} invalid, {c['tier_missing']} missing; "
-          f"lines rejected: {report.rejected_count}", file=sys.stderr)
-    return EXIT_REJECTED if report.rejected_count else EXIT_OK
+          f"lines rejected: {report.rejected_count}, partly refused: {report.partly_refused_count}", file=sys.stderr)
+    return EXIT_REJECTED if report.lines_with_refusals else EXIT_OK
 
 
 def run_rca(args) -> int:
-    from analytics.rca import analyse, format_table, parse_time
+    from analytics.rca import analyse, explain_moment, format_table, parse_time
 
     try:
         store = Store(args.db, read_only=True)
@@ -98,11 +102,17 @@ def run_rca(args) -> int:
         until = parse_time(args.until, newest) if args.until else None
         baseline = timedelta(seconds=parse_duration(args.baseline, "--baseline"))
         lookback = timedelta(seconds=parse_duration(args.lookback, "--lookback"))
+        at = parse_time(args.at, newest) if args.at else None
+        if args.node and at is None:
+            raise ValueError("--node goes with --at")
     except (SpecError, StoreError, ValueError) as exc:
         print(f"sloscope rca: {exc}", file=sys.stderr)
         return EXIT_USAGE
     with store:
-        result = analyse(store, spec, since, until, args.top, baseline, lookback)
+        if at is not None:
+            result = explain_moment(store, spec, at, args.node, args.top, baseline, lookback)
+        else:
+            result = analyse(store, spec, since, until, args.top, baseline, lookback)
     fmt = args.format or ("table" if sys.stdout.isatty() else "json")
     print(format_table(result) if fmt == "table" else json.dumps(result, indent=2))
     return EXIT_OK

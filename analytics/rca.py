@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import polars as pl
+
 from sloscope.slo_spec import SpecError, parse_duration
 
-from analytics.attribution import BASELINE, LOOKBACK, Window, rank_causes, series_scores, signal_steps
+from analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, Window, diagnose,
+                                   evidence_still_moved, series_scores, signal_steps)
 from analytics.slo import Incident, find_incidents
 from analytics.store import Store, sql
 
 EPISODE_GAP = timedelta(minutes=2)
+MOMENT_SPAN = timedelta(minutes=1)  # a moment is explained by what its signals did in the minute from it
 
 
 def rfc3339(t: datetime) -> str:
@@ -36,32 +40,93 @@ def parse_time(text: str, newest: datetime | None) -> datetime:
 def analyse(store: Store, spec, since: datetime | None = None, until: datetime | None = None, top: int = 5,
             baseline: timedelta = BASELINE, lookback: timedelta = LOOKBACK) -> dict:
     """Incidents in [since, until) with their ranked causes. Each cause's signals are judged against a
-    `baseline` that ends `lookback` before its episode began (attribution.BASELINE and LOOKBACK by default)."""
+    `baseline` that ends `lookback` before its episode began (attribution.BASELINE and LOOKBACK by default),
+    shortened to the history there is."""
     first, last = store.rows(sql("data_range"))[0]
     if first is None:
         return {"incidents": []}
     since = since or first
     until = until or last + timedelta(seconds=1)
     incidents = find_incidents(store, spec, since, until)
-    scored: dict[Window, object] = {}
+    analysis = _Analysis(store, spec.resolution_s, baseline, lookback)
     out = []
-    for incident, (start, end) in zip(incidents, episodes(incidents)):
-        window = Window.around(start, end, spec.resolution_s, baseline, lookback)
-        if window not in scored:
-            scored[window] = series_scores(signal_steps(store, window), window)
-        out.append(incident_json(incident, rank_causes(scored[window], incident.node, window, top)))
+    for incident, (start, end) in zip(incidents, episodes(incidents, analysis.still_moved)):
+        window = analysis.window(incident.node, start, end)
+        causes, diagnosis = diagnose(analysis.scores(window), incident.node, window, top)
+        out.append(incident_json(incident, causes, diagnosis))
     return {"incidents": out}
 
 
-def episodes(incidents: list[Incident]) -> list[tuple[datetime, datetime]]:
+def explain_moment(store: Store, spec, at: datetime, node: str | None = None, top: int = 5,
+                   baseline: timedelta = BASELINE, lookback: timedelta = LOOKBACK) -> dict:
+    """(node, cause) pairs ranked for the minute from `at`, with no SLI breach required: what changed then.
+    The same scores and floor as an incident's causes; each cause also names its node."""
+    analysis = _Analysis(store, spec.resolution_s, baseline, lookback)
+    fleet = Window.around(at, at + MOMENT_SPAN, spec.resolution_s, baseline, lookback)
+    nodes = [node] if node else sorted(set(analysis.scores(fleet)["node"].to_list()))
+    ranked, candidates, baselines = [], [], {}
+    for name in nodes:
+        window = analysis.window(name, at, at + MOMENT_SPAN)
+        causes, diagnosis = diagnose(analysis.scores(window), name, window, top)
+        ranked += [{"node": name, **c} for c in causes]
+        candidates += [{"node": name, **c} for c in diagnosis.get("candidates", [])]
+        baselines[name] = diagnosis["baseline"]
+    ranked.sort(key=lambda c: -c["score"])
+    candidates.sort(key=lambda c: -c["score"])
+    if ranked:
+        diagnosis = {"verdict": "ranked", "floor": CLEAR_CAUSE_FLOOR}
+    else:
+        diagnosis = {"verdict": "no_clear_cause", "floor": CLEAR_CAUSE_FLOOR, "candidates": candidates[:CANDIDATES],
+                     "reason": f"no (node, cause) pair's evidence reaches the floor of {CLEAR_CAUSE_FLOOR:g}"
+                               if nodes else "no node has signals around that moment"}
+    moment = {"at": rfc3339(at), "until": rfc3339(at + MOMENT_SPAN), "node": node, "causes": ranked[:top],
+              "diagnosis": {**diagnosis, "baselines": baselines}}
+    return {"incidents": [], "moment": moment}
+
+
+class _Analysis:
+    """Signal scores per analysis window, computed once however many incidents share the window."""
+
+    def __init__(self, store: Store, resolution_s: float, baseline: timedelta, lookback: timedelta):
+        self.store, self.resolution_s, self.baseline, self.lookback = store, resolution_s, baseline, lookback
+        self._scores: dict[Window, pl.DataFrame] = {}
+        self._history: dict[str, datetime | None] = {}
+
+    def window(self, node: str, start: datetime, end: datetime) -> Window:
+        if node not in self._history:
+            self._history[node] = self.store.rows(sql("signal_history"), {"node": node})[0][0]
+        return Window.around(start, end, self.resolution_s, self.baseline, self.lookback).fitted(self._history[node])
+
+    def scores(self, window: Window) -> pl.DataFrame:
+        if window not in self._scores:
+            self._scores[window] = series_scores(signal_steps(self.store, window), window)
+        return self._scores[window]
+
+    def still_moved(self, node: str, start: datetime, end: datetime, at: datetime) -> bool | None:
+        """Whether the evidence of the top cause of the episode (start, end) on `node` is still away from its
+        baseline just before `at`; None when the episode has no clear cause to follow."""
+        window = self.window(node, start, end)
+        causes, _ = diagnose(self.scores(window), node, window)
+        if not causes:
+            return None
+        just_before = at - timedelta(seconds=2 * self.resolution_s)
+        recent = Window(just_before, just_before, just_before, at, self.resolution_s)
+        return evidence_still_moved(self.scores(window), signal_steps(self.store, recent), node, causes[0], recent)
+
+
+def episodes(incidents: list[Incident], still_moved=None) -> list[tuple[datetime, datetime]]:
     """For each incident, the (start, end) of its node's episode of trouble: incidents on the same node that
-    overlap or follow each other within EPISODE_GAP. An SLI that recovers briefly and breaks again during one
-    fault is explained from the fault's start, not from a baseline that already contains the fault; and all
-    incidents of an episode share one analysis."""
+    overlap, or follow each other within EPISODE_GAP while the evidence of the episode's top cause has not
+    returned to its baseline (`still_moved(node, start, end, at)`; None: no evidence to follow, so time alone
+    decides). An SLI that recovers briefly and breaks again during one fault is explained from the fault's
+    start, not from a baseline that already contains the fault; a new fault after the last one's signals
+    returned to normal is a new episode, with its own onset and baseline."""
     ids, spans, open_episode = [], [], {}
     for incident in incidents:  # sorted by start
         current = open_episode.get(incident.node)
-        if current is None or incident.start > spans[current][1] + EPISODE_GAP:
+        if current is None or incident.start > spans[current][1] + EPISODE_GAP or (
+                still_moved is not None and incident.start > spans[current][1] and
+                still_moved(incident.node, *spans[current], incident.start) is False):
             current = len(spans)
             spans.append((incident.start, incident.end))
             open_episode[incident.node] = current
@@ -70,12 +135,15 @@ def episodes(incidents: list[Incident]) -> list[tuple[datetime, datetime]]:
     return [spans[i] for i in ids]
 
 
-def incident_json(incident: Incident, causes: list[dict]) -> dict:
+def incident_json(incident: Incident, causes: list[dict], diagnosis: dict) -> dict:
     return {"tier": incident.tier, "service": incident.service, "node": incident.node,
-            "start": rfc3339(incident.start), "end": rfc3339(incident.end), "sli": incident.sli, "causes": causes}
+            "start": rfc3339(incident.start), "end": rfc3339(incident.end), "sli": incident.sli, "causes": causes,
+            "diagnosis": diagnosis}
 
 
 def format_table(result: dict) -> str:
+    if "moment" in result:
+        return _moment_table(result["moment"])
     incidents = result["incidents"]
     if not incidents:
         return "No SLO violations: every tier met its objectives in the analysed range."
@@ -89,11 +157,37 @@ def format_table(result: dict) -> str:
         lines.append("")
         lines.append(f"#{n} {inc['tier']} / {inc['service']} on {inc['node']}  {inc['start']} .. {inc['end']}  ({what})")
         if not inc["causes"]:
-            lines.append("   no physical cause stands out on this node")
+            lines.extend(_no_cause_lines(inc.get("diagnosis", {})))
         for rank, cause in enumerate(inc["causes"], 1):
             lines.append(f"   {rank}. {cause['cause']:<22} {cause['layer']:<8} score {cause['score']:.2f}  -> {cause['remediation']}")
-            for ev in cause["evidence"]:
-                attrs = ",".join(f"{k}={v}" for k, v in ev["attributes"].items())
-                lines.append(f"        {ev['signal']}{'{' + attrs + '}' if attrs else ''}: "
-                             f"{ev['baseline']} -> {ev['observed']} (z {ev['z']}, onset {ev['onset'] or '-'})")
+            lines.extend(_evidence_lines(cause))
     return "\n".join(lines)
+
+
+def _evidence_lines(cause: dict) -> list[str]:
+    lines = []
+    for ev in cause["evidence"]:
+        attrs = ",".join(f"{k}={v}" for k, v in ev["attributes"].items())
+        lines.append(f"        {ev['signal']}{'{' + attrs + '}' if attrs else ''}: "
+                     f"{ev['baseline']} -> {ev['observed']} (z {ev['z']}, onset {ev['onset'] or '-'})")
+    return lines
+
+
+def _moment_table(moment: dict) -> str:
+    where = f" on {moment['node']}" if moment["node"] else ""
+    lines = [f"What changed{where} in {moment['at']} .. {moment['until']}"]
+    if not moment["causes"]:
+        lines.extend(_no_cause_lines(moment["diagnosis"]))
+    for rank, cause in enumerate(moment["causes"], 1):
+        lines.append(f"   {rank}. {cause['node']:<16} {cause['cause']:<22} score {cause['score']:.2f}  -> "
+                     f"{cause['remediation']}")
+        lines.extend(_evidence_lines(cause))
+    return "\n".join(lines)
+
+
+def _no_cause_lines(diagnosis: dict) -> list[str]:
+    lines = [f"   no clear cause: {diagnosis.get('reason', 'no physical cause stands out on this node')}"]
+    for c in diagnosis.get("candidates", []):
+        where = f"{c['node']}: " if "node" in c else ""
+        lines.append(f"      {where}{c['cause']:<22} score {c['score']:.2f}: {'; '.join(c['falls_short'])}")
+    return lines

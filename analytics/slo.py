@@ -1,28 +1,38 @@
 """SLI windows per tier and their merge into incidents per (tier, service, node).
 
-A window violates its tier's SLO when the latency percentile exceeds the objective, or when its error ratio
-exceeds the budget. Error ratios of small windows are mostly noise (one failure in 30 requests is 3 %), so
-"exceeds the budget" is tested, not eyeballed: the window's failures must be improbable (p < ERROR_ALPHA)
-for a Poisson process running exactly at the budget. Violating windows a short gap apart merge into one
-incident; an incident needs MIN_WINDOWS violating windows, so a single-window blip is not an incident.
+Both SLIs are ratios, as Contract 3 defines them: the share of requests slower than the tier's threshold
+against the allowance its percentile implies (p99: 1 %), and the share of failed requests against the error
+budget (1 - availability). A window violates only when its slow (or failed) requests would be improbable for
+a service running exactly at the objective: the upper tail of Poisson(requests x allowance). A window with
+fewer than MIN_BLOCK_REQUESTS requests is not judged alone: it is pooled with the windows that follow it
+(up to MAX_BLOCK_WINDOWS) into one test whose verdict they share.
+
+Every test of the analysis (every tier, service and node, both SLIs) is judged together, with the false
+discovery rate held at FLEET_FDR (Benjamini-Hochberg): on a healthy fleet the chance that any window at all
+violates is at most FLEET_FDR, however many nodes and hours are analysed, while a real fault, which makes many
+windows bad at once, lowers the bar for its own windows. Violating windows a short gap apart merge into one
+incident; an incident needs violating windows from MIN_BLOCKS separate tests, so a single-window blip is not
+an incident.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import lru_cache
 
+import numpy as np
 import polars as pl
 
 from sloscope.slo_spec import SloSpec, TierObjective
 
+from analytics.significance import fleet_discoveries, poisson_tail
 from analytics.store import Store, sql
 
-ERROR_ALPHA = 1e-3
-MIN_REQUESTS = 5  # below this a window's percentile says nothing
-MIN_WINDOWS = 2
+FLEET_FDR = 0.01
+MIN_BLOCK_REQUESTS = 10  # fewer and a window is pooled with its neighbours before it is judged
+MAX_BLOCK_WINDOWS = 6
+MIN_REQUESTS = 5  # below this a window's percentile says nothing (shown, never tested)
+MIN_BLOCKS = 2
 MAX_GAP_WINDOWS = 3
 
 
@@ -37,29 +47,57 @@ class Incident:
     windows: int
 
 
-@lru_cache(maxsize=65536)
-def failures_needed(requests: int, budget: float) -> int:
-    """Smallest failure count that a window of `requests` running at exactly the budget would reach with
-    probability below ERROR_ALPHA (upper tail of Poisson(requests * budget))."""
-    lam = requests * budget
-    term = cdf = math.exp(-lam)
-    k = 0
-    while 1.0 - cdf >= ERROR_ALPHA and k <= requests:
-        k += 1
-        term *= lam / k
-        cdf += term
-    return k + 1
+def slow_allowance(objective: TierObjective) -> float:
+    """The share of requests the percentile allows above the threshold (p99: 0.01)."""
+    return 1.0 - objective.percentile / 100.0
+
+
+def _blocks(frame: pl.DataFrame, step_s: float) -> list[int]:
+    """Test ids: consecutive windows of one (service, node) pooled until they hold MIN_BLOCK_REQUESTS requests
+    or span MAX_BLOCK_WINDOWS windows. The frame is sorted by service, node, window_start."""
+    span = timedelta(seconds=step_s * MAX_BLOCK_WINDOWS)
+    ids, block, key, first, pooled = [], -1, None, None, 0
+    for service, node, start, requests in frame.select("service", "node", "window_start", "requests").iter_rows():
+        if (service, node) != key or pooled >= MIN_BLOCK_REQUESTS or start >= first + span:
+            block, key, first, pooled = block + 1, (service, node), start, 0
+        pooled += requests
+        ids.append(block)
+    return ids
 
 
 def sli_windows(store: Store, spec: SloSpec, objective: TierObjective, since: datetime, until: datetime) -> pl.DataFrame:
+    """One tier's windows per (service, node) with their test (`block`) and its p-values: `latency_p` for the
+    slow requests, `error_p` for the failures, each against a service at exactly the objective."""
     frame = store.frame(sql("sli_windows"), {
-        "tier": objective.name, "quantile": objective.percentile / 100.0, "step_s": spec.resolution_s,
-        "since": since, "until": until})
-    needed = [failures_needed(int(n), objective.error_budget) for n in frame["requests"].to_list()]
-    return frame.with_columns(
-        latency_violation=(pl.col("latency_ms") > objective.threshold_ms) & (pl.col("requests") >= MIN_REQUESTS),
-        error_violation=pl.col("failures") >= pl.Series(needed, dtype=pl.Int64),
-    ).with_columns(violating=pl.col("latency_violation") | pl.col("error_violation"))
+        "tier": objective.name, "quantile": objective.percentile / 100.0, "threshold_ms": objective.threshold_ms,
+        "step_s": spec.resolution_s, "since": since, "until": until})
+    frame = frame.with_columns(block=pl.Series(_blocks(frame, spec.resolution_s), dtype=pl.Int64))
+    tests = frame.group_by("block").agg(pl.col("requests", "slow", "failures").sum())
+    allowance, budget = slow_allowance(objective), objective.error_budget
+    tests = tests.with_columns(
+        latency_p=pl.Series([poisson_tail(int(k), n * allowance) for n, k in zip(tests["requests"], tests["slow"])],
+                            dtype=pl.Float64),
+        error_p=pl.Series([poisson_tail(int(k), n * budget) for n, k in zip(tests["requests"], tests["failures"])],
+                          dtype=pl.Float64))
+    return frame.join(tests.select("block", "latency_p", "error_p"), on="block").sort("service", "node", "window_start")
+
+
+def judge_fleet(frames: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
+    """Per tier, its windows with `latency_violation`, `error_violation` and `violating`, every test of every
+    tier judged together at FLEET_FDR."""
+    tests = {tier: f.select("block", "latency_p", "error_p").unique("block") for tier, f in frames.items()}
+    p_values = np.concatenate([np.concatenate([t["latency_p"].to_numpy(), t["error_p"].to_numpy()])
+                               for t in tests.values()] or [np.zeros(0)])
+    found = fleet_discoveries(p_values, FLEET_FDR)
+    out, at = {}, 0
+    for tier, t in tests.items():
+        n = t.height
+        verdicts = t.select("block").with_columns(latency_violation=pl.Series(found[at:at + n]),
+                                                  error_violation=pl.Series(found[at + n:at + 2 * n]))
+        at += 2 * n
+        out[tier] = frames[tier].join(verdicts, on="block").with_columns(
+            violating=pl.col("latency_violation") | pl.col("error_violation"))
+    return out
 
 
 def _runs(windows: pl.DataFrame, step_s: float) -> pl.DataFrame:
@@ -71,28 +109,32 @@ def _runs(windows: pl.DataFrame, step_s: float) -> pl.DataFrame:
             .with_columns(run=pl.col("new_run").cum_sum())
             .group_by("service", "node", "run")
             .agg(start=pl.col("window_start").min(), last=pl.col("window_start").max(), windows=pl.len(),
+                 tests=pl.col("block").n_unique(),
                  latency_windows=pl.col("latency_violation").sum(), error_windows=pl.col("error_violation").sum())
-            .filter(pl.col("windows") >= MIN_WINDOWS).sort("start", "service", "node"))
+            .filter(pl.col("tests") >= MIN_BLOCKS).sort("start", "service", "node"))
 
 
 def _incident_sli(store: Store, objective: TierObjective, run: dict, end: datetime) -> dict:
-    requests, failures, latency_ms = store.rows(sql("incident_sli"), {
+    requests, failures, slow, latency_ms = store.rows(sql("incident_sli"), {
         "tier": objective.name, "service": run["service"], "node": run["node"], "quantile": objective.percentile / 100,
-        "start": run["start"], "end": end})[0]
+        "threshold_ms": objective.threshold_ms, "start": run["start"], "end": end})[0]
     if run["latency_windows"] >= run["error_windows"]:
         return {"kind": "latency", "percentile": objective.percentile, "observed_ms": round(float(latency_ms), 1),
-                "objective_ms": objective.threshold_ms}
+                "objective_ms": objective.threshold_ms,
+                "observed_slow_ratio": round(slow / requests, 5) if requests else None,
+                "objective_slow_ratio": round(slow_allowance(objective), 5)}
     return {"kind": "availability", "observed_error_ratio": round(failures / requests, 5) if requests else None,
             "objective_error_ratio": round(objective.error_budget, 5)}
 
 
 def find_incidents(store: Store, spec: SloSpec, since: datetime, until: datetime) -> list[Incident]:
+    frames = {name: sli_windows(store, spec, objective, since, until) for name, objective in spec.tiers.items()}
     incidents = []
     step = timedelta(seconds=spec.resolution_s)
-    for objective in spec.tiers.values():
-        windows = sli_windows(store, spec, objective, since, until)
+    for tier, windows in judge_fleet(frames).items():
+        objective = spec.tiers[tier]
         for run in _runs(windows, spec.resolution_s).iter_rows(named=True):
             end = run["last"] + step
-            incidents.append(Incident(objective.name, run["service"], run["node"], run["start"], end,
+            incidents.append(Incident(tier, run["service"], run["node"], run["start"], end,
                                       _incident_sli(store, objective, run, end), run["windows"]))
     return sorted(incidents, key=lambda i: (i.start, i.tier, i.service, i.node))

@@ -1,10 +1,14 @@
-"""RCA accuracy: every taxonomy cause injected with several seeds, plus healthy controls.
+"""RCA accuracy and incident precision: every taxonomy cause injected with several seeds, plus healthy controls,
+on a realistic fleet (5 nodes, 30 minutes, 4 requests/s per service and node, lognormal latency, bursts,
+drift, innocent signal blips on the other nodes).
 
 Prints AC@1 and AC@3 per cause and overall for sloscope's attribution and for a BARO-style baseline on the
 same data (the highest robust score over all signals of the incident's node, absolute, with no taxonomy, no
-precedence and no locality), whether every incident was on the faulty node, and incidents in the controls.
+precedence and no locality); wrong-node incidents per faulty run; how long after the fault's requests broke
+the SLO its first incident could be opened; and false incidents per 100 node-hours of healthy fleet, each
+against its target.
 
-    .venv/bin/python benchmarks/rca_accuracy.py [--seeds 5] [--causes a,b] [--nodes 4]
+    .venv/bin/python benchmarks/rca_accuracy.py [--seeds 5] [--causes a,b] [--nodes 5] [--controls 2]
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -22,12 +27,14 @@ import polars as pl
 from analytics.attribution import GROWTH_SUFFIX, Window, series_scores, signal_steps
 from analytics.ingest import Ingestor
 from analytics.rca import analyse
-from analytics.slo import find_incidents
+from analytics.slo import MIN_BLOCKS, find_incidents
 from analytics.store import Store
 from enrich.tiers import TierResolver
 from simulator.fleet import SimulationConfig, simulate
 from sloscope import taxonomy
 from sloscope.slo_spec import load_spec
+
+SLI_RAMP_S = 5.0  # simulator.fleet: the latency response reaches full effect this long after its onset
 
 
 def baro_ranking(store: Store, spec, incident) -> list[str]:
@@ -46,31 +53,47 @@ def baro_ranking(store: Store, spec, incident) -> list[str]:
     return ranked
 
 
-def run_case(cause: str | None, seed: int, nodes: int, rate: float, workdir: Path) -> dict:
+TARGET_FALSE_PER_100_NODE_HOURS = 1.0
+TARGET_WRONG_NODE_PER_RUN = 0.1
+TARGET_AC1 = 0.95
+TARGET_DETECT_S = 30.0
+
+
+def run_case(cause: str | None, seed: int, nodes: int, rate: float, duration_s: int, workdir: Path) -> dict:
     spec = load_spec(None)
     out = workdir / f"{cause or 'control'}-{seed}"
-    truth = simulate(SimulationConfig(out=out, nodes=nodes, seed=seed, fault=cause, rate=rate, duration_s=1200))
+    truth = simulate(SimulationConfig(out=out, nodes=nodes, seed=seed, fault=cause, rate=rate, duration_s=duration_s))
     with Store(out / "db.duckdb") as store:
         Ingestor(store, TierResolver.from_spec(spec)).ingest_files(sorted(out.glob("*.jsonl*")))
     with Store(out / "db.duckdb", read_only=True) as store:
         result = analyse(store, spec)
         incidents = result["incidents"]
-        case = {"cause": cause, "seed": seed, "incidents": len(incidents)}
+        case = {"cause": cause, "seed": seed, "incidents": len(incidents), "node_hours": nodes * duration_s / 3600}
         if cause is None:
             return case
         node = truth.fault["node"]
-        case["right_node"] = bool(incidents) and all(i["node"] == node for i in incidents)
+        case["wrong_node"] = sum(i["node"] != node for i in incidents)
+        case["right_node"] = bool(incidents) and not case["wrong_node"]
         on_node = [i for i in incidents if i["node"] == node]
         ours = [c["cause"] for c in on_node[0]["causes"]] if on_node else []
         first = next((i for i in find_incidents(store, spec, *_range(store)) if i.node == node), None)
         baseline = baro_ranking(store, spec, first) if first else []
+        case["detected_after_s"] = _detection_delay(first, truth, spec)
     case.update(ours=ours[:3], baseline=baseline[:3])
     return case
 
 
-def _range(store: Store):
-    from datetime import timedelta
+def _detection_delay(first, truth, spec) -> float | None:
+    """Seconds from the fault's requests breaking the SLO (its latency response at full effect) to the end of
+    the incident's second violating window, when it can first be opened."""
+    if first is None:
+        return None
+    broke = datetime.fromisoformat(truth.fault["sli_onset"].replace("Z", "")) + timedelta(seconds=SLI_RAMP_S)
+    opened = first.start + timedelta(seconds=MIN_BLOCKS * spec.resolution_s)
+    return (opened - broke).total_seconds()
 
+
+def _range(store: Store):
     first, last = store.rows("SELECT min(start_time), max(start_time) FROM requests")[0]
     return first, last + timedelta(seconds=1)
 
@@ -100,17 +123,42 @@ def summarise(cases: list[dict]) -> str:
     n = total["n"] or 1
     lines.append(f"{'overall':<22} {total['n']:>3} {total['ours@1'] / n:>6.2f} {total['ours@3'] / n:>6.2f} "
                  f"{total['baseline@1'] / n:>7.2f} {total['baseline@3'] / n:>7.2f} {total['right_node']:>4}/{total['n']}")
+    return "\n".join(lines + _targets(cases, total["ours@1"] / n))
+
+
+def _targets(cases: list[dict], ac1: float) -> list[str]:
+    faulty = [c for c in cases if c["cause"] is not None]
     controls = [c for c in cases if c["cause"] is None]
-    lines.append(f"healthy controls: {len(controls)} runs, {sum(c['incidents'] for c in controls)} incidents")
-    return "\n".join(lines)
+    node_hours = sum(c["node_hours"] for c in controls)
+    false_rate = 100 * sum(c["incidents"] for c in controls) / node_hours if node_hours else float("nan")
+    wrong = sum(c["wrong_node"] for c in faulty) / len(faulty) if faulty else float("nan")
+    delays = [c["detected_after_s"] for c in faulty if c["detected_after_s"] is not None]
+    missed = sum(c["detected_after_s"] is None for c in faulty)
+    worst = max(delays, default=float("nan"))
+
+    def verdict(ok: bool) -> str:
+        return "ok" if ok else "ABOVE TARGET"
+    return [
+        f"healthy controls: {len(controls)} runs, {node_hours:.1f} node-hours, "
+        f"{sum(c['incidents'] for c in controls)} incidents: {false_rate:.2f} per 100 node-hours "
+        f"(target <= {TARGET_FALSE_PER_100_NODE_HOURS:g}: {verdict(false_rate <= TARGET_FALSE_PER_100_NODE_HOURS)})",
+        f"wrong-node incidents: {wrong:.2f} per faulty run (target <= {TARGET_WRONG_NODE_PER_RUN:g}: "
+        f"{verdict(wrong <= TARGET_WRONG_NODE_PER_RUN)})",
+        f"AC@1 {ac1:.2f} (target >= {TARGET_AC1:g}: {verdict(ac1 >= TARGET_AC1)})",
+        f"detection after the SLO broke: median {sorted(delays)[len(delays) // 2] if delays else float('nan'):.0f} s, "
+        f"worst {worst:.0f} s, missed {missed} (target <= {TARGET_DETECT_S:g} s: "
+        f"{verdict(not missed and worst <= TARGET_DETECT_S)})",
+    ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--causes", default=",".join(taxonomy.CAUSE_IDS))
-    parser.add_argument("--nodes", type=int, default=4)
-    parser.add_argument("--rate", type=float, default=6.0, help="requests/s per service per node")
+    parser.add_argument("--nodes", type=int, default=5)
+    parser.add_argument("--rate", type=float, default=4.0, help="requests/s per service per node")
+    parser.add_argument("--duration", type=int, default=1800, help="seconds per run")
+    parser.add_argument("--controls", type=int, default=2, help="healthy runs per seed")
     parser.add_argument("--json", type=Path, help="also write every case here")
     args = parser.parse_args()
     causes = [c for c in args.causes.split(",") if c]
@@ -118,13 +166,15 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(1, args.seeds + 1):
-            for cause in causes + [None]:
-                case = run_case(cause, seed, args.nodes, args.rate, Path(tmp))
+            for cause in causes + [None] * args.controls:
+                case = run_case(cause, seed if cause else seed * 100 + len(cases), args.nodes, args.rate,
+                                args.duration, Path(tmp))
                 cases.append(case)
                 verdict = "" if cause is None else ("ok " if case["ours"][:1] == [cause] else "MISS")
-                print(f"{verdict:4} {cause or 'control':<22} seed {seed}: incidents {case['incidents']}, "
+                print(f"{verdict:4} {cause or 'control':<22} seed {case['seed']}: incidents {case['incidents']}, "
+                      f"wrong node {case.get('wrong_node')}, detected after {case.get('detected_after_s')} s, "
                       f"ours {case.get('ours')}, baseline {case.get('baseline')}", file=sys.stderr, flush=True)
-                for path in (Path(tmp) / f"{cause or 'control'}-{seed}").iterdir():
+                for path in (Path(tmp) / f"{cause or 'control'}-{case['seed']}").iterdir():
                     path.unlink()
     print(summarise(cases))
     print(f"{len(cases)} runs in {time.monotonic() - started:.0f}s")

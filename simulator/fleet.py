@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from sloscope import catalog, taxonomy
-from simulator import faults, otlp_json, signals, traffic
+from simulator import blips, faults, otlp_json, signals, traffic
 from simulator.signals import Counter, Gauge, Histogram, NodeSeries
 
 METRICS_FILE = "metrics.jsonl"
@@ -268,6 +268,7 @@ def build_fleet(cfg: SimulationConfig) -> Fleet:
     reset_truth = {"node": names[rnode], "at": at(r), "gap_s": RESTART_GAP_S,
                    "restarted_at": at(r + RESTART_GAP_S - 1)}
 
+    innocent = blips.add_blips(nodes, names, fault_node if cause else None, n, seed, at)
     plan = traffic.make_plan(seed, n, start_ns, int(cfg.flush_interval_s), services, names, cfg.rate, latency)
     truth = GroundTruth(
         seed=seed, start=at(0), end=at(n), nodes=list(names), services=list(services),
@@ -278,6 +279,7 @@ def build_fleet(cfg: SimulationConfig) -> Fleet:
                                   "availability": v["availability"]} for t, v in traffic.TIERS.items()},
                     "resolution": "10s"},
             "bursts": {s: [at(b) for b in plan.bursts[s].tolist()] for s in services},
+            "blips": innocent,
             "reference_score": "median over the anomaly of the harmful-direction deviation from the median of "
                                "the 10 min before it (ending 30 s before), in baseline IQRs floored at the "
                                "catalog noise floor; per-second gauge values, counter deltas, histogram means",

@@ -206,9 +206,10 @@ def build_node(seed: int, index: int, name: str, n: int) -> NodeSeries:
         counter[0] += 1
         return (seed, 11, index, counter[0])
 
-    def gauge(sig, attrs, level, drift_amp, noise_sd, corr_s=4.0, lo=0.0, hi=math.inf, decimals=4):
-        v = level + drift(rng, n, drift_amp) + smooth_noise(rng, n, noise_sd * 0.6, corr_s) + \
-            rng.standard_normal(n) * noise_sd * 0.8
+    def gauge(sig, attrs, level, drift_amp, noise_sd, corr_s=4.0, lo=0.0, hi=math.inf, decimals=4, gen=None):
+        g = gen or rng
+        v = level + drift(g, n, drift_amp) + smooth_noise(g, n, noise_sd * 0.6, corr_s) + \
+            g.standard_normal(n) * noise_sd * 0.8
         series.append(Gauge(sig, tuple(attrs), sid(), values=v, lo=lo, hi=hi, decimals=decimals))
 
     def counter_(sig, attrs, rate, drift_rel, noise_rel, integer=False, cv=0.05, cap=math.inf):
@@ -252,10 +253,12 @@ def build_node(seed: int, index: int, name: str, n: int) -> NodeSeries:
 
     # GPUs
     gpus = tuple(gpu_uuid(rng) for _ in range(GPUS_PER_NODE))
+    utils: dict[str, float] = {}
     for hw in gpus:
         util = rng.uniform(0.45, 0.62)
         gauge("hw.gpu.utilization", [("hw.id", hw), ("hw.gpu.task", "general")], util, 0.05, 0.025, lo=0.0, hi=1.0)
-        gauge("sloscope.gpu.sm.active.max", [("hw.id", hw)], util + rng.uniform(0.06, 0.1), 0.04, 0.02,
+        utils[hw] = util
+        gauge("sloscope.gpu.kernel.busy.max", [("hw.id", hw)], util + rng.uniform(0.06, 0.1), 0.04, 0.02,
               lo=0.0, hi=1.0)
         gauge("sloscope.gpu.dram.active", [("hw.id", hw)], rng.uniform(0.3, 0.45), 0.04, 0.02, lo=0.0, hi=1.0)
         usage = np.full(n, float(int(rng.uniform(0.38, 0.55) * GPU_MEMORY_LIMIT) // 2**20 * 2**20))
@@ -297,5 +300,16 @@ def build_node(seed: int, index: int, name: str, n: int) -> NodeSeries:
         series.append(Counter("system.paging.faults", (("system.paging.type", kind),), sid(),
                               rate=np.maximum(r, 0.0), integer=True, cv=0.2))
 
+    # DCGM's SM share, reserved framebuffer and per-signal probe health, from a generator of their own too
+    gpu_rng = np.random.default_rng([seed, 3, index])
+    for hw, util in utils.items():
+        # below the kernel-busy peak: kernels that leave SMs idle still count as busy time
+        gauge("sloscope.gpu.sm.active", [("hw.id", hw)], util * gpu_rng.uniform(0.55, 0.75), 0.04, 0.02,
+              lo=0.0, hi=1.0, gen=gpu_rng)
+        series.append(Gauge("sloscope.gpu.memory.reserved", (("hw.id", hw),), sid(),
+                            values=np.full(n, float(gpu_rng.integers(400, 700)) * 2**20), decimals=0))
+    for signal in ("sloscope.gpu.sm.active", "sloscope.gpu.dram.active"):
+        series.append(Gauge("sloscope.probe.signal.health", (("probe.name", "dcgm"), ("sloscope.signal.name", signal)),
+                            sid(), values=np.ones(n), decimals=0))
     return NodeSeries(name=name, index=index, gpus=gpus, series=series,
                       uptime_s=float(rng.uniform(3600.0, 2 * 86400.0)), phase_ns=int(rng.integers(0, 1000)) * 10**6)

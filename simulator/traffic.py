@@ -2,10 +2,12 @@
 and hostile), lognormal latency per (service, tier), traffic bursts, baseline 4xx/5xx, a few CLIENT spans,
 and the latency/error response of the fault node.
 
-Latency is lognormal with its z-score clipped at +-3.2 (a request past that is a timeout, which this fleet
-never reaches when healthy), so the healthy fleet's worst request stays below 75 % of its tier's threshold in
-every 10 s step, bursts and drift included (`check_latency_margin`). Baseline 5xx are kept only where the
-step's volume absorbs them without breaking the tier's error budget (see `budget_filter`).
+Latency is lognormal per request (sigma 0.3, medians near 300 ms for the p99 <= 800 ms tier and 90 ms for the
+p95 <= 200 ms tier), drifting slowly per (node, service) and, mildly, across the whole fleet at once, and 12 %
+slower in 10x bursts. Single requests and whole small windows do cross the threshold on a healthy fleet, as in
+a real one; what stays within the objective is the share of slow requests: below MARGIN of the percentile's
+allowance at the worst drift and burst (`check_latency_margin`). Baseline 5xx are kept only where the step's
+volume absorbs them without breaking the tier's error budget (see `budget_filter`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ TIERS = {
 DEFAULT_TIER = "standard"
 CRITICAL = "p99-latency-critical"
 TIER_CODES = (CRITICAL, DEFAULT_TIER)  # effective tier code 0 / 1
-MARGIN = 0.75  # the healthy fleet's worst request stays below this share of the threshold
+MARGIN = 0.8  # the healthy fleet's slow share stays below this share of the percentile's allowance
 
-Z_CLIP = 3.2
+Z_CLIP = 5.0  # a request past this is a timeout (about 1 in 3.5 million)
 NODE_FACTOR = 0.05  # per (node, service) latency factor 1 +- this
-DRIFT = 0.04  # slow latency drift amplitude
+DRIFT = 0.04  # slow latency drift amplitude per (node, service)
+FLEET_DRIFT = 0.04  # ... and of the whole fleet at once (load, model cache warmth)
+FLEET_DRIFT_PERIOD_S = 2400.0
 BURST_RATE = 10.0  # request-rate multiplier during a burst
 BURST_LATENCY = 1.12  # latency multiplier during a burst
 BURST_S = 5
@@ -53,10 +57,10 @@ class ServiceProfile:
 
 PROFILES = {
     "llm-gateway": ServiceProfile((("POST", "/v1/chat/completions"), ("POST", "/v1/completions")),
-                                  {CRITICAL: 0.150, DEFAULT_TIER: 0.042}, 0.28, "vllm-engine"),
-    "embedder": ServiceProfile((("POST", "/v1/embeddings"),), {CRITICAL: 0.045, DEFAULT_TIER: 0.020}, 0.30,
+                                  {CRITICAL: 0.300, DEFAULT_TIER: 0.090}, 0.30, "vllm-engine"),
+    "embedder": ServiceProfile((("POST", "/v1/embeddings"),), {CRITICAL: 0.260, DEFAULT_TIER: 0.080}, 0.30,
                                "triton-embed"),
-    "reranker": ServiceProfile((("POST", "/v1/rerank"),), {CRITICAL: 0.080, DEFAULT_TIER: 0.032}, 0.28,
+    "reranker": ServiceProfile((("POST", "/v1/rerank"),), {CRITICAL: 0.280, DEFAULT_TIER: 0.085}, 0.30,
                                "feature-cache"),
 }
 DEFAULT_SERVICES = tuple(PROFILES)
@@ -65,22 +69,29 @@ DEFAULT_SERVICES = tuple(PROFILES)
 def profile_for(service: str) -> ServiceProfile:
     if service in PROFILES:
         return PROFILES[service]
-    return ServiceProfile((("POST", f"/v1/{service}"),), {CRITICAL: 0.100, DEFAULT_TIER: 0.035}, 0.30, "model-store")
+    return ServiceProfile((("POST", f"/v1/{service}"),), {CRITICAL: 0.280, DEFAULT_TIER: 0.085}, 0.30, "model-store")
 
 
-def worst_latency_s(service: str, tier: str) -> float:
-    """The largest latency the healthy model can produce for (service, tier)."""
+def slow_allowance(tier: str) -> float:
+    return 1.0 - TIERS[tier]["percentile"] / 100.0
+
+
+def worst_slow_share(service: str, tier: str) -> float:
+    """The share of requests slower than the tier's threshold at the healthy model's slowest moment: the
+    slowest node, both drifts at their peak, in a burst."""
     prof = profile_for(service)
-    return prof.median_s[tier] * (1 + NODE_FACTOR) * (1 + DRIFT) * BURST_LATENCY * math.exp(Z_CLIP * prof.sigma)
+    median = prof.median_s[tier] * (1 + NODE_FACTOR) * (1 + DRIFT) * (1 + FLEET_DRIFT) * BURST_LATENCY
+    z = math.log(TIERS[tier]["threshold_s"] / median) / prof.sigma
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
 def check_latency_margin(services) -> None:
     for svc in services:
-        for tier, slo in TIERS.items():
-            worst = worst_latency_s(svc, tier)
-            if worst >= MARGIN * slo["threshold_s"]:
-                raise ValueError(f"latency model of {svc}/{tier} can reach {worst * 1e3:.0f} ms, above "
-                                 f"{MARGIN:.0%} of the {slo['threshold_s'] * 1e3:.0f} ms objective")
+        for tier in TIERS:
+            worst, allowed = worst_slow_share(svc, tier), slow_allowance(tier)
+            if worst >= MARGIN * allowed:
+                raise ValueError(f"latency model of {svc}/{tier} can make {worst:.2%} of requests slower than "
+                                 f"the objective, above {MARGIN:.0%} of the {allowed:.0%} the percentile allows")
 
 
 # ------------------------------------------------------------------------------------------------ encoding
@@ -166,6 +177,7 @@ class TrafficPlan:
     node_factor: np.ndarray  # (nodes, services)
     drift_phase: np.ndarray  # (nodes, services)
     drift_period: np.ndarray  # (nodes, services)
+    fleet_drift_phase: float
     fault: LatencyFault | None = None
     cache: dict = field(default_factory=dict, repr=False)
 
@@ -187,7 +199,8 @@ def make_plan(seed, n, start_ns, flush, services, nodes, rate, fault=None) -> Tr
     return TrafficPlan(seed, n, start_ns, flush, tuple(services), tuple(nodes), rate, bursts,
                        node_factor=1.0 + rng.uniform(-NODE_FACTOR, NODE_FACTOR, size=shape),
                        drift_phase=rng.uniform(0, 2 * math.pi, size=shape),
-                       drift_period=rng.uniform(900, 3600, size=shape), fault=fault)
+                       drift_period=rng.uniform(900, 3600, size=shape),
+                       fleet_drift_phase=float(rng.uniform(0, 2 * math.pi)), fault=fault)
 
 
 def base_p99_critical(plan: TrafficPlan, node: int, svc: int) -> float:
@@ -301,6 +314,7 @@ def chunk_spans(plan: TrafficPlan, node: int, svc: int, chunk: int, a: int, b: i
     med = np.where(critical, prof.median_s[CRITICAL], prof.median_s[DEFAULT_TIER])
     z = np.clip(rng.standard_normal(total), -Z_CLIP, Z_CLIP)
     drift = 1.0 + DRIFT * np.sin(2 * math.pi * t / plan.drift_period[node, svc] + plan.drift_phase[node, svc])
+    drift *= 1.0 + FLEET_DRIFT * np.sin(2 * math.pi * t / FLEET_DRIFT_PERIOD_S + plan.fleet_drift_phase)
     lat = med * plan.node_factor[node, svc] * drift * np.where(in_burst, BURST_LATENCY, 1.0) * np.exp(prof.sigma * z)
     fault_errors = np.zeros(total, dtype=bool)
     f = plan.fault

@@ -52,7 +52,9 @@ def test_rca_json_follows_contract_4(tmp_path, capsys):
     assert main(["rca", "--db", str(db), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     incident = doc["incidents"][0]
-    assert set(incident) == {"tier", "service", "node", "start", "end", "sli", "causes"}
+    assert set(incident) == {"tier", "service", "node", "start", "end", "sli", "causes", "diagnosis"}
+    baseline = incident["diagnosis"]["baseline"]  # the run starts 10 min before the fault: all of that history is used
+    assert incident["diagnosis"]["verdict"] == "ranked" and 500 < baseline["used_s"] <= baseline["requested_s"] == 600
     assert incident["tier"] in SPEC.tiers
     import re
     assert re.match(RFC3339, incident["start"]) and re.match(RFC3339, incident["end"])

@@ -96,3 +96,25 @@ def test_slow_syscalls_are_explained_away_by_the_resource_they_wait_for():
     assert ranked[0] == "disk_io" and "syscall_overhead" not in ranked
     alone = rank_causes(_scores([fsync]), "n1", window)
     assert alone[0]["cause"] == "syscall_overhead" and alone[0]["score"] > 0.9
+
+
+def test_rca_at_explains_a_moment_without_an_slo_breach(store, tmp_path, capsys):  # noqa: F811
+    """The cause on n1 began at 12 min: asked about that moment, rca ranks (n1, cpu_contention) first; asked
+    about a quiet moment, it finds no clear cause and says why."""
+    from analytics.rca import explain_moment
+    moment = explain_moment(store, SPEC, T0 + timedelta(minutes=12))["moment"]
+    assert moment["causes"][0]["node"] == "n1" and moment["causes"][0]["cause"] == "cpu_contention"
+    assert moment["diagnosis"]["verdict"] == "ranked"
+    quiet = explain_moment(store, SPEC, T0 + timedelta(minutes=11), node="n2")["moment"]
+    assert quiet["causes"] == [] and quiet["diagnosis"]["verdict"] == "no_clear_cause"
+    assert quiet["diagnosis"]["candidates"] and all(c["node"] == "n2" for c in quiet["diagnosis"]["candidates"])
+
+
+def test_rca_at_on_the_command_line(store, capsys):  # noqa: F811
+    from sloscope.cli import main
+    db = store.con.execute("PRAGMA database_list").fetchall()[0][2]
+    assert main(["rca", "--db", db, "--at", "2025-11-29T10:12:00Z", "--node", "n1", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["incidents"] == [] and doc["moment"]["causes"][0]["cause"] == "cpu_contention"
+    assert main(["rca", "--db", db, "--node", "n1"]) == 2
+    assert "--node goes with --at" in capsys.readouterr().err

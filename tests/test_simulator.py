@@ -276,7 +276,8 @@ def test_plausible_healthy_levels(healthy):
 
     for node in pts:
         assert 0.35 < np.median(values(node, "hw.gpu.utilization")) < 0.7
-        assert 0.45 < np.median(values(node, "sloscope.gpu.sm.active.max")) < 0.8
+        assert 0.45 < np.median(values(node, "sloscope.gpu.kernel.busy.max")) < 0.8
+        assert 0.15 < np.median(values(node, "sloscope.gpu.sm.active")) < 0.5
         assert 50 < np.median(values(node, "hw.gpu.temperature")) < 70
         assert 38 < np.median(values(node, "sloscope.nvme.temperature")) < 52
         assert 2e-4 < np.median(values(node, "spdk.bdev.io.wait")) < 1.2e-3
@@ -306,7 +307,7 @@ def test_counter_reset_is_a_collector_restart(healthy):
 # ------------------------------------------------------------------------------------------------ SLO
 
 
-def test_healthy_fleet_never_violates_any_slo_step(healthy):
+def test_healthy_fleet_keeps_slow_and_failed_requests_within_each_tier_allowance(healthy):
     out, truth = healthy
     spans = server_spans(read_lines(out / "traces.jsonl.gz"))
     assert len(spans) > 3 * 3 * 12 * 300 * 0.9
@@ -314,22 +315,26 @@ def test_healthy_fleet_never_violates_any_slo_step(healthy):
     for s in spans:
         tiers_seen[s[2]] += 1
     assert tiers_seen["p99-latency-critical"] > 0.2 * len(spans)
-    worst = {}
-    for key in (lambda s: s[3], lambda s: s[4]):  # steps by start and by end time
-        for (tier, svc, node, step), (lat, failed) in steps(spans, key).items():
-            pct, threshold, budget = TIERS[tier]
-            p = percentile(lat, pct)
-            assert p < 0.75 * threshold, (tier, svc, node, step, p)
-            assert failed[0] / len(lat) < budget, (tier, svc, node, step, failed[0], len(lat))
-            worst[tier] = max(worst.get(tier, 0), p / threshold)
-    assert 0.2 < worst["p99-latency-critical"] < 0.75 and 0.2 < worst["standard"] < 0.75
+    worst, slow, total = {}, defaultdict(int), defaultdict(int)
+    for (tier, svc, node, step), (lat, failed) in steps(spans, lambda s: s[3]).items():
+        pct, threshold, budget = TIERS[tier]
+        assert failed[0] / len(lat) < budget, (tier, svc, node, step, failed[0], len(lat))
+        slow[tier, svc, node] += sum(v > threshold for v in lat)
+        total[tier, svc, node] += len(lat)
+        worst[tier] = max(worst.get(tier, 0), percentile(lat, pct) / threshold)
+    for (tier, svc, node), n in total.items():
+        assert slow[tier, svc, node] / n < 1 - TIERS[tier][0] / 100, (tier, svc, node, slow[tier, svc, node], n)
+    for (tier, svc, node, step), (lat, failed) in steps(spans, lambda s: s[4]).items():  # steps by end time
+        assert failed[0] / len(lat) < TIERS[tier][2], (tier, svc, node, step, failed[0], len(lat))
+    # Lognormal noise: single windows' percentiles come near the objective, as in a real fleet.
+    assert worst["p99-latency-critical"] > 0.6 and worst["standard"] > 0.6
 
 
 def test_latency_model_margin_holds_by_construction():
     traffic.check_latency_margin(traffic.DEFAULT_SERVICES + ("some-other-service",))
     for svc in traffic.DEFAULT_SERVICES:
-        for tier, slo in traffic.TIERS.items():
-            assert traffic.worst_latency_s(svc, tier) < 0.75 * slo["threshold_s"]
+        for tier in traffic.TIERS:
+            assert 0 < traffic.worst_slow_share(svc, tier) < traffic.MARGIN * traffic.slow_allowance(tier)
 
 
 def test_hostile_and_missing_tier_values_are_present_and_behave_as_default(healthy):
@@ -348,9 +353,9 @@ def test_hostile_and_missing_tier_values_are_present_and_behave_as_default(healt
     assert '"<missing>"' in hostile
     assert any(len(k) >= 40 for k in hostile)  # the 10 kB value
     assert any("Latency-Critical" in k for k in hostile) and '[""]' in hostile and '[]' in hostile
-    # folded into the default tier, and served like it
+    # folded into the default tier, and served like it: its median, far below the critical tier's
     for lats in hostile.values():
-        assert max(lats) < 0.75 * 0.2
+        assert np.median(lats) < 0.6 * 0.2
 
 
 def test_network_loss_breaks_availability_on_the_fault_node(tmp_path):
@@ -417,15 +422,15 @@ def test_latency_rises_after_onset_on_fault_node(faulty):
     sli = int(datetime.fromisoformat(truth.fault["sli_onset"].replace("Z", "+00:00")).timestamp()) * 10**9
     assert onset + 5 * 10**9 <= sli <= onset + 15 * 10**9
     fnode = truth.fault["node"]
-    p99 = {}
+    p99, healthy = {}, []
     for (tier, svc, node, step), (lat, _) in steps(spans).items():
         if tier != "p99-latency-critical":
             continue
-        p = percentile(lat, 99)
         t0 = step * 10**10
         if node != fnode or t0 + 10**10 <= onset + 5 * 10**9:  # other nodes, and the fault node before
-            assert p < 0.6, (node, svc, step, p)
-        p99[(svc, node, t0)] = p
+            healthy.extend(lat)
+        p99[(svc, node, t0)] = percentile(lat, 99)
+    assert np.mean(np.asarray(healthy) > 0.8) < 0.01  # within the p99 allowance
     for svc in truth.fault["affected_services"]:
         late = [p for (s, n, t0), p in p99.items() if s == svc and n == fnode and sli + 10**10 <= t0 < onset + 110 * 10**9]
         assert late and np.median(late) > 1.2 * 0.8, (svc, late)

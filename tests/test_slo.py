@@ -1,8 +1,13 @@
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 
-from analytics.slo import failures_needed, find_incidents
+import math
+
+import numpy as np
+
+from analytics.significance import fleet_discoveries, poisson_critical_approx, poisson_tail
+from analytics.slo import find_incidents, sli_windows
 from analytics.store import Store
 from analytics.ingest import Ingestor
 from enrich.tiers import TierResolver
@@ -49,10 +54,36 @@ def test_a_missing_spec_file_is_a_clear_error(tmp_path):
         load_spec(tmp_path / "nope.yaml")
 
 
-def test_failures_needed_tests_against_the_budget():
-    assert failures_needed(30, 0.001) == 2  # one failure in 30 is not yet improbable at a 0.1 % budget
-    assert failures_needed(1000, 0.005) > 5  # far above the expected 5 needed before it is a violation
-    assert failures_needed(10, 0.5) > 5
+def _poisson_tail_by_summing(k, expected):
+    return 1.0 - sum(math.exp(-expected) * expected ** j / math.factorial(j) for j in range(k))
+
+
+@pytest.mark.parametrize("k,expected", [(2, 0.03), (5, 0.4), (7, 0.4), (12, 1.4), (40, 20.0), (3, 2.9)])
+def test_poisson_tail_is_the_chance_of_that_many_bad_requests_at_the_objective(k, expected):
+    assert poisson_tail(k, expected) == pytest.approx(_poisson_tail_by_summing(k, expected), rel=1e-9)
+
+
+def test_poisson_tail_stays_finite_far_out_and_is_one_below_the_expected_count():
+    assert 0.0 < poisson_tail(80, 1.0) < 1e-100
+    assert poisson_tail(900, 1000.0) == 1.0 and poisson_tail(0, 3.0) == 1.0
+
+
+@pytest.mark.parametrize("expected", [0.4, 1.0, 3.0, 10.0, 100.0, 1000.0])
+def test_the_closed_form_critical_count_is_within_one_request_of_the_exact_one(expected):
+    alpha = 1e-6
+    exact = next(k for k in range(1, 10_000) if poisson_tail(k, expected) < alpha)
+    approx = math.ceil(poisson_critical_approx(expected, alpha))
+    assert exact <= approx <= exact + 1
+
+
+def test_fleet_discoveries_hold_false_discoveries_across_all_tests_not_per_test():
+    rng = np.random.default_rng(7)
+    healthy = rng.random(100_000)
+    assert (healthy < 1e-3).sum() > 50  # a per-window test at 0.1 % would report dozens of false violations
+    assert not fleet_discoveries(healthy, 0.01).any()
+    faulty = np.concatenate([healthy, np.full(30, 1e-7)])
+    found = fleet_discoveries(faulty, 0.01)
+    assert found[-30:].all() and found[:-30].sum() <= 1
 
 
 T0 = 1_764_410_400_000_000_000
@@ -87,3 +118,60 @@ def test_violating_windows_merge_into_incidents_per_tier_service_node(tmp_path):
     assert n1.start == datetime(2025, 11, 29, 10, 5, 0) and n1.end == datetime(2025, 11, 29, 10, 5, 40)
     assert n1.sli["observed_ms"] == pytest.approx(1500, rel=0.01) and n1.sli["objective_ms"] == 800
     assert n2.sli["observed_error_ratio"] == pytest.approx(0.1, abs=0.01)  # half the traffic failing 1 in 5
+
+
+def _lognormal_spans(node, start_s, seconds, rate, median_ms, sigma, seed, base, tier="gold"):
+    rng = np.random.default_rng(seed)
+    n = seconds * rate
+    latencies = median_ms * np.exp(sigma * rng.standard_normal(n))
+    return traces([span(f"{base + i:032x}", f"{base + i:016x}", T0 + start_s * S + i * S // rate, float(ms),
+                        tier=[tier]) for i, ms in enumerate(latencies)], node=node)
+
+
+def _load(tmp_path, spec, lines):
+    store = Store(tmp_path / "x.duckdb")
+    Ingestor(store, TierResolver.from_spec(spec)).ingest_files([write_lines(tmp_path / "s.jsonl", lines)])
+    return store
+
+
+def test_a_healthy_lognormal_fleet_opens_no_incident_though_window_percentiles_cross_the_objective(tmp_path):
+    """Tier gold, p99 <= 800 ms, median 400 ms and sigma 0.3: 0.1 % of requests are slower than 800 ms, well
+    within the 1 % the percentile allows, but a 10 s window's p99 over 40 requests is nearly its maximum."""
+    spec = parse_spec(GOOD)
+    lines = [_lognormal_spans(f"n{k}", 0, 1800, 4, 400, 0.3, seed=k, base=k * 10**6) for k in range(5)]
+    with _load(tmp_path, spec, lines) as store:
+        windows = sli_windows(store, spec, spec.tiers["gold"], datetime(2000, 1, 1), datetime(2100, 1, 1))
+        incidents = find_incidents(store, spec, datetime(2000, 1, 1), datetime(2100, 1, 1))
+    assert windows.filter(windows["latency_ms"] > 800).height >= 5  # what the eyeballed test paged on
+    assert incidents == []
+
+
+def test_a_fault_that_breaks_the_slo_is_found_within_30_s_among_a_healthy_fleet(tmp_path):
+    spec = parse_spec(GOOD)
+    lines = [_lognormal_spans(f"n{k}", 0, 1800, 4, 400, 0.3, seed=k, base=k * 10**6) for k in range(1, 5)]
+    lines += [_lognormal_spans("n0", 0, 900, 4, 400, 0.3, seed=0, base=0),
+              _lognormal_spans("n0", 900, 60, 4, 700, 0.3, seed=9, base=9 * 10**6),  # 32 % slower than 800 ms
+              _lognormal_spans("n0", 960, 840, 4, 400, 0.3, seed=10, base=10 * 10**6)]
+    with _load(tmp_path, spec, lines) as store:
+        incidents = find_incidents(store, spec, datetime(2000, 1, 1), datetime(2100, 1, 1))
+    assert [(i.node, i.sli["kind"]) for i in incidents] == [("n0", "latency")]
+    broke = datetime(2025, 11, 29, 10, 15)
+    assert broke <= incidents[0].start and incidents[0].start + timedelta(seconds=20) <= broke + timedelta(seconds=30)
+    assert incidents[0].sli["observed_slow_ratio"] > 0.2 and incidents[0].sli["objective_slow_ratio"] == 0.01
+
+
+def test_sparse_windows_are_pooled_with_their_neighbours_before_they_are_judged(tmp_path):
+    """At 0.2 requests/s a window holds two requests: alone, two slow ones out of two never reach p < 1e-4
+    at a 1 % allowance... pooled over five windows, ten slow ones out of ten do."""
+    spec = parse_spec(GOOD)
+    lines = [_spans("n1", 0, 600, 100, rate=1), _spans("n1", 600, 60, 1500, rate=1, base=10_000)]
+    sparse = [span(f"{50_000 + i:032x}", f"{50_000 + i:016x}", T0 + (600 + 5 * i) * S, 1500, tier=["gold"])
+              for i in range(24)]
+    lines.append(traces(sparse, node="n2"))
+    with _load(tmp_path, spec, lines) as store:
+        windows = sli_windows(store, spec, spec.tiers["gold"], datetime(2000, 1, 1), datetime(2100, 1, 1))
+        incidents = find_incidents(store, spec, datetime(2000, 1, 1), datetime(2100, 1, 1))
+    n2 = windows.filter(windows["node"] == "n2")
+    assert n2["requests"].max() == 2 and n2["block"].n_unique() == 3  # 12 windows: 5 + 5 + 2
+    assert n2["latency_p"].max() < 1e-6
+    assert {i.node for i in incidents} == {"n1", "n2"}
