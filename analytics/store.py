@@ -21,7 +21,7 @@ import polars as pl
 
 from sloscope.records import Batch, SpanColumns, SpanTable
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_DB = Path(os.environ.get("SLOSCOPE_DB", "var/sloscope.duckdb"))
 SERIES = ["node", "metric", "attributes"]
 
@@ -37,8 +37,8 @@ def sql(name: str) -> str:
 
 # Span fields as stored (times become start_time and duration_ms).
 SPAN_SCHEMA = {"trace_id": pl.String, "span_id": pl.String, "service": pl.String, "node": pl.String,
-               "gpu_id": pl.String, "pod": pl.String, "namespace": pl.String, "route": pl.String, "tier": pl.String,
-               "status_code": pl.Int16, "failed": pl.Boolean}
+               "gpu_id": pl.String, "pod": pl.String, "namespace": pl.String, "pod_ip": pl.String, "route": pl.String,
+               "tier": pl.String, "status_code": pl.Int16, "failed": pl.Boolean}
 POINT_SCHEMA = {"node": pl.String, "metric": pl.String, "attributes": pl.String, "is_sum": pl.Boolean,
                 "cumulative": pl.Boolean, "start_ns": pl.Int64, "time_ns": pl.Int64, "value": pl.Float64}
 HISTOGRAM_SCHEMA = {"node": pl.String, "metric": pl.String, "attributes": pl.String, "cumulative": pl.Boolean,
@@ -83,8 +83,8 @@ def _requests(spans: SpanColumns | SpanTable) -> pl.DataFrame:
         series["trace_id"], series["span_id"],
         pl.Series("start_time", (start // 1000).astype("datetime64[us]")),
         pl.Series("duration_ms", (end - start) / 1e6),
-        *(series[name] for name in ("service", "node", "pod", "namespace", "gpu_id", "tier", "route", "status_code",
-                                     "failed"))])
+        *(series[name] for name in ("service", "node", "pod", "namespace", "pod_ip", "gpu_id", "tier", "route",
+                                     "status_code", "failed"))])
 
 
 class Reader:
@@ -188,6 +188,11 @@ class Store(Reader):
     def reader(self) -> Reader:
         """A reader on its own cursor, for another thread than the one writing."""
         return Reader(self.con.cursor(), self.path)
+
+    def live_reader(self) -> "LiveReader":
+        """A reader for one thread at a time that outlives `reopen` (a `reader()` would keep the closed
+        connection)."""
+        return LiveReader(self)
 
     def set_meta(self, key: str, value: str) -> None:
         self.con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, value])
@@ -351,3 +356,17 @@ class Store(Reader):
         with self._registered("new_state", state):
             cols = ", ".join(SERIES + ["start_ns", "time_ns"] + fields)
             self.con.execute(f"INSERT OR REPLACE INTO cumulative_state ({cols}) SELECT {cols} FROM new_state")
+
+
+class LiveReader(Reader):
+    """A reader on a cursor of its store's current connection, taking a new one after the store reopened."""
+
+    def __init__(self, store: Store):
+        self.store, self.path = store, store.path
+        self._parent = self._cursor = None
+
+    @property
+    def con(self):
+        if self._parent is not self.store.con:
+            self._parent, self._cursor = self.store.con, self.store.con.cursor()
+        return self._cursor

@@ -22,11 +22,17 @@ MAX_ATTRIBUTE_DEPTH = 8
 MAX_NAME_LENGTH = 253  # node, service, pod, namespace, route: stored columns, so bounded (a DNS name's limit)
 TIER_ATTRIBUTES = ("http.request.header.x-slo-tier", "slo.tier")
 GPU_ATTRIBUTE = "hw.id"
-POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE = "k8s.pod.name", "k8s.namespace.name"
+POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE, POD_IP_ATTRIBUTE = "k8s.pod.name", "k8s.namespace.name", "k8s.pod.ip"
+# Envoy's tags: the proxy's node id (Istio: TYPE~POD_IP~POD.NAMESPACE~NAMESPACE.svc.DOMAIN), Istio's service name.
+ENVOY_NODE_ATTRIBUTE, CANONICAL_SERVICE_ATTRIBUTE = "node_id", "istio.canonical_service"
+ISTIO_PROXY_TYPES = ("sidecar", "router")  # a workload's sidecar, a gateway
+UNKNOWN_SERVICE = "unknown_service"  # also the SDKs' default prefix (unknown_service:python)
+ISTIO_DEFAULT_SERVICE = "istio-proxy"  # Istio's tracing service name for a proxy without app labels
 STATUS_ATTRIBUTES = ("http.response.status_code", "http.status_code")  # current semantic conventions, then old
 ROUTE_ATTRIBUTE = "http.route"
 SPAN_ATTRIBUTES = frozenset({*STATUS_ATTRIBUTES, ROUTE_ATTRIBUTE, GPU_ATTRIBUTE, POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE,
-                             *TIER_ATTRIBUTES, *catalog.NODE_ATTRIBUTES})
+                             POD_IP_ATTRIBUTE, ENVOY_NODE_ATTRIBUTE, CANONICAL_SERVICE_ATTRIBUTE, *TIER_ATTRIBUTES,
+                             *catalog.NODE_ATTRIBUTES})
 
 
 MAX_INT64 = 2**63 - 1  # times (ns) and counts are stored as signed 64-bit integers
@@ -37,7 +43,7 @@ REFUSAL_REASONS = {
     "spans_invalid": "not a span object, or a field of the wrong type",
     "spans_invalid_id": "a trace id that is not 16 bytes (32 hex digits) or a span id not 8 (16)",
     "spans_invalid_time": "no start time, an end before the start, or times past 2**63 ns",
-    "spans_invalid_status_code": "http.response.status_code not an integer in 0..999",
+    "spans_invalid_status_code": "http.response.status_code not an integer (or decimal digits) in 0..999",
     "spans_invalid_attribute": "an attribute value of the wrong type or nested too deep",
     "spans_invalid_resource": "a resource or scope that is not an object, or has malformed attributes",
     "points_invalid": "not a data point object, or a field of the wrong type",
@@ -105,7 +111,33 @@ def node_of(attrs: dict) -> str | None:
 
 def service_of(resource_attrs: dict) -> str:
     service = resource_attrs.get("service.name")
-    return service[:MAX_NAME_LENGTH] if isinstance(service, str) and service else "unknown_service"
+    return service[:MAX_NAME_LENGTH] if isinstance(service, str) and service else UNKNOWN_SERVICE
+
+
+
+def mesh_service(service: str, canonical: str | None) -> str:
+    """The service of a span that names Istio's canonical service: that name, unless the resource's service.name
+    is one the operator chose. Envoy's own defaults are none (unknown_service..., istio-proxy, and Istio's
+    default APP.NAMESPACE naming, which starts with the canonical name)."""
+    if canonical is None:
+        return service
+    if service.startswith(UNKNOWN_SERVICE) or service == ISTIO_DEFAULT_SERVICE or service.startswith(canonical + "."):
+        return canonical
+    return service
+
+
+def envoy_node(node_id) -> tuple[str | None, str | None, str | None]:
+    """(pod, namespace, pod IP) from an Istio proxy's node id, e.g. sidecar~10.4.1.7~ratings-v1-5f9c.bookinfo~
+    bookinfo.svc.cluster.local; (None, None, None) from anything else (a node id of plain Envoy is free text)."""
+    parts = node_id.split("~") if isinstance(node_id, str) else ()
+    if len(parts) != 4 or parts[0] not in ISTIO_PROXY_TYPES or not all(parts[1:]):
+        return None, None, None
+    namespace = parts[3].split(".", 1)[0]
+    if not namespace:
+        return None, None, None
+    suffix = "." + namespace
+    pod = parts[2][:-len(suffix)] if parts[2].endswith(suffix) and len(parts[2]) > len(suffix) else parts[2]
+    return pod[:MAX_NAME_LENGTH], namespace[:MAX_NAME_LENGTH], parts[1][:MAX_NAME_LENGTH]
 
 
 def _text(source: dict, key: str) -> str | None:
@@ -115,13 +147,14 @@ def _text(source: dict, key: str) -> str | None:
 
 
 # Span attributes that, when present, take the place of the resource's value.
-_SPAN_OVERRIDES = frozenset({GPU_ATTRIBUTE, POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE, *catalog.NODE_ATTRIBUTES})
+_SPAN_OVERRIDES = frozenset({GPU_ATTRIBUTE, POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE, POD_IP_ATTRIBUTE, ENVOY_NODE_ATTRIBUTE,
+                             *catalog.NODE_ATTRIBUTES})
 
 
 class SpanResource:
     """What a resource says about each of its spans, worked out once per resource rather than per span."""
 
-    __slots__ = ("service", "node", "gpu", "pod", "namespace")
+    __slots__ = ("service", "node", "gpu", "pod", "namespace", "pod_ip")
 
     def __init__(self, resource_attrs: dict):
         self.service = service_of(resource_attrs)
@@ -129,6 +162,7 @@ class SpanResource:
         self.gpu = _text(resource_attrs, GPU_ATTRIBUTE)
         self.pod = _text(resource_attrs, POD_ATTRIBUTE)
         self.namespace = _text(resource_attrs, NAMESPACE_ATTRIBUTE)
+        self.pod_ip = _text(resource_attrs, POD_IP_ATTRIBUTE)
 
 
 def append_span(cols, trace_id: str, span_id: str, resource: SpanResource, attrs: dict,
@@ -138,30 +172,30 @@ def append_span(cols, trace_id: str, span_id: str, resource: SpanResource, attrs
         raise DecodeError(f"span {span_id}: end time before start time or no start time", "spans_invalid_time")
     if end > MAX_INT64:
         raise DecodeError(f"span {span_id}: times must be below 2**63 ns", "spans_invalid_time")
-    node, gpu, pod, namespace = resource.node, resource.gpu, resource.pod, resource.namespace
+    node, gpu, pod, namespace, pod_ip = resource.node, resource.gpu, resource.pod, resource.namespace, resource.pod_ip
     if not _SPAN_OVERRIDES.isdisjoint(attrs):
         node = node_of(attrs) or node
         gpu = _text(attrs, GPU_ATTRIBUTE) or gpu
         pod = _text(attrs, POD_ATTRIBUTE) or pod
         namespace = _text(attrs, NAMESPACE_ATTRIBUTE) or namespace
+        pod_ip = _text(attrs, POD_IP_ATTRIBUTE) or pod_ip
+        proxy_pod, proxy_namespace, proxy_ip = envoy_node(attrs.get(ENVOY_NODE_ATTRIBUTE))
+        pod, namespace, pod_ip = pod or proxy_pod, namespace or proxy_namespace, pod_ip or proxy_ip
     status = next((attrs[k] for k in STATUS_ATTRIBUTES if k in attrs), None)
     if status is not None and type(status) is not int:
-        try:
-            status = int(status)
-        except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite double
-            raise DecodeError(f"span {span_id}: http.response.status_code: expected an integer, got "
-                              f"{str(status)[:40]!r}", "spans_invalid_status_code") from None
+        status = _status_code(span_id, status)
     if status is not None and not 0 <= status <= 999:
         raise DecodeError(f"span {span_id}: http.response.status_code: {str(status)[:40]} is not an HTTP status "
                           "code", "spans_invalid_status_code")
     route = attrs.get(ROUTE_ATTRIBUTE)
     cols.trace_id.append(trace_id)
     cols.span_id.append(span_id)
-    cols.service.append(resource.service)
+    cols.service.append(mesh_service(resource.service, _text(attrs, CANONICAL_SERVICE_ATTRIBUTE)))
     cols.node.append(node)
     cols.gpu_id.append(gpu)
     cols.pod.append(pod)
     cols.namespace.append(namespace)
+    cols.pod_ip.append(pod_ip)
     cols.route.append((route if isinstance(route, str) else name)[:MAX_NAME_LENGTH])
     cols.tier_header.append(next((attrs[k] for k in TIER_ATTRIBUTES if k in attrs), None))
     cols.tier.append(None)
@@ -169,6 +203,22 @@ def append_span(cols, trace_id: str, span_id: str, resource: SpanResource, attrs
     cols.end_ns.append(end)
     cols.status_code.append(status)
     cols.failed.append(status_error or (status is not None and status >= 500))
+
+
+def _status_code(span_id: str, status) -> int:
+    """A status code given as other than an integer: decimal digits (Envoy writes its tags as strings), or an
+    integral double."""
+    if isinstance(status, str):
+        if not (status.isascii() and status.isdigit()):
+            raise DecodeError(f"span {span_id}: http.response.status_code: expected an integer, got "
+                              f"{status[:40]!r}", "spans_invalid_status_code")
+        digits = status.lstrip("0")
+        return int(digits or "0") if len(digits) <= 3 else 1000  # past 999 either way: refused below
+    try:
+        return int(status)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite double
+        raise DecodeError(f"span {span_id}: http.response.status_code: expected an integer, got "
+                          f"{str(status)[:40]!r}", "spans_invalid_status_code") from None
 
 
 def scale0_buckets(name: str, count: int, scale: int, zero_count: int, offset: int, counts, negative) -> list[int]:

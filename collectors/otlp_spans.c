@@ -9,8 +9,9 @@
  * and the request takes the general path (otlp_proto.py), which decides what is valid and says why. So this
  * file never refuses a request; it only declines to be fast.
  *
- * Attributes are matched against eleven keys given by the caller (the SLOT_* order below); the semantics of
- * each (which one wins, the 253-character bound, what counts as empty) are those of otlp_common.py.
+ * Attributes are matched against fourteen keys given by the caller (the SLOT_* order below); the semantics of
+ * each (which one wins, the 253-character bound, what counts as empty, Envoy's node id and status texts) are
+ * those of otlp_common.py.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -29,13 +30,14 @@ enum { OK = 0, DECLINE = 1, NO_MEMORY = 2 };  /* DECLINE is 1, what || of checks
 
 /* Attribute slots, in the order of the caller's key tuple. */
 enum {
-    SLOT_K8S_NODE, SLOT_HOST, SLOT_GPU, SLOT_POD, SLOT_NAMESPACE,  /* resource, and span overrides */
+    SLOT_K8S_NODE, SLOT_HOST, SLOT_GPU, SLOT_POD, SLOT_NAMESPACE, SLOT_POD_IP, /* resource, and span overrides */
     SLOT_SERVICE,                                                   /* resource only */
     SLOT_STATUS, SLOT_STATUS_OLD, SLOT_ROUTE, SLOT_TIER, SLOT_TIER_ISTIO, /* span only */
+    SLOT_ENVOY_NODE, SLOT_CANONICAL_SERVICE,
     N_SLOTS
 };
 #define RESOURCE_SLOTS ((1u << SLOT_K8S_NODE) | (1u << SLOT_HOST) | (1u << SLOT_GPU) | (1u << SLOT_POD) | \
-                        (1u << SLOT_NAMESPACE) | (1u << SLOT_SERVICE))
+                        (1u << SLOT_NAMESPACE) | (1u << SLOT_POD_IP) | (1u << SLOT_SERVICE))
 #define SPAN_SLOTS (((1u << N_SLOTS) - 1) & ~(1u << SLOT_SERVICE))
 
 typedef struct { const uint8_t *p, *end; } Slice;
@@ -426,8 +428,8 @@ static Slice bounded(Slice s)
 }
 
 /* Columns of names, as Arrow string columns: end offsets, bytes, and a validity byte per row. */
-enum { COL_SERVICE, COL_NODE, COL_GPU, COL_POD, COL_NAMESPACE, COL_ROUTE, N_TEXT };
-static const char *TEXT_COLUMNS[N_TEXT] = {"service", "node", "gpu_id", "pod", "namespace", "route"};
+enum { COL_SERVICE, COL_NODE, COL_GPU, COL_POD, COL_NAMESPACE, COL_POD_IP, COL_ROUTE, N_TEXT };
+static const char *TEXT_COLUMNS[N_TEXT] = {"service", "node", "gpu_id", "pod", "namespace", "pod_ip", "route"};
 typedef struct { Buf offsets, bytes, valid; } TextColumn;
 
 /* A name of a row: absent (null) or a string bounded to MAX_NAME_CHARS. */
@@ -457,7 +459,7 @@ static Text first_text(const Kept *kept, int slot_a, int slot_b)
 }
 
 /* What a resource says about its spans (otlp_common.SpanResource). */
-typedef struct { Text text[COL_NAMESPACE + 1]; } Resource;
+typedef struct { Text text[COL_POD_IP + 1]; } Resource;
 
 static int resource(const Decoder *d, Slice m, Resource *out)
 {
@@ -488,6 +490,7 @@ static int resource(const Decoder *d, Slice m, Resource *out)
     out->text[COL_GPU] = first_text(&kept, SLOT_GPU, -1);
     out->text[COL_POD] = first_text(&kept, SLOT_POD, -1);
     out->text[COL_NAMESPACE] = first_text(&kept, SLOT_NAMESPACE, -1);
+    out->text[COL_POD_IP] = first_text(&kept, SLOT_POD_IP, -1);
     return OK;
 }
 
@@ -619,6 +622,81 @@ static void hex(Buf *b, Slice s)
     b->len += (size_t)(s.end - s.p) * 2;
 }
 
+static int starts_with(Slice s, const uint8_t *prefix, size_t n)
+{
+    return (size_t)(s.end - s.p) >= n && memcmp(s.p, prefix, n) == 0;
+}
+
+static int same(Slice s, const char *text)
+{
+    size_t n = strlen(text);
+    return (size_t)(s.end - s.p) == n && memcmp(s.p, text, n) == 0;
+}
+
+/* Pod, namespace and pod IP from an Istio proxy's node id (otlp_common.envoy_node); 0 where it is none. */
+static int envoy_node(Slice id, Text *pod, Text *namespace, Text *pod_ip)
+{
+    Slice parts[4];
+    int n = 0;
+    const uint8_t *from = id.p;
+    for (const uint8_t *p = id.p; p <= id.end; p++) {
+        if (p == id.end || *p == '~') {
+            if (n == 4)
+                return 0;
+            parts[n++] = (Slice){from, p};
+            from = p + 1;
+        }
+    }
+    if (n != 4 || !(same(parts[0], "sidecar") || same(parts[0], "router")))
+        return 0;
+    for (int k = 1; k < 4; k++)
+        if (parts[k].end == parts[k].p)
+            return 0;
+    Slice ns = parts[3];
+    const uint8_t *dot = memchr(ns.p, '.', (size_t)(ns.end - ns.p));
+    if (dot)
+        ns.end = dot;
+    if (ns.end == ns.p)
+        return 0;
+    Slice name = parts[2];
+    size_t suffix = (size_t)(ns.end - ns.p) + 1, len = (size_t)(name.end - name.p);
+    if (len > suffix && name.p[len - suffix] == '.' && memcmp(name.p + len - suffix + 1, ns.p, suffix - 1) == 0)
+        name.end -= suffix;
+    *pod = (Text){1, bounded(name)};
+    *namespace = (Text){1, bounded(ns)};
+    *pod_ip = (Text){1, bounded(parts[1])};
+    return 1;
+}
+
+/* The service of a span naming Istio's canonical service (otlp_common.mesh_service). */
+static Text mesh_service(Text service, Text canonical)
+{
+    static const uint8_t unknown[] = "unknown_service";
+    if (!canonical.present)
+        return service;
+    size_t n = (size_t)(canonical.s.end - canonical.s.p);
+    Slice s = service.s;
+    int envoy_default = starts_with(s, unknown, sizeof unknown - 1) || same(s, "istio-proxy") ||
+                        (starts_with(s, canonical.s.p, n) && (size_t)(s.end - s.p) > n && s.p[n] == '.');
+    return envoy_default ? canonical : service;
+}
+
+/* An HTTP status code given as decimal digits, as Envoy writes it; -1 for other text or one past 999. */
+static int64_t status_of_text(Slice s)
+{
+    int64_t code = 0;
+    if (s.p == s.end)
+        return -1;
+    for (const uint8_t *p = s.p; p < s.end; p++) {
+        if (*p < '0' || *p > '9')
+            return -1;
+        code = code * 10 + (*p - '0');
+        if (code > 999)
+            return -1;
+    }
+    return code;
+}
+
 /* One row (otlp_common.append_span), or DECLINE where the general path would refuse the span. */
 static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
 {
@@ -630,22 +708,33 @@ static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
     Text text[N_TEXT];
     memcpy(text, r->text, sizeof r->text);
     static const int overrides[][3] = {{SLOT_K8S_NODE, SLOT_HOST, COL_NODE}, {SLOT_GPU, -1, COL_GPU},
-                                       {SLOT_POD, -1, COL_POD}, {SLOT_NAMESPACE, -1, COL_NAMESPACE}};
-    for (int k = 0; k < 4; k++) {
+                                       {SLOT_POD, -1, COL_POD}, {SLOT_NAMESPACE, -1, COL_NAMESPACE},
+                                       {SLOT_POD_IP, -1, COL_POD_IP}};
+    for (int k = 0; k < 5; k++) {
         Text over = first_text(kept, overrides[k][0], overrides[k][1]);
         if (over.present)
             text[overrides[k][2]] = over;
     }
+    Text proxy[3];
+    if (kept->v[SLOT_ENVOY_NODE].kind == V_STRING &&
+        envoy_node(kept->v[SLOT_ENVOY_NODE].s, &proxy[0], &proxy[1], &proxy[2])) {
+        static const int columns[3] = {COL_POD, COL_NAMESPACE, COL_POD_IP};
+        for (int k = 0; k < 3; k++)
+            if (!text[columns[k]].present)
+                text[columns[k]] = proxy[k];
+    }
+    text[COL_SERVICE] = mesh_service(text[COL_SERVICE], text_of(&kept->v[SLOT_CANONICAL_SERVICE]));
     /* A span that names no node stays null here, as in the general path: enrich places it (GPU, else unknown). */
     const Value *route = &kept->v[SLOT_ROUTE];
     text[COL_ROUTE] = (Text){1, bounded(route->kind == V_STRING ? route->s : f->name)};
 
     const Value *code = first_present(kept, SLOT_STATUS, SLOT_STATUS_OLD);
     int16_t http_status = 0;
-    uint8_t has_status = code->kind == V_INT;
-    if (has_status && code->i >= 0 && code->i <= 999)
-        http_status = (int16_t)code->i;
-    else if (code->kind != V_ABSENT && code->kind != V_NONE)  /* text or out of range: the general path */
+    int64_t given = code->kind == V_INT ? code->i : code->kind == V_STRING ? status_of_text(code->s) : -1;
+    uint8_t has_status = code->kind == V_INT || code->kind == V_STRING;
+    if (has_status && given >= 0 && given <= 999)
+        http_status = (int16_t)given;
+    else if (code->kind != V_ABSENT && code->kind != V_NONE)  /* other text, or out of range: the general path */
         return DECLINE;
 
     const Value *tier = first_present(kept, SLOT_TIER, SLOT_TIER_ISTIO);
@@ -821,7 +910,7 @@ fail:
 PyDoc_STRVAR(decode_doc,
 "decode(body, keys) -> dict | None\n\n"
 "The SERVER spans of a protobuf ExportTraceServiceRequest as columns, or None when the request needs the\n"
-"general path. keys: the eleven attribute keys, as bytes, in slot order (see otlp_spans.py).");
+"general path. keys: the fourteen attribute keys, as bytes, in slot order (see otlp_spans.py).");
 
 static PyObject *decode(PyObject *module, PyObject *args)
 {

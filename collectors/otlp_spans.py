@@ -15,7 +15,8 @@ from sloscope import catalog
 from sloscope.records import SpanTable
 
 from collectors.otlp_common import (
-    GPU_ATTRIBUTE, NAMESPACE_ATTRIBUTE, POD_ATTRIBUTE, ROUTE_ATTRIBUTE, STATUS_ATTRIBUTES, TIER_ATTRIBUTES)
+    CANONICAL_SERVICE_ATTRIBUTE, ENVOY_NODE_ATTRIBUTE, GPU_ATTRIBUTE, NAMESPACE_ATTRIBUTE, POD_ATTRIBUTE,
+    POD_IP_ATTRIBUTE, ROUTE_ATTRIBUTE, STATUS_ATTRIBUTES, TIER_ATTRIBUTES)
 
 try:
     from collectors import _otlp_spans
@@ -24,9 +25,10 @@ except ImportError:  # installed where no C compiler was found: every request ta
 
 # The attribute keys in otlp_spans.c's slot order.
 SLOT_KEYS = tuple(key.encode() for key in (*catalog.NODE_ATTRIBUTES, GPU_ATTRIBUTE, POD_ATTRIBUTE,
-                                           NAMESPACE_ATTRIBUTE, "service.name", *STATUS_ATTRIBUTES,
-                                           ROUTE_ATTRIBUTE, *TIER_ATTRIBUTES))
-TEXT_COLUMNS = ("service", "node", "gpu_id", "pod", "namespace", "route")
+                                           NAMESPACE_ATTRIBUTE, POD_IP_ATTRIBUTE, "service.name", *STATUS_ATTRIBUTES,
+                                           ROUTE_ATTRIBUTE, *TIER_ATTRIBUTES, ENVOY_NODE_ATTRIBUTE,
+                                           CANONICAL_SERVICE_ATTRIBUTE))
+TEXT_COLUMNS = ("service", "node", "gpu_id", "pod", "namespace", "pod_ip", "route")
 
 
 def available() -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import inspect
+import ipaddress
 import logging
 import socket
 import threading
@@ -60,10 +61,10 @@ class Outcome:
     message: str = ""
 
 
-Intake = Callable[[str, Batch, dict], Outcome]  # (signal, batch, decoding counts) -> outcome
+Intake = Callable[[str, Batch, dict, "str | None"], Outcome]  # (signal, batch, decoding counts, client IP) -> outcome
 # Decodes and takes in a whole request body elsewhere (worker processes): (signal, body, is_json) ->
 # (outcome, decoding counts); raises DecodeError.
-Offload = Callable[[str, bytes, bool], tuple[Outcome, dict]]
+Offload = Callable[[str, bytes, bool, "str | None"], tuple[Outcome, dict]]
 
 
 def fast_decode(signal: str, body: bytes, is_json: bool) -> tuple[Batch, dict] | None:
@@ -127,14 +128,15 @@ class Receiver:
             self._local.decoders = Decoders()
         return self._local.decoders
 
-    def accept_body(self, signal: str, body: bytes, is_json: bool) -> Outcome:
-        """Parse, decode and offer one export request body; DecodeError: the whole request is invalid."""
+    def accept_body(self, signal: str, body: bytes, is_json: bool, peer: str | None = None) -> Outcome:
+        """Parse, decode and offer one export request body; DecodeError: the whole request is invalid. peer: the
+        client's IP address (a pod's, for an SDK exporting straight here), which the intake may place spans by."""
         decoded = fast_decode(signal, body, is_json)
         if decoded is None and self.offload is not None and len(body) >= self.offload_bytes:
-            outcome, skips = self.offload(signal, body, is_json)
+            outcome, skips = self.offload(signal, body, is_json, peer)
         else:
             batch, skips = decoded or self._decoders().decode(signal, body, is_json)
-            outcome = self.intake(signal, batch, skips)
+            outcome = self.intake(signal, batch, skips, peer)
         if outcome.accepted:  # partial rejects by reason, for /metrics
             for reason in UNKEPT:
                 if skips.get(reason):
@@ -150,6 +152,20 @@ class Receiver:
             outcome.rejected, outcome.message = sum(unkept.values()), refusal_message(unkept)
         self.count(f"{signal}_requests_accepted")
         return outcome
+
+
+def peer_ip(address: str | None) -> str | None:
+    """A client's IP address as a pod's is written: from a socket's address or gRPC's peer ("ipv4:IP:PORT",
+    "ipv6:[IP]:PORT"), an IPv4-mapped IPv6 address as IPv4; None for anything else (a Unix socket)."""
+    text = address or ""
+    if text.startswith(("ipv4:", "ipv6:")):
+        text = urllib.parse.unquote(text[5:]).rsplit(":", 1)[0].strip("[]")  # gRPC may escape the brackets
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
 
 
 # --- OTLP/HTTP --------------------------------------------------------------------------------------------
@@ -270,7 +286,7 @@ class _HttpHandler(BaseHTTPRequestHandler):
 
     def _export(self, signal: str, body: bytes, is_json: bool, content_type: str):
         try:
-            outcome = self.receiver.accept_body(signal, body, is_json)
+            outcome = self.receiver.accept_body(signal, body, is_json, peer_ip(self.client_address[0]))
         except DecodeError as exc:
             self.receiver.count(f"{signal}_invalid")
             return self._status(400, str(exc), is_json)
@@ -379,7 +395,7 @@ def _export_handler(signal: str, receiver: Receiver):
         try:
             with Reservation(receiver.inflight) as held:  # gRPC has read the message; count it while decoding
                 held.reserve(len(body))
-                outcome = receiver.accept_body(signal, body, is_json=False)
+                outcome = receiver.accept_body(signal, body, False, peer_ip(context.peer()))
         except Exhausted:
             receiver.count("requests_refused_memory")
             context.abort(grpc.StatusCode.UNAVAILABLE, "sloscope holds too many request bytes; retry later")

@@ -29,7 +29,8 @@ class Columns:
 @dataclass
 class SpanColumns(Columns):
     """One row per SERVER span. `tier_header` is the raw, untrusted header value until enrich resolves `tier`;
-    `node` is None when only the GPU (`gpu_id`) is known, until enrich maps the GPU to its node."""
+    `node` is None when the span names none, until enrich places it (by its GPU `gpu_id`, or its pod by name or by
+    `pod_ip`)."""
 
     trace_id: list = field(default_factory=list)
     span_id: list = field(default_factory=list)
@@ -38,6 +39,7 @@ class SpanColumns(Columns):
     gpu_id: list = field(default_factory=list)
     pod: list = field(default_factory=list)
     namespace: list = field(default_factory=list)
+    pod_ip: list = field(default_factory=list)
     route: list = field(default_factory=list)
     tier_header: list = field(default_factory=list)
     tier: list = field(default_factory=list)  # filled by enrich

@@ -17,6 +17,11 @@ from pathlib import Path
 
 log = logging.getLogger("sloscope.serve")
 ACK_WAIT_S = 5.0  # longest a request waits for its commit before it is told to retry (exporters wait 10 s)
+ACKS = {"log": "once its rows are fsynced in the intake log, which serve replays at start (durable; default)",
+        "commit": "once its rows are committed to the database (durable; waits for DuckDB's commits and "
+                  "checkpoints; a request the store refuses is a 400)",
+        "queued": "once its rows are queued in memory (not durable: a crash or a failing disk loses what was "
+                  "acknowledged)"}
 
 
 def register(subparsers) -> None:
@@ -44,11 +49,14 @@ def register(subparsers) -> None:
     serve.add_argument("--queue-rows", type=int, default=1_000_000,
                        help="rows accepted but not yet written before requests are refused (default: %(default)s)")
     serve.add_argument("--queue-bytes", type=int, default=256 * 2**20,
-                       help="bytes of decoded rows queued for the writer before requests are refused "
-                       "(default: %(default)s)")
-    serve.add_argument("--ack", choices=("commit", "queued"), default="commit",
-                       help="answer a request once its rows are committed (durable; default) or once they are "
-                       "queued (answers sooner, but a crash or a failing disk loses data that was acknowledged)")
+                       help="bytes accepted but not yet committed (with --ack log: of the intake log) before "
+                       "requests are refused (default: %(default)s)")
+    serve.add_argument("--ack", choices=tuple(ACKS), default="log",
+                       help="when a request is answered: " + "; ".join(f"{k}: {v}" for k, v in ACKS.items()))
+    serve.add_argument("--intake-log", type=Path, metavar="DIR",
+                       help="directory of the intake log, with --ack log (default: the database's path with "
+                       ".intake added); requests the store refuses after they were acknowledged are kept in "
+                       "DIR/rejected/")
     serve.add_argument("--decode-workers", type=int, default=_default_decode_workers(), metavar="N",
                        help="processes that decode large requests (64 KiB and more), so that intake is not bound "
                        "to one core; 0 decodes every request in the server process (default: %(default)s)")
@@ -61,6 +69,11 @@ def register(subparsers) -> None:
     serve.add_argument("--sampling", type=Path, metavar="SAMPLING.yaml",
                        help="adaptive sampling config for GET /sampling (budget_spans_per_s, dwell, ...; "
                        "default: 100 spans/s, see alerts/sampling.py)")
+    serve.add_argument("--kube-api", metavar="URL|in-cluster",
+                       help="list and watch the cluster's pods at this Kubernetes API server ('in-cluster': the "
+                       "pod's service account), to place spans that name their pod (by name or IP) but no node "
+                       "(Envoy sidecars, SDKs without host attributes); needs get/list/watch on pods "
+                       "(deploy/rbac-pods.yaml). Default: off (such spans stay on the node 'unknown')")
     add_edge_arguments(serve)
     add_limit_arguments(serve)
     logs.add_arguments(serve)
@@ -80,18 +93,22 @@ def _address(text: str) -> tuple[str, int] | None:
 
 
 class Intake:
-    """Enrich a decoded batch and hand it to the writer; accepted means committed (with ack="commit"), or only
-    queued (ack="queued": faster to answer, but a crash loses what was acknowledged and not yet written)."""
+    """Enrich a decoded batch and hand it to the writer; accepted means in the writer's fsynced intake log
+    (ack="log"), committed (ack="commit"), or only queued (ack="queued": a crash loses what was acknowledged and
+    not yet written). See ACKS."""
 
-    def __init__(self, writer, resolver, topology, ack: str = "commit", ack_wait_s: float = ACK_WAIT_S):
+    def __init__(self, writer, resolver, topology, ack: str = "commit", ack_wait_s: float = ACK_WAIT_S, pods=None):
+        from enrich.pods import PodDirectory
+
         self.writer = writer
         self.resolver = resolver
         self.topology = topology
+        self.pods = pods if pods is not None else PodDirectory()  # empty without --kube-api
         self.ack = ack
         self.ack_wait_s = ack_wait_s
         self._lock = threading.Lock()
 
-    def __call__(self, signal_name, batch, skips):
+    def __call__(self, signal_name, batch, skips, peer=None):
         from analytics.store import Frames
         from enrich.tiers import resolve_tiers
 
@@ -100,19 +117,23 @@ class Intake:
             resolve_tiers(batch.spans, self.resolver)
             counts = Counter(self.resolver.counts)
             self.resolver.counts.clear()
-        return self.offer_frames(Frames.of(batch), counts + Counter(skips))
+        return self.offer_frames(Frames.of(batch), counts + Counter(skips), peer)
 
-    def offer_frames(self, frames, counts: Counter):
-        """Frames whose tiers are resolved (here or in a decode worker): place them and queue them."""
+    def offer_frames(self, frames, counts: Counter, peer=None):
+        """Frames whose tiers are resolved (here or in a decode worker): place them and queue them. peer: the
+        client's IP, a pod IP for spans naming no pod."""
         from collectors.receiver import Outcome
+        from enrich.pods import place_requests
 
+        frames.requests, by_pod = place_requests(frames.requests, self.pods, peer)
+        counts += by_pod
         with self._lock:
             self.topology.learn(frames.points, frames.histograms)
             frames.requests = self.topology.place(frames.requests)
             counts += self.topology.counts
             self.topology.counts.clear()
         pending = self.writer.offer(frames, counts)
-        if pending is None or self.ack == "queued":
+        if pending is None or self.ack != "commit":  # with "log", offer returns once the log is fsynced
             return Outcome(accepted=pending is not None)
         return self._settled(pending.wait(self.ack_wait_s))
 
@@ -132,12 +153,12 @@ class Intake:
         """The receiver's offload: decode in the pool's workers, then queue here."""
         from collectors.receiver import Outcome
 
-        def decode_elsewhere(signal_name, body, is_json):
+        def decode_elsewhere(signal_name, body, is_json, peer=None):
             decoded = pool.decode(signal_name, body, is_json)
             if decoded is None:
                 return Outcome(accepted=False), {}
             frames, counts, skips = decoded
-            return self.offer_frames(frames, counts + Counter(skips)), skips
+            return self.offer_frames(frames, counts + Counter(skips), peer), skips
 
         return decode_elsewhere
 
@@ -151,7 +172,8 @@ def _webhook_app(args, store, spec):
     if args.remediation is None:
         raise ValueError("--webhook needs --remediation (the allow-list of alert -> action)")
     try:
-        engine = Engine(load_config(args.remediation), AuditStore(store.con.cursor), spec.tiers)
+        # A cursor of the store's connection at each use: the writer may have reopened it since start-up.
+        engine = Engine(load_config(args.remediation), AuditStore(lambda: store.con.cursor()), spec.tiers)
         return WebhookApp(engine, load_token(args.webhook_token_file))
     except (ConfigError, TokenError) as exc:
         raise ValueError(str(exc)) from None
@@ -191,6 +213,9 @@ def run(args) -> int:
     from alerts.sampling import SamplingService, load_config as load_sampling_config
     from collectors.receiver import Receiver
     from enrich.tiers import TierResolver
+    from analytics.late_placement import LatePlacement
+    from enrich.kube_watch import KubeApi, PodWatch
+    from enrich.pods import PodDirectory
     from enrich.topology import GpuTopology
     from sloscope.decode_pool import OFFLOAD_ABOVE_BYTES, DecodePool
     from sloscope.serve_ops import Listeners, edge_of, intake_collector, limits_of
@@ -201,21 +226,29 @@ def run(args) -> int:
         spec = spec_for(store, args.slo)
         http_addr, grpc_addr, webhook_addr = _address(args.http), _address(args.grpc), _address(args.webhook)
         webhook_app = _webhook_app(args, store, spec) if webhook_addr else None
-        sampling = SamplingService(store.reader(), spec, load_sampling_config(args.sampling))
+        sampling = SamplingService(store.live_reader(), spec, load_sampling_config(args.sampling))
         limits = limits_of(args)
         edge = edge_of(args)
+        intake_log = _intake_log(args)
+        kube_api = KubeApi.of(args.kube_api) if args.kube_api else None
     except (SpecError, StoreError, ValueError) as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    writer = Writer(store, max_queued_rows=args.queue_rows, max_queued_bytes=args.queue_bytes).start()
+    writer = Writer(store, max_queued_rows=args.queue_rows, max_queued_bytes=args.queue_bytes,
+                    intake_log=intake_log).start()
     resolver = TierResolver.from_spec(spec)
-    intake = Intake(writer, resolver, GpuTopology(store.gpu_nodes()), args.ack)
+    pods = PodDirectory()
+    watch = PodWatch(kube_api, pods).start() if kube_api else None
+    late = LatePlacement(store, writer, pods).start() if kube_api else None
+    intake = Intake(writer, resolver, GpuTopology(store.gpu_nodes()), args.ack, pods=pods)
     pool = DecodePool(args.decode_workers, resolver.allowed, resolver.default_tier) if args.decode_workers else None
     receiver = Receiver(intake, intake.offload(pool) if pool else None, OFFLOAD_ABOVE_BYTES, limits)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     edge.reload_on_sighup()
+    if intake_log is not None:
+        _replay(writer, stop)
     listeners = Listeners()
     pages = _pages(store, spec, sampling, writer, stop, intake_collector(receiver, writer, listeners))
     try:
@@ -231,12 +264,45 @@ def run(args) -> int:
         listeners.close()
     if pool:
         pool.close()
+    for part in (watch, late):
+        if part:
+            part.stop()
     writer.stop()
     store.close()
     if not listeners.started:
         return 1
     log.info("stopped; written: %s; receiver: %s", dict(writer.counts), receiver.snapshot())
     return 0 if not writer.failed else 1
+
+
+def _intake_log(args):
+    """The intake log that --ack log acknowledges from (None for the other modes); ValueError when it cannot be
+    opened."""
+    from analytics.intake_log import IntakeLog
+
+    directory = args.intake_log or args.db.with_name(args.db.name + ".intake")
+    if args.ack != "log":
+        if args.intake_log is not None:
+            raise ValueError("--intake-log goes with --ack log")
+        if any(directory.glob("*.log")):  # acknowledged requests that only a replay stores
+            raise ValueError(f"{directory} holds requests acknowledged with --ack log: start with --ack log "
+                             "once, to commit them")
+        return None
+    try:
+        return IntakeLog(directory)
+    except OSError as exc:
+        raise ValueError(f"cannot open the intake log {directory}: {exc.strerror or exc}") from None
+
+
+def _replay(writer, stop: threading.Event) -> None:
+    """Commit what the intake log kept from before this start, before taking new requests."""
+    replayed = writer.replay()
+    if not replayed:
+        return
+    log.info("replaying %d requests from the intake log", replayed)
+    while not writer.drained() and not stop.wait(0.1):
+        pass
+    log.info("replayed the intake log%s", "" if writer.drained() else " in part (stopping)")
 
 
 def _pages(store, spec, sampling, writer, stopping, intake_metrics) -> dict:

@@ -55,8 +55,18 @@ def assert_same_as_general(body: bytes) -> bool:
 
 # --- requests as the SDKs write them, with every kind of value --------------------------------------------
 
-texts = st.one_of(st.sampled_from(["standard", "p99-latency-critical", " standard ", "", "gpu-node-1", "/v1/chat"]),
-                  st.text(max_size=300))
+# Envoy's node ids (Istio's TYPE~IP~POD.NS~NS.svc.DOMAIN and near misses), its canonical-service naming, and
+# its status codes written as text.
+node_ids = st.builds(lambda kind, ip, pod, ns, dot, domain: f"{kind}~{ip}~{pod}{dot}~{ns}{domain}",
+                     st.sampled_from(["sidecar", "router", "waypoint", ""]), st.sampled_from(["10.4.1.7", "", "~"]),
+                     st.sampled_from(["ratings-v1-5f9c", "", "x.y", "é" * 260]),
+                     st.sampled_from(["bookinfo", "", "."]),
+                     st.sampled_from([".bookinfo", "", ".other", "."]),
+                     st.sampled_from([".svc.cluster.local", "", "~x"]))
+texts = st.one_of(st.sampled_from(["standard", "p99-latency-critical", " standard ", "", "gpu-node-1", "/v1/chat",
+                                   "200", "503", "0404", "1000", "２００", " 200", "ratings", "ratings.bookinfo",
+                                   "istio-proxy", "unknown_service:envoy", "ratings."]),
+                  node_ids, st.text(max_size=300))
 scalars = st.one_of(
     st.builds(lambda v: AnyValue(string_value=v), texts),
     st.builds(lambda v: AnyValue(int_value=v), st.one_of(st.sampled_from([200, 404, 500, 503, 999, 1000, -1]),
@@ -130,7 +140,8 @@ def _refused_in_part(body: bytes):
         raise LeftToGeneralPath(f"the general path refuses {refused}")
 
 
-RESOURCE_KEYS = {"service.name", "k8s.node.name", "host.name", "hw.id", "k8s.pod.name", "k8s.namespace.name"}
+RESOURCE_KEYS = {"service.name", "k8s.node.name", "host.name", "hw.id", "k8s.pod.name", "k8s.namespace.name",
+                 "k8s.pod.ip"}
 SPAN_KEYS = {k.decode() for k in otlp_spans.SLOT_KEYS} - {"service.name"}
 STATUS_KEYS, TIER_KEYS = {"http.response.status_code", "http.status_code"}, {"http.request.header.x-slo-tier", "slo.tier"}
 
@@ -146,8 +157,8 @@ def _left_to_general_path(request):
                 for kv in span.attributes:
                     _check_value(kv, kv.key in SPAN_KEYS)
                     kind = kv.value.WhichOneof("value")
-                    if kv.key in STATUS_KEYS and kind not in (None, "int_value"):
-                        raise LeftToGeneralPath("a status code that is not an integer")
+                    if kv.key in STATUS_KEYS and kind not in (None, "int_value") and not _digits(kv.value):
+                        raise LeftToGeneralPath("a status code that is neither an integer nor decimal digits")
                     if kv.key in TIER_KEYS and kind not in (None, "string_value") and not _one_string(kv.value):
                         raise LeftToGeneralPath("a tier header that is not one string")
                 for kv in [*(a for e in span.events for a in e.attributes), *(a for l in span.links for a in l.attributes)]:
@@ -163,6 +174,11 @@ def _check_value(kv, kept: bool):
         raise LeftToGeneralPath("a value the general path turns into text")
     if _depth(kv.value) > 16:
         raise LeftToGeneralPath("nested deeper than the fast path reads")
+
+
+def _digits(value) -> bool:
+    text = value.string_value
+    return value.WhichOneof("value") == "string_value" and text.isascii() and text.isdigit()
 
 
 def _one_string(value) -> bool:
@@ -240,8 +256,8 @@ def test_what_it_declines_the_general_path_decides():
     _declines_and_general_says(backwards.SerializeToString(), refused="spans_invalid_time")
     text_status = sdk_like_request(3)
     text_status.resource_spans[0].scope_spans[0].spans[0].attributes.add(
-        key="http.response.status_code", value=AnyValue(string_value="200"))  # the last one wins
-    _declines_and_general_says(text_status.SerializeToString())
+        key="http.response.status_code", value=AnyValue(string_value="200 OK"))  # the last one wins
+    _declines_and_general_says(text_status.SerializeToString(), refused="spans_invalid_status_code")
     bad_utf8 = good.SerializeToString().replace(b"POST /v1/chat", b"POST /v1/ch\xff\xfe")
     _declines_and_general_says(bad_utf8, error="not a valid")
     alone = sdk_like_request(1)

@@ -1,4 +1,4 @@
--- sloscope store, schema version 1. Times are UTC; counters and histograms are per-interval deltas.
+-- sloscope store, schema version 2. Times are UTC; counters and histograms are per-interval deltas.
 CREATE TABLE IF NOT EXISTS meta (
     key   VARCHAR PRIMARY KEY,
     value VARCHAR NOT NULL
@@ -15,6 +15,7 @@ CREATE TABLE IF NOT EXISTS requests (
     tier        VARCHAR NOT NULL,
     pod         VARCHAR,
     namespace   VARCHAR,
+    pod_ip      VARCHAR,
     gpu_id      VARCHAR,
     route       VARCHAR,
     status_code SMALLINT,
@@ -64,3 +65,7 @@ CREATE TABLE IF NOT EXISTS ingest_counters (
     name  VARCHAR PRIMARY KEY,
     value BIGINT NOT NULL
 );
+
+-- Version 1 -> 2: the pod's IP, so that a request stored on the unknown node can be placed once its pod is known.
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS pod_ip VARCHAR;
+UPDATE meta SET value = '2' WHERE key = 'schema_version' AND value = '1';

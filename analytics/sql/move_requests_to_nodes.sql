@@ -1,0 +1,5 @@
+-- Requests placed late: from the unknown node ($1) to the node of their pod. `placed`: the registered frame of
+-- (trace_id, span_id, node) to move. Answers how many rows moved.
+UPDATE requests SET node = placed.node
+FROM placed
+WHERE requests.trace_id = placed.trace_id AND requests.span_id = placed.span_id AND requests.node = $1

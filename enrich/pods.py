@@ -1,0 +1,172 @@
+"""Pods by name and by IP, as the Kubernetes API reports them (enrich/kube_watch.py), so that a request span that
+names its pod but no node (Envoy's sidecar and gateway spans, SDK services without host attributes) is placed on
+the pod's node, as the OpenTelemetry Collector's k8sattributes processor associates pods.
+
+A pod is known by its incarnation (uid): names come back (StatefulSets) and IPs are reused once a pod is gone, so
+a span is matched to the incarnation that was alive when the span started, never to a dead pod's IP later reused.
+Dead incarnations are kept for RETENTION_S (late spans of a pod that just ended still find it), and the whole
+directory is bounded (MAX_PODS)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import polars as pl
+
+RETENTION_S = 600.0  # how long a dead pod still places the spans that arrive late from it
+MAX_PODS = 200_000  # incarnations held, alive and dead: a bound on memory, far above a cluster's pods
+CLOCK_SKEW_S = 1.0  # a span may start this much before its pod's creation time (clocks of different machines)
+PODS_SCHEMA = {"namespace": pl.String, "pod": pl.String, "pod_ip": pl.String, "pod_node": pl.String,
+               "born": pl.Datetime("us"), "died": pl.Datetime("us")}
+
+
+@dataclass
+class Incarnation:
+    namespace: str
+    name: str
+    ip: str | None  # None for host-network pods: their IP is the node's, shared by many pods
+    node: str
+    born: datetime
+    died: datetime | None = None
+
+
+def incarnation_of(pod: dict) -> tuple[str, Incarnation | None]:
+    """(uid, the incarnation) from a Pod object of the Kubernetes API; None for a pod not on a node yet."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    uid, node = meta.get("uid"), spec.get("nodeName")
+    if not (isinstance(uid, str) and isinstance(node, str) and node and meta.get("name") and meta.get("namespace")):
+        return str(uid), None
+    ip = status.get("podIP")
+    finished = status.get("phase") in ("Succeeded", "Failed")  # its IP is released while the object remains
+    return uid, Incarnation(str(meta["namespace"]), str(meta["name"]),
+                            ip if isinstance(ip, str) and ip and not spec.get("hostNetwork") else None, node,
+                            _timestamp(meta.get("creationTimestamp")), _now() if finished else None)
+
+
+def _timestamp(text) -> datetime:
+    """An RFC 3339 time of the API (UTC, whole seconds), as a naive UTC datetime like the store's."""
+    try:
+        when = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return datetime(1970, 1, 1)  # no creation time: alive since ever (the IP rule still needs it alive)
+    return when.astimezone(timezone.utc).replace(tzinfo=None) if when.tzinfo else when
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class PodDirectory:
+    """The pods of the cluster, updated by the watch (another thread) and read by the intake's request threads."""
+
+    def __init__(self, retention_s: float = RETENTION_S, max_pods: int = MAX_PODS):
+        self.retention_s, self.max_pods = retention_s, max_pods
+        self.counts: Counter = Counter()
+        self.changed = threading.Event()  # set when a pod appears or changes: a late placement may now succeed
+        self._pods: dict[str, Incarnation] = {}
+        self._lock = threading.Lock()
+        self._frame: pl.DataFrame | None = None
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def apply(self, event: str, pod: dict) -> None:
+        """One watch event (ADDED, MODIFIED, DELETED) for a Pod object."""
+        uid, incarnation = incarnation_of(pod)
+        with self._lock:
+            known = self._pods.get(uid)
+            if event == "DELETED":
+                if known is not None and known.died is None:
+                    known.died = _now()
+            elif incarnation is not None:
+                if known is not None and known.died is not None:
+                    incarnation.died = known.died  # an update after its end neither brings it back nor moves it
+                self._put(uid, incarnation)
+                if known is None or (known.ip, known.node) != (incarnation.ip, incarnation.node):
+                    self.changed.set()  # not for every status update: only what can place a request
+            self._frame = None
+
+    def replace_all(self, pods: list[dict]) -> None:
+        """The pods of a fresh list: those held but not listed ended while no watch was open."""
+        listed = set()
+        for pod in pods:
+            self.apply("ADDED", pod)
+            listed.add(incarnation_of(pod)[0])
+        with self._lock:
+            for uid, known in self._pods.items():
+                if uid not in listed and known.died is None:
+                    known.died = _now()
+            self._frame = None
+
+    def _put(self, uid: str, incarnation: Incarnation) -> None:
+        if uid not in self._pods and len(self._pods) >= self.max_pods:
+            self._forget_dead()
+            if len(self._pods) >= self.max_pods:
+                self.counts["pods_over_limit"] += 1
+                return
+        self._pods[uid] = incarnation
+
+    def _forget_dead(self) -> None:
+        horizon = _now().timestamp() - self.retention_s
+        dead = sorted((p.died, uid) for uid, p in self._pods.items() if p.died is not None)
+        for died, uid in dead:
+            if died.timestamp() < horizon or len(self._pods) >= self.max_pods:
+                del self._pods[uid]
+
+    def frame(self) -> pl.DataFrame:
+        """The incarnations as a frame (rebuilt only after a change)."""
+        with self._lock:
+            if self._frame is None:
+                self._forget_dead()
+                pods = list(self._pods.values())
+                self._frame = pl.DataFrame(
+                    {"namespace": [p.namespace for p in pods], "pod": [p.name for p in pods],
+                     "pod_ip": [p.ip for p in pods], "pod_node": [p.node for p in pods],
+                     "born": [p.born for p in pods], "died": [p.died for p in pods]}, schema=PODS_SCHEMA)
+            return self._frame
+
+    def place(self, requests: pl.DataFrame) -> tuple[pl.DataFrame, int, int]:
+        """(requests with the node of those naming none filled from their pod, how many by pod name and
+        namespace, how many by pod IP). Columns used: node, namespace, pod, pod_ip, start_time."""
+        if not requests["node"].null_count() or not self._pods:
+            return requests, 0, 0
+        pods = self.frame()
+        rows = requests.with_row_index("_row")
+        unplaced = rows.filter(pl.col("node").is_null()).select("_row", "namespace", "pod", "pod_ip", "start_time")
+        by_name = _alive_at_start(unplaced.drop("pod_ip").join(pods.drop("pod_ip"), on=["namespace", "pod"]))
+        by_ip = _alive_at_start(unplaced.drop("namespace", "pod").join(pods.drop("namespace", "pod"), on="pod_ip"))
+        by_ip = by_ip.join(by_name, on="_row", how="anti")
+        found = pl.concat([by_name, by_ip])
+        placed = rows.join(found, on="_row", how="left").with_columns(node=pl.coalesce("node", "pod_node"))
+        return placed.select(requests.columns), len(by_name), len(by_ip)
+
+
+def place_requests(requests: pl.DataFrame, directory: PodDirectory, peer: str | None) -> tuple[pl.DataFrame, Counter]:
+    """The intake's placement by pod: a request naming no node, pod or pod IP takes the client's address as its
+    pod IP (k8sattributes' `connection` association: an SDK exporting straight here connects from its pod),
+    then those naming no node are placed by pod name, else pod IP. The rest keep what identifies their pod, for
+    a late placement once the pod is known; those with nothing to place them by are counted as unresolved."""
+    counts: Counter = Counter()
+    if peer and not requests.is_empty():
+        anonymous = pl.col("node").is_null() & pl.col("pod").is_null() & pl.col("pod_ip").is_null()
+        counts["spans_pod_ip_from_connection"] = int(requests.select(anonymous.sum()).item())
+        requests = requests.with_columns(pod_ip=pl.when(anonymous).then(pl.lit(peer)).otherwise(pl.col("pod_ip")))
+    requests, by_name, by_ip = directory.place(requests)
+    counts["spans_node_from_pod_name"] += by_name
+    counts["spans_node_from_pod_ip"] += by_ip
+    # Nothing names their node, pod or GPU: no placement, now or later, can move them off the unknown node.
+    unresolved = pl.all_horizontal(pl.col(c).is_null() for c in ("node", "pod", "pod_ip", "gpu_id"))
+    counts["spans_node_unresolved"] = int(requests.select(unresolved.sum()).item()) if len(requests) else 0
+    return requests, counts
+
+
+def _alive_at_start(candidates: pl.DataFrame) -> pl.DataFrame:
+    """Per request row, the node of the newest incarnation alive when the request started."""
+    alive = candidates.filter(
+        (pl.col("start_time") >= pl.col("born") - pl.duration(seconds=CLOCK_SKEW_S))
+        & (pl.col("died").is_null() | (pl.col("start_time") < pl.col("died"))))
+    return alive.sort("born").group_by("_row").agg(pl.col("pod_node").last()).with_columns(
+        pl.col("_row").cast(pl.UInt32))
