@@ -122,7 +122,7 @@ def signal_steps(store: Store, window: Window) -> pl.DataFrame:
 
 
 def _growth_series(steps: pl.DataFrame, step_s: float) -> pl.DataFrame:
-    """Relative growth per minute of GPU memory usage: the leak signature (Contract 5's seed rule)."""
+    """Relative growth per minute of GPU memory usage: the leak signature (taxonomy.GPU_MEMORY_LEAK)."""
     lag = max(1, round(GROWTH_WINDOW.total_seconds() / step_s))
     usage = steps.filter(pl.col("metric") == "hw.gpu.memory.usage").sort("node", "attributes", "step")
     previous = pl.col("value").shift(lag).over("node", "attributes")

@@ -34,7 +34,7 @@ def register(subparsers) -> None:
     rca = subparsers.add_parser(
         "rca", help="find SLO violations per tier and rank their physical causes",
         description="Find SLO violations per tier, merge them into incidents per (tier, service, node), and "
-        "rank each incident's physical-layer causes with evidence (DESIGN.md, Contracts 4 and 5).")
+        "rank each incident's physical-layer causes with evidence (docs/cli-json.md, docs/taxonomy.md).")
     rca.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"DuckDB file (default: {DEFAULT_DB})")
     rca.add_argument("--slo", type=Path, metavar="SLO.yaml",
                      help="SLO spec (default: the spec last used with this database, else the built-in spec)")
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
                      "TIME (RFC 3339, or a duration back from the newest request), no SLI breach required")
     rca.add_argument("--node", help="with --at: only this node")
     rca.add_argument("--format", choices=["json", "table"],
-                     help="json (Contract 4) or table for people (default: table on a terminal, else json)")
+                     help="json (docs/cli-json.md) or table for people (default: table on a terminal, else json)")
     rca.add_argument("--top", type=int, default=5, help="causes shown per incident (default: %(default)s)")
     rca.add_argument("--baseline", default="10m", metavar="DURATION",
                      help="how much history before an incident counts as normal (default: %(default)s)")

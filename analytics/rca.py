@@ -1,4 +1,4 @@
-"""Incidents and their ranked causes, as Contract 4's JSON document or a table for people."""
+"""Incidents and their ranked causes, as the JSON document of docs/cli-json.md or a table for people."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """SLI windows per tier and their merge into incidents per (tier, service, node).
 
-Both SLIs are ratios, as Contract 3 defines them: the share of requests slower than the tier's threshold
+Both SLIs are ratios, as docs/slo-spec.md defines them: the share of requests slower than the tier's threshold
 against the allowance its percentile implies (p99: 1 %), and the share of failed requests against the error
 budget (1 - availability). A window violates only when its slow (or failed) requests would be improbable for
 a service running exactly at the objective: the upper tail of Poisson(requests x allowance). A window with

@@ -211,7 +211,7 @@ class Report:
             parts.append(self._summary(eps))
             for n, ep in enumerate(eps, 1):
                 parts.append(self._episode(n, ep))
-        parts.append("<details><summary class='small muted'>the analysis as JSON (Contract 4)</summary><pre>"
+        parts.append("<details><summary class='small muted'>the analysis as JSON (sloscope rca's)</summary><pre>"
                      f"{escape(json.dumps(result, indent=1))}</pre></details></body></html>")
         return "\n".join(parts)
 

@@ -1,4 +1,4 @@
-"""Tier resolution for request spans (DESIGN.md, Contract 2).
+"""Tier resolution for request spans (docs/tiers.md).
 
 The `x-slo-tier` header is set by clients, so it is untrusted: only tiers declared in the SLO spec are kept.
 Anything else (unknown, empty, oversized, wrong type) becomes the spec's default tier and is counted, so no

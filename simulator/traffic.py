@@ -19,7 +19,7 @@ import numpy as np
 
 from simulator.otlp_json import attribute as _kv
 
-# the SLO spec of DESIGN.md, Contract 3
+# the built-in SLO spec (docs/slo-spec.md)
 TIERS = {
     "p99-latency-critical": {"percentile": 99, "threshold_s": 0.8, "availability": 99.9},
     "standard": {"percentile": 95, "threshold_s": 0.2, "availability": 99.5},

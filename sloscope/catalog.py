@@ -1,4 +1,4 @@
-"""The signal catalog (DESIGN.md, Contract 1): the one place that names every signal sloscope emits or reads.
+"""The signal catalog (docs/catalog.md): the one place that names every signal sloscope emits or reads.
 
 Probes emit these names, analytics reads them, rules and dashboards query them. A signal's `harmful`
 direction says which way of moving hurts requests; attribution only counts movement that way.

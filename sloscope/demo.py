@@ -143,7 +143,7 @@ def run_simulated(args) -> int:
     top = found[0]["causes"][0]["cause"] if found and found[0]["causes"] else "none"
     print(f"\ninjected: {fault['cause']} on {fault['node']} at {fault['onset']}; "
           f"sloscope's top cause there: {top} ({'right' if top == fault['cause'] else 'wrong'})")
-    print(f"files: {args.dir}/rca.json (Contract 4 JSON), {db_path}, {otlp_dir}/ground_truth.json; "
+    print(f"files: {args.dir}/rca.json (the rca JSON), {db_path}, {otlp_dir}/ground_truth.json; "
           f"total {time.monotonic() - started:.1f}s")
     print(f"try: .venv/bin/sloscope rca --db {db_path} --format table")
 

@@ -1,4 +1,4 @@
-"""The SLO spec (DESIGN.md, Contract 3): loading and validation with errors that name file, key and expectation."""
+"""The SLO spec (docs/slo-spec.md): loading and validation with errors that name file, key and expectation."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def parse_spec(text: str, source: str = "<string>") -> SloSpec:
 
 
 def load_spec(path: str | Path | None) -> SloSpec:
-    """Load a spec file, or the built-in default spec (the one of DESIGN.md) when path is None."""
+    """Load a spec file, or the built-in default spec (docs/slo-spec.md) when path is None."""
     if path is None:
         return parse_spec(DEFAULT_SPEC_YAML, "<built-in>")
     path = Path(path)

@@ -1,4 +1,4 @@
-"""The cause taxonomy (DESIGN.md, Contract 5): SLO layer -> intermediate signals -> physical cause.
+"""The cause taxonomy (docs/taxonomy.md): SLO layer -> intermediate signals -> physical cause.
 
 Cause ids are fixed by contract. Each cause names the catalog signals (optionally narrowed to one attribute
 value, e.g. PSI for the cpu resource only) whose harmful movement is evidence for it, and the remediation

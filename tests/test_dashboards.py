@@ -450,7 +450,7 @@ def test_report_structure(sim_db, tmp_path, capsys):
         assert f"onset {parse_time(ev['onset'], None):%H:%M:%S}" in html
         assert f"<code>{ev['signal']}</code>" in html
     assert "has no remediation audit" in html
-    assert '&quot;incidents&quot;' in html  # the Contract 4 JSON is embedded for reference
+    assert '&quot;incidents&quot;' in html  # the rca JSON is embedded for reference
 
 
 def test_report_shows_the_remediation_taken(sim_db, tmp_path):

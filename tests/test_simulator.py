@@ -56,7 +56,7 @@ def attrs(kvs) -> dict:
 
 
 def fold_tier(a: dict) -> str:
-    """Contract 2: only declared tiers survive; anything else is the default tier."""
+    """docs/tiers.md: only declared tiers survive; anything else is the default tier."""
     v = a.get("http.request.header.x-slo-tier", a.get("slo.tier"))
     if isinstance(v, list):
         v = v[0] if len(v) == 1 else None

@@ -1,0 +1,68 @@
+"""The import rule of docs/architecture.md: a module imports only its own package and lower floors."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOORS = {
+    "sloscope.catalog": 0, "sloscope.taxonomy": 0, "sloscope.slo_spec": 0, "sloscope.records": 0, "sloscope.logs": 0,
+    "sloscope": 0,  # the package itself (`from sloscope import catalog` names its module below)
+    "probes": 1, "simulator": 1, "collectors": 2, "enrich": 3, "analytics": 4, "alerts": 5, "dashboards": 6,
+    "sloscope.cli": 7, "sloscope.serve": 7, "sloscope.serve_ops": 7, "sloscope.demo": 7, "sloscope.decode_pool": 7,
+    "sloscope.live": 7,
+}
+
+
+def package_of(module: str) -> str:
+    """The longest FLOORS key that is module or a parent of it."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in FLOORS:
+            return ".".join(parts[:n])
+    raise KeyError(module)
+
+
+def imports(path: Path, module: str) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = module.split(".")[:-node.level] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            # `from sloscope import catalog`: the names may be modules, each on its own floor
+            found += [(node.lineno, f"{target}.{alias.name}" if f"{target}.{alias.name}" in FLOORS else target)
+                      for alias in node.names]
+    return [(line, name) for line, name in found if name.split(".")[0] in {p.split(".")[0] for p in FLOORS}]
+
+
+def modules():
+    for top in {p.split(".")[0] for p in FLOORS}:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            yield path, ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_goes_up_a_floor():
+    wrong = []
+    for path, module in modules():
+        own = package_of(module)
+        for line, name in imports(path, module):
+            other = package_of(name)
+            sideways = FLOORS[other] == FLOORS[own] and other.split(".")[0] != own.split(".")[0]
+            if FLOORS[other] > FLOORS[own] or sideways:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {own} (floor {FLOORS[own]}) imports {name} "
+                             f"(floor {FLOORS[other]})")
+    assert not wrong, "imports against docs/architecture.md:\n" + "\n".join(wrong)
+
+
+def test_every_module_has_a_floor():
+    assert all(package_of(module) for _, module in modules())
+
+
+def test_the_rule_sees_an_upward_import(tmp_path):
+    """The check itself: a function-level import of analytics from collectors is found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from analytics.store import Store\n")
+    (line, name), = imports(bad, "collectors.bad")
+    assert (line, package_of(name)) == (2, "analytics") and FLOORS["analytics"] > FLOORS["collectors"]
