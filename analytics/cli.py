@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 from enrich.tiers import TierResolver
-from sloscope.slo_spec import SpecError, load_spec, parse_duration
+from sloscope.slo_spec import SpecError, load_spec
 
-from analytics.store import DEFAULT_DB, Store, StoreError, sql
+from analytics.store import DEFAULT_DB, Store, StoreError
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
 
@@ -92,27 +91,18 @@ def run_ingest(args) -> int:
 
 
 def run_rca(args) -> int:
-    from analytics.rca import analyse, explain_moment, format_table, parse_time
+    from analytics.rca import Query, format_table
 
+    query = Query(args.since or "", args.until or "", args.at or "", args.node or "", args.top, args.baseline,
+                  args.lookback)
     try:
         store = Store(args.db, read_only=True)
         spec = spec_for(store, args.slo)
-        newest = store.rows(sql("data_range"))[0][1]
-        since = parse_time(args.since, newest) if args.since else None
-        until = parse_time(args.until, newest) if args.until else None
-        baseline = timedelta(seconds=parse_duration(args.baseline, "--baseline"))
-        lookback = timedelta(seconds=parse_duration(args.lookback, "--lookback"))
-        at = parse_time(args.at, newest) if args.at else None
-        if args.node and at is None:
-            raise ValueError("--node goes with --at")
+        with store:
+            result = query.answer(store, spec)
     except (SpecError, StoreError, ValueError) as exc:
         print(f"sloscope rca: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    with store:
-        if at is not None:
-            result = explain_moment(store, spec, at, args.node, args.top, baseline, lookback)
-        else:
-            result = analyse(store, spec, since, until, args.top, baseline, lookback)
     fmt = args.format or ("table" if sys.stdout.isatty() else "json")
     print(format_table(result) if fmt == "table" else json.dumps(result, indent=2))
     return EXIT_OK

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import polars as pl
@@ -35,6 +36,33 @@ def parse_time(text: str, newest: datetime | None) -> datetime:
     if newest is None:
         raise ValueError("a relative time needs stored requests to count back from")
     return newest - timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True)
+class Query:
+    """What `sloscope rca` and `GET /rca` ask, as the user wrote it: times are RFC 3339 or a duration back from
+    the newest stored request, baseline and lookback durations. `at` asks for a moment instead of incidents."""
+
+    since: str = ""
+    until: str = ""
+    at: str = ""
+    node: str = ""
+    top: int = 5
+    baseline: str = "10m"
+    lookback: str = "1m"
+
+    def answer(self, store: Store, spec) -> dict:
+        """The JSON document; ValueError (a SpecError among them) names what the query got wrong."""
+        if self.node and not self.at:
+            raise ValueError("--node goes with --at (on GET /rca: node with at)")
+        newest = store.rows(sql("data_range"))[0][1]
+        baseline = timedelta(seconds=parse_duration(self.baseline, "baseline"))
+        lookback = timedelta(seconds=parse_duration(self.lookback, "lookback"))
+        if self.at:
+            return explain_moment(store, spec, parse_time(self.at, newest), self.node or None, self.top,
+                                  baseline, lookback)
+        return analyse(store, spec, parse_time(self.since, newest) if self.since else None,
+                       parse_time(self.until, newest) if self.until else None, self.top, baseline, lookback)
 
 
 def analyse(store: Store, spec, since: datetime | None = None, until: datetime | None = None, top: int = 5,

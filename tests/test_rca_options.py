@@ -47,6 +47,16 @@ def test_rca_page_analyses_in_process_with_its_query_parameters(store):  # noqa:
     assert json.loads(page(since="2025-11-29T09:00:00Z", until="2025-11-29T09:30:00Z")[0]) == {"incidents": []}
     with pytest.raises(ValueError):
         page(baseline="ten minutes")
+    with pytest.raises(ValueError):
+        page(top="-1")
+
+
+def test_rca_page_explains_a_moment_as_the_command_does(store):  # noqa: F811
+    moment = json.loads(rca_page(store, SPEC)(at="2025-11-29T10:12:00Z", node="n1")[0])
+    assert moment["incidents"] == [] and moment["moment"]["causes"][0]["cause"] == "cpu_contention"
+    assert all(c["node"] == "n1" for c in moment["moment"]["causes"])
+    with pytest.raises(ValueError, match="--node goes with --at"):
+        rca_page(store, SPEC)(node="n1")
 
 
 def _get(port, path):
