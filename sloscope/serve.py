@@ -181,24 +181,20 @@ def _webhook_app(args, store, spec):
 
 def rca_page(store, spec):
     """GET /rca: `sloscope rca` in this process, on a reader of the database it writes (another process cannot
-    open a DuckDB file while it is written), as Contract 4's JSON. Query parameters: since and until (RFC 3339,
-    or a duration back from the newest request), baseline and lookback (durations, as `sloscope rca`), top."""
+    open a DuckDB file while it is written), as the JSON of docs/cli-json.md. Query parameters as the command's
+    flags: since, until, at, node, top, baseline, lookback."""
 
-    def page(since: str = "", until: str = "", baseline: str = "10m", lookback: str = "1m", top: str = "5"):
+    def page(since: str = "", until: str = "", at: str = "", node: str = "", top: str = "5", baseline: str = "10m",
+             lookback: str = "1m"):
         import json
-        from datetime import timedelta
 
-        from analytics.rca import analyse, parse_time
-        from analytics.store import sql
-        from sloscope.slo_spec import parse_duration
+        from analytics.rca import Query
 
+        if not top.isdigit():
+            raise ValueError(f"top: expected a whole number, got {top[:40]!r}")
         reader = store.reader()
         try:
-            newest = reader.rows(sql("data_range"))[0][1]
-            result = analyse(reader, spec, parse_time(since, newest) if since else None,
-                             parse_time(until, newest) if until else None, int(top),
-                             timedelta(seconds=parse_duration(baseline, "baseline")),
-                             timedelta(seconds=parse_duration(lookback, "lookback")))
+            result = Query(since, until, at, node, int(top), baseline, lookback).answer(reader, spec)
         finally:
             reader.con.close()
         return json.dumps(result).encode(), "application/json"
