@@ -24,18 +24,36 @@ def register(subparsers) -> None:
         description="Write Prometheus rules generated from the SLO spec, over the metrics sloscope exports at "
         "/metrics:\n"
         "  - per tier: SLI recording rules (share of requests slower than the tier's threshold, error ratio) over\n"
-        "    5m, 30m, 1h, 6h and 3d; multiwindow, multi-burn-rate alerts (page: 14.4x over 1h and 5m, or 6x\n"
-        "    over 6h and 30m; ticket: 1x over 3d and 6h) for latency and availability; the tier's percentile\n"
-        "    above its threshold over 1m (raise trace sampling);\n"
+        "    the burn-rate windows; multiwindow, multi-burn-rate alerts for latency and availability (for a 30d\n"
+        "    window, page: 14.4x over 1h and 5m, or 6x over 6h and 30m; ticket: 1x over 3d and 6h; for 28d\n"
+        "    Sloth's factors on the same windows; other windows of 6d and more scale the windows with the\n"
+        "    window, as Pyrra does); the tier's percentile above its threshold over 1m (raise trace sampling);\n"
+        "    the SLO as series (sloscope_slo_info, tier:sloscope_slo_objective:ratio, ..._error_budget:ratio,\n"
+        "    ..._window:days, ..._error_budget_remaining:ratio);\n"
         "  - physical layer: GPU utilization > 80%, GPU memory growing > 5%/min three minutes in a row, NVMe\n"
         "    > 65 C, SPDK bdev wait > 5 ms, SPDK reactor busy > 70%, a node's error ratio > 5% over 1m;\n"
         "  - one alert per taxonomy cause, while it is the top cause of an open incident.\n"
         "Every alert carries the labels severity, cause, action (its remediation) and tier and/or node, and the\n"
-        "annotations summary, description and runbook. Check the output with `promtool check rules FILE`.")
+        "annotations summary, description, remediation and runbook_url. Check the output with\n"
+        "`promtool check rules FILE`; --format prometheusrule writes a prometheus-operator PrometheusRule.")
     rules.add_argument("--slo", type=Path, metavar="SLO.yaml", help="SLO spec (default: the built-in spec)")
     rules.add_argument("--hold", metavar="DURATION",
                        help="`for:` of the physical, node and cause alerts instead of their 1-2 minute defaults "
                        "(e.g. 15s for faster remediation, at the price of acting on shorter spikes)")
+    rules.add_argument("--format", choices=("rules", "prometheusrule"), default="rules",
+                       help="a Prometheus rule file (default), or a monitoring.coreos.com/v1 PrometheusRule")
+    rules.add_argument("--name", default="sloscope", help="PrometheusRule metadata.name (default: %(default)s)")
+    rules.add_argument("--namespace", help="PrometheusRule metadata.namespace (default: none, kubectl's)")
+    rules.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                       help="PrometheusRule label, for the Prometheus' ruleSelector (kube-prometheus-stack: "
+                       "release=RELEASE); repeatable")
+    rules.add_argument("--page-severity", default="page", metavar="VALUE",
+                       help="severity label of the fast-burn alerts (default: %(default)s; Sloth: critical)")
+    rules.add_argument("--ticket-severity", default="ticket", metavar="VALUE",
+                       help="severity label of the slow-burn alerts (default: %(default)s; Sloth: warning)")
+    rules.add_argument("--runbook-base-url", metavar="URL",
+                       help="page whose #alertname sections the runbook_url annotations point to (default: "
+                       "docs/runbooks.md of the project's repository)")
     rules.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here (default: stdout)")
     rules.set_defaults(func=run_rules)
 
@@ -72,21 +90,69 @@ def register(subparsers) -> None:
     register_sampling(subparsers)
 
 
+_K8S_NAME = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_K8S_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_K8S_LABEL_KEY = rf"({_K8S_NAME}(\.{_K8S_NAME})*/)?{_K8S_LABEL_NAME}"
+_K8S_LABEL_VALUE = rf"({_K8S_LABEL_NAME})?"
+_SEVERITY = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
+
+
+def _rule_labels(pairs: list[str]) -> dict[str, str]:
+    """--label KEY=VALUE pairs, held to Kubernetes' label syntax (ValueError says which one is wrong)."""
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not re.fullmatch(_K8S_LABEL_KEY, key) or len(key) > 316 or not re.fullmatch(
+                _K8S_LABEL_VALUE, value):
+            raise ValueError(f"--label: expected KEY=VALUE with a Kubernetes label key and value; got {pair!r}")
+        labels[key] = value
+    return labels
+
+
+def _rules_usage_error(args) -> str | None:
+    if args.hold is not None and not re.fullmatch(r"\d+(ms|s|m|h)", args.hold):
+        return f"--hold: expected a Prometheus duration like 15s or 1m; got {args.hold!r}"
+    for flag, value in (("--page-severity", args.page_severity), ("--ticket-severity", args.ticket_severity)):
+        if not re.fullmatch(_SEVERITY, value):
+            return f"{flag}: expected a word of letters, digits, '_', '.' or '-'; got {value!r}"
+    if args.runbook_base_url is not None and not re.fullmatch(r"https?://[^\s#\"]+", args.runbook_base_url):
+        return f"--runbook-base-url: expected an http(s) URL without a fragment; got {args.runbook_base_url!r}"
+    if not (len(args.name) <= 253 and re.fullmatch(rf"{_K8S_NAME}(\.{_K8S_NAME})*", args.name)):
+        return f"--name: expected a Kubernetes object name (lower case, digits, '-', '.'); got {args.name!r}"
+    if args.namespace is not None and not (len(args.namespace) <= 63 and re.fullmatch(_K8S_NAME, args.namespace)):
+        return f"--namespace: expected a Kubernetes namespace name; got {args.namespace!r}"
+    return None
+
+
+def _rules_text(args, spec) -> str:
+    """The document asked for; raises ValueError (a bad --label, an unsupported SLO window) with the reason."""
+    from alerts.rules import DEFAULT_RUNBOOK_BASE_URL, RuleOptions, prometheus_rule, render_rules, render_yaml
+
+    opts = RuleOptions(args.hold, args.page_severity, args.ticket_severity,
+                       args.runbook_base_url or DEFAULT_RUNBOOK_BASE_URL)
+    if args.format == "rules":
+        return render_rules(spec, opts)
+    labels = _rule_labels(args.label)
+    return render_yaml(spec, prometheus_rule(spec, args.name, args.namespace, labels, opts))
+
+
 def run_rules(args) -> int:
     from sloscope.slo_spec import SpecError, load_spec
-
-    from alerts.rules import render_rules
 
     try:
         spec = load_spec(args.slo)
     except SpecError as exc:
         print(f"sloscope rules: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if args.hold is not None and not re.fullmatch(r"\d+(ms|s|m|h)", args.hold):
-        print(f"sloscope rules: --hold: expected a Prometheus duration like 15s or 1m; got {args.hold!r}",
-              file=sys.stderr)
+    problem = _rules_usage_error(args)
+    if problem is not None:
+        print(f"sloscope rules: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    text = render_rules(spec, args.hold)
+    try:
+        text = _rules_text(args, spec)
+    except ValueError as exc:  # alerts.burn.UnsupportedWindow among them
+        print(f"sloscope rules: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if args.output is None:
         sys.stdout.write(text)
         return EXIT_OK

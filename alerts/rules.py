@@ -5,11 +5,13 @@ file is the CLI's business. Expressions only name series of alerts/exposition.py
 or series recorded by the rules themselves.
 
 Per tier (one group each, recording rules before the alerts that read them):
-- SLIs over 5m, 30m, 1h, 6h, 3d: the share of requests slower than the tier's threshold (from the histogram
-  bucket whose `le` is exactly that threshold) and the error ratio.
-- Multiwindow, multi-burn-rate alerts (SRE Workbook): page when the burn rate exceeds 14.4 over 1h and 5m, or
-  6 over 6h and 30m; ticket when it exceeds 1 over 3d and 6h. For latency the budget is the percentile's
-  allowance (p99: 1 % of requests may be slower than the threshold); for errors, 1 - availability/100.
+- SLIs over the burn-rate windows (alerts/burn.py; 5m, 30m, 1h, 6h, 3d for a 30-day SLO window): the share of
+  requests slower than the tier's threshold (from the histogram bucket whose `le` is exactly that threshold)
+  and the error ratio.
+- Multiwindow, multi-burn-rate alerts (SRE Workbook, factors scaled to the spec's window by alerts/burn.py):
+  for 30 days, page when the burn rate exceeds 14.4 over 1h and 5m, or 6 over 6h and 30m; ticket when it
+  exceeds 1 over 3d and 6h. For latency the budget is the percentile's allowance (p99: 1 % of requests may be
+  slower than the threshold); for errors, 1 - availability/100.
 - Per (tier, service, node), more requests slower than the threshold over the last minute than a service at
   exactly the percentile's allowance would produce at ALERT_ALPHA (the analysis' latency test): raise trace
   sampling of the tier to 100 %.
@@ -24,12 +26,19 @@ incident, as exported in sloscope_incident_cause_score.
 
 Every alert carries the labels `severity`, `cause` (a taxonomy id, or `unattributed` for symptoms whose cause
 is not known to the rule), `action` (the remediation it maps to), and `tier` and/or `node`; and the
-annotations `summary`, `description` and `runbook`.
+annotations `summary`, `description`, `remediation` (what to do, and what the mapped action does) and
+`runbook_url` (the alert's section of docs/runbooks.md, under a configurable base URL).
+
+Per tier, a metadata group records the objective, its error budget, the SLO window and the budget left over
+that window (as Sloth's `sloth_slo_info` and `slo:*` series do), so dashboards can show the SLO without data.
+
+`prometheus_rule()` wraps the groups in a prometheus-operator `monitoring.coreos.com/v1` PrometheusRule.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import yaml
 
@@ -41,12 +50,12 @@ from analytics.slo import FLEET_FDR, slow_allowance
 
 from alerts import exposition as x
 from alerts.actions import (DRAIN, NOTIFY, QOS, RAISE_SAMPLING, RESTART)
+from alerts.burn import (DAY_S, PAGE, TICKET, budget_spent_in, burn_windows, promql_duration, sli_windows,
+                         window_days)
 
 UNATTRIBUTED = "unattributed"
-SLI_WINDOWS = ("5m", "30m", "1h", "6h", "3d")
-# (burn-rate factor, long window, short window), SRE Workbook chapter 5, for a 30-day budget.
-PAGE_BURNS = ((14.4, "1h", "5m"), (6, "6h", "30m"))
-TICKET_BURNS = ((1, "3d", "6h"),)
+DEFAULT_RUNBOOK_BASE_URL = "https://github.com/sloscope/sloscope/blob/main/docs/runbooks.md"
+PROMETHEUS_RULE_API = "monitoring.coreos.com/v1"
 MIN_REQUESTS_PER_MINUTE = 10  # below this, a minute's error ratio is noise
 # The rules judge each (tier, service, node) minute alone: at the level the analysis applies to the first
 # violation among ALERT_FLEET_TESTS tests (about an hour of a 10-node fleet's windows), as they cannot see the
@@ -107,6 +116,13 @@ ACTION_TEXT = {
 
 RECORD_SLOW = "tier:sloscope_request_slow:ratio_rate{window}"
 RECORD_ERRORS = "tier:sloscope_request_errors:ratio_rate{window}"
+# The SLO metadata series (Sloth's sloth_slo_info, slo:objective:ratio, slo:error_budget:ratio,
+# slo:time_period:days and slo:period_error_budget_remaining:ratio), per tier and slo.
+RECORD_INFO = "sloscope_slo_info"
+RECORD_OBJECTIVE = "tier:sloscope_slo_objective:ratio"
+RECORD_BUDGET = "tier:sloscope_slo_error_budget:ratio"
+RECORD_WINDOW_DAYS = "tier:sloscope_slo_window:days"
+RECORD_BUDGET_LEFT = "tier:sloscope_slo_error_budget_remaining:ratio"
 LEAK = taxonomy.GPU_MEMORY_LEAK  # the one definition of the GPU memory-leak rule
 
 
@@ -141,77 +157,96 @@ def _ms(seconds: float) -> str:
 
 # --- per tier ------------------------------------------------------------------------------------------------------
 
-def _sli_rules(t: TierObjective) -> list[dict]:
+def _slow_ratio(t: TierObjective, window: str) -> str:
     tier = _q(t.name)
     le = _q(x.le_label(x.le_seconds(t.threshold_ms)))
-    rules = []
-    for w in SLI_WINDOWS:
-        rules.append({"record": RECORD_SLOW.format(window=w), "labels": {"tier": t.name}, "expr": (
-            f"1 - (\n"
-            f"  sum by (tier) (rate({x.REQUEST_DURATION}_bucket{{tier={tier}, le={le}}}[{w}]))\n"
+    return (f"1 - (\n"
+            f"  sum by (tier) (rate({x.REQUEST_DURATION}_bucket{{tier={tier}, le={le}}}[{window}]))\n"
             f"/\n"
-            f"  sum by (tier) (rate({x.REQUEST_DURATION}_count{{tier={tier}}}[{w}]))\n"
-            f")\n")})
-    for w in SLI_WINDOWS:
-        rules.append({"record": RECORD_ERRORS.format(window=w), "labels": {"tier": t.name}, "expr": (
-            f"sum by (tier) (rate({x.REQUEST_ERRORS}{{tier={tier}}}[{w}]))\n"
+            f"  sum by (tier) (rate({x.REQUEST_DURATION}_count{{tier={tier}}}[{window}]))\n"
+            f")\n")
+
+
+def _error_ratio(t: TierObjective, window: str) -> str:
+    tier = _q(t.name)
+    return (f"sum by (tier) (rate({x.REQUEST_ERRORS}{{tier={tier}}}[{window}]))\n"
             f"/\n"
-            f"sum by (tier) (rate({x.REQUESTS}{{tier={tier}}}[{w}]))\n")})
-    return rules
+            f"sum by (tier) (rate({x.REQUESTS}{{tier={tier}}}[{window}]))\n")
+
+
+def _sli_rules(t: TierObjective, window_s: float) -> list[dict]:
+    windows = sli_windows(window_s)
+    return ([{"record": RECORD_SLOW.format(window=w), "labels": {"tier": t.name}, "expr": _slow_ratio(t, w)}
+             for w in windows]
+            + [{"record": RECORD_ERRORS.format(window=w), "labels": {"tier": t.name}, "expr": _error_ratio(t, w)}
+               for w in windows])
 
 
 def _burn_expr(record: str, tier: str, budget: float, burns) -> str:
     parts = []
-    for factor, long_w, short_w in burns:
-        limit = f"({_num(factor)} * {_num(budget)})"
+    for b in burns:
+        limit = f"({_num(b.factor)} * {_num(budget)})"
         parts.append(
             f"(\n"
-            f"  {record.format(window=long_w)}{{tier={_q(tier)}}} > {limit}\n"
+            f"  {record.format(window=b.long)}{{tier={_q(tier)}}} > {limit}\n"
             f"and\n"
-            f"  {record.format(window=short_w)}{{tier={_q(tier)}}} > {limit}\n"
+            f"  {record.format(window=b.short)}{{tier={_q(tier)}}} > {limit}\n"
             f")")
     return "\nor\n".join(parts) + "\n"
 
 
 def _windows_text(burns) -> str:
-    return " or ".join(f"{_num(f)}x over {lw} and {sw}" for f, lw, sw in burns)
+    return " or ".join(f"{b.factor_text} over {b.long} and {b.short}" for b in burns)
 
 
-def _burn_alerts(t: TierObjective) -> list[dict]:
+def _slos(t: TierObjective):
+    """(slo label, its SLI record, its error budget, what the SLI counts) per objective of the tier."""
     allowance = 1.0 - t.percentile / 100.0
-    threshold_s = x.le_seconds(t.threshold_ms)
-    latency_what = (f"requests slower than {_ms(threshold_s)} (p{_num(t.percentile)} objective: at most "
-                    f"{_pct(allowance)} of requests may be slower)")
+    latency_what = (f"requests slower than {_ms(x.le_seconds(t.threshold_ms))} (p{_num(t.percentile)} objective: "
+                    f"at most {_pct(allowance)} of requests may be slower)")
     error_what = f"failed requests (availability objective {_num(t.availability)}%: error budget {_pct(t.error_budget)})"
+    return (("latency", RECORD_SLOW, allowance, latency_what),
+            ("availability", RECORD_ERRORS, t.error_budget, error_what))
+
+
+def _burn_alerts(t: TierObjective, window_s: float, opts: RuleOptions) -> list[dict]:
+    burns = burn_windows(window_s)
+    page = [b for b in burns if b.kind == PAGE]
+    ticket = [b for b in burns if b.kind == TICKET]
+    days = window_days(window_s)
     out = []
-    for name, slo, record, budget, what in (
-            (LATENCY_BURN, "latency", RECORD_SLOW, allowance, latency_what),
-            (ERROR_BURN, "availability", RECORD_ERRORS, t.error_budget, error_what)):
+    for name, (slo, record, budget, what) in zip((LATENCY_BURN, ERROR_BURN), _slos(t)):
         out.append({
-            "alert": name, "expr": _burn_expr(record, t.name, budget, PAGE_BURNS),
-            "labels": {"severity": "page", "tier": t.name, "slo": slo, "cause": UNATTRIBUTED,
+            "alert": name, "expr": _burn_expr(record, t.name, budget, page),
+            "labels": {"severity": opts.page_severity, "tier": t.name, "slo": slo, "cause": UNATTRIBUTED,
                        "action": RAISE_SAMPLING},
             "annotations": {
                 "summary": f"Tier {t.name} is burning its {slo} error budget fast",
-                "description": f"The share of {what} in tier {t.name} is above {_windows_text(PAGE_BURNS)} the "
-                               f"budget's rate; at 14.4x a 30-day budget is spent in about 2 days.",
-                "runbook": f"Find the node and physical cause: sloscope rca --since 1h, or the SloscopeCause* "
-                           f"alerts and sloscope_incident_cause_score{{tier=\"{t.name}\"}}. "
-                           + ACTION_TEXT[RAISE_SAMPLING]}})
-    for name, slo, record, budget, what in (
-            (LATENCY_SLOW_BURN, "latency", RECORD_SLOW, allowance, latency_what),
-            (ERROR_SLOW_BURN, "availability", RECORD_ERRORS, t.error_budget, error_what)):
+                "description": f"The share of {what} in tier {t.name} is above {_windows_text(page)} the "
+                               f"budget's rate; at {page[0].factor_text} a {days} budget is spent in "
+                               f"{budget_spent_in(window_s, page[0].factor)}.",
+                "remediation": f"Find the node and physical cause: sloscope rca --since 1h, or the SloscopeCause* "
+                               f"alerts and sloscope_incident_cause_score{{tier=\"{t.name}\"}}. "
+                               + ACTION_TEXT[RAISE_SAMPLING]}})
+    for name, (slo, record, budget, what) in zip((LATENCY_SLOW_BURN, ERROR_SLOW_BURN), _slos(t)):
         out.append({
-            "alert": name, "expr": _burn_expr(record, t.name, budget, TICKET_BURNS),
-            "labels": {"severity": "ticket", "tier": t.name, "slo": slo, "cause": UNATTRIBUTED,
+            "alert": name, "expr": _burn_expr(record, t.name, budget, ticket),
+            "labels": {"severity": opts.ticket_severity, "tier": t.name, "slo": slo, "cause": UNATTRIBUTED,
                        "action": NOTIFY},
             "annotations": {
                 "summary": f"Tier {t.name} is spending its {slo} error budget faster than it accrues",
-                "description": f"The share of {what} in tier {t.name} is above {_windows_text(TICKET_BURNS)} the "
-                               f"budget's rate: the 30-day budget will run out before the period ends.",
-                "runbook": "Not urgent: review sloscope rca --since 3d for recurring causes on this tier. "
-                           + ACTION_TEXT[NOTIFY]}})
+                "description": f"The share of {what} in tier {t.name} is above {_windows_text(ticket)} the "
+                               f"budget's rate: {_ticket_outlook(ticket[0], window_s)}",
+                "remediation": f"Not urgent: review sloscope rca --since {ticket[0].long} for recurring causes on "
+                               "this tier. " + ACTION_TEXT[NOTIFY]}})
     return out
+
+
+def _ticket_outlook(ticket, window_s: float) -> str:
+    days = window_days(window_s)
+    if ticket.factor >= 1:
+        return f"the {days} budget will run out before the period ends."
+    return f"at that rate {_pct(ticket.budget_share)} of the {days} budget is spent in {ticket.long}."
 
 
 def _tier_latency_alert(t: TierObjective) -> dict:
@@ -239,12 +274,33 @@ def _tier_latency_alert(t: TierObjective) -> dict:
                            f"than a service meeting its p{_num(t.percentile)} objective (at most {_pct(allowance)} "
                            f"slower) would produce with probability {_num(ALERT_ALPHA)}: the test sloscope rca "
                            f"applies to its SLI windows.",
-            "runbook": ACTION_TEXT[RAISE_SAMPLING] + " Then see sloscope rca for the node and physical cause."}}
+            "remediation": ACTION_TEXT[RAISE_SAMPLING] + " Then see sloscope rca for the node and physical cause."}}
 
 
-def tier_group(t: TierObjective) -> dict:
+def tier_group(t: TierObjective, window_s: float, opts: RuleOptions | None = None) -> dict:
     return {"name": f"sloscope-slo-{t.name}",
-            "rules": _sli_rules(t) + _burn_alerts(t) + [_tier_latency_alert(t)]}
+            "rules": _sli_rules(t, window_s) + _burn_alerts(t, window_s, opts or RuleOptions())
+            + [_tier_latency_alert(t)]}
+
+
+def meta_group(t: TierObjective, window_s: float) -> dict:
+    """The tier's SLOs as series (a group of its own: the budget left reads the whole SLO window)."""
+    window = promql_duration(window_s)
+    objectives = {"latency": t.percentile, "availability": t.availability}
+    rules = []
+    for slo, record, budget, _ in _slos(t):
+        labels = {"tier": t.name, "slo": slo}
+        sli = _slow_ratio(t, window) if record == RECORD_SLOW else _error_ratio(t, window)
+        rules += [
+            {"record": RECORD_INFO, "labels": {**labels, "objective": _num(objectives[slo]), "window": window},
+             "expr": "vector(1)\n"},
+            {"record": RECORD_OBJECTIVE, "labels": labels, "expr": f"vector({_num(1 - budget)})\n"},
+            {"record": RECORD_BUDGET, "labels": labels, "expr": f"vector({_num(budget)})\n"},
+            {"record": RECORD_WINDOW_DAYS, "labels": labels, "expr": f"vector({_num(window_s / DAY_S)})\n"},
+            {"record": RECORD_BUDGET_LEFT, "labels": labels,
+             "expr": f"1 - (\n{sli}) / {_num(budget)}\n"},
+        ]
+    return {"name": f"sloscope-slo-meta-{t.name}", "rules": rules}
 
 
 # --- physical layer ------------------------------------------------------------------------------------------------
@@ -278,7 +334,7 @@ def physical_group(hold: str | None = None) -> dict:
              "summary": "GPU {{ $labels.gpu }} on {{ $labels.node }} is {{ $value | humanizePercentage }} busy",
              "description": f"GPU utilization has been above {_pct(GPU_UTILIZATION_MAX)} for 2 minutes on node "
                             "{{ $labels.node }}: new requests queue behind running kernels (SM contention).",
-             "runbook": "Shift new requests away from {{ $labels.node }}. " + ACTION_TEXT[DRAIN]}},
+             "remediation": "Shift new requests away from {{ $labels.node }}. " + ACTION_TEXT[DRAIN]}},
         {"alert": GPU_MEMORY_LEAK,
          "expr": _leak_expr(growth),
          "labels": {"severity": "warning", "cause": "gpu_memory_leak", "action": RESTART},
@@ -288,7 +344,7 @@ def physical_group(hold: str | None = None) -> dict:
              "description": f"GPU framebuffer use on node {{{{ $labels.node }}}} grew more than "
                             f"{_pct(LEAK.per_step)} over each of {LEAK.in_a_row} consecutive {step} steps: a leak "
                             "that ends in out-of-memory failures.",
-             "runbook": "Restart the leaking inference workload on {{ $labels.node }}. " + ACTION_TEXT[RESTART]}},
+             "remediation": "Restart the leaking inference workload on {{ $labels.node }}. " + ACTION_TEXT[RESTART]}},
         {"alert": NVME_HOT, "expr": f"{x.NVME_TEMPERATURE} > {_num(NVME_TEMPERATURE_MAX_C)}\n", "for": hold or "1m",
          "labels": {"severity": "warning", "cause": "storage_thermal", "action": QOS},
          "annotations": {
@@ -296,7 +352,7 @@ def physical_group(hold: str | None = None) -> dict:
                         "{{ $value | humanize }} C",
              "description": f"The NVMe drive has been above {_num(NVME_TEMPERATURE_MAX_C)} C for a minute on node "
                             "{{ $labels.node }}; it throttles itself and I/O latency rises.",
-             "runbook": "Throttle the bdev until the drive cools. " + ACTION_TEXT[QOS]}},
+             "remediation": "Throttle the bdev until the drive cools. " + ACTION_TEXT[QOS]}},
         {"alert": SPDK_BDEV_WAIT_HIGH,
          "expr": f"max by (node, bdev) ({x.SPDK_BDEV_IO_WAIT}) > {_num(SPDK_BDEV_WAIT_MAX_S)}\n", "for": hold or "1m",
          "labels": {"severity": "warning", "cause": "storage_queue", "action": QOS},
@@ -305,7 +361,7 @@ def physical_group(hold: str | None = None) -> dict:
                         "{{ $value | humanizeDuration }} per I/O",
              "description": f"Mean SPDK bdev I/O wait has been above {_ms(SPDK_BDEV_WAIT_MAX_S)} for a minute on "
                             "node {{ $labels.node }}: the NVMe queues are congested.",
-             "runbook": "Throttle background I/O on the bdev. " + ACTION_TEXT[QOS]}},
+             "remediation": "Throttle background I/O on the bdev. " + ACTION_TEXT[QOS]}},
         {"alert": SPDK_REACTOR_BUSY,
          "expr": f"{x.SPDK_REACTOR_BUSY} > {_num(SPDK_REACTOR_BUSY_MAX)}\n", "for": hold or "2m",
          "labels": {"severity": "warning", "cause": "storage_queue", "action": NOTIFY},
@@ -314,7 +370,7 @@ def physical_group(hold: str | None = None) -> dict:
                         "{{ $value | humanizePercentage }} busy",
              "description": f"An SPDK reactor has been busier than {_pct(SPDK_REACTOR_BUSY_MAX)} for 2 minutes on "
                             "node {{ $labels.node }}: storage requests wait for CPU in spdk_tgt.",
-             "runbook": "Give spdk_tgt more cores (its -m mask) or move I/O-heavy work. " + ACTION_TEXT[NOTIFY]}},
+             "remediation": "Give spdk_tgt more cores (its -m mask) or move I/O-heavy work. " + ACTION_TEXT[NOTIFY]}},
         {"alert": NODE_ERROR_RATIO_HIGH,
          "expr": (f"sum by (node) (rate({x.REQUEST_ERRORS}[1m]))\n/\n{requests_1m}\n"
                   f"> {_num(NODE_ERROR_RATIO_MAX)}\n"
@@ -326,7 +382,7 @@ def physical_group(hold: str | None = None) -> dict:
              "description": f"More than {_pct(NODE_ERROR_RATIO_MAX)} of the requests served by node "
                             "{{ $labels.node }} failed over the last minute, for a minute (at least "
                             f"{MIN_REQUESTS_PER_MINUTE} requests a minute).",
-             "runbook": "Take the node out of rotation and look at sloscope rca for its cause. "
+             "remediation": "Take the node out of rotation and look at sloscope rca for its cause. "
                         + ACTION_TEXT[DRAIN]}},
     ]
     return {"name": "sloscope-physical", "rules": rules}
@@ -353,18 +409,54 @@ def cause_group(hold: str | None = None) -> dict:
                 "description": f"sloscope's analysis ranks {cause.id} ({cause.layer}: {cause.physical}) first for "
                                "the open SLO incident of tier {{ $labels.tier }}, service {{ $labels.service }} "
                                "on node {{ $labels.node }}.",
-                "runbook": _sentence(cause.remediation.format(node="{{ $labels.node }}")) + " " + ACTION_TEXT[action]}})
+                "remediation": _sentence(cause.remediation.format(node="{{ $labels.node }}")) + " "
+                               + ACTION_TEXT[action]}})
     return {"name": "sloscope-causes", "rules": rules}
 
 
 # --- the file ------------------------------------------------------------------------------------------------------
 
-def rules_dict(spec: SloSpec, hold: str | None = None) -> dict:
-    """The rule file for `spec`, as a dict in Prometheus' rule file format. `hold` replaces the `for:` of the
-    physical, node and cause alerts (default: 1-2 minutes, against flapping)."""
-    groups = [tier_group(t) for t in spec.tiers.values()]
-    groups += [physical_group(hold), cause_group(hold)]
-    return {"groups": groups}
+@dataclass(frozen=True)
+class RuleOptions:
+    """What the rules' reader may choose; the defaults are the plain rule file's."""
+
+    hold: str | None = None  # replaces the `for:` of the physical, node and cause alerts (default 1-2 minutes)
+    page_severity: str = PAGE
+    ticket_severity: str = TICKET
+    runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL
+
+
+def runbook_url(base_url: str, alert: str) -> str:
+    """The alert's section of the runbooks page (its heading is the alert name)."""
+    return f"{base_url}#{alert.lower()}"
+
+
+def _with_runbook_urls(groups: list[dict], base_url: str) -> list[dict]:
+    for group in groups:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                rule["annotations"]["runbook_url"] = runbook_url(base_url, rule["alert"])
+    return groups
+
+
+def rules_dict(spec: SloSpec, opts: RuleOptions | None = None) -> dict:
+    """The rule file for `spec`, as a dict in Prometheus' rule file format. Raises alerts.burn.UnsupportedWindow
+    for an SLO window the burn-rate windows cannot be derived for."""
+    opts = opts or RuleOptions()
+    groups = [tier_group(t, spec.window_s, opts) for t in spec.tiers.values()]
+    groups += [meta_group(t, spec.window_s) for t in spec.tiers.values()]
+    groups += [physical_group(opts.hold), cause_group(opts.hold)]
+    return {"groups": _with_runbook_urls(groups, opts.runbook_base_url)}
+
+
+def prometheus_rule(spec: SloSpec, name: str, namespace: str | None, labels: dict[str, str],
+                    opts: RuleOptions | None = None) -> dict:
+    """The rules as a prometheus-operator PrometheusRule; `labels` are what the Prometheus' ruleSelector
+    matches (kube-prometheus-stack: `release: <its release name>`)."""
+    metadata = {"name": name, **({"namespace": namespace} if namespace else {}),
+                "labels": {"app.kubernetes.io/name": "sloscope", "app.kubernetes.io/component": "rules", **labels}}
+    return {"apiVersion": PROMETHEUS_RULE_API, "kind": "PrometheusRule", "metadata": metadata,
+            "spec": rules_dict(spec, opts)}
 
 
 class _Dumper(yaml.SafeDumper):
@@ -379,12 +471,16 @@ def _str(dumper, value: str):
 _Dumper.add_representer(str, _str)
 
 
-def render_rules(spec: SloSpec, hold: str | None = None) -> str:
-    """The rule file as YAML text (deterministic: the same spec gives the same bytes)."""
+def render_yaml(spec: SloSpec, doc: dict) -> str:
+    """A rules document as YAML text (deterministic: the same spec gives the same bytes)."""
     header = ("# Prometheus rules generated by `sloscope rules` from the SLO spec "
               f"{' '.join(spec.source.split())}.\n# Regenerate instead of editing; names are those of sloscope's /metrics.\n")
-    body = yaml.dump(rules_dict(spec, hold), Dumper=_Dumper, sort_keys=False, width=200, allow_unicode=False)
-    return header + body
+    return header + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=200, allow_unicode=False)
+
+
+def render_rules(spec: SloSpec, opts: RuleOptions | None = None) -> str:
+    """The plain rule file as YAML text."""
+    return render_yaml(spec, rules_dict(spec, opts))
 
 
 def alert_names(spec: SloSpec) -> list[str]:

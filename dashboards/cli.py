@@ -93,11 +93,14 @@ def register(subparsers) -> None:
 
 
 def _spec(path: Path | None, command: str):
+    from alerts.burn import UnsupportedWindow, burn_windows
     from sloscope.slo_spec import SpecError, load_spec
 
     try:
-        return load_spec(path)
-    except SpecError as exc:
+        spec = load_spec(path)
+        burn_windows(spec.window_s)  # the burn-rate panels need them
+        return spec
+    except (SpecError, UnsupportedWindow) as exc:
         print(f"sloscope {command}: {exc}", file=sys.stderr)
         return None
 

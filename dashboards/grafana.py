@@ -46,14 +46,13 @@ from sloscope.slo_spec import SloSpec, TierObjective
 
 from alerts import exposition as x
 from alerts.actions import NOTIFY
+from alerts.burn import PAGE, burn_windows, promql_duration
 
 DEFAULT_DATASOURCE_UID = "prometheus"
 OVERVIEW_UID = "sloscope-slo-overview"
 NODE_UID = "sloscope-node"
 INCIDENTS_UID = "sloscope-incidents"
 TAG = "sloscope"
-BURN_WINDOWS = ("5m", "1h", "6h")
-PAGE_BURN, TICKET_BURN = 14.4, 6.0  # SRE Workbook factors for a 30-day budget (Contract 3)
 INCIDENT_LINK_BEFORE_S = 600  # the node dashboard opens 10 min before a cause was first reported (its baseline)
 INCIDENT_LINK_AFTER_S = 300
 
@@ -103,15 +102,6 @@ def _pct(value: float) -> str:
 
 def _ms(threshold_ms: float) -> str:
     return f"{threshold_ms:g} ms"
-
-
-def promql_duration(seconds: float) -> str:
-    """A PromQL duration for a number of seconds, in the largest unit that divides it (30d, 6h, 90s)."""
-    ms = round(seconds * 1000)
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
 
 
 def exported_names() -> frozenset[str]:
@@ -326,19 +316,20 @@ def _tier_row(spec: SloSpec, t: TierObjective) -> tuple[str, list]:
         [_query(_error_ratio(s, "$__rate_interval"), "error ratio", "A"),
          _query(_error_ratio(s, "$__rate_interval", "service"), "{{service}}", "B")],
         thresholds=_above(t.error_budget), min_val=0)
-    burn_thresholds = _above(PAGE_BURN, TICKET_BURN)
+    burns = burn_windows(spec.window_s)  # one query per alert, over its long window, its factor a threshold
+    burn_thresholds = _above(min(b.factor for b in burns if b.kind == PAGE), min(b.factor for b in burns))
+    alerts_text = " or ".join(f"{b.factor_text} over {b.long} and {b.short} ({b.kind})" for b in burns)
     latency_burn = _timeseries(
         f"{t.name}: latency budget burn rate", "suffix:×",
         f"How fast the latency budget is spent: the share of requests slower than {_ms(t.threshold_ms)} over the "
-        f"{_pct(allowance)} the {pname} objective allows. Pages fire above {PAGE_BURN:g}× (1h and 5m) or "
-        f"{TICKET_BURN:g}× (6h and 30m).",
-        [_query(_latency_burn(t, w), w, chr(ord("A") + i)) for i, w in enumerate(BURN_WINDOWS)],
+        f"{_pct(allowance)} the {pname} objective allows. Alerts fire above {alerts_text}.",
+        [_query(_latency_burn(t, b.long), b.long, chr(ord("A") + i)) for i, b in enumerate(burns)],
         w=8, thresholds=burn_thresholds, min_val=0)
     error_burn = _timeseries(
         f"{t.name}: error budget burn rate", "suffix:×",
-        f"The error ratio over the {_pct(t.error_budget)} budget, per window.",
-        [_query(f"({_error_ratio(s, w)}) / {_num(t.error_budget)}", w, chr(ord("A") + i))
-         for i, w in enumerate(BURN_WINDOWS)],
+        f"The error ratio over the {_pct(t.error_budget)} budget, per alert window; alerts fire above {alerts_text}.",
+        [_query(f"({_error_ratio(s, b.long)}) / {_num(t.error_budget)}", b.long, chr(ord("A") + i))
+         for i, b in enumerate(burns)],
         w=8, thresholds=burn_thresholds, min_val=0)
     budget_left = _stat(
         f"{t.name}: error budget left ({window})", "percentunit",

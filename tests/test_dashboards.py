@@ -235,6 +235,24 @@ def test_dashboards_are_pure_functions_of_the_spec(boards):
     assert tier_var["query"] == "interactive,batch,premium"
 
 
+@pytest.mark.parametrize("spec", [SPEC, OTHER_SPEC], ids=["30d", "7d"])
+def test_burn_panels_read_the_alerts_burn_windows(spec):
+    """The burn-rate panels plot each alert's long window with the alert's own factors as thresholds."""
+    from alerts.burn import PAGE, burn_windows
+
+    burns = burn_windows(spec.window_s)
+    overview = g.build_all(spec)[g.OVERVIEW_UID]
+    for t in spec.tiers:
+        for title in (f"{t}: latency budget burn rate", f"{t}: error budget burn rate"):
+            panel = next(p for p in panels(overview) if p["title"] == title)
+            assert [q["legendFormat"] for q in panel["targets"]] == [b.long for b in burns]
+            assert all(f"[{b.long}]" in q["expr"] for q, b in zip(panel["targets"], burns))
+            steps = [s["value"] for s in panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1:]]
+            assert steps == [min(b.factor for b in burns), min(b.factor for b in burns if b.kind == PAGE)]
+            for b in burns:
+                assert f"{b.factor_text} over {b.long} and {b.short} ({b.kind})" in panel["description"]
+
+
 def test_units_on_every_panel_and_stable_uids(boards):
     assert set(boards) == {g.OVERVIEW_UID, g.NODE_UID, g.INCIDENTS_UID}
     for uid, board in boards.items():

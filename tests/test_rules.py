@@ -4,6 +4,7 @@ import math
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,14 +12,22 @@ import yaml
 
 from alerts import exposition
 from alerts.actions import ACTIONS
-from alerts.rules import ALERT_ALPHA, CAUSE_ACTIONS, UNATTRIBUTED, cause_alert_name, render_rules, rules_dict
+from alerts.burn import UnsupportedWindow, burn_windows, sli_windows
+from alerts.rules import (ALERT_ALPHA, CAUSE_ACTIONS, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED, RuleOptions,
+                          alert_names, cause_alert_name, render_rules, rules_dict)
 from analytics.significance import poisson_tail
 from sloscope import taxonomy
 from sloscope.cli import main
-from sloscope.slo_spec import load_spec, parse_spec
+from sloscope.slo_spec import DEFAULT_SPEC_YAML, load_spec, parse_spec
 from tests.conftest import need
 
 PROMTOOL_TESTS = Path(__file__).parent / "promtool"
+RUNBOOKS = Path(__file__).resolve().parents[1] / "docs" / "runbooks.md"
+DAY = 86_400
+
+
+def built_in_with_window(window: str):
+    return parse_spec(DEFAULT_SPEC_YAML.replace("window: 30d", f"window: {window}"))
 
 CUSTOM_SPEC = """\
 default_tier: batch
@@ -51,18 +60,20 @@ def alerts_of(doc):
 
 
 @pytest.mark.privileged
-@pytest.mark.parametrize("spec_text", [None, CUSTOM_SPEC], ids=["built-in", "custom"])
-def test_generated_rules_pass_promtool_check(tmp_path, spec_text):
-    spec = load_spec(None) if spec_text is None else parse_spec(spec_text)
+@pytest.mark.parametrize("spec", [load_spec(None), parse_spec(CUSTOM_SPEC), built_in_with_window("7d"),
+                                  built_in_with_window("28d"), built_in_with_window("90d")],
+                         ids=["built-in", "custom", "7d", "28d", "90d"])
+def test_generated_rules_pass_promtool_check(tmp_path, spec):
     done = promtool("check", "rules", str(write_rules(tmp_path, spec)))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
 
 
 @pytest.mark.privileged
-@pytest.mark.parametrize("name", ["slo_burn.yml", "physical.yml"])
-def test_promtool_unit_tests(tmp_path, name):
-    write_rules(tmp_path, load_spec(None))
+@pytest.mark.parametrize("name, window", [("slo_burn.yml", "30d"), ("physical.yml", "30d"),
+                                          ("slo_burn_7d.yml", "7d"), ("slo_burn_28d.yml", "28d")])
+def test_promtool_unit_tests(tmp_path, name, window):
+    write_rules(tmp_path, built_in_with_window(window))
     shutil.copy(PROMTOOL_TESTS / name, tmp_path / name)
     done = promtool("test", "rules", name, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -170,8 +181,9 @@ def test_every_alert_says_what_it_means_and_what_it_maps_to():
                 or rule["expr"].startswith("node_gpu:")
                 or (exposition.INCIDENT_CAUSE_SCORE in rule["expr"] and "node" in exposition.INCIDENT_LABELS)
                 or (families and all("node" in g.label_names for g in families))), rule["alert"]
-        assert set(annotations) == {"summary", "description", "runbook"}, rule["alert"]
-        assert labels["action"] in annotations["runbook"], rule["alert"]
+        assert set(annotations) == {"summary", "description", "remediation", "runbook_url"}, rule["alert"]
+        assert labels["action"] in annotations["remediation"], rule["alert"]
+        assert annotations["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE_URL}#{rule['alert'].lower()}"
     for tier in spec.tiers:
         tier_alerts = [a for a in alerts if a["labels"].get("tier") == tier]
         assert {a["alert"] for a in tier_alerts} == {
@@ -229,3 +241,116 @@ def test_cli_rejects_a_bad_spec_and_explains_itself(tmp_path, capsys):
     assert exit_.value.code == 0
     help_text = capsys.readouterr().out
     assert "14.4x over 1h and 5m" in help_text and "promtool check rules" in help_text
+    assert "--format" in help_text and "--runbook-base-url" in help_text
+
+
+# --- burn-rate windows per SLO window ------------------------------------------------------------------------------
+
+def test_burn_windows_are_the_workbook_s_for_30_days_and_sloth_s_for_28():
+    as_tuples = lambda window_s: [(b.kind, b.factor, b.long, b.short) for b in burn_windows(window_s)]  # noqa: E731
+    assert as_tuples(30 * DAY) == [("page", 14.4, "1h", "5m"), ("page", 6, "6h", "30m"), ("ticket", 1, "3d", "6h")]
+    # Sloth's 28-day set: the same windows and budget shares (2 %, 5 %, 10 %), so the factors shrink by 28/30
+    assert as_tuples(28 * DAY) == [("page", 13.44, "1h", "5m"), ("page", 5.6, "6h", "30m"),
+                                   ("ticket", 0.933333333, "3d", "6h")]
+    assert sli_windows(30 * DAY) == ("5m", "30m", "1h", "6h", "3d")
+
+
+@pytest.mark.parametrize("days", [7, 10, 90])
+def test_other_windows_scale_the_windows_and_keep_the_budget_share(days):
+    for b, workbook in zip(burn_windows(days * DAY), burn_windows(30 * DAY)):
+        assert b.long_s == workbook.long_s * days / 30 and b.short_s == workbook.short_s * days / 30
+        assert b.factor == workbook.factor
+        # the alert still stands for the same share of the window's budget
+        assert math.isclose(b.factor * b.long_s / (days * DAY), workbook.budget_share)
+    assert [b.long for b in burn_windows(7 * DAY)] == ["14m", "1h24m", "16h48m"]
+    assert [b.short for b in burn_windows(7 * DAY)] == ["1m10s", "7m", "1h24m"]
+
+
+@pytest.mark.parametrize("window_s, reason", [(3 * DAY, "at least 6d"), (1 * DAY, "at least 6d"),
+                                              (7 * DAY + 1, "whole number of seconds")])
+def test_windows_the_method_cannot_serve_are_refused(window_s, reason):
+    with pytest.raises(UnsupportedWindow, match=reason):
+        burn_windows(window_s)
+
+
+def test_cli_refuses_an_unsupported_window_and_says_why(tmp_path, capsys):
+    slo = tmp_path / "slo.yaml"
+    slo.write_text(DEFAULT_SPEC_YAML.replace("window: 30d", "window: 2d"))
+    assert main(["rules", "--slo", str(slo)]) == 2
+    err = capsys.readouterr().err
+    assert "SLO window 2d" in err and "at least 6d" in err
+
+
+def test_the_alert_text_says_the_window():
+    text = render_rules(built_in_with_window("7d"))
+    assert "a 7-day budget is spent in about 12 hours" in text and "the 7-day budget will run out" in text
+    assert "30-day" not in text and "ratio_rate1h24m" in text
+    assert "a 30-day budget is spent in about 2 days" in render_rules(load_spec(None))
+
+
+# --- metadata, severities, runbooks, PrometheusRule ----------------------------------------------------------------
+
+def test_metadata_rules_describe_each_tier_s_slos():
+    spec = parse_spec(CUSTOM_SPEC)
+    meta = {g["name"]: g["rules"] for g in rules_dict(spec)["groups"] if g["name"].startswith("sloscope-slo-meta-")}
+    assert set(meta) == {f"sloscope-slo-meta-{t}" for t in spec.tiers}
+    info = [r for r in meta["sloscope-slo-meta-interactive"] if r["record"] == "sloscope_slo_info"]
+    assert [r["labels"] for r in info] == [
+        {"tier": "interactive", "slo": "latency", "objective": "99.9", "window": "30d"},
+        {"tier": "interactive", "slo": "availability", "objective": "99.95", "window": "30d"}]
+    objectives = {r["labels"]["slo"]: r["expr"] for r in meta["sloscope-slo-meta-batch"]
+                  if r["record"] == "tier:sloscope_slo_error_budget:ratio"}
+    assert objectives == {"latency": "vector(0.5)\n", "availability": "vector(0.01)\n"}
+    left = [r["expr"] for r in meta["sloscope-slo-meta-batch"]
+            if r["record"] == "tier:sloscope_slo_error_budget_remaining:ratio"]
+    assert len(left) == 2 and all("[30d]" in e for e in left)
+
+
+def test_severities_and_runbook_base_are_configurable():
+    opts = RuleOptions(page_severity="critical", ticket_severity="warning",
+                       runbook_base_url="https://runbooks.example/x")
+    alerts = alerts_of(rules_dict(load_spec(None), opts))
+    severity = {a["alert"]: a["labels"]["severity"] for a in alerts}
+    assert severity["SloscopeLatencyBudgetBurn"] == severity["SloscopeErrorBudgetBurn"] == "critical"
+    assert severity["SloscopeLatencyBudgetSlowBurn"] == severity["SloscopeErrorBudgetSlowBurn"] == "warning"
+    assert severity["SloscopeGpuSaturated"] == "warning" and severity["SloscopeTierLatencyHigh"] == "warning"
+    assert {a["annotations"]["runbook_url"] for a in alerts if a["alert"] == "SloscopeNvmeHot"} == {
+        "https://runbooks.example/x#sloscopenvmehot"}
+
+
+def test_every_alert_has_a_section_in_the_runbooks_page():
+    headings = {line[4:].strip() for line in RUNBOOKS.read_text().splitlines() if line.startswith("### ")}
+    assert set(alert_names(parse_spec(CUSTOM_SPEC))) == headings
+
+
+def test_cli_writes_a_prometheus_rule(tmp_path, capsys):
+    out = tmp_path / "rule.yaml"
+    assert main(["rules", "--format", "prometheusrule", "--namespace", "monitoring", "--label", "release=kps",
+                 "--name", "sloscope-slo", "--page-severity", "critical", "-o", str(out)]) == 0
+    doc = yaml.safe_load(out.read_text())
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["kind"] == "PrometheusRule"
+    assert doc["metadata"]["name"] == "sloscope-slo" and doc["metadata"]["namespace"] == "monitoring"
+    assert doc["metadata"]["labels"]["release"] == "kps"
+    assert doc["spec"] == rules_dict(load_spec(None), RuleOptions(page_severity="critical"))
+    assert main(["rules"]) == 0
+    assert "apiVersion" not in capsys.readouterr().out  # the plain rule file stays the default
+
+
+@pytest.mark.parametrize("flags, complaint", [
+    (["--label", "release"], "--label"), (["--label", "bad key=x"], "--label"), (["--label", "a=b c"], "--label"),
+    (["--name", "Not_A_Name"], "--name"), (["--namespace", "x" * 64], "--namespace"),
+    (["--page-severity", "crit ical"], "--page-severity"), (["--runbook-base-url", "ftp://x"], "--runbook-base-url")])
+def test_cli_refuses_bad_prometheus_rule_flags(flags, complaint, capsys):
+    assert main(["rules", "--format", "prometheusrule", *flags]) == 2
+    assert complaint in capsys.readouterr().err
+
+
+@pytest.mark.privileged
+def test_the_prometheus_rule_s_groups_pass_promtool_check(tmp_path):
+    doc = yaml.safe_load(subprocess.run(
+        [sys.executable, "-m", "sloscope.cli", "rules", "--format", "prometheusrule", "--label", "release=kps"],
+        capture_output=True, text=True, check=True).stdout)
+    path = tmp_path / "from-prometheusrule.yml"
+    path.write_text(yaml.safe_dump(doc["spec"]))
+    done = promtool("check", "rules", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
