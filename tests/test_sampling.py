@@ -49,6 +49,7 @@ def write_requests(store, rows):
         s.gpu_id.append(None)
         s.pod.append(None)
         s.namespace.append(None)
+        s.pod_ip.append(None)
         s.route.append(route)
         s.tier_header.append(header)
         s.start_ns.append(int(start * 1e9))
