@@ -12,33 +12,14 @@ from probes.base import ProbeError
 from probes.gpu import dcgm_exporter as dcgm
 from probes.gpu.dcgm_exporter import DcgmExporterProbe, parse_exposition, TruncatedExposition
 from probes.registry import ProbeSet
-from probes.sample import Sample
-from sloscope import catalog
 from tests.fakes.dcgm_exporter import (STOCK_COUNTERS, FakeDcgmExporter, FakeGpu as DcgmGpu, default_fields,
                                        load_counters)
 from tests.fakes.dcgm_fields import DCGM_FIELDS, NOT_DCGM_FIELDS
 from tests.fakes.nvml import FakeGpu, FakeNvml
+from tests.probe_asserts import by, one, assert_catalog_samples
 
 REPO = Path(__file__).resolve().parents[1]
 COUNTERS = REPO / "deploy" / "dcgm-exporter-counters.csv"
-
-
-def by(samples, name, **attrs):
-    return [s for s in samples if s.name == name and all(s.attributes.get(k) == v for k, v in attrs.items())]
-
-
-def one(samples, name, **attrs):
-    found = by(samples, name, **attrs)
-    assert len(found) == 1, (name, attrs, found)
-    return found[0]
-
-
-def assert_catalog_samples(samples):
-    for s in samples:
-        assert isinstance(s, Sample)
-        sig = catalog.signal(s.name)
-        assert set(s.attributes) <= set(sig.attributes), (s.name, s.attributes)
-        assert s.kind == ("gauge" if sig.instrument == catalog.Instrument.GAUGE else "counter_delta")
 
 
 # -- scraping and mapping --------------------------------------------------------------------------------------------

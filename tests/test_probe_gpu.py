@@ -18,7 +18,6 @@ from probes.gpu import nvml as nvml_module
 from probes.gpu.dcgm_exporter import DcgmExporterProbe
 from probes.gpu.nvml import NvmlProbe
 from probes.registry import ProbeSet
-from probes.sample import Sample
 from alerts.rules import render_rules
 from sloscope import catalog, taxonomy
 from sloscope.slo_spec import DEFAULT_SPEC_YAML, parse_spec
@@ -26,29 +25,11 @@ from tests.conftest import need
 from tests.fakes import nvml as fake_nvml
 from tests.fakes.dcgm_exporter import FakeDcgmExporter, load_counters
 from tests.fakes.nvml import FakeGpu, FakeNvml
+from tests.probe_asserts import by, one, assert_catalog_samples
 
 REPO = Path(__file__).resolve().parents[1]
 UUID_A = "GPU-11111111-2222-3333-4444-555555555555"
 UUID_B = "GPU-66666666-7777-8888-9999-000000000000"
-
-
-def by(samples, name, **attrs):
-    return [s for s in samples if s.name == name and all(s.attributes.get(k) == v for k, v in attrs.items())]
-
-
-def one(samples, name, **attrs):
-    found = by(samples, name, **attrs)
-    assert len(found) == 1, (name, attrs, found)
-    return found[0]
-
-
-def assert_catalog_samples(samples):
-    for s in samples:
-        assert isinstance(s, Sample)
-        sig = catalog.signal(s.name)
-        assert set(s.attributes) <= set(sig.attributes), (s.name, s.attributes)
-        assert s.kind == ("gauge" if sig.instrument == catalog.Instrument.GAUGE else "counter_delta")
-        assert s.start_time_unix_nano <= s.time_unix_nano
 
 
 # -- NVML: the stand-in against the real bindings -------------------------------------------------------------

@@ -20,6 +20,7 @@ from probes.spdk.rpc_client import (INVALID_STATE, JsonStreamDecoder, SpdkConnec
 from probes.spdk.spdk import SpdkProbe, health_temperature
 from sloscope import catalog
 from tests.fakes.spdk_target import FakeSpdkTarget, TICK_RATE
+from tests.probe_asserts import by, one
 
 
 @pytest.fixture
@@ -47,16 +48,6 @@ def client(target):
         yield c
     finally:
         c.close()
-
-
-def by(samples, name, **attrs):
-    return [s for s in samples if s.name == name and all(s.attributes.get(k) == v for k, v in attrs.items())]
-
-
-def one(samples, name, **attrs):
-    found = by(samples, name, **attrs)
-    assert len(found) == 1, (name, attrs, found)
-    return found[0]
 
 
 # -- streaming JSON without framing ---------------------------------------------------------------------------
