@@ -1,15 +1,18 @@
 """The store's single writer for live intake: a queue bounded in rows and bytes, written by group commit.
 
-A request thread offers its frames and gets a `Pending` back (or None: the queue is full or the writer is
-stopping, so the client must retry later), then waits on it for its verdict. The writer commits as soon as
-something is queued, taking everything queued meanwhile as one transaction, so a request waits about one commit
-and concurrent requests share its fsync. DuckDB writes and fsyncs its write-ahead log on COMMIT, so a committed
-verdict means durable.
+A request thread offers its frames and gets a `Pending` back (or None: the queue is full, the intake log cannot
+be appended to, or the writer is stopping, so the client must retry later). With an intake log
+(analytics/intake_log.py) the frames are in the fsynced log when `offer` returns, so the request is durable
+already; without one it waits on the `Pending` for its verdict. The writer commits as soon as something is
+queued, taking everything queued meanwhile as one transaction, so concurrent requests share its fsync. DuckDB
+writes and fsyncs its write-ahead log on COMMIT, so a committed verdict means durable. The bounds count a request
+until it is committed (or refused): with a log, that is the log's uncommitted bytes.
 
 A failed group write must cost no other request its data: the writer retries each request of the group alone.
 A request that fails alone while the store still commits (shown by counting it as rejected) is poison and is
-refused for good; when the store itself fails (disk full, I/O error) the requests are told to retry, and the
-writer backs off, reopens the connection where DuckDB invalidated it, and goes on trying.
+refused for good (with a log, where it was acknowledged already, it is set aside in the log's rejected/); when
+the store itself fails (disk full, I/O error) the requests are told to retry (with a log, they stay queued and in
+the log), and the writer backs off, reopens the connection where DuckDB invalidated it, and goes on trying.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from analytics.intake_log import Entry, IntakeLog, LogAppendError, decode, encode
 from analytics.store import Frames, Store
 
 log = logging.getLogger("sloscope.writer")
@@ -44,6 +48,7 @@ class Pending:
     counts: dict
     rows: int
     nbytes: int
+    entry: Entry | None = None  # where it lies in the intake log, once it is there
     verdict: Verdict | None = None
     _done: threading.Event = field(default_factory=threading.Event)
 
@@ -76,14 +81,16 @@ def _needs_reopen(exc: BaseException) -> bool:
 
 class Writer:
     def __init__(self, store: Store, max_queued_rows: int = 1_000_000, max_queued_bytes: int = 256 * 2**20,
-                 batch_rows: int = 200_000):
+                 batch_rows: int = 200_000, intake_log: IntakeLog | None = None):
         self.store = store
+        self.intake_log = intake_log
         self.max_queued_rows = max_queued_rows
         self.max_queued_bytes = max_queued_bytes
         self.batch_rows = batch_rows
         self.counts: Counter = Counter()  # what has been written, for logs
         self._queue: deque[Pending] = deque()
-        self._queued_rows = self._queued_bytes = 0
+        self._held = self._queued_rows = self._queued_bytes = 0  # offered and not yet committed or refused
+        self._appending = 0  # offered and being appended to the intake log: a stop waits for them
         self._stats: Counter = Counter()
         self._fault: str | None = None  # why the last group write failed, until one succeeds
         self._backoff_s = BACKOFF_S[0]
@@ -104,6 +111,8 @@ class Writer:
         """None while the writer can write; else why not, in a few words (for /readyz and /metrics)."""
         if self._fault is not None:
             return f"store write failing: {self._fault[:REASON_CHARS]}"
+        if self.intake_log is not None and self.intake_log.failure is not None:
+            return f"intake log append failing: {self.intake_log.failure[:REASON_CHARS]}"
         if self._stopping:
             return "stopping"
         if self._thread.ident is not None and not self._thread.is_alive():
@@ -113,23 +122,70 @@ class Writer:
     def stats(self) -> dict[str, int]:
         """The queue's fill and the writes so far, for /metrics."""
         with self._ready:
-            return {"queued_bytes": self._queued_bytes, "queued_requests": len(self._queue),
+            return {"queued_bytes": self._queued_bytes, "queued_requests": self._held,
                     "queued_rows": self._queued_rows, "write_failures": self._stats["write_failures"],
                     "commits": self._stats["commits"], "rejected_requests": self._stats["rejected_requests"]}
 
     def offer(self, frames: Frames, counts: dict) -> Pending | None:
-        """Queue frames (and the counters that go with them) unless that would pass a bound."""
-        pending = Pending(frames, counts, len(frames), frame_bytes(frames))
+        """Queue frames (and the counters that go with them) unless that would pass a bound; with an intake log,
+        once they are fsynced in it."""
+        record = encode(frames, counts) if self.intake_log is not None else None
+        pending = Pending(frames, counts, len(frames), len(record) if record else frame_bytes(frames))
         with self._ready:
-            full = self._queue and (self._queued_rows + pending.rows > self.max_queued_rows
-                                    or self._queued_bytes + pending.nbytes > self.max_queued_bytes)
+            full = self._held and (self._queued_rows + pending.rows > self.max_queued_rows
+                                   or self._queued_bytes + pending.nbytes > self.max_queued_bytes)
             if self._stopping or full:
                 return None
-            self._queued_rows += pending.rows
-            self._queued_bytes += pending.nbytes
-            self._queue.append(pending)
-            self._ready.notify()
+            self._hold(pending)
+            if record is None:
+                self._enqueue(pending)
+                return pending
+            self._appending += 1
+        try:
+            pending.entry = self.intake_log.append(record)
+        except BaseException as exc:
+            with self._ready:
+                self._appending -= 1
+                self._unhold(pending)
+                self._ready.notify()
+            if not isinstance(exc, LogAppendError):
+                raise
+            log.error("%s", exc)
+            return None
+        with self._ready:
+            self._appending -= 1
+            self._enqueue(pending)
         return pending
+
+    def replay(self) -> int:
+        """Queue every record the intake log kept from before (beyond the bounds: they are acknowledged)."""
+        recovered, self.intake_log.recovered = self.intake_log.recovered, []
+        with self._ready:
+            for entry, payload in recovered:
+                frames, counts = decode(payload)
+                pending = Pending(frames, counts, len(frames), entry.length, entry)
+                self._hold(pending)
+                self._enqueue(pending)
+        return len(recovered)
+
+    def drained(self) -> bool:
+        """Whether everything offered is committed (or refused)."""
+        with self._ready:
+            return self._held == 0
+
+    def _hold(self, pending: Pending) -> None:
+        self._held += 1
+        self._queued_rows += pending.rows
+        self._queued_bytes += pending.nbytes
+
+    def _unhold(self, pending: Pending) -> None:
+        self._held -= 1
+        self._queued_rows -= pending.rows
+        self._queued_bytes -= pending.nbytes
+
+    def _enqueue(self, pending: Pending) -> None:
+        self._queue.append(pending)
+        self._ready.notify()
 
     def stop(self, timeout: float | None = None) -> None:
         """Refuse new frames, write everything queued, and return when it is committed (or refused)."""
@@ -138,6 +194,8 @@ class Writer:
             self._ready.notify()
         if self._thread.ident is not None:
             self._thread.join(timeout)
+        if self.intake_log is not None:
+            self.intake_log.close()
 
     # --- the writer thread ------------------------------------------------------------------------------
 
@@ -147,13 +205,14 @@ class Writer:
                 self._commit(group)
             except Exception as exc:  # a bug here must not leave request threads waiting for ever
                 log.exception("writer: unexpected failure")
-                self._settle(group, Verdict(RETRY, f"{type(exc).__name__}: {exc}"))
+                self._retry_later(group, Verdict(RETRY, f"{type(exc).__name__}: {exc}"))
+                time.sleep(BACKOFF_S[1])
 
     def _take(self) -> list[Pending] | None:
         """Everything queued (up to batch_rows rows, at least one request); None once stopped and drained."""
         with self._ready:
             while not self._queue:
-                if self._stopping:
+                if self._stopping and not self._appending:
                     return None
                 self._ready.wait()
             group, rows = [], 0
@@ -161,8 +220,6 @@ class Writer:
                 pending = self._queue.popleft()
                 group.append(pending)
                 rows += pending.rows
-                self._queued_rows -= pending.rows
-                self._queued_bytes -= pending.nbytes
         return group
 
     def _commit(self, group: list[Pending]) -> None:
@@ -173,9 +230,7 @@ class Writer:
             for pending in group:  # the store works: find which requests the failure belongs to
                 self._commit([pending])
         elif len(group) == 1 and not _store_fault(error) and self._count_rejected():
-            why = str(error)[:REASON_CHARS]  # it may quote the request's own values: keep it short
-            log.warning("refused a request the store cannot take (%d rows): %s", group[0].rows, why)
-            group[0].settle(Verdict(POISON, f"the store cannot take this request: {why}"))
+            self._refuse(group[0], str(error)[:REASON_CHARS])  # it may quote the request's values: keep it short
         else:
             self._store_failed(group, error)
 
@@ -192,8 +247,14 @@ class Writer:
         if self._fault is not None:
             log.info("store writes succeed again")
         self._fault, self._backoff_s = None, BACKOFF_S[0]
-        self._settle(group, Verdict(COMMITTED))
+        self._done(group, Verdict(COMMITTED))
         return None
+
+    def _refuse(self, pending: Pending, why: str) -> None:
+        log.warning("refused a request the store cannot take (%d rows): %s", pending.rows, why)
+        if pending.entry is not None:  # acknowledged already: kept aside rather than lost
+            self.intake_log.reject(pending.entry, why)
+        self._done([pending], Verdict(POISON, f"the store cannot take this request: {why}"))
 
     def _store_commits(self) -> bool:
         """Whether a small transaction still commits: the store works, so a failure is the data's."""
@@ -218,7 +279,7 @@ class Writer:
             log.error("store write failed (%d requests told to retry): %s", len(group), reason)
         self._fault = reason
         self._stats["write_failures"] += 1
-        self._settle(group, Verdict(RETRY, reason))
+        self._retry_later(group, Verdict(RETRY, reason))
         if _needs_reopen(error):
             self._reopen()
         time.sleep(self._backoff_s)  # queued requests wait (bounded by their own timeout) for the next try
@@ -231,7 +292,23 @@ class Writer:
         except Exception as exc:
             log.error("reopening %s failed: %s", self.store.path, exc)
 
-    @staticmethod
-    def _settle(group: list[Pending], verdict: Verdict) -> None:
+    def _retry_later(self, group: list[Pending], verdict: Verdict) -> None:
+        """Logged requests go back to the head of the queue (while stopping, they stay in the log for the next
+        start); the others are told to retry."""
+        logged = [p for p in group if p.entry is not None]
+        with self._ready:
+            if not self._stopping:
+                self._queue.extendleft(reversed(logged))
+                group = [p for p in group if p.entry is None]
+        if self._stopping and logged:
+            log.warning("%d logged requests stay in the intake log for the next start", len(logged))
+        self._done(group, verdict, release_log=False)
+
+    def _done(self, group: list[Pending], verdict: Verdict, release_log: bool = True) -> None:
+        with self._ready:
+            for pending in group:
+                self._unhold(pending)
+        if release_log and self.intake_log is not None:
+            self.intake_log.release([p.entry for p in group if p.entry is not None])
         for pending in group:
             pending.settle(verdict)

@@ -1,6 +1,7 @@
 """When a store write fails, no other request loses its data and the writer is not wedged: a request the store
-cannot take is refused alone (400, counted); when the store itself fails (a full disk) requests are told to
-retry (503), /readyz and /metrics say so, and intake recovers by itself once there is space again."""
+cannot take is refused alone (with --ack commit a 400; counted); when the store or the intake log itself fails
+(a full disk) requests are told to retry (503), /readyz and /metrics say so, and intake recovers by itself once
+there is space again."""
 
 import http.client
 import logging
@@ -12,6 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import duckdb
 import polars as pl
 import pytest
 
@@ -193,7 +195,8 @@ def test_a_full_disk_answers_retry_and_recovers_with_the_collectors_replay(tmp_p
                 acked.append(seq)
                 return False
             ready, why = _get(serve.port, "/readyz")
-            return (status, ready) == (503, 503) and "store write failing" in why and (
+            failing = "intake log append failing" in why or "store write failing" in why
+            return (status, ready) == (503, 503) and failing and (
                 "sloscope_writer_healthy 0.0" in _get(serve.port, "/metrics")[1])
 
         _until(refused_and_shown)
@@ -217,3 +220,16 @@ def test_a_full_disk_answers_retry_and_recovers_with_the_collectors_replay(tmp_p
     assert {f"{0:08x}{s:08x}" for s in acked} <= stored
     assert during_outage > 0, "the collector's batches from while the disk was full did not land"
     assert "store_rejected_requests" not in failures  # nothing was taken for bad data
+
+
+def test_a_live_reader_outlives_the_writer_reopening_the_store(tmp_path):
+    """serve's sampling page reads through one for its whole life; a reader taken at start-up would keep the
+    connection that `reopen` closed."""
+    with Store(tmp_path / "r.duckdb") as store:
+        live, plain = store.live_reader(), store.reader()
+        assert live.scalar("SELECT count(*) FROM requests") == 0
+        store.reopen()
+        with pytest.raises(duckdb.Error):
+            plain.scalar("SELECT count(*) FROM requests")
+        store.write(_spans(0))
+        assert live.scalar("SELECT count(*) FROM requests") == 50

@@ -1,0 +1,198 @@
+"""The intake log: what is appended is fsynced before `offer` returns, replayed when serve starts again, deleted
+once committed; a torn or damaged record is cut off and kept aside; the bound counts uncommitted log bytes; a
+logged request the store refuses goes to rejected/; a full disk refuses the append and leaves nothing of it."""
+
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from analytics.intake_log import HEADER, IntakeLog, decode, encode, read_record
+from analytics.store import Store
+from analytics.writer import Writer
+from tests.alerting_stack import free_port
+from tests.test_durability import SLOSCOPE, Serve, _post, _spans, _traces
+from tests.test_store_failure import Filler, _histogram, small_disk  # noqa: F401 (a fixture)
+
+
+def _segments(directory):
+    return sorted(p.name for p in directory.glob("*.log"))
+
+
+def _logged(directory, count: int, segment_bytes: int = 2**24) -> list[bytes]:
+    """`count` span requests appended to a log in `directory` and left uncommitted (as by a crash)."""
+    log = IntakeLog(directory, segment_bytes)
+    records = [encode(_spans(seq), {"tier_invalid": 1}) for seq in range(count)]
+    for record in records:
+        log.append(record)
+    log.close()  # the segments stay: nothing in them is committed
+    return records
+
+
+def _wait_drained(writer: Writer) -> None:
+    deadline = time.monotonic() + 30
+    while not writer.drained():
+        assert time.monotonic() < deadline, "the writer did not commit what it was given"
+        time.sleep(0.05)
+
+
+def test_a_record_reads_back_as_the_frames_and_counters_it_was_made_of():
+    frames = _spans(3)
+    payload, end = read_record(record := encode(frames, {"tier_invalid": 2, "zero": 0}), 0)
+    again, counts = decode(payload)
+    assert end == len(record) and counts == {"tier_invalid": 2}
+    assert again.requests.equals(frames.requests) and again.requests.schema == frames.requests.schema
+    assert again.histograms.schema == frames.histograms.schema
+
+
+def test_records_left_in_the_log_are_replayed_once_and_their_segments_deleted(tmp_path):
+    _logged(tmp_path / "log", 6, segment_bytes=40_000)  # a few records per segment
+    assert len(_segments(tmp_path / "log")) > 1
+    with Store(tmp_path / "r.duckdb") as store:
+        log = IntakeLog(tmp_path / "log")
+        writer = Writer(store, intake_log=log)
+        assert writer.replay() == 6 and writer.stats()["queued_requests"] == 6
+        writer.start()
+        _wait_drained(writer)
+        assert _segments(tmp_path / "log") == []  # every record in them is committed
+        assert store.scalar("SELECT count(DISTINCT substr(trace_id, 9, 8)) FROM requests") == 6
+        assert store.counters()["tier_invalid"] == 6
+        writer.stop()
+
+
+def test_concurrent_appenders_share_fsyncs_and_every_record_is_kept(tmp_path):
+    log, entries = IntakeLog(tmp_path / "log", segment_bytes=100_000), []
+    record = encode(_spans(0), {})
+
+    def append_many():
+        for _ in range(25):
+            entries.append(log.append(record))
+
+    threads = [threading.Thread(target=append_many) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log.close()
+    recovered = IntakeLog(tmp_path / "log").recovered
+    assert len(recovered) == len(entries) == 200 and all(payload == record[HEADER.size:] for _, payload in recovered)
+
+
+def test_a_torn_last_record_is_cut_off_and_kept_aside(tmp_path):
+    records = _logged(tmp_path / "log", 3)
+    segment = tmp_path / "log" / _segments(tmp_path / "log")[0]
+    whole = len(records[0]) + len(records[1])
+    with segment.open("r+b") as f:
+        f.truncate(whole + len(records[2]) // 2)  # a crash in the middle of the third append
+    log = IntakeLog(tmp_path / "log")
+    assert [entry.offset for entry, _ in log.recovered] == [0, len(records[0])]
+    assert segment.stat().st_size == whole
+    kept = list((tmp_path / "log" / "rejected").iterdir())
+    assert len(kept) == 1 and kept[0].read_bytes() == records[2][:len(records[2]) // 2]
+    log.close()
+
+
+def test_a_record_that_fails_its_checksum_ends_the_segment(tmp_path):
+    records = _logged(tmp_path / "log", 3)
+    segment = tmp_path / "log" / _segments(tmp_path / "log")[0]
+    raw = bytearray(segment.read_bytes())
+    raw[len(records[0]) + HEADER.size + 100] ^= 0xFF  # one flipped bit pattern in the second record's payload
+    segment.write_bytes(bytes(raw))
+    log = IntakeLog(tmp_path / "log")
+    assert len(log.recovered) == 1 and log.recovered[0][1] == records[0][HEADER.size:]
+    assert segment.stat().st_size == len(records[0])
+    log.close()
+
+
+def test_the_bound_counts_logged_bytes_until_they_are_committed(tmp_path):
+    with Store(tmp_path / "b.duckdb") as store:
+        record_bytes = len(encode(_spans(0), {}))
+        writer = Writer(store, max_queued_bytes=record_bytes + 1, intake_log=IntakeLog(tmp_path / "log"))
+        first = writer.offer(_spans(0), {})  # not started: logged, not committed
+        assert first is not None and first.entry is not None
+        assert writer.offer(_spans(1), {}) is None  # the client gets a 503 with Retry-After
+        assert writer.stats()["queued_bytes"] == record_bytes
+        writer.start()
+        _wait_drained(writer)
+        assert writer.stats()["queued_bytes"] == 0 and writer.offer(_spans(1), {}) is not None
+        writer.stop()
+        assert store.scalar("SELECT count(*) FROM requests") == 100
+
+
+def test_a_logged_request_the_store_refuses_goes_to_rejected(tmp_path):
+    with Store(tmp_path / "p.duckdb") as store:
+        writer = Writer(store, intake_log=IntakeLog(tmp_path / "log"))
+        good = [writer.offer(_histogram(f"node-{i}", [1, 2]), {}) for i in range(2)]
+        poison = writer.offer(_histogram("node-bad", [-1, 2]), {"tier_invalid": 1})
+        assert all(p is not None and p.entry is not None for p in good + [poison])  # all acknowledged
+        writer.start()
+        _wait_drained(writer)
+        writer.stop()
+        assert store.rows("SELECT node FROM histograms ORDER BY node") == [("node-0",), ("node-1",)]
+        assert store.counters()["store_rejected_requests"] == 1
+    kept = list((tmp_path / "log" / "rejected").iterdir())
+    assert len(kept) == 1 and _segments(tmp_path / "log") == []
+    frames, counts = decode(read_record(kept[0].read_bytes(), 0)[0])
+    assert frames.histograms["node"].to_list() == ["node-bad"] and counts == {"tier_invalid": 1}
+
+
+def test_serve_replays_the_log_before_it_answers(tmp_path):
+    db = tmp_path / "s.duckdb"
+    Store(db).close()
+    _logged(tmp_path / "s.duckdb.intake", 4)  # as a serve killed before committing them left it
+    serve = Serve(db, free_port())
+    serve.start()  # listening means the replay is done
+    assert _post(serve.port, "/v1/traces", _traces(1, 2), "application/x-protobuf") == 200  # a client's resend
+    assert serve.stop() == 0, serve.log.read_text()[-3000:]
+    assert _segments(tmp_path / "s.duckdb.intake") == []  # a clean stop leaves nothing to replay
+    with Store(db, read_only=True) as store:
+        assert store.scalar("SELECT count(*) FROM requests") == 4 * 50
+        assert store.counters()["requests_loaded"] == 200
+
+
+def test_serve_without_the_log_refuses_to_start_over_requests_left_in_it(tmp_path):
+    db = tmp_path / "c.duckdb"
+    _logged(tmp_path / "c.duckdb.intake", 1)
+    done = subprocess.run([SLOSCOPE, "serve", "--db", str(db), "--http", "off", "--grpc", "off", "--ack", "commit"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "start with --ack log once" in done.stderr
+
+
+def test_a_second_process_cannot_use_the_same_log(tmp_path):
+    log = IntakeLog(tmp_path / "log")
+    with pytest.raises(OSError, match="in use"):
+        IntakeLog(tmp_path / "log")
+    log.close()
+    IntakeLog(tmp_path / "log").close()
+
+
+@pytest.mark.privileged
+def test_a_full_disk_refuses_the_append_and_leaves_nothing_of_it(small_disk):  # noqa: F811
+    with Store(small_disk / "f.duckdb") as store:
+        log = IntakeLog(small_disk / "log")
+        writer = Writer(store, intake_log=log)  # not started: the log alone is tested
+        assert writer.offer(_spans(0), {}) is not None
+        segment = small_disk / "log" / _segments(small_disk / "log")[0]
+        size = segment.stat().st_size
+        filler = Filler(small_disk)
+        filler.start()
+        try:
+            refused = 0
+            for seq in range(1, 200):  # blocks already allocated may take a few more
+                if writer.offer(_spans(seq), {}) is None:
+                    refused = seq
+                    break
+                size = segment.stat().st_size
+            assert refused, "the disk never filled"
+            assert segment.stat().st_size == size  # nothing of the refused record
+            assert writer.health().startswith("intake log append failing")
+        finally:
+            filler.free()
+        assert writer.offer(_spans(refused), {}) is not None and writer.health() is None
+        writer.start()
+        _wait_drained(writer)
+        writer.stop()
+        stored = store.scalar("SELECT count(DISTINCT substr(trace_id, 9, 8)) FROM requests")
+    assert stored == refused + 1 and os.listdir(small_disk / "log") == []
