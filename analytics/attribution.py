@@ -162,6 +162,8 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True)
     recent = recent.sort(key + ["step"]).with_columns(z=z)
     recent = recent.with_columns(
         sustained=(pl.col("z") > THRESHOLD) & (pl.col("z").shift(-1).over(key) > THRESHOLD),
+        # The level held for two steps from here: what a change that began at this step shows, not one noisy step.
+        held=pl.min_horizontal(pl.col("z"), pl.col("z").shift(-1).over(key)),
         in_incident=pl.col("step") >= window.incident_start,
         # From the start of the first violating SLI window, where the SLI broke, to the precedence tolerance:
         # steps before it would dilute a change that began within that window.
@@ -170,7 +172,8 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True)
     per_series = recent.group_by(key).agg(
         baseline=pl.col("median").first(),
         observed=pl.col("value").filter(pl.col("in_incident")).median(),
-        z_at_break=pl.col("z").filter(pl.col("at_break")).median(),
+        # A change that began anywhere within the break counts (as precedence allows), at the level it held.
+        z_at_break=pl.col("held").filter(pl.col("at_break")).max(),
         onset=pl.col("step").filter(pl.col("sustained")).min(),
         consistency=(pl.col("z").filter(pl.col("in_incident")) > THRESHOLD).mean(),
         scale=pl.col("scale").first(), direction=pl.col("direction").first())

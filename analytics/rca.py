@@ -78,7 +78,7 @@ def analyse(store: Store, spec, since: datetime | None = None, until: datetime |
     incidents = find_incidents(store, spec, since, until)
     analysis = _Analysis(store, spec.resolution_s, baseline, lookback)
     out = []
-    for incident, (start, end) in zip(incidents, episodes(incidents, analysis.still_moved)):
+    for incident, (start, end) in zip(incidents, episodes(incidents, analysis.continues)):
         window = analysis.window(incident.node, start, end)
         causes, diagnosis = diagnose(analysis.scores(window), incident.node, window, top)
         out.append(incident_json(incident, causes, diagnosis))
@@ -130,31 +130,41 @@ class _Analysis:
             self._scores[window] = series_scores(signal_steps(self.store, window), window)
         return self._scores[window]
 
-    def still_moved(self, node: str, start: datetime, end: datetime, at: datetime) -> bool | None:
-        """Whether the evidence of the top cause of the episode (start, end) on `node` is still away from its
-        baseline just before `at`; None when the episode has no clear cause to follow."""
+    def top_cause(self, node: str, start: datetime, end: datetime) -> dict | None:
         window = self.window(node, start, end)
         causes, _ = diagnose(self.scores(window), node, window)
-        if not causes:
-            return None
-        just_before = at - timedelta(seconds=2 * self.resolution_s)
-        recent = Window(just_before, just_before, just_before, at, self.resolution_s)
-        return evidence_still_moved(self.scores(window), signal_steps(self.store, recent), node, causes[0], recent)
+        return causes[0] if causes else None
+
+    def continues(self, node: str, episode: tuple[datetime, datetime], incident: Incident) -> bool:
+        """Whether `incident` is more of the episode's trouble: the evidence is the same. Its own analysis names
+        the episode's top cause; or it names none (its baseline already holds the fault, as when an SLI recovers
+        briefly and breaks again) while the episode's top-cause evidence is still away from its baseline just
+        before it. An episode with no clear cause has no evidence to follow, so nothing continues it."""
+        ongoing = self.top_cause(node, *episode)
+        if ongoing is None:
+            return False
+        own = self.top_cause(node, incident.start, incident.end)
+        if own is not None:
+            return own["cause"] == ongoing["cause"]
+        just_before = incident.start - timedelta(seconds=2 * self.resolution_s)
+        recent = Window(just_before, just_before, just_before, incident.start, self.resolution_s)
+        window = self.window(node, *episode)
+        return evidence_still_moved(self.scores(window), signal_steps(self.store, recent), node, ongoing, recent)
 
 
-def episodes(incidents: list[Incident], still_moved=None) -> list[tuple[datetime, datetime]]:
+def episodes(incidents: list[Incident], continues=None) -> list[tuple[datetime, datetime]]:
     """For each incident, the (start, end) of its node's episode of trouble: incidents on the same node that
-    overlap, or follow each other within EPISODE_GAP while the evidence of the episode's top cause has not
-    returned to its baseline (`still_moved(node, start, end, at)`; None: no evidence to follow, so time alone
-    decides). An SLI that recovers briefly and breaks again during one fault is explained from the fault's
-    start, not from a baseline that already contains the fault; a new fault after the last one's signals
-    returned to normal is a new episode, with its own onset and baseline."""
+    overlap, or follow each other within EPISODE_GAP while their evidence is the same (`continues(node,
+    episode, incident)`; without it, time alone decides). An SLI that recovers briefly and breaks again during
+    one fault is explained from the fault's start, not from a baseline that already contains the fault; a new
+    fault, with evidence of its own, is a new episode with its own onset and baseline, even while the last
+    fault's signals are still settling."""
     ids, spans, open_episode = [], [], {}
     for incident in incidents:  # sorted by start
         current = open_episode.get(incident.node)
         if current is None or incident.start > spans[current][1] + EPISODE_GAP or (
-                still_moved is not None and incident.start > spans[current][1] and
-                still_moved(incident.node, *spans[current], incident.start) is False):
+                continues is not None and incident.start > spans[current][1] and
+                not continues(incident.node, spans[current], incident)):
             current = len(spans)
             spans.append((incident.start, incident.end))
             open_episode[incident.node] = current
