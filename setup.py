@@ -1,8 +1,8 @@
-"""The one C extension: the receiver's fast path for OTLP trace requests (collectors/otlp_spans.py). Everything
+"""The one C extension: the receiver's fast path for OTLP trace requests (receiver/otlp_spans.py). Everything
 else is declared in pyproject.toml. Optional: where it cannot be compiled, every request takes the general
 decoder, with the same results."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("collectors._otlp_spans", ["collectors/otlp_spans.c"],
+setup(ext_modules=[Extension("receiver._otlp_spans", ["receiver/otlp_spans.c"],
                              extra_compile_args=["-O2", "-std=c11"], optional=True)])

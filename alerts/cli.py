@@ -1,4 +1,4 @@
-"""`sloscope rules`, `sloscope webhook` and `sloscope sampling`."""
+"""`sloscope rules` and `sloscope webhook`."""
 
 from __future__ import annotations
 
@@ -87,7 +87,6 @@ def register(subparsers) -> None:
     hook.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
                       help="largest accepted body (default: %(default)s)")
     hook.set_defaults(func=run_webhook)
-    register_sampling(subparsers)
 
 
 _K8S_NAME = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -230,127 +229,3 @@ def run_webhook(args) -> int:
         signal.signal(signal.SIGTERM, previous)
         server.server_close()
     return EXIT_OK
-
-
-# --- sloscope sampling -------------------------------------------------------------------------------------------
-
-def register_sampling(subparsers) -> None:
-    from analytics.store import DEFAULT_DB
-
-    sampling = subparsers.add_parser(
-        "sampling", help="adaptive trace sampling: the policy, and an OpenTelemetry Collector tail_sampling config",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Adaptive trace sampling (alerts/sampling.py). Hot tiers (latency percentile above the\n"
-        "objective or more than 5% errors over a minute, an open incident, a raise_sampling override) and hot nodes\n"
-        "are kept at 100% until they have been quiet for the dwell time; every other (tier, service, route) shares\n"
-        "a budget of kept request spans per second. `sloscope serve --sampling CONFIG` serves the policy at\n"
-        "GET /sampling (for alerts/head_sampler.py).\n\n"
-        "  policy       print the policy JSON evaluated now from --db (or fetched from --url)\n"
-        "  tail-config  write it as a tail_sampling processor config (atomically; --every to keep it current)")
-    sub = sampling.add_subparsers(dest="sampling_command", metavar="SUBCOMMAND", required=True)
-    for name, help_text in (("policy", "print the sampling policy as JSON"),
-                            ("tail-config", "write an OpenTelemetry Collector tail_sampling processor config")):
-        p = sub.add_parser(name, help=help_text)
-        source = p.add_mutually_exclusive_group()
-        source.add_argument("--db", type=Path, default=None,
-                            help=f"evaluate from this DuckDB file (default: {DEFAULT_DB}); it must not be open for "
-                            "writing by another process: use --url while `sloscope serve` runs")
-        source.add_argument("--url", help="fetch the policy from `sloscope serve` instead, e.g. "
-                            "http://127.0.0.1:4318/sampling")
-        p.add_argument("--slo", type=Path, metavar="SLO.yaml",
-                       help="SLO spec (with --db; default: the spec recorded with --db, else the built-in one)")
-        p.add_argument("--config", type=Path, metavar="SAMPLING.yaml",
-                       help="sampling config, with --db (a served policy uses serve's --sampling): "
-                       "budget_spans_per_s, min_probability, dwell, window, ... (default: 100 spans/s, 0.001, 2m, 1m)")
-        p.add_argument("--at", metavar="TIME",
-                       help="evaluate at this RFC 3339 time, or 'latest' (the newest stored request) "
-                       "(default: now; --db only)")
-        if name == "tail-config":
-            p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here (default: stdout)")
-            p.add_argument("--decision-wait", default="30s", metavar="DURATION",
-                           help="the processor's decision_wait (default: %(default)s)")
-            p.add_argument("--every", metavar="DURATION",
-                           help="keep going: re-evaluate this often and rewrite FILE when the config changes")
-        p.set_defaults(func=run_sampling)
-
-
-def _sampling_policy(args, config, spec_path) -> dict:
-    import json
-    import time
-    import urllib.request
-    from datetime import timedelta, timezone
-
-    from analytics.cli import spec_for
-    from analytics.rca import parse_time
-    from analytics.store import DEFAULT_DB, Store, sql
-
-    from alerts.sampling import evaluate_once
-
-    if args.url:
-        with urllib.request.urlopen(args.url, timeout=10) as response:
-            return json.loads(response.read())
-    with Store(args.db or DEFAULT_DB, read_only=True) as store:
-        spec = spec_for(store, spec_path)
-        now = time.time()
-        if args.at == "latest":
-            newest = store.rows(sql("data_range"))[0][1]
-            if newest is None:
-                raise ValueError("--at latest: the database holds no requests")
-            now = (newest + timedelta(seconds=1)).replace(tzinfo=timezone.utc).timestamp()
-        elif args.at:
-            now = parse_time(args.at, None).replace(tzinfo=timezone.utc).timestamp()
-        return evaluate_once(store, spec, config, now)
-
-
-def run_sampling(args) -> int:
-    import json
-    import time
-    import urllib.error
-
-    from analytics.store import StoreError
-    from sloscope.slo_spec import SpecError, parse_duration
-
-    from alerts.sampling import ConfigError, load_config
-    from alerts.tail_sampling import render, to_yaml, write_atomic
-
-    prog = f"sloscope sampling {args.sampling_command}"
-    try:
-        config = load_config(args.config)
-        every = wait = None
-        if args.sampling_command == "tail-config":
-            wait = parse_duration(args.decision_wait, "--decision-wait")
-            every = parse_duration(args.every, "--every") if args.every else None
-            if every is not None and args.output is None:
-                raise ValueError("--every needs -o FILE")
-        if args.url and args.at:
-            raise ValueError("--at evaluates from --db; a served policy is always the current one")
-    except (ConfigError, SpecError, ValueError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    while True:
-        try:
-            policy = _sampling_policy(args, config, args.slo)
-        except (SpecError, StoreError, ValueError, OSError, urllib.error.URLError) as exc:
-            print(f"{prog}: {exc}", file=sys.stderr)
-            if every is None:
-                return EXIT_USAGE
-            time.sleep(every)
-            continue
-        if args.sampling_command == "policy":
-            print(json.dumps(policy, indent=2))
-            return EXIT_OK
-        text = to_yaml(render(policy, decision_wait_s=max(int(wait), 1)), policy)
-        if args.output is None:
-            sys.stdout.write(text)
-            return EXIT_OK
-        try:
-            changed = write_atomic(args.output, text)
-        except OSError as exc:
-            print(f"{prog}: {args.output}: {exc.strerror}", file=sys.stderr)
-            return EXIT_USAGE
-        if changed:
-            hot = [t for t, d in policy["tiers"].items() if d.get("hot")]
-            print(f"wrote {args.output}: hot tiers {', '.join(hot) or 'none'}", file=sys.stderr)
-        if every is None:
-            return EXIT_OK
-        time.sleep(every)

@@ -1,6 +1,6 @@
 """Prometheus exposition of the store: a prometheus_client Collector that queries DuckDB at scrape time.
 
-Families (names in alerts/exposition.py):
+Families (names in alerts/metric_names.py):
 - `sloscope_request_duration_seconds` (histogram), `sloscope_requests_total`, `sloscope_request_errors_total`
   per tier, service and node, cumulative over the ingested spans. The bucket bounds include every tier's
   latency threshold, so each tier's "slower than the objective" count is one exact bucket.
@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 from analytics.store import Reader
 from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
 
-from alerts import exposition as x
+from alerts import metric_names as x
 
 log = logging.getLogger("sloscope.exporter")
 

@@ -1,7 +1,7 @@
 """Prometheus recording and alerting rules, generated as a pure function of the SLO spec.
 
 `rules_dict(spec)` builds the rule file as a dict; `render_rules(spec)` turns it into YAML text; writing the
-file is the CLI's business. Expressions only name series of alerts/exposition.py (what the exporter serves)
+file is the CLI's business. Expressions only name series of alerts/metric_names.py (what the exporter serves)
 or series recorded by the rules themselves.
 
 Per tier (one group each, recording rules before the alerts that read them):
@@ -48,7 +48,7 @@ from sloscope.slo_spec import SloSpec, TierObjective
 from analytics.significance import z_for
 from analytics.slo import FLEET_FDR, slow_allowance
 
-from alerts import exposition as x
+from alerts import metric_names as x
 from alerts.actions import (DRAIN, NOTIFY, QOS, RAISE_SAMPLING, RESTART)
 from alerts.burn import (DAY_S, PAGE, TICKET, budget_spent_in, burn_windows, promql_duration, sli_windows,
                          window_days)

@@ -16,8 +16,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collectors.otlp_files import FileReadError, read_lines
-from collectors.otlp_json import DecodeError, Decoder, decode_line
+from receiver.otlp_files import FileReadError, read_lines
+from receiver.otlp_json import DecodeError, Decoder, decode_line
 from enrich.tiers import TierResolver, resolve_tiers
 from enrich.topology import GpuTopology
 from sloscope.records import Batch

@@ -102,8 +102,8 @@ def stage_rates(payloads: list[bytes], items: int, workdir: Path) -> dict[str, f
     """Spans per second of each stage alone, on one core: fast path and general decoder from bytes to frames
     (tiers resolved), and the store writing those frames in the writer's batches."""
     from analytics.store import Frames, Store
-    from collectors import otlp_spans
-    from collectors.receiver import Decoders, fast_decode
+    from receiver import otlp_spans
+    from receiver.server import Decoders, fast_decode
     from enrich.tiers import TierResolver, resolve_tiers
 
     def frames_by(decode) -> tuple[float, list]:
@@ -203,7 +203,7 @@ def _serve(db: Path, port: int, serve_args: tuple[str, ...]) -> subprocess.Popen
 
 
 def _serve_on(db: Path, serve_args: tuple[str, ...], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "sloscope.cli", "serve", "--db", str(db), *serve_args],
+    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "--db", str(db), *serve_args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_listening(port, proc, "sloscope serve")
     return proc
@@ -286,7 +286,7 @@ def collector_footprint(workdir: Path, seconds: int = 20) -> str:
     port, http_port = free_port(), free_port()
     serve = _serve_on(workdir / "c.duckdb", ("--grpc", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http_port}"),
                       http_port)
-    collect = subprocess.Popen([sys.executable, "-m", "sloscope.cli", "collect", "--endpoint", f"http://127.0.0.1:{port}",
+    collect = subprocess.Popen([sys.executable, "-m", "commands.cli", "collect", "--endpoint", f"http://127.0.0.1:{port}",
                                 "--interval", "1", "--duration", str(seconds + 200), "--probe", "node",
                                 "--spool-dir", str(workdir / "spool")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

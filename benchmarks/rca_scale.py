@@ -22,10 +22,10 @@ from pathlib import Path
 
 import orjson
 
-from collectors.otlp_files import read_lines
+from receiver.otlp_files import read_lines
 from simulator.fleet import SimulationConfig, simulate
 
-SLOSCOPE = [sys.executable, "-m", "sloscope.cli"]
+SLOSCOPE = [sys.executable, "-m", "commands.cli"]
 
 
 def run_measured(cmd: list[str]) -> tuple[float, int, str, bytes]:

@@ -37,8 +37,8 @@ from opentelemetry.sdk.trace.sampling import TraceIdRatioBased  # noqa: E402
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags  # noqa: E402
 from opentelemetry.trace.span import TraceState  # noqa: E402
 
-from alerts.head_sampler import RANDOM_MASK, AdaptiveSampler, threshold_for  # noqa: E402
-from alerts.sampling import SamplingConfig, SamplingPolicy, observe  # noqa: E402
+from sampling.head_sampler import RANDOM_MASK, AdaptiveSampler, threshold_for  # noqa: E402
+from sampling.policy import SamplingConfig, SamplingPolicy, observe  # noqa: E402
 from analytics.ingest import Ingestor  # noqa: E402
 from analytics.slo import find_incidents  # noqa: E402
 from analytics.store import Store  # noqa: E402

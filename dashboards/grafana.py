@@ -12,7 +12,7 @@ Three dashboards, each with stable uids (so a push replaces its own earlier vers
 - `sloscope-incidents`: incidents with their top causes (one row per incident and cause, with the time range the
   cause was reported), each linking to the node dashboard over that time range; cause scores over time.
 
-Every query names only series of alerts/exposition.py (what `sloscope serve` exports at /metrics). Panels of
+Every query names only series of alerts/metric_names.py (what `sloscope serve` exports at /metrics). Panels of
 the node dashboard whose series the exporter does not export (yet) are left out; `exporter_gaps()` lists them
 with the series they need. Remediation actions appear as annotations from Prometheus's own `ALERTS` series for the
 alerts of alerts/rules.py that map to an action, and from the exporter's remediation counter once it exists.
@@ -44,7 +44,7 @@ with warnings.catch_warnings():  # the classic (v1) dashboard model warns at imp
 from sloscope import taxonomy
 from sloscope.slo_spec import SloSpec, TierObjective
 
-from alerts import exposition as x
+from alerts import metric_names as x
 from alerts.actions import NOTIFY
 from alerts.burn import PAGE, burn_windows, promql_duration
 
@@ -60,7 +60,7 @@ INCIDENT_LINK_AFTER_S = 300
 ALERTS_SERIES = "ALERTS"
 
 # Series the node dashboard wants that the exporter may not export yet: the constant expected in
-# alerts/exposition.py, the series name expected, the catalog signal it comes from, its labels and its kind.
+# alerts/metric_names.py, the series name expected, the catalog signal it comes from, its labels and its kind.
 WANTED = {
     "GPU_IO": ("sloscope_gpu_io_bytes_total", "hw.gpu.io", ("node", "gpu", "link", "direction"), "counter"),
     "TCP_RETRANSMITS": ("sloscope_tcp_retransmits_total", "sloscope.tcp.retransmits", ("node",), "counter"),
@@ -83,7 +83,7 @@ class Gap:
 
     panel: str
     dashboard: str
-    constant: str  # expected in alerts/exposition.py
+    constant: str  # expected in alerts/metric_names.py
     series: str  # expected series name (histograms: the family; _bucket/_count/_sum are queried)
     source: str
     labels: tuple[str, ...]

@@ -5,11 +5,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOORS = {
-    "sloscope.catalog": 0, "sloscope.taxonomy": 0, "sloscope.slo_spec": 0, "sloscope.records": 0, "sloscope.logs": 0,
-    "sloscope": 0,  # the package itself (`from sloscope import catalog` names its module below)
-    "probes": 1, "simulator": 1, "collectors": 2, "enrich": 3, "analytics": 4, "alerts": 5, "dashboards": 6,
-    "sloscope.cli": 7, "sloscope.serve": 7, "sloscope.serve_ops": 7, "sloscope.demo": 7, "sloscope.decode_pool": 7,
-    "sloscope.live": 7,
+    "sloscope": 0,  # the contracts (`from sloscope import catalog` names its module below)
+    "probes": 1, "simulator": 1, "collectors": 2, "receiver": 2, "enrich": 3, "analytics": 4, "alerts": 5,
+    "sampling": 6, "dashboards": 6, "commands": 7,
 }
 
 

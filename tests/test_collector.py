@@ -386,7 +386,7 @@ def test_signal_stops_cleanly_and_flushes_to_the_spool(tmp_path, signum):
 
 
 def test_help_and_usage_errors():
-    out = subprocess.run([sys.executable, "-m", "sloscope.cli", "collect", "--help"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "commands.cli", "collect", "--help"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
     for text in ("OTEL_EXPORTER_OTLP_ENDPOINT", "--spool-max-bytes", "--once", "--duration", "flags > environment"):

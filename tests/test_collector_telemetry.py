@@ -21,7 +21,7 @@ from tests.conftest import need
 from tests.fakes.otlp_sink import OtlpSink, free_port
 from tests.test_collector import counting_probe, make_config, run_in_thread, wait_for  # noqa: F401 (a fixture)
 
-SLOSCOPE = [sys.executable, "-m", "sloscope.cli"]
+SLOSCOPE = [sys.executable, "-m", "commands.cli"]
 
 
 def get(port, path):

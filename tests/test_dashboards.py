@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import exposition as x
+from alerts import metric_names as x
 from alerts.rules import rules_dict
 from analytics.ingest import Ingestor
 from analytics.rca import analyse, parse_time
@@ -26,7 +26,7 @@ from dashboards.provision import PushError, push
 from dashboards.report import episodes, render, signal_unit
 from enrich.tiers import TierResolver
 from simulator.fleet import SimulationConfig, simulate
-from sloscope.cli import main
+from commands.cli import main
 from sloscope.slo_spec import load_spec, parse_spec
 from tests.conftest import need
 from tests.fakes.grafana_api import FakeGrafana

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from analytics.store import Frames, Store
-from collectors.otlp_json import DecodeError, Decoder, decode_line
-from collectors.receiver import Decoders
+from receiver.otlp_json import DecodeError, Decoder, decode_line
+from receiver.server import Decoders
 from enrich.tiers import TierResolver, resolve_tiers
 from enrich.topology import GpuTopology
 from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces

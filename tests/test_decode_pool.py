@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sloscope.decode_pool import DecodePool
+from commands.decode_pool import DecodePool
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import exp_histogram, gauge, metrics, resource, span, traces
 from tests.test_receiver import T0, Running, _proto_traces

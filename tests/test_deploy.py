@@ -313,7 +313,7 @@ def test_daemonset_env_resources_and_tolerations():
 
 
 def test_daemonset_runs_the_collector_with_its_configmap(tmp_path):
-    from sloscope.cli import build_parser
+    from commands.cli import build_parser
 
     docs = daemonset_docs()
     _, pod, container = collector_container()

@@ -19,7 +19,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from analytics.store import Frames, Store
 from analytics.writer import COMMITTED, Writer, frame_bytes
-from collectors.receiver import fast_decode
+from receiver.server import fast_decode
 from enrich.tiers import TierResolver, resolve_tiers
 from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port, wait_listening

@@ -4,7 +4,7 @@ from analytics.store import Store
 from enrich.tiers import MAX_HEADER_LENGTH, TierResolver
 from enrich.topology import GpuTopology
 from sloscope.catalog import UNKNOWN_NODE
-from sloscope.cli import main
+from commands.cli import main
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import attr, gauge, metrics, resource, span, traces, write_lines
 

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from alerts import exposition as x
+from alerts import metric_names as x
 from alerts.exporter import StoreCollector, registry_for, render
 from alerts.rules import rules_dict
 from analytics.ingest import Ingestor

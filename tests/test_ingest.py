@@ -5,7 +5,7 @@ import pytest
 
 from analytics.cli import EXIT_OK, EXIT_REJECTED
 from analytics.store import Store
-from sloscope.cli import main
+from commands.cli import main
 from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces, write_lines
 
 T0 = 1_764_410_400_000_000_000  # 2025-11-29T10:00:00Z

@@ -17,7 +17,7 @@ from analytics.store import Store
 from tests.alerting_stack import free_port, wait_listening
 from tests.conftest import need
 
-SLOSCOPE = [sys.executable, "-m", "sloscope.cli"]
+SLOSCOPE = [sys.executable, "-m", "commands.cli"]
 
 
 def _send_spans(http_port, node, n_per_tier=40):

@@ -16,13 +16,13 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from analytics.late_placement import LatePlacement
 from analytics.store import Store
 from analytics.writer import Writer
-from collectors.receiver import Receiver, http_server
+from receiver.server import Receiver, http_server
 from enrich.kube_watch import KubeApi, PodWatch
 from enrich.pods import PodDirectory
 from enrich.tiers import TierResolver
 from enrich.topology import GpuTopology
 from sloscope.catalog import UNKNOWN_NODE
-from sloscope.serve import Intake
+from commands.serve import Intake
 from sloscope.slo_spec import load_spec
 from tests.envoy_spans import GATEWAY, SIDECAR, envoy_request
 from tests.fakes.kube_api import FakeKubeApi

@@ -1,4 +1,4 @@
-"""The trace fast path (collectors/otlp_spans.c) must give exactly the rows and counters of the general decoder
+"""The trace fast path (receiver/otlp_spans.c) must give exactly the rows and counters of the general decoder
 for every request it takes, take the requests SDKs and the Collector send, and never take one the protobuf
 runtime or the receiver would refuse."""
 
@@ -12,9 +12,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from analytics.store import Frames
-from collectors import otlp_proto, otlp_spans
-from collectors.otlp_common import REFUSAL_REASONS, DecodeError
-from collectors.receiver import FAST_PATH, GENERAL_PATH, Decoders, fast_decode
+from receiver import otlp_proto, otlp_spans
+from receiver.otlp_common import REFUSAL_REASONS, DecodeError
+from receiver.server import FAST_PATH, GENERAL_PATH, Decoders, fast_decode
 from enrich.tiers import TierResolver, resolve_tiers
 
 TIERS = frozenset({"standard", "p99-latency-critical"})

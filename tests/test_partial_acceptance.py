@@ -16,7 +16,7 @@ from analytics.rca import analyse
 from analytics.slo import sli_windows
 from analytics.store import Store
 from sloscope.catalog import UNKNOWN_NODE
-from sloscope.cli import main
+from commands.cli import main
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import gauge, metrics, resource, span, write_lines
 from tests.test_receiver import Running

@@ -12,9 +12,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
 from analytics.store import Store
-from collectors.otlp_common import TextCache
-from collectors.otlp_json import Decoder
-from sloscope.cli import main
+from receiver.otlp_common import TextCache
+from receiver.otlp_json import Decoder
+from commands.cli import main
 from tests.otlp_builders import attr, exp_histogram, gauge, metrics, span, traces, write_lines
 from tests.test_receiver import Running
 

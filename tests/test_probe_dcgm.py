@@ -233,7 +233,7 @@ def test_sloscopes_counters_file_enables_every_field_the_probe_needs():
 
 def test_a_missing_field_shows_on_metrics(tmp_path):
     """From the probe set's health samples through the store to sloscope serve's /metrics text."""
-    from alerts import exposition as x
+    from alerts import metric_names as x
     from alerts.exporter import StoreCollector
     from analytics.store import Store
     from sloscope.slo_spec import load_spec

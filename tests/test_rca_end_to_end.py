@@ -10,7 +10,7 @@ from analytics.store import Store
 from enrich.tiers import TierResolver
 from simulator.fleet import SimulationConfig, simulate
 from sloscope import taxonomy
-from sloscope.cli import main
+from commands.cli import main
 from sloscope.slo_spec import load_spec
 
 SPEC = load_spec(None)

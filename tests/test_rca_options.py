@@ -12,8 +12,8 @@ import pytest
 
 from analytics.attribution import BASELINE, LOOKBACK, Window, rank_causes
 from analytics.rca import analyse
-from collectors.receiver import http_server
-from sloscope.serve import rca_page
+from receiver.server import http_server
+from commands.serve import rca_page
 from sloscope.slo_spec import load_spec
 from tests.test_attribution import store  # noqa: F401 - the hand-built fleet (cpu_contention on n1 at 12 min)
 
@@ -121,7 +121,7 @@ def test_rca_at_explains_a_moment_without_an_slo_breach(store, tmp_path, capsys)
 
 
 def test_rca_at_on_the_command_line(store, capsys):  # noqa: F811
-    from sloscope.cli import main
+    from commands.cli import main
     db = store.con.execute("PRAGMA database_list").fetchall()[0][2]
     assert main(["rca", "--db", db, "--at", "2025-11-29T10:12:00Z", "--node", "n1", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -17,10 +17,10 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from analytics.store import Store
 from analytics.writer import Writer
-from collectors.receiver import Receiver, grpc_server, http_server
+from receiver.server import Receiver, grpc_server, http_server
 from enrich.tiers import TierResolver
 from enrich.topology import GpuTopology
-from sloscope.serve import Intake
+from commands.serve import Intake
 from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port, wait_listening
 from tests.otlp_builders import gauge, metrics, span, traces
@@ -179,7 +179,7 @@ def test_mutated_valid_protobuf_never_breaks_the_server(server, data):
 
 def test_sigterm_writes_everything_accepted(tmp_path):
     db, http_port = tmp_path / "s.duckdb", free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sloscope.cli", "serve", "--db", str(db),
+    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "--db", str(db),
                              "--http", f"127.0.0.1:{http_port}", "--grpc", "off"],
                             stderr=subprocess.PIPE, text=True)
     try:

@@ -13,11 +13,11 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from analytics.store import Store
 from analytics.writer import Writer
-from collectors.limits import Limits
-from collectors.receiver import Receiver, grpc_server, http_server
+from receiver.limits import Limits
+from receiver.server import Receiver, grpc_server, http_server
 from enrich.tiers import TierResolver
 from enrich.topology import GpuTopology
-from sloscope.serve import Intake
+from commands.serve import Intake
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import span, traces
 from tests.raw_http import RawClient, chunked, request

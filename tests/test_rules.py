@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import exposition
+from alerts import metric_names as exposition
 from alerts.actions import ACTIONS
 from alerts.burn import UnsupportedWindow, burn_windows, sli_windows
 from alerts.rules import (ALERT_ALPHA, CAUSE_ACTIONS, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED, RuleOptions,
                           alert_names, cause_alert_name, render_rules, rules_dict)
 from analytics.significance import poisson_tail
 from sloscope import taxonomy
-from sloscope.cli import main
+from commands.cli import main
 from sloscope.slo_spec import DEFAULT_SPEC_YAML, load_spec, parse_spec
 from tests.conftest import need
 
@@ -348,7 +348,7 @@ def test_cli_refuses_bad_prometheus_rule_flags(flags, complaint, capsys):
 @pytest.mark.privileged
 def test_the_prometheus_rule_s_groups_pass_promtool_check(tmp_path):
     doc = yaml.safe_load(subprocess.run(
-        [sys.executable, "-m", "sloscope.cli", "rules", "--format", "prometheusrule", "--label", "release=kps"],
+        [sys.executable, "-m", "commands.cli", "rules", "--format", "prometheusrule", "--label", "release=kps"],
         capture_output=True, text=True, check=True).stdout)
     path = tmp_path / "from-prometheusrule.yml"
     path.write_text(yaml.safe_dump(doc["spec"]))

@@ -18,11 +18,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from alerts.head_sampler import (MAX_THRESHOLD, AdaptiveSampler, decode_th, encode_th, parse_ot, probability_of,
+from sampling.head_sampler import (MAX_THRESHOLD, AdaptiveSampler, decode_th, encode_th, parse_ot, probability_of,
                                  threshold_for)
-from alerts.sampling import (ConfigError, Observations, SamplingConfig, SamplingPolicy, SamplingService, Sli,
+from sampling.policy import (ConfigError, Observations, SamplingConfig, SamplingPolicy, SamplingService, Sli,
                              fair_shares, parse_config)
-from alerts.tail_sampling import render, to_yaml, write_atomic
+from sampling.tail_sampling import render, to_yaml, write_atomic
 from analytics.store import Frames, Store
 from enrich.tiers import TierResolver, resolve_tiers
 from sloscope.records import Batch
@@ -351,7 +351,7 @@ def test_the_head_sampler_against_a_real_sloscope_serve_and_when_unreachable(tmp
     db, http_port, grpc_port = tmp_path / "serve.duckdb", free_port(), free_port()
     config = tmp_path / "sampling.yaml"
     config.write_text("budget_spans_per_s: 0.5\ninterval: 1s\nmin_probability: 0.01\n")
-    serve = subprocess.Popen([sys.executable, "-m", "sloscope.cli", "serve", "--db", str(db), "--http",
+    serve = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "--db", str(db), "--http",
                               f"127.0.0.1:{http_port}", "--grpc", "off", "--sampling", str(config)],
                              stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{http_port}/sampling"
@@ -399,7 +399,7 @@ def test_the_head_sampler_against_a_real_sloscope_serve_and_when_unreachable(tmp
 
 
 def test_the_background_refresh_thread_fetches_and_stops(tmp_path):
-    from collectors.receiver import Receiver, http_server
+    from receiver.server import Receiver, http_server
 
     doc = _doc({STD: 0.5, CRIT: 1.0})
     httpd = http_server(Receiver(lambda *a: None), "127.0.0.1", 0,
@@ -545,7 +545,7 @@ def test_the_tail_config_is_written_atomically_and_by_the_cli(tmp_path):
     write_requests(store, steady(T0, 60, 20, "llm-gateway", "n1", [STD]) +
                    steady(T0, 60, 5, "llm-gateway", "n2", [CRIT], ms=3000))
     store.close()
-    result = subprocess.run([sys.executable, "-m", "sloscope.cli", "sampling", "tail-config", "--db",
+    result = subprocess.run([sys.executable, "-m", "commands.cli", "sampling", "tail-config", "--db",
                              str(tmp_path / "s.duckdb"), "--at", "latest", "-o", str(out)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -21,7 +21,7 @@ from tests.alerting_stack import free_port, wait_listening
 from tests.fakes.kube_api import FakeKubeApi
 from tests.test_node_from_pod import wait_for
 
-SLOSCOPE = [sys.executable, "-m", "sloscope.cli"]
+SLOSCOPE = [sys.executable, "-m", "commands.cli"]
 
 
 def serve_requests(provider: TracerProvider, n: int, tier: str) -> None:

@@ -21,14 +21,14 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from analytics.store import Store
 from analytics.writer import Writer
-from collectors.auth import BearerAuth
-from collectors.limits import Limits
-from collectors.receiver import Receiver, grpc_server, http_server
-from collectors.tls import TlsFiles
+from receiver.auth import BearerAuth
+from receiver.limits import Limits
+from receiver.server import Receiver, grpc_server, http_server
+from receiver.tls import TlsFiles
 from enrich.tiers import TierResolver
 from enrich.topology import GpuTopology
-from sloscope.serve import Intake
-from sloscope.serve_ops import BEARER_TOKEN_ENV, OPEN_PAGES, Edge, edge_of
+from commands.serve import Intake
+from commands.serve_ops import BEARER_TOKEN_ENV, OPEN_PAGES, Edge, edge_of
 from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port, wait_listening
 from tests.test_receiver import _proto_traces
@@ -323,7 +323,7 @@ def test_serve_with_tls_and_a_token_takes_the_sdk_exporters_and_counts_refusals(
     token_file.chmod(0o600)
     db, http_port, grpc_port = tmp_path / "serve.duckdb", free_port(), free_port()
     serve = subprocess.Popen(
-        [sys.executable, "-m", "sloscope.cli", "serve", "--db", str(db), "--decode-workers", "0",
+        [sys.executable, "-m", "commands.cli", "serve", "--db", str(db), "--decode-workers", "0",
          "--http", f"127.0.0.1:{http_port}", "--grpc", f"127.0.0.1:{grpc_port}",
          "--tls-cert-file", str(cert), "--tls-key-file", str(key),
          "--bearer-token-file", str(token_file)],

@@ -19,11 +19,11 @@ import pytest
 
 from analytics.store import Frames, Store
 from analytics.writer import COMMITTED, POISON, RETRY, Writer
-from collectors.otlp_common import DecodeError
+from receiver.otlp_common import DecodeError
 from enrich.tiers import TierResolver
 from enrich.topology import GpuTopology
 from sloscope.records import Batch
-from sloscope.serve import Intake
+from commands.serve import Intake
 from sloscope.slo_spec import load_spec
 from tests.conftest import need
 from tests.alerting_stack import free_port

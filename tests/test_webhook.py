@@ -15,7 +15,7 @@ import pytest
 
 from alerts.remediation import AuditStore, Engine, parse_config
 from alerts.webhook import TOKEN_ENV, TokenError, WebhookApp, WebhookServer, load_token, validate_payload
-from sloscope.cli import main
+from commands.cli import main
 from sloscope.slo_spec import load_spec
 from tests.test_remediation import FakeRunner
 
@@ -227,7 +227,7 @@ def test_webhook_command_serves_and_refuses_to_start_without_a_token(tmp_path, c
     token_file.write_text(TOKEN.decode())
     token_file.chmod(0o600)
     root = Path(__file__).parent.parent
-    proc = subprocess.Popen([sys.executable, "-m", "sloscope.cli", *args, "--token-file", str(token_file)],
+    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", *args, "--token-file", str(token_file)],
                             cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()

@@ -37,7 +37,7 @@ def register(subparsers) -> None:
         "can write and serve is not shutting down. SIGTERM writes everything accepted before exiting.")
     from analytics.store import DEFAULT_DB
     from sloscope import logs
-    from sloscope.serve_ops import add_edge_arguments, add_limit_arguments
+    from commands.serve_ops import add_edge_arguments, add_limit_arguments
 
     serve.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"DuckDB file (default: {DEFAULT_DB})")
     serve.add_argument("--slo", type=Path, metavar="SLO.yaml",
@@ -68,7 +68,7 @@ def register(subparsers) -> None:
                        help="file holding the webhook's bearer token (default: $SLOSCOPE_WEBHOOK_TOKEN)")
     serve.add_argument("--sampling", type=Path, metavar="SAMPLING.yaml",
                        help="adaptive sampling config for GET /sampling (budget_spans_per_s, dwell, ...; "
-                       "default: 100 spans/s, see alerts/sampling.py)")
+                       "default: 100 spans/s, see sampling/policy.py)")
     serve.add_argument("--kube-api", metavar="URL|in-cluster",
                        help="list and watch the cluster's pods at this Kubernetes API server ('in-cluster': the "
                        "pod's service account), to place spans that name their pod (by name or IP) but no node "
@@ -122,7 +122,7 @@ class Intake:
     def offer_frames(self, frames, counts: Counter, peer=None):
         """Frames whose tiers are resolved (here or in a decode worker): place them and queue them. peer: the
         client's IP, a pod IP for spans naming no pod."""
-        from collectors.receiver import Outcome
+        from receiver.server import Outcome
         from enrich.pods import place_requests
 
         frames.requests, by_pod = place_requests(frames.requests, self.pods, peer)
@@ -142,8 +142,8 @@ class Intake:
         """The receiver's answer to a writer's verdict; no verdict in time is a retry (the write may still land,
         and the retry then adds nothing: the store's writes are idempotent)."""
         from analytics.writer import COMMITTED, POISON
-        from collectors.otlp_common import DecodeError
-        from collectors.receiver import Outcome
+        from receiver.otlp_common import DecodeError
+        from receiver.server import Outcome
 
         if verdict is not None and verdict.outcome == POISON:
             raise DecodeError(verdict.reason)
@@ -151,7 +151,7 @@ class Intake:
 
     def offload(self, pool):
         """The receiver's offload: decode in the pool's workers, then queue here."""
-        from collectors.receiver import Outcome
+        from receiver.server import Outcome
 
         def decode_elsewhere(signal_name, body, is_json, peer=None):
             decoded = pool.decode(signal_name, body, is_json)
@@ -206,15 +206,15 @@ def run(args) -> int:
     from analytics.cli import EXIT_USAGE, spec_for
     from analytics.store import Store, StoreError
     from analytics.writer import Writer
-    from alerts.sampling import SamplingService, load_config as load_sampling_config
-    from collectors.receiver import Receiver
+    from sampling.policy import SamplingService, load_config as load_sampling_config
+    from receiver.server import Receiver
     from enrich.tiers import TierResolver
     from analytics.late_placement import LatePlacement
     from enrich.kube_watch import KubeApi, PodWatch
     from enrich.pods import PodDirectory
     from enrich.topology import GpuTopology
-    from sloscope.decode_pool import OFFLOAD_ABOVE_BYTES, DecodePool
-    from sloscope.serve_ops import Listeners, edge_of, intake_collector, limits_of
+    from commands.decode_pool import OFFLOAD_ABOVE_BYTES, DecodePool
+    from commands.serve_ops import Listeners, edge_of, intake_collector, limits_of
     from sloscope.slo_spec import SpecError
 
     try:
@@ -304,7 +304,7 @@ def _replay(writer, stop: threading.Event) -> None:
 def _pages(store, spec, sampling, writer, stopping, intake_metrics) -> dict:
     """GET endpoints on the OTLP/HTTP port."""
     from alerts.exporter import render
-    from sloscope.serve_ops import healthz, readiness_page
+    from commands.serve_ops import healthz, readiness_page
 
     return {"/metrics": lambda: render(store, spec, intake_metrics), "/sampling": sampling.page,
             "/rca": rca_page(store, spec), "/healthz": healthz, "/readyz": readiness_page(store, writer, stopping)}
@@ -313,7 +313,7 @@ def _pages(store, spec, sampling, writer, stopping, intake_metrics) -> dict:
 def _bind(listeners, addresses, webhook_app, receiver, pages, edge) -> None:
     """Every listener serve is asked for, bound (not yet started); OSError names the one that cannot be."""
     from alerts.webhook import WebhookServer
-    from collectors.receiver import grpc_server, http_server
+    from receiver.server import grpc_server, http_server
 
     http_addr, grpc_addr, webhook_addr = addresses
 

@@ -19,7 +19,7 @@ import time
 from http.server import ThreadingHTTPServer
 from typing import Callable
 
-from collectors.tls import NotTls, TlsFiles, accept_tls
+from receiver.tls import NotTls, TlsFiles, accept_tls
 
 log = logging.getLogger("sloscope.receiver")
 ACCEPT_WAIT_S = 0.5  # how long one accept waits for a free slot before the server loop looks at shutdown again

@@ -1,4 +1,4 @@
-"""The live demo's workload, three small programs (`python -m sloscope.live.workload service|backend|load`):
+"""The live demo's workload, three small programs (`python -m commands.live.workload service|backend|load`):
 
 - service: an inference-like HTTP service instrumented with the OpenTelemetry SDK. Each POST is one SERVER
   span (http.route, http.request.header.x-slo-tier, http.response.status_code; resource service.name and
@@ -333,7 +333,7 @@ def run_load(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sloscope.live.workload")
+    parser = argparse.ArgumentParser(prog="python -m commands.live.workload")
     sub = parser.add_subparsers(dest="program", required=True)
     service = sub.add_parser("service")
     service.add_argument("--listen", default="127.0.0.1:8080")

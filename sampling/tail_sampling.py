@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from alerts.sampling import NODE_ATTRIBUTES, TIER_ATTRIBUTES
+from sampling.policy import NODE_ATTRIBUTES, TIER_ATTRIBUTES
 
 SERVICE_ATTRIBUTE = "service.name"
 HASH_SALT = "sloscope-adaptive-sampling"

@@ -265,7 +265,7 @@ class LiveDemo:
     def _start_pipeline(self) -> None:
         cfg, py = self.cfg, self.cfg.python
         system = ["taskset", "-c", cfg.system_cpus]
-        sloscope = system + [py, "-m", "sloscope.cli"]
+        sloscope = system + [py, "-m", "commands.cli"]
         self.http_port, self.grpc_port = free_port(), free_port()
         self.say(f"==> sloscope serve: {cfg.dir / 'sloscope.duckdb'}, OTLP/HTTP :{self.http_port}, "
                  f"OTLP/gRPC :{self.grpc_port}")
@@ -288,7 +288,7 @@ class LiveDemo:
         self.say(f"==> backend in network namespace {self.network.netns} at {self.network.backend_ip}:8081 "
                  f"(veth {self.network.host_if} {self.network.host_ip}/24)")
         backend = self.procs.start("backend", self.network.exec_argv(
-            system + [py, "-m", "sloscope.live.workload", "backend", "--listen", f"{self.network.backend_ip}:8081"]))
+            system + [py, "-m", "commands.live.workload", "backend", "--listen", f"{self.network.backend_ip}:8081"]))
         wait_until(listening(self.network.backend_ip, 8081), backend, "backend")
 
         service_port = free_port()
@@ -301,7 +301,7 @@ class LiveDemo:
         self.say(f"==> service llm-inference on 127.0.0.1:{service_port}, pinned to CPU {cfg.service_cpus}{memory} "
                  f"(serve, collect, backend and load on CPU {cfg.system_cpus})")
         service = self.procs.start("service", wrap([
-            "taskset", "-c", cfg.service_cpus, py, "-m", "sloscope.live.workload", "service",
+            "taskset", "-c", cfg.service_cpus, py, "-m", "commands.live.workload", "service",
             "--listen", f"127.0.0.1:{service_port}", "--backend", f"{self.network.backend_ip}:8081",
             "--cache-dir", str(cfg.dir / "cache"), "--otlp", f"http://127.0.0.1:{self.http_port}",
             "--node", cfg.node, "--model-kib", str(cfg.model_kib)]))
@@ -311,7 +311,7 @@ class LiveDemo:
         self.say(f"==> load: {cfg.rate:g} req/s ({cfg.critical_share:.0%} p99-latency-critical, the rest standard), "
                  f"bursts of {cfg.burst_factor:g}x for {cfg.burst_s:g}s between faults")
         self.procs.start("load", system + [
-            py, "-m", "sloscope.live.workload", "load", "--target", f"127.0.0.1:{service_port}",
+            py, "-m", "commands.live.workload", "load", "--target", f"127.0.0.1:{service_port}",
             "--rate", str(cfg.rate), "--critical-share", str(cfg.critical_share),
             "--burst-factor", str(cfg.burst_factor), "--burst-seconds", str(cfg.burst_s)],
             stdout_path=cfg.dir / "load.json")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import zlib
 
-from collectors.limits import Reservation
+from receiver.limits import Reservation
 
 _DECIMAL = re.compile(rb"[0-9]{1,18}")
 _HEX = re.compile(rb"[0-9a-fA-F]{1,15}")

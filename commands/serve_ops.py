@@ -18,7 +18,7 @@ OPEN_PAGES = frozenset({"/healthz", "/readyz"})  # the kubelet's probes carry no
 
 
 def add_limit_arguments(parser) -> None:
-    from collectors.limits import Limits, parse_size
+    from receiver.limits import Limits, parse_size
 
     d = Limits()
     group = parser.add_argument_group("limits", "what one client, and all together, may hold of serve's memory "
@@ -73,8 +73,8 @@ def add_edge_arguments(parser) -> None:
 
 @dataclass(frozen=True)
 class Edge:
-    tls: object = None  # collectors.tls.TlsFiles
-    auth: object = None  # collectors.auth.BearerAuth
+    tls: object = None  # receiver.tls.TlsFiles
+    auth: object = None  # receiver.auth.BearerAuth
 
     def scheme(self) -> str:
         return "https" if self.tls else "http"
@@ -87,8 +87,8 @@ class Edge:
 def edge_of(args, env: dict | None = None) -> Edge:
     """TLS and the bearer token from the flags (and $SLOSCOPE_BEARER_TOKEN); ValueError says what is wrong."""
     from alerts.webhook import load_token
-    from collectors.auth import BearerAuth
-    from collectors.tls import TlsFiles
+    from receiver.auth import BearerAuth
+    from receiver.tls import TlsFiles
 
     env = os.environ if env is None else env
     if (args.tls_cert_file is None) != (args.tls_key_file is None):
@@ -122,7 +122,7 @@ def _checked(parse):
 
 
 def limits_of(args):
-    from collectors.limits import Limits
+    from receiver.limits import Limits
 
     return Limits(max_body_bytes=args.max_request_body_size, max_inflight_bytes=args.max_inflight_bytes,
                   max_header_bytes=args.max_header_bytes,
@@ -192,7 +192,7 @@ def healthz() -> tuple[bytes, str]:
 def readiness_page(store, writer, stopping: threading.Event):
     """GET /readyz: 200 while the store is open, the writer can write and serve is not shutting down; else a
     503 that says which, so that a load balancer sends exporters elsewhere."""
-    from collectors.receiver import Unavailable
+    from receiver.server import Unavailable
 
     def page() -> tuple[bytes, str]:
         problems = ["shutting down"] if stopping.is_set() else []

@@ -9,10 +9,11 @@ import sys
 STAGE_COMMANDS = (
     "simulator.cli",
     "analytics.cli",
-    "sloscope.demo",
-    "sloscope.serve",
+    "commands.demo",
+    "commands.serve",
     "probes.cli",
     "alerts.cli",
+    "sampling.cli",
     "collectors.cli",
     "dashboards.cli",
 )

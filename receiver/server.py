@@ -31,14 +31,14 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from sloscope.records import Batch
 
-from collectors import otlp_proto, otlp_spans
-from collectors.auth import BearerAuth, BearerInterceptor
-from collectors.http_body import BodyError, declared_length, gunzip, read_body
-from collectors.http_conn import DeadlineReader, LimitedHTTPServer
-from collectors.limits import ByteBudget, Exhausted, Limits, Reservation
-from collectors.otlp_common import REFUSAL_REASONS, UNKEPT_REASONS, DecodeError, refusal_message
-from collectors.otlp_json import Decoder
-from collectors.tls import TlsFiles
+from receiver import otlp_proto, otlp_spans
+from receiver.auth import BearerAuth, BearerInterceptor
+from receiver.http_body import BodyError, declared_length, gunzip, read_body
+from receiver.http_conn import DeadlineReader, LimitedHTTPServer
+from receiver.limits import ByteBudget, Exhausted, Limits, Reservation
+from receiver.otlp_common import REFUSAL_REASONS, UNKEPT_REASONS, DecodeError, refusal_message
+from receiver.otlp_json import Decoder
+from receiver.tls import TlsFiles
 
 log = logging.getLogger("sloscope.receiver")
 RETRY_AFTER_S = 1

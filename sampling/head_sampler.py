@@ -2,7 +2,7 @@
 OpenTelemetry's consistent probability sampling, so that every service of a trace agrees.
 
     from opentelemetry.sdk.trace import TracerProvider
-    from alerts.head_sampler import AdaptiveSampler
+    from sampling.head_sampler import AdaptiveSampler
     provider = TracerProvider(sampler=AdaptiveSampler("http://sloscope-serve:4318/sampling", service="llm-gateway"))
 
 Threshold math (OpenTelemetry "TraceState: Probability Sampling"):

@@ -2,7 +2,7 @@
 
 Decoding a request into rows by the general decoders is Python work per span or data point, so in one process
 it is bound to one core whatever the number of request threads. Large requests (an OTel Collector's batches)
-that the trace fast path (collectors/otlp_spans.py) does not take are parsed, decoded, given their tiers and
+that the trace fast path (receiver/otlp_spans.py) does not take are parsed, decoded, given their tiers and
 turned into frames in worker processes; the server process only places GPU-only spans on their
 nodes and queues the frames for the writer. Small requests are decoded in the request thread, where a round
 trip to a worker would cost more than it saves.
@@ -28,7 +28,7 @@ def decode_request(signal: str, body: bytes, is_json: bool, allowed: frozenset, 
     """(frames, enrich counts, decoding counts) of one request body; raises DecodeError. Runs in a worker, which
     keeps its decoders (and their caches) and its tier resolver between requests."""
     from analytics.store import Frames
-    from collectors.receiver import Decoders
+    from receiver.server import Decoders
     from enrich.tiers import TierResolver, resolve_tiers
 
     key = (allowed, default_tier)
@@ -45,7 +45,7 @@ def decode_request(signal: str, body: bytes, is_json: bool, allowed: frozenset, 
 def _warm() -> None:
     """Imports a worker needs, done at start rather than in the first request."""
     import analytics.store  # noqa: F401
-    import collectors.receiver  # noqa: F401
+    import receiver.server  # noqa: F401
 
 
 class DecodePool:

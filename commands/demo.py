@@ -2,7 +2,7 @@
 
 Live (`--live`; what `sloscope demo` runs when it can: as root with eBPF and the fault tools available):
 `sloscope serve`, `sloscope collect` with the kernel probes, an instrumented service under two-tier load, and
-real faults one at a time (sloscope/live/), each attributed and scored against what was injected.
+real faults one at a time (commands/live/), each attributed and scored against what was injected.
 Simulated (`--simulated`, and the fallback): simulate a small fleet with a fault, ingest it into a DuckDB
 file, run rca, and show the incidents with their ranked causes next to the truth."""
 
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from sloscope.live.run import FAULT_NAMES
+from commands.live.run import FAULT_NAMES
 
 DEFAULT_DIR = Path("var/demo")
 LIVE_DIR = Path("var/demo-live")
@@ -58,7 +58,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     if args.mode == "simulated":
         return run_simulated(args)
-    from sloscope.live.run import unavailable
+    from commands.live.run import unavailable
 
     why = unavailable()
     if args.mode == "live" and why:
@@ -72,7 +72,7 @@ def run(args) -> int:
 
 
 def run_live(args) -> int:
-    from sloscope.live.run import LiveConfig, LiveDemo, summary_table
+    from commands.live.run import LiveConfig, LiveDemo, summary_table
 
     faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
     unknown = [f for f in faults if f not in FAULT_NAMES]

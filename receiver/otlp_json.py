@@ -17,7 +17,7 @@ import orjson
 from sloscope import catalog
 from sloscope.records import Batch
 
-from collectors.otlp_common import (
+from receiver.otlp_common import (
     FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, MAX_INT64, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
     TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, TextCache, append_span,
     histogram_totals, metric_rows, node_of, point_times, scale0_buckets)

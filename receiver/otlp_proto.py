@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from sloscope import catalog
 from sloscope.records import Batch
 
-from collectors.otlp_common import (
+from receiver.otlp_common import (
     FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
     TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, TextCache, append_span,
     histogram_totals, metric_rows, node_of, point_times, scale0_buckets)

@@ -42,7 +42,7 @@ from typing import Callable, Mapping, Sequence
 
 from enrich.tiers import HEADER_ATTRIBUTE, ISTIO_TAG, TierResolver
 
-from alerts.head_sampler import encode_th, probability_of, threshold_for
+from sampling.head_sampler import encode_th, probability_of, threshold_for
 
 log = logging.getLogger("sloscope.sampling")
 

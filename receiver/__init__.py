@@ -1,0 +1,1 @@
+"""The receiving side of OTLP: HTTP and gRPC servers, decoders and the hostile-client limits."""

@@ -1,0 +1,1 @@
+"""Adaptive trace sampling: the policy, the head sampler and the tail-sampling config."""
