@@ -18,10 +18,11 @@ from pathlib import Path
 
 from receiver.otlp_files import FileReadError, read_lines
 from receiver.otlp_json import DecodeError, Decoder, decode_line
-from enrich.tiers import TierResolver, resolve_tiers
+from enrich.tiers import TierResolver
 from enrich.topology import GpuTopology
 from sloscope.records import Batch
 
+from analytics.intake import Enrichment
 from analytics.store import Frames, Store
 
 log = logging.getLogger("sloscope.ingest")
@@ -63,9 +64,8 @@ def decode_chunk(chunk: list[tuple[str, bytes]], allowed: frozenset, default_tie
     processes, which keep their decoder (and its attribute cache) between chunks."""
     key = (allowed, default_tier)
     if _worker_state.get("key") != key:
-        _worker_state.update(key=key, decoder=Decoder(), resolver=TierResolver(allowed, default_tier))
-    decoder, resolver = _worker_state["decoder"], _worker_state["resolver"]
-    batch, rejects = Batch(), []
+        _worker_state.update(key=key, decoder=Decoder(), enrichment=Enrichment(TierResolver(allowed, default_tier)))
+    decoder, batch, rejects = _worker_state["decoder"], Batch(), []
     for where, line in chunk:
         try:
             decoded = decode_line(decoder, line)
@@ -74,12 +74,11 @@ def decode_chunk(chunk: list[tuple[str, bytes]], allowed: frozenset, default_tie
             continue
         if decoder.refused:
             rejects.append((where, decoder.refusal_report(), False))
-        resolve_tiers(decoded.spans, resolver)
         batch.extend(decoded)
-    counts = Counter(resolver.counts) + Counter(decoder.skipped)
-    resolver.counts.clear()
+    frames, counts = _worker_state["enrichment"].frames(batch)
+    counts += Counter(decoder.skipped)
     decoder.skipped.clear()
-    return Frames.of(batch), rejects, counts
+    return frames, rejects, counts
 
 
 def _chunks(paths: list[Path], report: IngestReport, lines_per_chunk: int):
@@ -113,7 +112,7 @@ class Ingestor:
         self.pending: list[Frames] = []
         self.pending_rows = 0
         self.pending_counts: Counter = Counter()
-        self.topology = GpuTopology(store.gpu_nodes())
+        self.enrichment = Enrichment(resolver, GpuTopology(store.gpu_nodes()))
         self.report = IngestReport()
         self._lines_flushed = self._rejected_flushed = 0
 
@@ -122,18 +121,15 @@ class Ingestor:
         self.report.lines += lines
         for where, reason, whole in rejects:
             self.report.reject(where, reason, whole)
-        self.topology.learn(frames.points, frames.histograms)
-        frames.requests = self.topology.place(frames.requests)
         self.pending.append(frames)
         self.pending_rows += len(frames)
-        self.pending_counts.update(counts)
+        self.pending_counts.update(counts + self.enrichment.place(frames))
         if self.pending_rows >= self.batch_rows:
             self.flush()
 
     def flush(self) -> None:
         """Write what is pending, with the counters gathered since the last flush, in one transaction."""
-        extra = self.pending_counts + self.topology.counts
-        self.topology.counts.clear()
+        extra = Counter(self.pending_counts)
         extra["lines_read"] = self.report.lines - self._lines_flushed
         extra["lines_rejected"] = self.report.rejected_count - self._rejected_flushed
         self._lines_flushed, self._rejected_flushed = self.report.lines, self.report.rejected_count

@@ -5,12 +5,12 @@ A directory of segment files, `NNNNNNNNNNNNNNNN.log`, each a sequence of records
 
     offset  size  field
          0     4  magic    b"SLIL"
-         4     2  version  1
+         4     2  version  2 (1 is read too)
          6     8  length   of the payload in bytes
         14     4  CRC-32   of the payload
         18     -  payload: four lengths (8 bytes each), then the requests, points and histograms frames as Arrow
-                  IPC files (none, length 0, for an empty frame), then the request's ingest counters as a JSON
-                  object
+                  IPC streams (version 1: IPC files; none, length 0, for an empty frame), then the request's
+                  ingest counters as a JSON object
 
 The frames are those handed to the writer (tiers resolved, requests placed on their node), so a replay needs no
 decoder and stores what the first attempt would have. Appends are serialised by a lock and made durable by group
@@ -46,7 +46,9 @@ from analytics.store import Frames
 
 log = logging.getLogger("sloscope.intake_log")
 MAGIC = b"SLIL"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # version 1 wrote Arrow IPC files: four times the encoding's cost of a stream, for a footer unused
+ARROW_FILE_MAGIC = b"ARROW1"
 HEADER = struct.Struct(">4sHQI")
 PARTS = struct.Struct(">4Q")
 SEGMENT_BYTES = 16 * 2**20  # a crash replays at most about this much that was already committed
@@ -72,8 +74,13 @@ def _ipc(frame: pl.DataFrame) -> bytes:
     if frame.is_empty():  # a third of the encoding's time for a request of one signal
         return b""
     buffer = io.BytesIO()
-    frame.write_ipc(buffer, compression="uncompressed")
+    frame.write_ipc_stream(buffer, compression="uncompressed")
     return buffer.getvalue()
+
+
+def _frame(part: bytes) -> pl.DataFrame:
+    read = pl.read_ipc if part.startswith(ARROW_FILE_MAGIC) else pl.read_ipc_stream
+    return read(io.BytesIO(part))
 
 
 def decode(payload: bytes) -> tuple[Frames, dict]:
@@ -82,7 +89,7 @@ def decode(payload: bytes) -> tuple[Frames, dict]:
         parts.append(payload[at:at + length])
         at += length
     empty = Frames.concat([])
-    frames = Frames(*(pl.read_ipc(io.BytesIO(part)) if part else getattr(empty, name)
+    frames = Frames(*(_frame(part) if part else getattr(empty, name)
                       for part, name in zip(parts, ("requests", "points", "histograms"))))
     return frames, json.loads(parts[3])
 
@@ -94,8 +101,8 @@ def read_record(raw: bytes | memoryview, at: int) -> tuple[bytes, int]:
     magic, version, length, crc = HEADER.unpack_from(raw, at)
     if magic != MAGIC:
         raise CorruptRecord(f"bad magic {bytes(magic)!r}")
-    if version != VERSION:
-        raise CorruptRecord(f"format version {version}; this version reads {VERSION}")
+    if version not in READS:
+        raise CorruptRecord(f"format version {version}; this version reads {', '.join(map(str, READS))}")
     end = at + HEADER.size + length
     if end > len(raw):
         raise CorruptRecord(f"payload of {len(raw) - at - HEADER.size} bytes, header says {length}")

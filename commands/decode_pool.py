@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import threading
-from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -27,24 +26,21 @@ _worker: dict = {}
 def decode_request(signal: str, body: bytes, is_json: bool, allowed: frozenset, default_tier: str):
     """(frames, enrich counts, decoding counts) of one request body; raises DecodeError. Runs in a worker, which
     keeps its decoders (and their caches) and its tier resolver between requests."""
-    from analytics.store import Frames
+    from analytics.intake import Enrichment
+    from enrich.tiers import TierResolver
     from receiver.server import Decoders
-    from enrich.tiers import TierResolver, resolve_tiers
 
     key = (allowed, default_tier)
     if _worker.get("key") != key:
-        _worker.update(key=key, decoders=Decoders(), resolver=TierResolver(allowed, default_tier))
+        _worker.update(key=key, decoders=Decoders(), enrichment=Enrichment(TierResolver(allowed, default_tier)))
     batch, skips = _worker["decoders"].decode(signal, body, is_json)
-    resolver = _worker["resolver"]
-    resolve_tiers(batch.spans, resolver)
-    counts = Counter(resolver.counts)
-    resolver.counts.clear()
-    return Frames.of(batch), counts, skips
+    frames, counts = _worker["enrichment"].frames(batch)
+    return frames, counts, skips
 
 
 def _warm() -> None:
     """Imports a worker needs, done at start rather than in the first request."""
-    import analytics.store  # noqa: F401
+    import analytics.intake  # noqa: F401
     import receiver.server  # noqa: F401
 
 

@@ -12,19 +12,14 @@ import os
 import signal
 import sys
 import threading
-from collections import Counter
 from pathlib import Path
 
 log = logging.getLogger("sloscope.serve")
-ACK_WAIT_S = 5.0  # longest a request waits for its commit before it is told to retry (exporters wait 10 s)
-ACKS = {"log": "once its rows are fsynced in the intake log, which serve replays at start (durable; default)",
-        "commit": "once its rows are committed to the database (durable; waits for DuckDB's commits and "
-                  "checkpoints; a request the store refuses is a 400)",
-        "queued": "once its rows are queued in memory (not durable: a crash or a failing disk loses what was "
-                  "acknowledged)"}
 
 
 def register(subparsers) -> None:
+    from analytics.intake import ACKS
+
     serve = subparsers.add_parser(
         "serve", help="receive OTLP (HTTP and gRPC) into the DuckDB store",
         description="Receive OTLP/HTTP (/v1/traces, /v1/metrics, /v1/logs; protobuf or JSON, optionally gzip) and "
@@ -92,77 +87,6 @@ def _address(text: str) -> tuple[str, int] | None:
     return host or "127.0.0.1", int(port)
 
 
-class Intake:
-    """Enrich a decoded batch and hand it to the writer; accepted means in the writer's fsynced intake log
-    (ack="log"), committed (ack="commit"), or only queued (ack="queued": a crash loses what was acknowledged and
-    not yet written). See ACKS."""
-
-    def __init__(self, writer, resolver, topology, ack: str = "commit", ack_wait_s: float = ACK_WAIT_S, pods=None):
-        from enrich.pods import PodDirectory
-
-        self.writer = writer
-        self.resolver = resolver
-        self.topology = topology
-        self.pods = pods if pods is not None else PodDirectory()  # empty without --kube-api
-        self.ack = ack
-        self.ack_wait_s = ack_wait_s
-        self._lock = threading.Lock()
-
-    def __call__(self, signal_name, batch, skips, peer=None):
-        from analytics.store import Frames
-        from enrich.tiers import resolve_tiers
-
-        # The resolver's and topology's state is shared by the request threads; the frames are this one's.
-        with self._lock:
-            resolve_tiers(batch.spans, self.resolver)
-            counts = Counter(self.resolver.counts)
-            self.resolver.counts.clear()
-        return self.offer_frames(Frames.of(batch), counts + Counter(skips), peer)
-
-    def offer_frames(self, frames, counts: Counter, peer=None):
-        """Frames whose tiers are resolved (here or in a decode worker): place them and queue them. peer: the
-        client's IP, a pod IP for spans naming no pod."""
-        from receiver.server import Outcome
-        from enrich.pods import place_requests
-
-        frames.requests, by_pod = place_requests(frames.requests, self.pods, peer)
-        counts += by_pod
-        with self._lock:
-            self.topology.learn(frames.points, frames.histograms)
-            frames.requests = self.topology.place(frames.requests)
-            counts += self.topology.counts
-            self.topology.counts.clear()
-        pending = self.writer.offer(frames, counts)
-        if pending is None or self.ack != "commit":  # with "log", offer returns once the log is fsynced
-            return Outcome(accepted=pending is not None)
-        return self._settled(pending.wait(self.ack_wait_s))
-
-    @staticmethod
-    def _settled(verdict):
-        """The receiver's answer to a writer's verdict; no verdict in time is a retry (the write may still land,
-        and the retry then adds nothing: the store's writes are idempotent)."""
-        from analytics.writer import COMMITTED, POISON
-        from receiver.otlp_common import DecodeError
-        from receiver.server import Outcome
-
-        if verdict is not None and verdict.outcome == POISON:
-            raise DecodeError(verdict.reason)
-        return Outcome(accepted=verdict is not None and verdict.outcome == COMMITTED)
-
-    def offload(self, pool):
-        """The receiver's offload: decode in the pool's workers, then queue here."""
-        from receiver.server import Outcome
-
-        def decode_elsewhere(signal_name, body, is_json, peer=None):
-            decoded = pool.decode(signal_name, body, is_json)
-            if decoded is None:
-                return Outcome(accepted=False), {}
-            frames, counts, skips = decoded
-            return self.offer_frames(frames, counts + Counter(skips), peer), skips
-
-        return decode_elsewhere
-
-
 def _webhook_app(args, store, spec):
     """The webhook and its remediation engine, auditing into this process's store."""
     from alerts.actions import ConfigError
@@ -205,6 +129,7 @@ def rca_page(store, spec):
 def run(args) -> int:
     from analytics.cli import EXIT_USAGE, spec_for
     from analytics.store import Store, StoreError
+    from analytics.intake import Intake
     from analytics.writer import Writer
     from sampling.policy import SamplingService, load_config as load_sampling_config
     from receiver.server import Receiver

@@ -150,7 +150,9 @@ def place_requests(requests: pl.DataFrame, directory: PodDirectory, peer: str | 
     then those naming no node are placed by pod name, else pod IP. The rest keep what identifies their pod, for
     a late placement once the pod is known; those with nothing to place them by are counted as unresolved."""
     counts: Counter = Counter()
-    if peer and not requests.is_empty():
+    if not requests["node"].null_count():  # every request names its node (the common case): nothing to place
+        return requests, counts
+    if peer:
         anonymous = pl.col("node").is_null() & pl.col("pod").is_null() & pl.col("pod_ip").is_null()
         counts["spans_pod_ip_from_connection"] = int(requests.select(anonymous.sum()).item())
         requests = requests.with_columns(pod_ip=pl.when(anonymous).then(pl.lit(peer)).otherwise(pl.col("pod_ip")))
@@ -159,7 +161,7 @@ def place_requests(requests: pl.DataFrame, directory: PodDirectory, peer: str | 
     counts["spans_node_from_pod_ip"] += by_ip
     # Nothing names their node, pod or GPU: no placement, now or later, can move them off the unknown node.
     unresolved = pl.all_horizontal(pl.col(c).is_null() for c in ("node", "pod", "pod_ip", "gpu_id"))
-    counts["spans_node_unresolved"] = int(requests.select(unresolved.sum()).item()) if len(requests) else 0
+    counts["spans_node_unresolved"] = int(requests.select(unresolved.sum()).item())
     return requests, counts
 
 

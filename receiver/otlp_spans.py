@@ -23,6 +23,10 @@ try:
 except ImportError:  # installed where no C compiler was found: every request takes the general path
     _otlp_spans = None
 
+# pyarrow imports pandas (over half a second) when it makes its first array: do that as the receiver loads, not
+# while the first request waits.
+pa.array([0])
+
 # The attribute keys in otlp_spans.c's slot order.
 SLOT_KEYS = tuple(key.encode() for key in (*catalog.NODE_ATTRIBUTES, GPU_ATTRIBUTE, POD_ATTRIBUTE,
                                            NAMESPACE_ATTRIBUTE, POD_IP_ATTRIBUTE, "service.name", *STATUS_ATTRIBUTES,

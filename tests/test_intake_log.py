@@ -47,6 +47,24 @@ def test_a_record_reads_back_as_the_frames_and_counters_it_was_made_of():
     assert again.histograms.schema == frames.histograms.schema
 
 
+def test_a_version_1_record_with_arrow_ipc_files_still_reads_back():
+    """Segments left by the previous format (Arrow IPC files) are replayed after an upgrade."""
+    import io
+    import json
+    import zlib
+
+    from analytics.intake_log import MAGIC, PARTS
+
+    frames = _spans(2)
+    buffer = io.BytesIO()
+    frames.requests.write_ipc(buffer)
+    parts = [buffer.getvalue(), b"", b"", json.dumps({"tier_invalid": 1}).encode()]
+    payload = PARTS.pack(*map(len, parts)) + b"".join(parts)
+    record = HEADER.pack(MAGIC, 1, len(payload), zlib.crc32(payload)) + payload
+    again, counts = decode(read_record(record, 0)[0])
+    assert again.requests.equals(frames.requests) and counts == {"tier_invalid": 1}
+
+
 def test_records_left_in_the_log_are_replayed_once_and_their_segments_deleted(tmp_path):
     _logged(tmp_path / "log", 6, segment_bytes=40_000)  # a few records per segment
     assert len(_segments(tmp_path / "log")) > 1

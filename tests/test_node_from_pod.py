@@ -22,7 +22,7 @@ from enrich.pods import PodDirectory
 from enrich.tiers import TierResolver
 from enrich.topology import GpuTopology
 from sloscope.catalog import UNKNOWN_NODE
-from commands.serve import Intake
+from analytics.intake import Intake
 from sloscope.slo_spec import load_spec
 from tests.envoy_spans import GATEWAY, SIDECAR, envoy_request
 from tests.fakes.kube_api import FakeKubeApi

@@ -20,7 +20,7 @@ from analytics.writer import Writer
 from receiver.server import Receiver, grpc_server, http_server
 from enrich.tiers import TierResolver
 from enrich.topology import GpuTopology
-from commands.serve import Intake
+from analytics.intake import Intake
 from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port, wait_listening
 from tests.otlp_builders import gauge, metrics, span, traces

@@ -17,7 +17,7 @@ from receiver.limits import Limits
 from receiver.server import Receiver, grpc_server, http_server
 from enrich.tiers import TierResolver
 from enrich.topology import GpuTopology
-from commands.serve import Intake
+from analytics.intake import Intake
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import span, traces
 from tests.raw_http import RawClient, chunked, request

@@ -27,7 +27,7 @@ from receiver.server import Receiver, grpc_server, http_server
 from receiver.tls import TlsFiles
 from enrich.tiers import TierResolver
 from enrich.topology import GpuTopology
-from commands.serve import Intake
+from analytics.intake import Intake
 from commands.serve_ops import BEARER_TOKEN_ENV, OPEN_PAGES, Edge, edge_of
 from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port, wait_listening

@@ -23,7 +23,7 @@ from receiver.otlp_common import DecodeError
 from enrich.tiers import TierResolver
 from enrich.topology import GpuTopology
 from sloscope.records import Batch
-from commands.serve import Intake
+from analytics.intake import Intake
 from sloscope.slo_spec import load_spec
 from tests.conftest import need
 from tests.alerting_stack import free_port
@@ -78,7 +78,7 @@ def test_a_writer_without_a_verdict_in_time_answers_retry(tmp_path):
         writer = Writer(store)  # not started: nothing is committed
         intake = Intake(writer, TierResolver.from_spec(load_spec(None)), GpuTopology(), ack_wait_s=0.2)
         assert not intake.offer_frames(_histogram("node-1", [1]), Counter()).accepted
-        queued = Intake(writer, intake.resolver, intake.topology, ack="queued")
+        queued = Intake(writer, intake.enrichment.resolver, intake.enrichment.topology, ack="queued")
         assert queued.offer_frames(_histogram("node-2", [1]), Counter()).accepted
         writer.start()
         writer.stop()
