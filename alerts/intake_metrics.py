@@ -17,6 +17,11 @@ queue and failures. These live in serve's memory, not in the store, so they star
   `sloscope_receiver_inflight_bytes`.
 - `sloscope_writer_queued_bytes`, `..._queued_requests`, `..._queued_rows`, `sloscope_writer_commits_total`,
   `sloscope_writer_write_failures_total`, `sloscope_writer_rejected_requests_total`, `sloscope_writer_healthy`.
+- With `--kube-api`: `sloscope_kube_pods_known` (pod incarnations held, the recently ended included),
+  `sloscope_kube_watch_synced` (1 once the first list is in), `sloscope_kube_events_total{type}` (added,
+  modified, deleted, bookmark), `sloscope_kube_lists_total`, `sloscope_kube_relists_gone_total` (410 Gone: the
+  watch's version was too old), `sloscope_kube_watch_errors_total`, `sloscope_kube_pods_over_limit_total`.
+  Where spans were placed from is in the store's ingest counters (`spans_node_from_pod_name`, ...).
 """
 
 from __future__ import annotations
@@ -35,11 +40,17 @@ AUTH_PROTOCOLS = ("http", "grpc")  # receiver counts `unauthenticated_{protocol}
 TLS_HANDSHAKE_FAILURES = ("timeout", "not_tls", "failed")  # receiver counts `tls_handshake_{reason}`
 WRITER_GAUGES = ("queued_bytes", "queued_requests", "queued_rows")
 WRITER_COUNTERS = ("commits", "write_failures", "rejected_requests")
+KUBE_EVENTS = ("added", "modified", "deleted", "bookmark")
+KUBE_COUNTERS = {"kube_lists": "Pod lists read from the API server.",
+                 "kube_relists_gone": "Relists because the watch's resource version had expired (410 Gone).",
+                 "kube_watch_errors": "Lists or watches that failed (retried with backoff).",
+                 "pods_over_limit": "Pods not held because the directory was full."}
 
 
 class IntakeCollector(Collector):
     """Families from `stats()`: {"receiver": the receiver's counts, "open_connections", "inflight_bytes",
-    "writer": Writer.stats(), "writer_health": Writer.health()}."""
+    "writer": Writer.stats(), "writer_health": Writer.health()}, and with a pod watch "pods": {"known",
+    "synced", "counts": the watch's and the directory's counts}."""
 
     def __init__(self, stats: Callable[[], dict]):
         self.stats = stats
@@ -62,6 +73,8 @@ class IntakeCollector(Collector):
                                       value=writer.get(name, 0))
         yield GaugeMetricFamily("sloscope_writer_healthy", "1 while the writer can write, else 0 (see /readyz "
                                 "for why).", value=0 if stats["writer_health"] else 1)
+        if "pods" in stats:
+            yield from _pods(stats["pods"])
 
     def _receiver(self, counts: dict):
         requests = CounterMetricFamily("sloscope_receiver_requests_total", "OTLP export requests by signal and "
@@ -100,6 +113,21 @@ def _edge(counts: dict):
     for reason in TLS_HANDSHAKE_FAILURES:
         handshakes.add_metric([reason], counts.pop(f"tls_handshake_{reason}", 0))
     return refused, handshakes
+
+
+def _pods(pods: dict):
+    counts = pods["counts"]
+    yield GaugeMetricFamily("sloscope_kube_pods_known", "Pod incarnations held for placing spans (those that "
+                            "ended recently included).", value=pods["known"])
+    yield GaugeMetricFamily("sloscope_kube_watch_synced", "1 once the first pod list is in, else 0.",
+                            value=1 if pods["synced"] else 0)
+    events = CounterMetricFamily("sloscope_kube_events_total", "Pod watch events by type.", labels=["type"])
+    for kind in KUBE_EVENTS:
+        events.add_metric([kind], counts.get(f"kube_events_{kind}", 0))
+    yield events
+    for key, help_text in KUBE_COUNTERS.items():
+        yield CounterMetricFamily(f"sloscope_{key if key.startswith('kube') else 'kube_' + key}", help_text,
+                                  value=counts.get(key, 0))
 
 
 _RECEIVER_GAUGE_HELP = {

@@ -171,7 +171,7 @@ def run(args) -> int:
     if intake_log is not None:
         _replay(writer, stop)
     listeners = Listeners()
-    pages = _pages(store, spec, sampling, writer, stop, intake_collector(receiver, writer, listeners))
+    pages = _pages(store, spec, sampling, writer, stop, intake_collector(receiver, writer, listeners, watch))
     try:
         _bind(listeners, (http_addr, grpc_addr, webhook_addr), webhook_app, receiver, pages, edge)
     except OSError as exc:

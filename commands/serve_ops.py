@@ -218,13 +218,18 @@ def _store_problem(store) -> str | None:
     return None
 
 
-def intake_collector(receiver, writer, listeners: Listeners):
-    """The intake's own /metrics families (alerts/intake_metrics.py) for this process's receiver and writer."""
+def intake_collector(receiver, writer, listeners: Listeners, watch=None):
+    """The intake's own /metrics families (alerts/intake_metrics.py) for this process's receiver and writer, and
+    its pod watch when it has one."""
     from alerts.intake_metrics import IntakeCollector
 
     def stats() -> dict:
-        return {"receiver": receiver.snapshot(), "inflight_bytes": receiver.inflight.held, "writer": writer.stats(),
-                "writer_health": writer.health(),
-                "open_connections": sum(getattr(b.server, "open_connections", 0) for b in listeners.bound)}
+        found = {"receiver": receiver.snapshot(), "inflight_bytes": receiver.inflight.held, "writer": writer.stats(),
+                 "writer_health": writer.health(),
+                 "open_connections": sum(getattr(b.server, "open_connections", 0) for b in listeners.bound)}
+        if watch is not None:
+            found["pods"] = {"known": len(watch.directory), "synced": watch.synced.is_set(),
+                             "counts": {**watch.counts, **watch.directory.counts}}
+        return found
 
     return IntakeCollector(stats)

@@ -225,3 +225,19 @@ def test_a_version_1_store_gains_the_pod_ip_column(tmp_path):
     with Store(db) as store:
         assert store.meta("schema_version") == "2"
         assert store.rows("SELECT trace_id, node, pod_ip FROM requests") == [("t", "n1", None)]
+
+
+def test_metrics_show_the_pod_watch(kube, serving):
+    """serve's /metrics families of the watch: pods held, synced, events by type, lists."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from commands.serve_ops import Listeners, intake_collector
+
+    kube.add_pod("watched-0", "bookinfo", "gpu-node-3", "10.4.3.1")
+    wait_for(lambda: len(serving.pods) == 1, 5, "the watch event")
+    registry = CollectorRegistry()
+    registry.register(intake_collector(serving.receiver, serving.writer, Listeners(), serving.watch))
+    text = generate_latest(registry).decode()
+    assert "sloscope_kube_pods_known 1.0" in text and "sloscope_kube_watch_synced 1.0" in text
+    assert 'sloscope_kube_events_total{type="added"} 1.0' in text
+    assert "sloscope_kube_lists_total 1.0" in text and "sloscope_kube_watch_errors_total 0.0" in text
