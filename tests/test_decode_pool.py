@@ -12,7 +12,8 @@ import pytest
 from commands.decode_pool import DecodePool
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import exp_histogram, gauge, metrics, resource, span, traces
-from tests.test_receiver import T0, Running, _proto_traces
+from tests.in_process import InProcessReceiver
+from tests.test_receiver import T0, _proto_traces
 
 HISTOGRAM = "sloscope.syscall.duration"
 
@@ -57,7 +58,7 @@ def _stored(server):
 
 
 def test_workers_store_what_the_server_process_would(tmp_path, pool):
-    inline, offloaded = Running(tmp_path / "inline.duckdb"), Running(tmp_path / "pool.duckdb", decode_pool=pool)
+    inline, offloaded = InProcessReceiver(tmp_path / "inline.duckdb"), InProcessReceiver(tmp_path / "pool.duckdb", decode_pool=pool)
     try:
         for path, body, content_type, headers in _requests():
             replies = [s.post(path, body, content_type, headers) for s in (inline, offloaded)]
@@ -76,7 +77,7 @@ def test_workers_store_what_the_server_process_would(tmp_path, pool):
 @pytest.mark.parametrize("body,content_type", [(b"\xff\xff\xff not protobuf", "application/x-protobuf"),
                                                (b'{"resourceSpans": "x"}', "application/json")])
 def test_a_bad_body_is_still_a_counted_400(tmp_path, pool, body, content_type):
-    server = Running(tmp_path / "r.duckdb", decode_pool=pool)
+    server = InProcessReceiver(tmp_path / "r.duckdb", decode_pool=pool)
     try:
         assert server.post("/v1/traces", body, content_type)[0] == 400
         assert server.receiver.counts["traces_invalid"] == 1
@@ -88,7 +89,7 @@ def test_a_bad_body_is_still_a_counted_400(tmp_path, pool, body, content_type):
 def test_a_killed_worker_costs_a_retry_not_data(tmp_path):
     spec = load_spec(None)
     own = DecodePool(2, frozenset(spec.tiers), spec.default_tier)
-    server = Running(tmp_path / "r.duckdb", decode_pool=own)
+    server = InProcessReceiver(tmp_path / "r.duckdb", decode_pool=own)
     try:
         assert server.post("/v1/traces", _json_traces(5), "application/json")[0] == 200
         os.kill(next(iter(own._pool._processes)), signal.SIGKILL)
@@ -118,7 +119,7 @@ def test_a_request_after_the_pool_closed_is_retryable(tmp_path, body, content_ty
     """While serve stops, a request still in flight gets 503 (the exporter resends it to the next serve)."""
     spec = load_spec(None)
     own = DecodePool(1, frozenset(spec.tiers), spec.default_tier)
-    server = Running(tmp_path / "r.duckdb", decode_pool=own)
+    server = InProcessReceiver(tmp_path / "r.duckdb", decode_pool=own)
     try:
         own.close()
         status, headers, _ = server.post("/v1/traces", body, content_type)

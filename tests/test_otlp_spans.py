@@ -352,9 +352,9 @@ def test_an_absent_value_counts_as_a_level_of_nesting():
 
 
 def test_the_store_counts_requests_by_the_decoder_that_read_them(tmp_path):
-    from tests.test_receiver import Running
+    from tests.in_process import InProcessReceiver
 
-    server = Running(tmp_path / "r.duckdb")
+    server = InProcessReceiver(tmp_path / "r.duckdb")
     try:
         taken = sdk_like_request(3).SerializeToString()
         declined = taken + b"\x98\x06\x01"  # an unknown field: the general decoder reads it

@@ -19,7 +19,7 @@ from sloscope.catalog import UNKNOWN_NODE
 from commands.cli import main
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import gauge, metrics, resource, span, write_lines
-from tests.test_receiver import Running
+from tests.in_process import InProcessReceiver
 
 DATA = Path(__file__).parent / "data" / "otlp"
 T0 = 1_764_410_400_000_000_000
@@ -28,7 +28,7 @@ S = 10**9
 
 @pytest.fixture
 def server(tmp_path):
-    s = Running(tmp_path / "a.duckdb")
+    s = InProcessReceiver(tmp_path / "a.duckdb")
     yield s
     s.close()
 

@@ -16,7 +16,7 @@ from receiver.otlp_common import TextCache
 from receiver.otlp_json import Decoder
 from commands.cli import main
 from tests.otlp_builders import attr, exp_histogram, gauge, metrics, span, traces, write_lines
-from tests.test_receiver import Running
+from tests.in_process import InProcessReceiver
 
 T0 = 1_764_410_400_000_000_000
 S = 10**9
@@ -25,7 +25,7 @@ HISTOGRAM = "sloscope.cpu.runqueue.delay"
 
 @pytest.fixture
 def server(tmp_path):
-    s = Running(tmp_path / "p.duckdb")
+    s = InProcessReceiver(tmp_path / "p.duckdb")
     yield s
     s.close()
 

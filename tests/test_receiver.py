@@ -3,7 +3,6 @@
 import gzip
 import http.client
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,55 +15,16 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from analytics.store import Store
-from analytics.writer import Writer
-from receiver.server import Receiver, grpc_server, http_server
-from enrich.tiers import TierResolver
-from enrich.topology import GpuTopology
-from analytics.intake import Intake
-from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port, wait_listening
+from tests.in_process import InProcessReceiver
 from tests.otlp_builders import gauge, metrics, span, traces
 
 T0 = 1_764_410_400_000_000_000
 
 
-class Running:
-    def __init__(self, db, start_writer=True, queue_rows=1_000_000, decode_pool=None):
-        """With a decode pool, every request is decoded by its workers."""
-        self.store = Store(db)
-        self.writer = Writer(self.store, max_queued_rows=queue_rows)
-        if start_writer:
-            self.writer.start()
-        intake = Intake(self.writer, TierResolver.from_spec(load_spec(None)), GpuTopology())
-        self.receiver = Receiver(intake, intake.offload(decode_pool) if decode_pool else None, 0)
-        self.httpd = http_server(self.receiver, "127.0.0.1", 0)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.grpcd, self.grpc_port = grpc_server(self.receiver, "127.0.0.1", 0)
-        self.grpcd.start()
-        self.http_port = self.httpd.server_address[1]
-
-    def post(self, path, body, content_type="application/x-protobuf", headers=None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=10)
-        conn.request("POST", path, body, {"Content-Type": content_type, **(headers or {})})
-        response = conn.getresponse()
-        result = response.status, dict(response.getheaders()), response.read()
-        conn.close()
-        return result
-
-    def rows(self, query):
-        self.writer.stop()
-        return self.store.rows(query)
-
-    def close(self):
-        self.httpd.shutdown()
-        self.grpcd.stop(0)
-        self.writer.stop(timeout=10)
-        self.store.close()
-
-
 @pytest.fixture
 def server(tmp_path):
-    s = Running(tmp_path / "r.duckdb")
+    s = InProcessReceiver(tmp_path / "r.duckdb")
     yield s
     s.close()
 
@@ -123,7 +83,7 @@ def test_oversized_and_gzip_bomb_bodies_are_refused(server):
 
 
 def test_a_full_writer_answers_503_with_retry_after(tmp_path):
-    s = Running(tmp_path / "full.duckdb", start_writer=False, queue_rows=4)
+    s = InProcessReceiver(tmp_path / "full.duckdb", start_writer=False, queue_rows=4)
     try:
         first = []  # queued, and answered only once the writer has committed it
         waiting = threading.Thread(target=lambda: first.append(

@@ -11,14 +11,8 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from analytics.store import Store
-from analytics.writer import Writer
 from receiver.limits import Limits
-from receiver.server import Receiver, grpc_server, http_server
-from enrich.tiers import TierResolver
-from enrich.topology import GpuTopology
-from analytics.intake import Intake
-from sloscope.slo_spec import load_spec
+from tests.in_process import InProcessReceiver
 from tests.otlp_builders import span, traces
 from tests.raw_http import RawClient, chunked, request
 
@@ -26,38 +20,21 @@ T0 = 1_764_410_400_000_000_000
 JSON = {"Content-Type": "application/json"}
 
 
-class Served:
-    """A receiver with real store, writer and intake, on OTLP/HTTP and OTLP/gRPC; `gate`, when given, holds
-    every request in the intake until it is set."""
+class Served(InProcessReceiver):
+    """`gate`, when given, holds every request in the intake until it is set; `entered` counts those held."""
 
     def __init__(self, db, limits: Limits, gate: threading.Event | None = None):
-        self.store = Store(db)
-        self.writer = Writer(self.store).start()
-        intake = Intake(self.writer, TierResolver.from_spec(load_spec(None)), GpuTopology())
         self.entered = threading.Semaphore(0)
 
-        def gated(*request):
-            self.entered.release()
-            gate.wait(30)
-            return intake(*request)
+        def gated(intake):
+            def held(*request):
+                self.entered.release()
+                gate.wait(30)
+                return intake(*request)
+            return held
 
-        self.receiver = Receiver(gated if gate else intake, limits=limits)
-        self.httpd = http_server(self.receiver, "127.0.0.1", 0)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.grpcd, self.grpc_port = grpc_server(self.receiver, "127.0.0.1", 0)
-        self.grpcd.start()
-        self.port = self.httpd.server_address[1]
-
-    def spans(self) -> int:
-        self.writer.stop()
-        return self.store.rows("SELECT count(*) FROM requests")[0][0]
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.grpcd.stop(0)
-        self.writer.stop(timeout=10)
-        self.store.close()
+        super().__init__(db, limits, wrap=gated if gate else None)
+        self.port = self.http_port
 
 
 @pytest.fixture

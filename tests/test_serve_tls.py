@@ -9,7 +9,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,17 +19,12 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from analytics.store import Store
-from analytics.writer import Writer
 from receiver.auth import BearerAuth
 from receiver.limits import Limits
-from receiver.server import Receiver, grpc_server, http_server
 from receiver.tls import TlsFiles
-from enrich.tiers import TierResolver
-from enrich.topology import GpuTopology
-from analytics.intake import Intake
 from commands.serve_ops import BEARER_TOKEN_ENV, OPEN_PAGES, Edge, edge_of
-from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port, wait_listening
+from tests.in_process import InProcessReceiver
 from tests.test_receiver import _proto_traces
 
 TOKEN = "s3cret-token-for-otlp-clients"
@@ -62,32 +56,12 @@ def pki(tmp_path_factory) -> Path:
     return d
 
 
-class TlsReceiver:
+class TlsReceiver(InProcessReceiver):
     """The in-process receiver with OTLP/HTTP and OTLP/gRPC over TLS, optionally behind the bearer token."""
 
     def __init__(self, db, tls: TlsFiles, token: str | None = TOKEN, limits: Limits = Limits()):
-        self.store = Store(db)
-        self.writer = Writer(self.store).start()
-        intake = Intake(self.writer, TierResolver.from_spec(load_spec(None)), GpuTopology())
-        self.receiver = Receiver(intake, None, 0, limits)
-        auth = BearerAuth(token.encode(), OPEN) if token else None
         pages = {"/healthz": lambda: (b"ok\n", "text/plain"), "/secret": lambda: (b"counts\n", "text/plain")}
-        self.httpd = http_server(self.receiver, "127.0.0.1", 0, pages=pages, tls=tls, auth=auth)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.grpcd, self.grpc_port = grpc_server(self.receiver, "127.0.0.1", 0, tls=tls, auth=auth)
-        self.grpcd.start()
-        self.http_port = self.httpd.server_address[1]
-
-    def spans(self) -> int:
-        self.writer.stop()
-        return self.store.rows("SELECT count(*) FROM requests")[0][0]
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.grpcd.stop(0)
-        self.writer.stop(timeout=10)
-        self.store.close()
+        super().__init__(db, limits, tls=tls, auth=BearerAuth(token.encode(), OPEN) if token else None, pages=pages)
 
 
 @pytest.fixture
