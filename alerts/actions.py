@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
+from sloscope.errors import ConfigError
+
 DRAIN = "nft_drain_backend"
 QOS = "spdk_qos_limit"
 RESTART = "restart_workload"
@@ -33,10 +35,6 @@ class Refused(Exception):
 
 class ActionFailed(Exception):
     """The action ran and did not succeed; the message says why."""
-
-
-class ConfigError(ValueError):
-    """A remediation config that cannot be used; the message says where and what was expected."""
 
 
 # --- validation of untrusted values ----------------------------------------------------------------------------------
@@ -390,17 +388,14 @@ class RaiseSampling(Action):
     keys = ("ratio", "duration")
 
     def check_params(self, params, where):
-        from sloscope.slo_spec import SpecError, parse_duration
+        from sloscope.durations import parse_duration
 
         p = super().check_params(params, where)
         ratio = p.get("ratio", 1.0)
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ConfigError(f"{where}.ratio: expected a number in (0, 1]; got {_show(ratio)}")
         p["ratio"] = float(ratio)
-        try:
-            seconds = parse_duration(p.get("duration", "30m"), f"{where}.duration")
-        except SpecError as exc:
-            raise ConfigError(str(exc)) from None
+        seconds = parse_duration(p.get("duration", "30m"), f"{where}.duration")
         if seconds > 86400:
             raise ConfigError(f"{where}.duration: at most 24h; got {p.get('duration')!r}")
         p["duration_s"] = seconds

@@ -41,6 +41,8 @@ from typing import Callable
 import duckdb
 import yaml
 
+from sloscope.errors import read_config_text
+
 from alerts.actions import (NOTIFY, REGISTRY, ActionFailed, ConfigError, Context, Refused, Runner)
 
 log = logging.getLogger("sloscope.remediation")
@@ -74,7 +76,7 @@ class Config:
 
 
 def parse_config(text: str, source: str = "<string>") -> Config:
-    from sloscope.slo_spec import SpecError, parse_duration
+    from sloscope.durations import parse_duration
 
     try:
         doc = yaml.safe_load(text)
@@ -90,11 +92,8 @@ def parse_config(text: str, source: str = "<string>") -> Config:
     execute = doc.get("execute", False)
     if not isinstance(execute, bool):
         raise ConfigError(f"{source}: execute: expected true or false; got {execute!r}")
-    try:
-        cooldown = parse_duration(doc.get("cooldown", "10m"), f"{source}: cooldown")
-        timeout = parse_duration(doc.get("command_timeout", "30s"), f"{source}: command_timeout")
-    except SpecError as exc:
-        raise ConfigError(str(exc)) from None
+    cooldown = parse_duration(doc.get("cooldown", "10m"), f"{source}: cooldown")
+    timeout = parse_duration(doc.get("command_timeout", "30s"), f"{source}: command_timeout")
     budget = doc.get("max_actions_per_hour", 10)
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
         raise ConfigError(f"{source}: max_actions_per_hour: expected a non-negative integer; got {budget!r}")
@@ -125,12 +124,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
 
 
 def load_config(path: str | Path) -> Config:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the remediation config: {exc.strerror}") from None
-    return parse_config(text, str(path))
+    return parse_config(read_config_text(path, "remediation config"), str(path))
 
 
 # --- audit store -----------------------------------------------------------------------------------------------------

@@ -124,6 +124,7 @@ RECORD_BUDGET = "tier:sloscope_slo_error_budget:ratio"
 RECORD_WINDOW_DAYS = "tier:sloscope_slo_window:days"
 RECORD_BUDGET_LEFT = "tier:sloscope_slo_error_budget_remaining:ratio"
 LEAK = taxonomy.GPU_MEMORY_LEAK  # the one definition of the GPU memory-leak rule
+DECLARED_CAUSES = "declared-causes"  # docs/runbooks.md's section on the causes an SLO spec declares
 
 
 def camel(cause_id: str) -> str:
@@ -390,11 +391,15 @@ def physical_group(hold: str | None = None) -> dict:
 
 # --- RCA causes ----------------------------------------------------------------------------------------------------
 
-def cause_group(hold: str | None = None) -> dict:
+def cause_group(hold: str | None = None, causes: tuple[taxonomy.Cause, ...] = taxonomy.CAUSES,
+                runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL) -> dict:
+    """One alert per cause: the taxonomy's, and those the SLO spec declares (which map to notify_only and link to
+    the runbooks' section on declared causes)."""
     score = x.INCIDENT_CAUSE_SCORE
     rules = []
-    for cause in taxonomy.CAUSES:
-        action = CAUSE_ACTIONS[cause.id]
+    for cause in causes:
+        action = CAUSE_ACTIONS.get(cause.id, NOTIFY)
+        declared = {} if cause.id in CAUSE_ACTIONS else {"runbook_url": f"{runbook_base_url}#{DECLARED_CAUSES}"}
         rules.append({
             "alert": cause_alert_name(cause.id),
             "expr": (f"(\n  {score}{{cause={_q(cause.id)}}}\n"
@@ -410,7 +415,7 @@ def cause_group(hold: str | None = None) -> dict:
                                "the open SLO incident of tier {{ $labels.tier }}, service {{ $labels.service }} "
                                "on node {{ $labels.node }}.",
                 "remediation": _sentence(cause.remediation.format(node="{{ $labels.node }}")) + " "
-                               + ACTION_TEXT[action]}})
+                               + ACTION_TEXT[action], **declared}})
     return {"name": "sloscope-causes", "rules": rules}
 
 
@@ -435,7 +440,7 @@ def _with_runbook_urls(groups: list[dict], base_url: str) -> list[dict]:
     for group in groups:
         for rule in group["rules"]:
             if "alert" in rule:
-                rule["annotations"]["runbook_url"] = runbook_url(base_url, rule["alert"])
+                rule["annotations"].setdefault("runbook_url", runbook_url(base_url, rule["alert"]))
     return groups
 
 
@@ -445,7 +450,7 @@ def rules_dict(spec: SloSpec, opts: RuleOptions | None = None) -> dict:
     opts = opts or RuleOptions()
     groups = [tier_group(t, spec.window_s, opts) for t in spec.tiers.values()]
     groups += [meta_group(t, spec.window_s) for t in spec.tiers.values()]
-    groups += [physical_group(opts.hold), cause_group(opts.hold)]
+    groups += [physical_group(opts.hold), cause_group(opts.hold, spec.taxonomy.causes, opts.runbook_base_url)]
     return {"groups": _with_runbook_urls(groups, opts.runbook_base_url)}
 
 

@@ -39,8 +39,9 @@ from datetime import datetime, timedelta
 import polars as pl
 
 from sloscope import catalog, taxonomy
+from sloscope.taxonomy import BUILT_IN, Taxonomy
 
-from analytics.store import Store, sql
+from analytics.store import Store
 
 THRESHOLD = 3.0  # robust z above which a step counts as anomalous
 BASELINE = timedelta(minutes=10)
@@ -114,38 +115,41 @@ class Window:
         return timedelta(seconds=2 * self.resolution_s)
 
 
-def signal_steps(store: Store, window: Window) -> pl.DataFrame:
-    steps = store.frame(sql("signal_steps"), {"since": window.baseline_start, "until": window.incident_end,
+def signal_steps(store: Store, window: Window, known: Taxonomy = BUILT_IN) -> pl.DataFrame:
+    steps = store.frame(store.sql("signal_steps"), {"since": window.baseline_start, "until": window.incident_end,
                                               "unknown_node": catalog.UNKNOWN_NODE,
                                               "step_s": window.step_s})
-    return pl.concat([steps, _growth_series(steps, window.step_s)])
+    return pl.concat([steps, _growth_series(steps, window.step_s, known.growth_signals)])
 
 
-def _growth_series(steps: pl.DataFrame, step_s: float) -> pl.DataFrame:
-    """Relative growth per minute of GPU memory usage: the leak signature (taxonomy.GPU_MEMORY_LEAK)."""
+def _growth_series(steps: pl.DataFrame, step_s: float, signals: tuple[str, ...]) -> pl.DataFrame:
+    """Relative growth per minute of the signals read as growth (GPU memory in use: the leak signature,
+    taxonomy.GPU_MEMORY_LEAK)."""
     lag = max(1, round(GROWTH_WINDOW.total_seconds() / step_s))
-    usage = steps.filter(pl.col("metric") == "hw.gpu.memory.usage").sort("node", "attributes", "step")
-    previous = pl.col("value").shift(lag).over("node", "attributes")
-    return usage.with_columns(
-        metric=pl.lit("hw.gpu.memory.usage" + GROWTH_SUFFIX),
+    levels = steps.filter(pl.col("metric").is_in(signals)).sort("node", "metric", "attributes", "step")
+    previous = pl.col("value").shift(lag).over("node", "metric", "attributes")
+    return levels.with_columns(
+        metric=pl.col("metric") + GROWTH_SUFFIX,
         value=(pl.col("value") - previous) / previous * (60.0 / (lag * step_s)),
     ).drop_nulls("value").select(steps.columns)
 
 
-def _direction_and_floor(metric: str) -> tuple[float, float]:
+def _direction_and_floor(metric: str, known: Taxonomy) -> tuple[float, float]:
     if metric.endswith(GROWTH_SUFFIX):
         return 1.0, GROWTH_NOISE_FLOOR
-    sig = catalog.BY_NAME.get(metric)
-    if sig is None:
+    reading = known.reading(metric)
+    if reading is None:
         return 1.0, 0.0
-    return (1.0 if sig.harmful is catalog.Direction.UP else -1.0), sig.noise_floor
+    harmful, floor = reading
+    return (1.0 if harmful is catalog.Direction.UP else -1.0), floor
 
 
-def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True) -> pl.DataFrame:
+def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True,
+                  known: Taxonomy = BUILT_IN) -> pl.DataFrame:
     """Per series (node, metric, attributes): baseline, observed, robust z of the observed level, onset and
     consistency. With directional=False the z-score is absolute (for the BARO-style baseline)."""
     metrics = steps["metric"].unique().to_list()
-    dirs = {m: _direction_and_floor(m) for m in metrics}
+    dirs = {m: _direction_and_floor(m, known) for m in metrics}
     meta = pl.DataFrame({"metric": metrics, "direction": [dirs[m][0] for m in metrics],
                          "floor": [dirs[m][1] for m in metrics]}, schema={"metric": pl.String, "direction": pl.Float64, "floor": pl.Float64})
     key = ["node", "metric", "attributes"]
@@ -199,28 +203,29 @@ def _magnitude(z: float) -> float:
     return z / (z + THRESHOLD) if z > 0 else 0.0
 
 
-def _seed_exceeded(cause: taxonomy.Cause, signal: str, baseline: float, observed: float | None) -> bool:
+def _seed_exceeded(cause: taxonomy.Cause, signal: str, direction: float, baseline: float,
+                   observed: float | None) -> bool:
+    """Whether the signal crossed its seed threshold in its harmful direction, from a baseline short of it."""
     limit = cause.seed_threshold.get(signal)
-    return limit is not None and observed is not None and observed >= limit > baseline
+    return limit is not None and observed is not None and direction * observed >= direction * limit > \
+        direction * baseline
 
 
 def _evidence_signal(ev: taxonomy.Evidence) -> str:
     return ev.signal + GROWTH_SUFFIX if ev.feature == "growth" else ev.signal
 
 
-def _candidates(scores: pl.DataFrame, node: str, window: Window) -> list[dict]:
+def _candidates(scores: pl.DataFrame, node: str, window: Window, known: Taxonomy) -> list[dict]:
     """Every cause with a series on `node`, scored by its best series and explained away, best first."""
     fleet_share = _fleet_share(scores, node)
-    local = scores.filter(pl.col("node") == node)
+    local: dict[str, list[tuple[dict, dict]]] = {}
+    for row in scores.filter(pl.col("node") == node).iter_rows(named=True):
+        local.setdefault(row["metric"], []).append((row, json.loads(row["attributes"])))
     ranked = []
-    for cause in taxonomy.CAUSES:
-        series = []
-        for ev in cause.evidence:
-            name = _evidence_signal(ev)
-            for row in local.filter(pl.col("metric") == name).iter_rows(named=True):
-                attributes = json.loads(row["attributes"])
-                if ev.matches(attributes):
-                    series.append(_score_series(cause, row, attributes, fleet_share.get(name, 0.0), window))
+    for cause in known.causes:
+        series = [_score_series(cause, ev, row, attributes, fleet_share.get(row["metric"], 0.0), window)
+                  for evidence in taxonomy.by_measure(cause.evidence).values()
+                  for ev, row, attributes in _strongest(evidence, local)]
         if not series:
             continue
         series.sort(key=lambda c: -c["score"])
@@ -232,19 +237,32 @@ def _candidates(scores: pl.DataFrame, node: str, window: Window) -> list[dict]:
             "remediation": cause.remediation.format(node=node),
             "score_parts": series[0]["parts"],
         })
-    ranked = _explain_away(ranked)
+    ranked = _explain_away(ranked, known)
     ranked.sort(key=lambda c: -c["score"])
     return ranked
 
 
-def rank_causes(scores: pl.DataFrame, node: str, window: Window, top: int = 5) -> list[dict]:
+def _strongest(evidence: list[taxonomy.Evidence], local: dict) -> list[tuple]:
+    """(evidence, row, attributes) of one measure's strongest rank that has a series on the node: a weaker rank
+    (another producer measuring the same thing less directly) neither adds to the cause nor replaces it."""
+    for rank in sorted({ev.rank for ev in evidence}):
+        found = [(ev, row, attributes) for ev in evidence if ev.rank == rank
+                 for row, attributes in local.get(_evidence_signal(ev), ()) if ev.matches(attributes)]
+        if found:
+            return found
+    return []
+
+
+def rank_causes(scores: pl.DataFrame, node: str, window: Window, top: int = 5,
+                known: Taxonomy = BUILT_IN) -> list[dict]:
     """The causes worth a reader's attention (score at least MIN_SCORE), best first."""
     if node == catalog.UNKNOWN_NODE:
         return []
-    return [c for c in _candidates(scores, node, window) if c["score"] >= MIN_SCORE][:top]
+    return [c for c in _candidates(scores, node, window, known) if c["score"] >= MIN_SCORE][:top]
 
 
-def diagnose(scores: pl.DataFrame, node: str, window: Window, top: int = 5) -> tuple[list[dict], dict]:
+def diagnose(scores: pl.DataFrame, node: str, window: Window, top: int = 5,
+             known: Taxonomy = BUILT_IN) -> tuple[list[dict], dict]:
     """(causes, diagnosis): the ranking when its best cause reaches CLEAR_CAUSE_FLOOR; otherwise no causes and
     a diagnosis that says why, with the strongest candidates and what each falls short on."""
     floor = {"floor": CLEAR_CAUSE_FLOOR, "baseline": window.baseline_json()}
@@ -255,19 +273,19 @@ def diagnose(scores: pl.DataFrame, node: str, window: Window, top: int = 5) -> t
         return [], {"verdict": "insufficient_baseline", **floor,
                     "reason": f"only {window.baseline_s:.0f} s of this node's signals precede the incident; "
                               f"at least {window.min_baseline_s:.0f} s are needed to know their normal level"}
-    candidates = _candidates(scores, node, window)
+    candidates = _candidates(scores, node, window, known)
     if not candidates:
         return [], {"verdict": "no_evidence", **floor,
                     "reason": "no signal of this node that is evidence for a cause has a baseline in the window"}
     if candidates[0]["score"] >= CLEAR_CAUSE_FLOOR:
         return [c for c in candidates if c["score"] >= MIN_SCORE][:top], {"verdict": "ranked", **floor}
-    strongest = [{**c, "falls_short": _shortfalls(c)} for c in candidates[:CANDIDATES]]
+    strongest = [{**c, "falls_short": _shortfalls(c, known)} for c in candidates[:CANDIDATES]]
     return [], {"verdict": "no_clear_cause", **floor, "candidates": strongest,
                 "reason": f"no cause's evidence reaches the floor of {CLEAR_CAUSE_FLOOR:g} (best: "
                           f"{candidates[0]['cause']} at {candidates[0]['score']:g})"}
 
 
-def _shortfalls(candidate: dict) -> list[str]:
+def _shortfalls(candidate: dict, known: Taxonomy) -> list[str]:
     parts, ev = candidate["score_parts"], candidate["evidence"][0]
     out = []
     if parts["magnitude"] < 0.5:
@@ -280,26 +298,27 @@ def _shortfalls(candidate: dict) -> list[str]:
     if parts["locality"] < 0.8:
         out.append(f"moved on {1 - parts['locality']:.0%} of the other nodes too (fleet-wide)")
     if parts["unexplained"] < 1.0:
-        out.append(f"a downstream effect of {', '.join(taxonomy.BY_ID[candidate['cause']].explained_by)} "
+        out.append(f"a downstream effect of {', '.join(known.by_id[candidate['cause']].explained_by)} "
                    f"({1 - parts['unexplained']:.0%} explained)")
     return out or [f"score {candidate['score']:g} below the floor {CLEAR_CAUSE_FLOOR:g}"]
 
 
-def _explain_away(ranked: list[dict]) -> list[dict]:
+def _explain_away(ranked: list[dict], known: Taxonomy) -> list[dict]:
     raw = {c["cause"]: c["score"] for c in ranked}
     for c in ranked:
-        explained = max((raw.get(other, 0.0) for other in taxonomy.BY_ID[c["cause"]].explained_by), default=0.0)
+        explained = max((raw.get(other, 0.0) for other in known.by_id[c["cause"]].explained_by), default=0.0)
         c["score"] = round(c["score"] * (1.0 - explained), 3)
         c["score_parts"]["unexplained"] = round(1.0 - explained, 3)
     return ranked
 
 
-def _score_series(cause: taxonomy.Cause, row: dict, attributes: dict, fleet_share: float, window: Window) -> dict:
+def _score_series(cause: taxonomy.Cause, ev: taxonomy.Evidence, row: dict, attributes: dict, fleet_share: float,
+                  window: Window) -> dict:
     signal = row["metric"].removesuffix(GROWTH_SUFFIX)
     # A cause has moved by the time the SLI breaks; an effect keeps growing after it. Counting only what both
     # the break and the whole incident show keeps a large late effect from outranking an early cause.
     magnitude = _magnitude(min(row["z_observed"], row["z_at_break"]))
-    if _seed_exceeded(cause, signal, row["baseline"], row["observed"]):
+    if _seed_exceeded(cause, signal, row["direction"], row["baseline"], row["observed"]):
         magnitude = max(magnitude, 0.9)
     onset = row["onset"]
     if onset is None:
@@ -311,8 +330,8 @@ def _score_series(cause: taxonomy.Cause, row: dict, attributes: dict, fleet_shar
     consistency = 0.5 + 0.5 * row["consistency"]
     score = magnitude * precedence * consistency * (1.0 - fleet_share)
     feature = "growth_per_min" if row["metric"].endswith(GROWTH_SUFFIX) else None
-    evidence = {"signal": signal, "attributes": attributes,
-                "baseline": _round(row["baseline"]), "observed": _round(row["observed"]),
+    evidence = {"signal": signal, "attributes": attributes, "source": ev.producer, "measure": ev.measure,
+                "rank": ev.rank, "baseline": _round(row["baseline"]), "observed": _round(row["observed"]),
                 "onset": onset.strftime("%Y-%m-%dT%H:%M:%SZ") if onset else None,
                 "z": round(row["z_observed"], 1), "fleet_share": round(fleet_share, 2)}
     if feature:

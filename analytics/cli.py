@@ -7,22 +7,23 @@ import sys
 from pathlib import Path
 
 from enrich.tiers import TierResolver
-from sloscope.slo_spec import SpecError, load_spec
+from sloscope.slo_spec import SpecError
 
-from analytics.store import DEFAULT_DB, Store, StoreError
+from analytics.store import StoreError
+from analytics.stores import add_store_arguments, open_from_args
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
 
 
 def register(subparsers) -> None:
     ingest = subparsers.add_parser(
-        "ingest", help="load OTLP-JSON files into the DuckDB store",
+        "ingest", help="load OTLP-JSON files into the store (DuckDB, or ClickHouse tables as the clickhouseexporter writes them)",
         description="Load OTLP-JSON files (one Export{Traces,Metrics,Logs}ServiceRequest per line, as the "
         "OpenTelemetry Collector's file exporter writes them; gzip recognised) into the store. Malformed lines "
         "are reported as FILE:LINE: reason, counted and skipped; the rest loads. Loading the same data twice "
         "adds nothing. Exit status: 0 all loaded, 1 some lines rejected, 2 usage or spec error.")
     ingest.add_argument("files", nargs="+", type=Path, metavar="FILE")
-    ingest.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"DuckDB file (default: {DEFAULT_DB})")
+    add_store_arguments(ingest)
     ingest.add_argument("--slo", type=Path, metavar="SLO.yaml",
                         help="SLO spec whose tiers are the allow-list for the untrusted x-slo-tier header "
                         "(default: the spec last used with this database, else the built-in spec)")
@@ -34,7 +35,7 @@ def register(subparsers) -> None:
         "rca", help="find SLO violations per tier and rank their physical causes",
         description="Find SLO violations per tier, merge them into incidents per (tier, service, node), and "
         "rank each incident's physical-layer causes with evidence (docs/cli-json.md, docs/taxonomy.md).")
-    rca.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"DuckDB file (default: {DEFAULT_DB})")
+    add_store_arguments(rca)
     rca.add_argument("--slo", type=Path, metavar="SLO.yaml",
                      help="SLO spec (default: the spec last used with this database, else the built-in spec)")
     rca.add_argument("--since", help="RFC 3339 time or a duration back from the newest request (e.g. 1h)")
@@ -53,36 +54,34 @@ def register(subparsers) -> None:
                      "there (default: %(default)s)")
     rca.set_defaults(func=run_rca)
 
-
-def spec_for(store: Store, path: Path | None):
-    """The spec given, else the one recorded with the database, else the built-in one. Recorded so later
-    commands on the same database use the same tiers."""
-    if path is not None:
-        spec = load_spec(path)
-        if not store.read_only:
-            store.set_meta("slo_spec", Path(path).read_text())
-        return spec
-    return store.slo_spec()
+    retention = subparsers.add_parser(
+        "retention", help="delete stored rows older than a kept period (DuckDB stores)",
+        description="Delete requests, samples and histograms older than --keep before now, in one transaction. "
+        "ClickHouse stores expire rows with the clickhouseexporter's ttl setting instead.")
+    add_store_arguments(retention)
+    retention.add_argument("--keep", required=True, metavar="DURATION", help="how much to keep, e.g. 7d")
+    retention.set_defaults(func=run_retention)
 
 
 def run_ingest(args) -> int:
     from analytics.ingest import Ingestor
 
     try:
-        store = Store(args.db)
-        spec = spec_for(store, args.slo)
+        store = open_from_args(args)
+        spec = store.spec(args.slo)
     except (SpecError, StoreError) as exc:
         print(f"sloscope ingest: {exc}", file=sys.stderr)
         return EXIT_USAGE
     with store:
-        report = Ingestor(store, TierResolver.from_spec(spec), batch_rows=args.batch_rows).ingest_files(args.files)
+        report = Ingestor(store, TierResolver.from_spec(spec), batch_rows=args.batch_rows,
+                          declared=spec.taxonomy.declared_metrics).ingest_files(args.files)
     for line in report.rejected:
         print(line, file=sys.stderr)
     if report.lines_with_refusals > len(report.rejected):
         print(f"... and {report.lines_with_refusals - len(report.rejected)} more rejected lines", file=sys.stderr)
     c = report.counts
     rate = report.rows_loaded / report.seconds if report.seconds else 0.0
-    print(f"ingested {report.lines} lines into {args.db} in {report.seconds:.1f}s ({rate:,.0f} rows/s): "
+    print(f"ingested {report.lines} lines into {store.path} in {report.seconds:.1f}s ({rate:,.0f} rows/s): "
           f"{c['requests_loaded']} requests, {c['samples_loaded']} samples, {c['histograms_loaded']} histograms; "
           f"duplicates skipped: {c['requests_duplicate'] + c['samples_duplicate'] + c['histograms_duplicate']}; "
           f"tier header defaulted: {c['tier_invalid']} invalid, {c['tier_missing']} missing; "
@@ -96,8 +95,8 @@ def run_rca(args) -> int:
     query = Query(args.since or "", args.until or "", args.at or "", args.node or "", args.top, args.baseline,
                   args.lookback)
     try:
-        store = Store(args.db, read_only=True)
-        spec = spec_for(store, args.slo)
+        store = open_from_args(args, read_only=True)
+        spec = store.spec(args.slo)
         with store:
             result = query.answer(store, spec)
     except (SpecError, StoreError, ValueError) as exc:
@@ -105,4 +104,22 @@ def run_rca(args) -> int:
         return EXIT_USAGE
     fmt = args.format or ("table" if sys.stdout.isatty() else "json")
     print(format_table(result) if fmt == "table" else json.dumps(result, indent=2))
+    return EXIT_OK
+
+
+def run_retention(args) -> int:
+    from datetime import datetime, timedelta, timezone
+
+    from analytics.retention import apply_retention
+    from sloscope.durations import parse_duration
+
+    try:
+        keep = timedelta(seconds=parse_duration(args.keep, "--keep"))
+        with open_from_args(args) as store:
+            deleted = apply_retention(store, keep, datetime.now(timezone.utc).replace(tzinfo=None))
+    except (ValueError, StoreError) as exc:  # a bad duration is a ValueError
+        print(f"sloscope retention: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"deleted rows older than {args.keep}: " + ", ".join(f"{n} {t}" for t, n in deleted.items()),
+          file=sys.stderr)
     return EXIT_OK

@@ -59,12 +59,15 @@ class IngestReport:
 _worker_state: dict = {}
 
 
-def decode_chunk(chunk: list[tuple[str, bytes]], allowed: frozenset, default_tier: str):
+def decode_chunk(chunk: list[tuple[str, bytes]], allowed: frozenset, default_tier: str,
+                 declared: frozenset = frozenset()):
     """Decode and enrich a chunk of lines: (batch, [(where, reason, whole line?)], counts). Runs in worker
-    processes, which keep their decoder (and its attribute cache) between chunks."""
-    key = (allowed, default_tier)
+    processes, which keep their decoder (and its attribute cache) between chunks. `declared`: the metrics the SLO
+    spec declares as evidence, kept beside the catalog's."""
+    key = (allowed, default_tier, declared)
     if _worker_state.get("key") != key:
-        _worker_state.update(key=key, decoder=Decoder(), enrichment=Enrichment(TierResolver(allowed, default_tier)))
+        _worker_state.update(key=key, decoder=Decoder(declared=declared),
+                             enrichment=Enrichment(TierResolver(allowed, default_tier)))
     decoder, batch, rejects = _worker_state["decoder"], Batch(), []
     for where, line in chunk:
         try:
@@ -104,9 +107,11 @@ class Ingestor:
     LINES_PER_CHUNK = 64
     PARALLEL_ABOVE_BYTES = 8 * 2**20
 
-    def __init__(self, store: Store, resolver: TierResolver, batch_rows: int = 250_000, jobs: int | None = None):
+    def __init__(self, store: Store, resolver: TierResolver, batch_rows: int = 250_000, jobs: int | None = None,
+                 declared: frozenset = frozenset()):
         self.store = store
         self.resolver = resolver
+        self.declared = declared  # metrics kept beside the catalog's (the SLO spec's declared evidence)
         self.batch_rows = batch_rows
         self.jobs = jobs
         self.pending: list[Frames] = []
@@ -144,7 +149,7 @@ class Ingestor:
 
     def ingest_files(self, paths: list[Path], progress_every_s: float = 5.0) -> IngestReport:
         started = last_progress = time.monotonic()
-        args = (self.resolver.allowed, self.resolver.default_tier)
+        args = (self.resolver.allowed, self.resolver.default_tier, self.declared)
         chunks = _chunks(paths, self.report, self.LINES_PER_CHUNK)
         workers = self._workers(paths)
         if workers <= 1:

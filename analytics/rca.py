@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from time import perf_counter
 
 import polars as pl
 
-from sloscope.slo_spec import SpecError, parse_duration
+from sloscope.durations import parse_duration
+from sloscope.errors import ConfigError
 
 from analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, Window, diagnose,
                                    evidence_still_moved, series_scores, signal_steps)
 from analytics.slo import Incident, find_incidents
-from analytics.store import Store, sql
+from analytics.store import Store
 
 EPISODE_GAP = timedelta(minutes=2)
 MOMENT_SPAN = timedelta(minutes=1)  # a moment is explained by what its signals did in the minute from it
@@ -31,7 +34,7 @@ def parse_time(text: str, newest: datetime | None) -> datetime:
         pass
     try:
         seconds = parse_duration(text, "--since")
-    except SpecError:
+    except ConfigError:
         raise ValueError(f"{text!r} is neither an RFC 3339 time nor a duration like 30m") from None
     if newest is None:
         raise ValueError("a relative time needs stored requests to count back from")
@@ -52,10 +55,10 @@ class Query:
     lookback: str = "1m"
 
     def answer(self, store: Store, spec) -> dict:
-        """The JSON document; ValueError (a SpecError among them) names what the query got wrong."""
+        """The JSON document; ValueError (a ConfigError among them) names what the query got wrong."""
         if self.node and not self.at:
             raise ValueError("--node goes with --at (on GET /rca: node with at)")
-        newest = store.rows(sql("data_range"))[0][1]
+        newest = store.rows(store.sql("data_range"))[0][1]
         baseline = timedelta(seconds=parse_duration(self.baseline, "baseline"))
         lookback = timedelta(seconds=parse_duration(self.lookback, "lookback"))
         if self.at:
@@ -65,22 +68,61 @@ class Query:
                        parse_time(self.until, newest) if self.until else None, self.top, baseline, lookback)
 
 
+class StageTimer:
+    """Seconds spent per stage of an analysis, added to `into` (nothing is timed without it). A stage's time
+    leaves out the stages timed inside it, so the figures add up to the whole."""
+
+    def __init__(self, into: dict[str, float] | None = None):
+        self.into, self._open = into, []  # the open stages: [name, when its current stretch began]
+
+    @contextmanager
+    def __call__(self, stage: str):
+        if self.into is None:
+            yield
+            return
+        self._pause(perf_counter())
+        self._open.append([stage, perf_counter()])
+        try:
+            yield
+        finally:
+            now = perf_counter()
+            self._pause(now)
+            self._open.pop()
+            if self._open:
+                self._open[-1][1] = now
+
+    def _pause(self, now: float) -> None:
+        if self._open:
+            stage, began = self._open[-1]
+            self.into[stage] = self.into.get(stage, 0.0) + now - began
+            self._open[-1][1] = now
+
+
 def analyse(store: Store, spec, since: datetime | None = None, until: datetime | None = None, top: int = 5,
-            baseline: timedelta = BASELINE, lookback: timedelta = LOOKBACK) -> dict:
+            baseline: timedelta = BASELINE, lookback: timedelta = LOOKBACK,
+            timings: dict[str, float] | None = None) -> dict:
     """Incidents in [since, until) with their ranked causes. Each cause's signals are judged against a
     `baseline` that ends `lookback` before its episode began (attribution.BASELINE and LOOKBACK by default),
-    shortened to the history there is."""
-    first, last = store.rows(sql("data_range"))[0]
-    if first is None:
-        return {"incidents": []}
-    since = since or first
-    until = until or last + timedelta(seconds=1)
-    incidents = find_incidents(store, spec, since, until)
-    analysis = _Analysis(store, spec.resolution_s, baseline, lookback)
+    shortened to the history there is. With `timings`, the seconds of each stage are added to it: sli_windows
+    (the SLI windows and their incidents), incident_merge (incidents into episodes), signal_steps (the signal
+    queries) and attribution (scores and causes)."""
+    timed = StageTimer(timings)
+    with timed("sli_windows"):
+        first, last = store.rows(store.sql("data_range"))[0]
+        if first is None:
+            return {"incidents": []}
+        since = since or first
+        until = until or last + timedelta(seconds=1)
+        incidents = find_incidents(store, spec, since, until)
+    analysis = _Analysis(store, spec, baseline, lookback, timed)
+    with timed("incident_merge"):
+        spans = episodes(incidents, analysis.continues)
     out = []
-    for incident, (start, end) in zip(incidents, episodes(incidents, analysis.continues)):
+    for incident, (start, end) in zip(incidents, spans):
         window = analysis.window(incident.node, start, end)
-        causes, diagnosis = diagnose(analysis.scores(window), incident.node, window, top)
+        scores = analysis.scores(window)
+        with timed("attribution"):
+            causes, diagnosis = diagnose(scores, incident.node, window, top, spec.taxonomy)
         out.append(incident_json(incident, causes, diagnosis))
     return {"incidents": out}
 
@@ -89,13 +131,13 @@ def explain_moment(store: Store, spec, at: datetime, node: str | None = None, to
                    baseline: timedelta = BASELINE, lookback: timedelta = LOOKBACK) -> dict:
     """(node, cause) pairs ranked for the minute from `at`, with no SLI breach required: what changed then.
     The same scores and floor as an incident's causes; each cause also names its node."""
-    analysis = _Analysis(store, spec.resolution_s, baseline, lookback)
+    analysis = _Analysis(store, spec, baseline, lookback)
     fleet = Window.around(at, at + MOMENT_SPAN, spec.resolution_s, baseline, lookback)
     nodes = [node] if node else sorted(set(analysis.scores(fleet)["node"].to_list()))
     ranked, candidates, baselines = [], [], {}
     for name in nodes:
         window = analysis.window(name, at, at + MOMENT_SPAN)
-        causes, diagnosis = diagnose(analysis.scores(window), name, window, top)
+        causes, diagnosis = diagnose(analysis.scores(window), name, window, top, spec.taxonomy)
         ranked += [{"node": name, **c} for c in causes]
         candidates += [{"node": name, **c} for c in diagnosis.get("candidates", [])]
         baselines[name] = diagnosis["baseline"]
@@ -115,24 +157,32 @@ def explain_moment(store: Store, spec, at: datetime, node: str | None = None, to
 class _Analysis:
     """Signal scores per analysis window, computed once however many incidents share the window."""
 
-    def __init__(self, store: Store, resolution_s: float, baseline: timedelta, lookback: timedelta):
-        self.store, self.resolution_s, self.baseline, self.lookback = store, resolution_s, baseline, lookback
+    def __init__(self, store: Store, spec, baseline: timedelta, lookback: timedelta, timed: StageTimer | None = None):
+        self.store, self.resolution_s, self.baseline, self.lookback = store, spec.resolution_s, baseline, lookback
+        self.timed = timed or StageTimer()
+        self.known = spec.taxonomy  # the causes to rank: the built-in ones and the spec's
         self._scores: dict[Window, pl.DataFrame] = {}
         self._history: dict[str, datetime | None] = {}
 
     def window(self, node: str, start: datetime, end: datetime) -> Window:
         if node not in self._history:
-            self._history[node] = self.store.rows(sql("signal_history"), {"node": node})[0][0]
+            with self.timed("signal_steps"):
+                self._history[node] = self.store.rows(self.store.sql("signal_history"), {"node": node})[0][0]
         return Window.around(start, end, self.resolution_s, self.baseline, self.lookback).fitted(self._history[node])
 
     def scores(self, window: Window) -> pl.DataFrame:
         if window not in self._scores:
-            self._scores[window] = series_scores(signal_steps(self.store, window), window)
+            with self.timed("signal_steps"):
+                steps = signal_steps(self.store, window, self.known)
+            with self.timed("attribution"):
+                self._scores[window] = series_scores(steps, window, known=self.known)
         return self._scores[window]
 
     def top_cause(self, node: str, start: datetime, end: datetime) -> dict | None:
         window = self.window(node, start, end)
-        causes, _ = diagnose(self.scores(window), node, window)
+        scores = self.scores(window)
+        with self.timed("attribution"):
+            causes, _ = diagnose(scores, node, window, known=self.known)
         return causes[0] if causes else None
 
     def continues(self, node: str, episode: tuple[datetime, datetime], incident: Incident) -> bool:
@@ -148,8 +198,11 @@ class _Analysis:
             return own["cause"] == ongoing["cause"]
         just_before = incident.start - timedelta(seconds=2 * self.resolution_s)
         recent = Window(just_before, just_before, just_before, incident.start, self.resolution_s)
-        window = self.window(node, *episode)
-        return evidence_still_moved(self.scores(window), signal_steps(self.store, recent), node, ongoing, recent)
+        scores = self.scores(self.window(node, *episode))
+        with self.timed("signal_steps"):
+            recent_steps = signal_steps(self.store, recent)
+        with self.timed("attribution"):
+            return evidence_still_moved(scores, recent_steps, node, ongoing, recent)
 
 
 def episodes(incidents: list[Incident], continues=None) -> list[tuple[datetime, datetime]]:

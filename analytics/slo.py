@@ -26,7 +26,7 @@ import polars as pl
 from sloscope.slo_spec import SloSpec, TierObjective
 
 from analytics.significance import fleet_discoveries, poisson_tail
-from analytics.store import Store, sql
+from analytics.store import Store
 
 FLEET_FDR = 0.01
 MIN_BLOCK_REQUESTS = 10  # fewer and a window is pooled with its neighbours before it is judged
@@ -68,7 +68,7 @@ def _blocks(frame: pl.DataFrame, step_s: float) -> list[int]:
 def sli_windows(store: Store, spec: SloSpec, objective: TierObjective, since: datetime, until: datetime) -> pl.DataFrame:
     """One tier's windows per (service, node) with their test (`block`) and its p-values: `latency_p` for the
     slow requests, `error_p` for the failures, each against a service at exactly the objective."""
-    frame = store.frame(sql("sli_windows"), {
+    frame = store.frame(store.sql("sli_windows"), {**store.tier_params(spec),
         "tier": objective.name, "quantile": objective.percentile / 100.0, "threshold_ms": objective.threshold_ms,
         "step_s": spec.resolution_s, "since": since, "until": until})
     frame = frame.with_columns(block=pl.Series(_blocks(frame, spec.resolution_s), dtype=pl.Int64))
@@ -114,8 +114,8 @@ def _runs(windows: pl.DataFrame, step_s: float) -> pl.DataFrame:
             .filter(pl.col("tests") >= MIN_BLOCKS).sort("start", "service", "node"))
 
 
-def _incident_sli(store: Store, objective: TierObjective, run: dict, end: datetime) -> dict:
-    requests, failures, slow, latency_ms = store.rows(sql("incident_sli"), {
+def _incident_sli(store: Store, spec: SloSpec, objective: TierObjective, run: dict, end: datetime) -> dict:
+    requests, failures, slow, latency_ms = store.rows(store.sql("incident_sli"), {**store.tier_params(spec),
         "tier": objective.name, "service": run["service"], "node": run["node"], "quantile": objective.percentile / 100,
         "threshold_ms": objective.threshold_ms, "start": run["start"], "end": end})[0]
     if run["latency_windows"] >= run["error_windows"]:
@@ -136,5 +136,5 @@ def find_incidents(store: Store, spec: SloSpec, since: datetime, until: datetime
         for run in _runs(windows, spec.resolution_s).iter_rows(named=True):
             end = run["last"] + step
             incidents.append(Incident(tier, run["service"], run["node"], run["start"], end,
-                                      _incident_sli(store, objective, run, end), run["windows"]))
+                                      _incident_sli(store, spec, objective, run, end), run["windows"]))
     return sorted(incidents, key=lambda i: (i.start, i.tier, i.service, i.node))

@@ -115,9 +115,18 @@ class Reader:
     """Queries over one DuckDB connection or cursor: what analysis needs of a store."""
 
     read_only = True
+    dialect = "duckdb"
 
     def __init__(self, con, path: str | Path = "<cursor>"):
         self.con, self.path = con, Path(path)
+
+    def sql(self, name: str) -> str:
+        """The query NAME in this store's dialect (analytics/sql/, or analytics/sql/clickhouse/)."""
+        return sql(name)
+
+    def tier_params(self, spec) -> dict:
+        """Parameters a requests query needs to resolve tiers: none here, where ingest resolved them."""
+        return {}
 
     def frame(self, query: str, params=None) -> pl.DataFrame:
         return self.con.sql(query, params=params).pl()
@@ -141,6 +150,18 @@ class Reader:
         except duckdb.CatalogException:  # not a sloscope database (yet)
             recorded = None
         return parse_spec(recorded, f"{self.path} (recorded spec)") if recorded else load_spec(None)
+
+    def spec(self, path: str | Path | None = None):
+        """The SLO spec a command runs with: the file given (recorded with the database where it can be written,
+        so that later commands on it use the same tiers), else the recorded one, else the built-in one."""
+        if path is None:
+            return self.slo_spec()
+        from sloscope.slo_spec import load_spec
+
+        spec = load_spec(path)
+        if not self.read_only:
+            self.set_meta("slo_spec", Path(path).read_text())
+        return spec
 
 
 class Store(Reader):

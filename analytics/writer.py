@@ -89,6 +89,7 @@ class Writer:
         self.batch_rows = batch_rows
         self.counts: Counter = Counter()  # what has been written, for logs
         self._queue: deque[Pending] = deque()
+        self._tasks: deque = deque()  # callables for the writer thread, run between two writes
         self._held = self._queued_rows = self._queued_bytes = 0  # offered and not yet committed or refused
         self._appending = 0  # offered and being appended to the intake log: a stop waits for them
         self._stats: Counter = Counter()
@@ -168,6 +169,13 @@ class Writer:
                 self._enqueue(pending)
         return len(recovered)
 
+    def between_writes(self, task) -> None:
+        """Run task() on the writer thread after the write under way and before the next, so that it has the
+        store's connection to itself; tasks queued before stop() still run. A task handles its own failures."""
+        with self._ready:
+            self._tasks.append(task)
+            self._ready.notify()
+
     def drained(self) -> bool:
         """Whether everything offered is committed (or refused)."""
         with self._ready:
@@ -201,6 +209,14 @@ class Writer:
 
     def _run(self) -> None:
         while (group := self._take()) is not None:
+            while self._tasks:
+                task = self._tasks.popleft()
+                try:
+                    task()
+                except Exception:  # the writer goes on writing whatever a task did
+                    log.exception("writer: a task between writes failed")
+            if not group:
+                continue
             try:
                 self._commit(group)
             except Exception as exc:  # a bug here must not leave request threads waiting for ever
@@ -211,7 +227,7 @@ class Writer:
     def _take(self) -> list[Pending] | None:
         """Everything queued (up to batch_rows rows, at least one request); None once stopped and drained."""
         with self._ready:
-            while not self._queue:
+            while not self._queue and not self._tasks:
                 if self._stopping and not self._appending:
                     return None
                 self._ready.wait()

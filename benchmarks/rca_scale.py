@@ -1,11 +1,14 @@
 """RCA at scale: one hour of a 100-node fleet, every catalog signal at 1 s, about 5 million request spans.
 
-Prints the ingest rate (rows/s) and the rca wall time and peak memory (each in its own process, measured by
-the kernel's accounting of that process), and, as baselines measured in the same run on the same files,
-the rate at which the lines can merely be decompressed and parsed as JSON, and the time of one plain
-aggregate query over all requests.
+Prints, for the DuckDB store and (with --store) a ClickHouse store beside it, loaded from the same files: the
+ingest rate (rows/s), the bytes on disk, the rca wall time and peak memory (each in its own process, measured by
+the kernel's accounting of that process), and the seconds of each rca stage (SLI windows, incident merge, signal
+steps, attribution), so the next bottleneck shows. As baselines measured in the same run on the same files: the
+rate at which the lines can merely be decompressed and parsed as JSON, and the time of one plain aggregate query
+over all requests in DuckDB.
 
     .venv/bin/python benchmarks/rca_scale.py [--nodes 100] [--minutes 60] [--rate 4.6] [--keep DIR]
+                                             [--store chdb:///DIR]
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ from receiver.otlp_files import read_lines
 from simulator.fleet import SimulationConfig, simulate
 
 SLOSCOPE = [sys.executable, "-m", "commands.cli"]
+STAGES = ("sli_windows", "incident_merge", "signal_steps", "attribution")
+RAW_ROWS = {"duckdb": "SELECT (SELECT count() FROM requests) + (SELECT count() FROM samples) + "
+                      "(SELECT count() FROM histograms), (SELECT count() FROM requests)",
+            "chdb": "SELECT (SELECT count() FROM otel_traces) + (SELECT count() FROM otel_metrics_gauge) + "
+                    "(SELECT count() FROM otel_metrics_sum) + (SELECT count() FROM otel_metrics_exponential_histogram), "
+                    "(SELECT count() FROM otel_traces)"}
 
 
 def run_measured(cmd: list[str]) -> tuple[float, int, str, bytes]:
@@ -56,13 +65,79 @@ def parse_only_rate(files: list[Path], max_lines: int = 400) -> float:
     return rows / (time.monotonic() - started)
 
 
+def analyse_in_this_process(url: str) -> int:
+    """The rca document and its stage seconds as one JSON line (run as a child, so its peak RSS is its own)."""
+    from analytics.rca import analyse
+    from analytics.stores import open_store
+
+    timings: dict[str, float] = {}
+    with open_store(url, read_only=True) as store:
+        result = analyse(store, store.slo_spec(), timings=timings)
+    sys.stdout.write(json.dumps({"incidents": result["incidents"], "timings": timings}))
+    return 0
+
+
+def bytes_on_disk(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def stored_rows(url: str) -> tuple[int, int]:
+    """(all rows, request spans) as the store holds them (ClickHouse: the exporter's rows, duplicates and all)."""
+    from analytics.stores import open_store
+
+    with open_store(url, read_only=True) as store:
+        return store.rows(RAW_ROWS[url.partition(":")[0]])[0]
+
+
+def duckdb_aggregate_s(url: str) -> float:
+    """One plain aggregate over all requests: what a scan of the table costs, for scale."""
+    from analytics.stores import open_store
+
+    with open_store(url, read_only=True) as store:
+        t = time.monotonic()
+        store.rows("SELECT tier, count(*), quantile_cont(duration_ms, 0.99) FROM requests GROUP BY tier")
+        return time.monotonic() - t
+
+
+def measure(url: str, files: list[Path], truth, floor: float, node_seconds: float) -> dict:
+    """Load, size and analyse one store, printing its figures; returns them."""
+    ingest_s, ingest_rss, ingest_line, _ = run_measured(SLOSCOPE + ["ingest", "--store", url, *map(str, files)])
+    rows, spans = stored_rows(url)
+    disk = bytes_on_disk(Path(url.partition(":///")[2]))
+    rca_s, rca_rss, _, out = run_measured([sys.executable, __file__, "--analyse", url])
+    answer = json.loads(out)
+    incidents, timings = answer["incidents"], answer["timings"]
+    found = sorted({(i["node"], i["causes"][0]["cause"] if i["causes"] else "-") for i in incidents})
+    print(f"{url}")
+    print(f"  rows stored: {rows:,} ({spans:,} request spans); on disk {disk / 2**20:,.0f} MiB "
+          f"({disk / rows:.1f} bytes/row)")
+    print(f"  ingest: {ingest_s:.0f}s, {rows / ingest_s:,.0f} rows/s, peak RSS {ingest_rss / 2**30:.2f} GiB "
+          f"(main process); parse-only floor {floor:,.0f} rows/s per core -> ingest/floor {rows / ingest_s / floor:.2f}")
+    print(f"  per node: {rows / node_seconds:,.0f} rows/s, {disk / node_seconds * 86_400 / 2**20:,.0f} MiB/day")
+    print(f"  rca:    {rca_s:.1f}s (process), {sum(timings.values()):.2f}s analysing, peak RSS "
+          f"{rca_rss / 2**30:.2f} GiB; stages: " + ", ".join(f"{s} {timings.get(s, 0.0):.2f}s" for s in STAGES))
+    print(f"          {len(incidents)} incidents, (node, top cause): {found}; injected "
+          f"{truth.fault['cause']} on {truth.fault['node']}")
+    print(f"          ({ingest_line})")
+    return {"rca_s": rca_s, "rows": rows, "ingest_s": ingest_s, "found": found}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--minutes", type=int, default=60)
     parser.add_argument("--rate", type=float, default=4.6, help="requests/s per service per node")
-    parser.add_argument("--keep", type=Path, help="keep the generated files and database here")
+    parser.add_argument("--keep", type=Path, help="keep the generated files and databases here")
+    parser.add_argument("--store", metavar="URL", help="a ClickHouse store to measure beside DuckDB "
+                        "(chdb:///DIR; emptied first)")
+    parser.add_argument("--analyse", metavar="URL", help=argparse.SUPPRESS)  # the measured child
     args = parser.parse_args()
+    if args.analyse:
+        return analyse_in_this_process(args.analyse)
+    if args.store and not args.store.startswith("chdb:///"):
+        parser.error("--store: a chdb:///DIR store (one this run may empty)")
     work = args.keep or Path(tempfile.mkdtemp(prefix="sloscope-scale-"))
     otlp, db = work / "otlp", work / "scale.duckdb"
     try:
@@ -73,29 +148,18 @@ def main() -> int:
         size = sum(f.stat().st_size for f in files)
         print(f"generated {args.nodes} nodes x {args.minutes} min in {time.monotonic() - t:.0f}s: "
               f"{size / 2**20:.0f} MiB of gzip OTLP/JSON; fault {truth.fault['cause']} on {truth.fault['node']}")
-        db.unlink(missing_ok=True)
-        ingest_s, ingest_rss, ingest_line, _ = run_measured(SLOSCOPE + ["ingest", "--db", str(db), *map(str, files)])
-        import duckdb
-
-        con = duckdb.connect(str(db), read_only=True)
-        rows = con.execute("SELECT (SELECT count(*) FROM requests) + (SELECT count(*) FROM samples) + "
-                           "(SELECT count(*) FROM histograms), (SELECT count(*) FROM requests)").fetchall()[0]
-        t = time.monotonic()
-        con.execute("SELECT tier, count(*), quantile_cont(duration_ms, 0.99) FROM requests GROUP BY tier").fetchall()
-        scan_s = time.monotonic() - t
-        con.close()
         floor = parse_only_rate(files)
-        rca_s, rca_rss, _, rca_out = run_measured(SLOSCOPE + ["rca", "--db", str(db), "--format", "json"])
-        incidents = json.loads(rca_out)["incidents"]
-        found = sorted({(i["node"], i["causes"][0]["cause"] if i["causes"] else "-") for i in incidents})
-        print(f"rows stored: {rows[0]:,} ({rows[1]:,} request spans)")
-        print(f"ingest: {ingest_s:.0f}s, {rows[0] / ingest_s:,.0f} rows/s, peak RSS {ingest_rss / 2**30:.2f} GiB "
-              f"(main process); parse-only floor {floor:,.0f} rows/s per core -> ingest/floor {rows[0] / ingest_s / floor:.2f}")
-        print(f"rca:    {rca_s:.1f}s, peak RSS {rca_rss / 2**30:.2f} GiB; one aggregate over all requests "
-              f"{scan_s:.2f}s -> rca/aggregate {rca_s / scan_s:.0f}x")
-        print(f"        {len(incidents)} incidents, (node, top cause): {found}; injected "
-              f"{truth.fault['cause']} on {truth.fault['node']}")
-        print(f"        ({ingest_line})")
+        db.unlink(missing_ok=True)
+        node_seconds = args.nodes * args.minutes * 60.0
+        duck = measure(f"duckdb:///{db}", files, truth, floor, node_seconds)
+        scan_s = duckdb_aggregate_s(f"duckdb:///{db}")
+        print(f"  one aggregate over all requests {scan_s:.2f}s -> rca/aggregate {duck['rca_s'] / scan_s:.0f}x")
+        if args.store:
+            shutil.rmtree(args.store.partition(":///")[2], ignore_errors=True)
+            ch = measure(args.store, files, truth, floor, node_seconds)
+            print(f"chDB/DuckDB: rca {ch['rca_s'] / duck['rca_s']:.2f}x, ingest rows/s "
+                  f"{ch['rows'] / ch['ingest_s'] / (duck['rows'] / duck['ingest_s']):.2f}x; same (node, top cause): "
+                  f"{ch['found'] == duck['found']}")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -11,6 +11,7 @@ import sys
 from dataclasses import asdict
 
 from sloscope import logs
+from sloscope.durations import parse_duration
 
 from . import config as config_mod
 
@@ -135,8 +136,8 @@ def _flags(args: argparse.Namespace) -> dict:
         "endpoint": args.endpoint,
         "protocol": args.protocol,
         "headers": headers or None,
-        "timeout_s": parse.parse_duration(args.timeout, "--timeout") if args.timeout else None,
-        "interval_s": parse.parse_duration(args.interval, "--interval") if args.interval else None,
+        "timeout_s": parse_duration(args.timeout, "--timeout") if args.timeout else None,
+        "interval_s": parse_duration(args.interval, "--interval") if args.interval else None,
         "probes": tuple(n for p in args.probe for n in p.split(",") if n) or None,
         "cgroups": tuple(args.cgroup) or None,
         "spool_dir": args.spool_dir,
@@ -145,9 +146,9 @@ def _flags(args: argparse.Namespace) -> dict:
                               if args.spool_max_batches else None),
         "temporality": args.temporality,
         "node_name": args.node_name,
-        "health_interval_s": (parse.parse_duration(args.health_interval, "--health-interval")
+        "health_interval_s": (parse_duration(args.health_interval, "--health-interval")
                               if args.health_interval else None),
-        "duration_s": parse.parse_duration(args.duration, "--duration") if args.duration else None,
+        "duration_s": parse_duration(args.duration, "--duration") if args.duration else None,
         "once": True if args.once else None,
         "compression": args.compression,
         "certificate": args.certificate,

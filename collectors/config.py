@@ -46,6 +46,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 from urllib.parse import unquote, urlparse
 
+from sloscope.durations import parse_duration
+from sloscope.errors import ConfigError
+
 PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
@@ -59,10 +62,6 @@ FILE_KEYS = ("endpoint", "protocol", "headers", "timeout", "interval", "probes",
              "client_key", "client_certificate", "insecure", "listen")
 TLS_FILES = ("certificate", "client_key", "client_certificate")
 SPOOL_KEYS = ("dir", "max_bytes", "max_batches")
-
-
-class ConfigError(ValueError):
-    pass
 
 
 @dataclass
@@ -110,27 +109,10 @@ class CollectorConfig:
 
 # -- value parsers --------------------------------------------------------------------------------------------
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h)?\s*$")
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]i?[bB]?|[bB])?\s*$")
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "ki": 1024, "kib": 1024, "m": 10**6, "mb": 10**6,
                "mi": 2**20, "mib": 2**20, "g": 10**9, "gb": 10**9, "gi": 2**30, "gib": 2**30, "t": 10**12,
                "tb": 10**12, "ti": 2**40, "tib": 2**40}
-
-
-def parse_duration(value: Any, what: str = "duration") -> float:
-    """Seconds from 10, 2.5, "10s", "500ms", "1m", "1h"."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{what}: expected a duration, got {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        m = _DURATION.match(str(value))
-        if not m:
-            raise ConfigError(f"{what}: {value!r} is not a duration (like 10, 10s, 500ms, 1m)")
-        seconds = float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
-    if not seconds > 0:
-        raise ConfigError(f"{what}: must be positive, got {value!r}")
-    return seconds
 
 
 def parse_size(value: Any, what: str = "size") -> int:

@@ -23,16 +23,18 @@ OFFLOAD_ABOVE_BYTES = 64 * 2**10
 _worker: dict = {}
 
 
-def decode_request(signal: str, body: bytes, is_json: bool, allowed: frozenset, default_tier: str):
+def decode_request(signal: str, body: bytes, is_json: bool, allowed: frozenset, default_tier: str,
+                   declared: frozenset = frozenset()):
     """(frames, enrich counts, decoding counts) of one request body; raises DecodeError. Runs in a worker, which
     keeps its decoders (and their caches) and its tier resolver between requests."""
     from analytics.intake import Enrichment
     from enrich.tiers import TierResolver
     from receiver.server import Decoders
 
-    key = (allowed, default_tier)
+    key = (allowed, default_tier, declared)
     if _worker.get("key") != key:
-        _worker.update(key=key, decoders=Decoders(), enrichment=Enrichment(TierResolver(allowed, default_tier)))
+        _worker.update(key=key, decoders=Decoders(declared),
+                       enrichment=Enrichment(TierResolver(allowed, default_tier)))
     batch, skips = _worker["decoders"].decode(signal, body, is_json)
     frames, counts = _worker["enrichment"].frames(batch)
     return frames, counts, skips
@@ -48,9 +50,9 @@ class DecodePool:
     """Worker processes that decode request bodies. A pool that breaks (a worker killed) is replaced; the
     requests it held are answered as retryable."""
 
-    def __init__(self, workers: int, allowed: frozenset, default_tier: str):
+    def __init__(self, workers: int, allowed: frozenset, default_tier: str, declared: frozenset = frozenset()):
         self.workers = workers
-        self.tier_args = (allowed, default_tier)
+        self.tier_args = (allowed, default_tier, declared)  # and the SLO spec's declared metrics
         self.restarts = 0
         self._lock = threading.Lock()
         self._pool = self._start()

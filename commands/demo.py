@@ -72,7 +72,8 @@ def run(args) -> int:
 
 
 def run_live(args) -> int:
-    from commands.live.run import LiveConfig, LiveDemo, summary_table
+    from commands.live.judging import summary_table
+    from commands.live.run import LiveConfig, LiveDemo
 
     faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
     unknown = [f for f in faults if f not in FAULT_NAMES]

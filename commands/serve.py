@@ -69,10 +69,28 @@ def register(subparsers) -> None:
                        "pod's service account), to place spans that name their pod (by name or IP) but no node "
                        "(Envoy sidecars, SDKs without host attributes); needs get/list/watch on pods "
                        "(deploy/rbac-pods.yaml). Default: off (such spans stay on the node 'unknown')")
+    serve.add_argument("--retention", type=_retention_period, metavar="DURATION",
+                       help="keep this much (e.g. 7d): requests, samples and histograms older than it are deleted "
+                       "at start and every hour, between two writes, as `sloscope retention --keep` does; counted "
+                       "as retention_runs, retention_deleted_<table> and retention_failures (default: keep "
+                       "everything)")
     add_edge_arguments(serve)
     add_limit_arguments(serve)
     logs.add_arguments(serve)
     serve.set_defaults(func=run)
+
+
+def _retention_period(text: str):
+    import argparse
+    from datetime import timedelta
+
+    from sloscope.durations import parse_duration
+    from sloscope.errors import ConfigError
+
+    try:
+        return timedelta(seconds=parse_duration(text))
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _default_decode_workers() -> int:
@@ -127,7 +145,7 @@ def rca_page(store, spec):
 
 
 def run(args) -> int:
-    from analytics.cli import EXIT_USAGE, spec_for
+    from analytics.cli import EXIT_USAGE
     from analytics.store import Store, StoreError
     from analytics.intake import Intake
     from analytics.writer import Writer
@@ -135,6 +153,7 @@ def run(args) -> int:
     from receiver.server import Receiver
     from enrich.tiers import TierResolver
     from analytics.late_placement import LatePlacement
+    from analytics.retention import RetentionSchedule
     from enrich.kube_watch import KubeApi, PodWatch
     from enrich.pods import PodDirectory
     from enrich.topology import GpuTopology
@@ -144,7 +163,7 @@ def run(args) -> int:
 
     try:
         store = Store(args.db)
-        spec = spec_for(store, args.slo)
+        spec = store.spec(args.slo)
         http_addr, grpc_addr, webhook_addr = _address(args.http), _address(args.grpc), _address(args.webhook)
         webhook_app = _webhook_app(args, store, spec) if webhook_addr else None
         sampling = SamplingService(store.live_reader(), spec, load_sampling_config(args.sampling))
@@ -157,13 +176,16 @@ def run(args) -> int:
         return EXIT_USAGE
     writer = Writer(store, max_queued_rows=args.queue_rows, max_queued_bytes=args.queue_bytes,
                     intake_log=intake_log).start()
+    retention = RetentionSchedule(store, writer, args.retention).start() if args.retention else None
     resolver = TierResolver.from_spec(spec)
     pods = PodDirectory()
     watch = PodWatch(kube_api, pods).start() if kube_api else None
     late = LatePlacement(store, writer, pods).start() if kube_api else None
     intake = Intake(writer, resolver, GpuTopology(store.gpu_nodes()), args.ack, pods=pods)
-    pool = DecodePool(args.decode_workers, resolver.allowed, resolver.default_tier) if args.decode_workers else None
-    receiver = Receiver(intake, intake.offload(pool) if pool else None, OFFLOAD_ABOVE_BYTES, limits)
+    declared = spec.taxonomy.declared_metrics  # kept beside the catalog's metrics
+    pool = DecodePool(args.decode_workers, resolver.allowed, resolver.default_tier, declared) \
+        if args.decode_workers else None
+    receiver = Receiver(intake, intake.offload(pool) if pool else None, OFFLOAD_ABOVE_BYTES, limits, declared)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -185,7 +207,7 @@ def run(args) -> int:
         listeners.close()
     if pool:
         pool.close()
-    for part in (watch, late):
+    for part in (watch, late, retention):
         if part:
             part.stop()
     writer.stop()

@@ -23,7 +23,7 @@ class _RefuseSecret(argparse.Action):
 
 
 def register(subparsers) -> None:
-    from analytics.store import DEFAULT_DB
+    from analytics.stores import add_store_arguments
 
     from dashboards.grafana import DEFAULT_DATASOURCE_UID
     from dashboards.provision import DEFAULT_FOLDER_TITLE, DEFAULT_FOLDER_UID
@@ -79,7 +79,7 @@ def register(subparsers) -> None:
         "incident, the SLI against the objective with the incident shaded, each top cause's signals on the same "
         "time axis with their onset, the evidence tables, and the remediation suggested and taken (from the "
         "remediation audit, if the database has one). Charts are inline SVG; viewing needs no network.")
-    report.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"DuckDB file (default: {DEFAULT_DB})")
+    add_store_arguments(report)
     report.add_argument("--slo", type=Path, metavar="SLO.yaml",
                         help="SLO spec (default: the spec last used with this database, else the built-in spec)")
     report.add_argument("-o", "--output", type=Path, default=DEFAULT_REPORT, metavar="FILE",
@@ -185,22 +185,24 @@ def run_push(args) -> int:
     return EXIT_OK
 
 
-def write_report(db: Path, spec_path: Path | None, out: Path, *, since: str | None = None,
-                 until: str | None = None, top: int = 3, grafana_url: str | None = None) -> dict:
-    """Write the HTML report; returns {"path", "incidents", "charts"}. Raises StoreError, SpecError, ValueError."""
-    from analytics.cli import spec_for
+def write_report(db: Path | str, spec_path: Path | None, out: Path, *, since: str | None = None,
+                 until: str | None = None, top: int = 3, grafana_url: str | None = None,
+                 password_file: Path | None = None) -> dict:
+    """Write the HTML report from `db`, a DuckDB file or a store URL (analytics/stores.py); returns {"path",
+    "incidents", "charts"}. Raises StoreError, SpecError, ValueError."""
     from analytics.rca import parse_time
-    from analytics.store import Store, sql
+    from analytics.stores import open_store
 
     from dashboards.report import Report
 
-    with Store(db, read_only=True) as store:
-        spec = spec_for(store, spec_path)
-        newest = store.rows(sql("data_range"))[0][1]
+    url = db if isinstance(db, str) else f"duckdb:///{db}"
+    with open_store(url, read_only=True, password_file=password_file) as store:
+        spec = store.spec(spec_path)
+        newest = store.rows(store.sql("data_range"))[0][1]
         t_since = parse_time(since, newest) if since else None
         t_until = parse_time(until, newest) if until else None
         report = Report(store, spec, top=top, grafana_url=grafana_url)
-        html = report.render(t_since, t_until, db_label=str(db))
+        html = report.render(t_since, t_until, db_label=str(store.path))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(html)
@@ -210,11 +212,12 @@ def write_report(db: Path, spec_path: Path | None, out: Path, *, since: str | No
 
 def run_report(args) -> int:
     from analytics.store import StoreError
+    from analytics.stores import store_url
     from sloscope.slo_spec import SpecError
 
     try:
-        info = write_report(args.db, args.slo, args.output, since=args.since, until=args.until, top=args.top,
-                            grafana_url=args.grafana_url)
+        info = write_report(store_url(args), args.slo, args.output, since=args.since, until=args.until, top=args.top,
+                            grafana_url=args.grafana_url, password_file=args.store_password_file)
     except (StoreError, SpecError, ValueError) as exc:
         print(f"sloscope report: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -29,7 +29,7 @@ from sloscope.slo_spec import SloSpec
 from analytics.attribution import BASELINE, GROWTH_SUFFIX, LOOKBACK, Window, signal_steps
 from analytics.rca import EPISODE_GAP, analyse, parse_time, rfc3339
 from analytics.slo import MIN_REQUESTS, sli_windows
-from analytics.store import Store, sql
+from analytics.store import Store
 
 from dashboards import grafana
 from dashboards.svg import Chart, Marker, Series, Shade, format_value, time_chart
@@ -186,7 +186,7 @@ def _grafana_link(grafana_url: str | None, ep: Episode, t0: datetime, t1: dateti
 class Report:
     def __init__(self, store: Store, spec: SloSpec, *, top: int = 3, grafana_url: str | None = None):
         self.store, self.spec, self.top, self.grafana_url = store, spec, top, grafana_url
-        first, last = store.rows(sql("data_range"))[0]
+        first, last = store.rows(store.sql("data_range"))[0]
         self.first, self.last = first, last
 
     def render(self, since: datetime | None = None, until: datetime | None = None, *, db_label: str = "",

@@ -15,8 +15,6 @@ import pyarrow as pa
 
 from sloscope.records import SpanTable
 
-HEADER_ATTRIBUTE = "http.request.header.x-slo-tier"
-ISTIO_TAG = "slo.tier"
 MAX_HEADER_LENGTH = 64
 
 

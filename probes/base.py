@@ -5,6 +5,9 @@ Every probe, eBPF or procfs, has the same life: `check()` (never raises: lists w
 attached), `collect()` (samples since the previous collect: counters and histograms as deltas, gauges as
 readings) and `stop()` (detaches everything; idempotent; also run by `with probe:` on Ctrl-C or error).
 
+`Probe` keeps that life once: whether it runs, when the interval began, the refusal to collect unstarted, cleaning
+up after a failed start; a probe writes only its own part (`_start`, `_collect`, `_stop`).
+
 The host checks go through `Host`, so a test or a caller can substitute a host that lacks something.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import logging
 import os
 import subprocess
 import sys
@@ -168,7 +172,8 @@ def ebpf_missing(host: Host, tracepoints: Iterable[str], *, any_of: bool = False
 
 
 class Probe(abc.ABC):
-    """A signal source. Subclasses set `name`, `source` ("ebpf" or "procfs") and `signals` (catalog names)."""
+    """A signal source. Subclasses set `name`, `source` ("ebpf" or "procfs") and `signals` (catalog names),
+    and write `check()` and `_collect()`, with `_start()` and `_stop()` where they hold something."""
 
     name: ClassVar[str]
     source: ClassVar[str]
@@ -179,32 +184,74 @@ class Probe(abc.ABC):
         self.host = host or Host()
         for s in self.signals:
             catalog.signal(s)  # a probe may only emit catalog signals
+        self._running = False
+        self._last_ns = 0  # where the next collect's interval begins
+        self._notes: list[str] = []
 
     @abc.abstractmethod
     def check(self) -> Availability:
         """What this probe lacks on this host; never raises."""
 
-    @abc.abstractmethod
     def start(self) -> None:
         """Attach / take the baseline. Raises ProbeUnavailable (nothing left attached) if it cannot run."""
+        if self._running:
+            return
+        try:
+            self._start()
+        except BaseException:
+            self._stop()  # whatever the failed start opened or attached
+            raise
+        self._last_ns = now_ns()
+        self._running = True
 
-    @abc.abstractmethod
     def collect(self) -> list[AnySample]:
         """Samples since the previous collect (or since start)."""
+        if not self._running:
+            raise ProbeError(f"probe {self.name!r} is not started")
+        now = now_ns()
+        samples = self._collect(self._last_ns, now)
+        self._last_ns = now  # a failed collect leaves its interval to the next one
+        return samples
 
-    @abc.abstractmethod
     def stop(self) -> None:
         """Detach everything. Idempotent."""
+        self._running = False
+        self._stop()
 
     @property
-    @abc.abstractmethod
     def running(self) -> bool:
-        ...
+        return self._running
 
+    # -- what a probe writes ---------------------------------------------------------------------------------
+    def _start(self) -> None:
+        """Get ready to collect (attach, open, take baselines). Raise ProbeUnavailable if the probe cannot run;
+        what was opened is closed by `_stop()`. By default: refuse what `check()` finds missing."""
+        self._require_available()
+
+    def _collect(self, start_ns: int, now: int) -> list[AnySample]:
+        """The samples of the interval [start_ns, now]; ProbeError when the source fails."""
+        raise NotImplementedError(f"{type(self).__name__} does not collect")
+
+    def _stop(self) -> None:
+        """Close what `_start()` opened; also after a start that failed half-way, and again (idempotent)."""
+
+    def _require_available(self) -> Availability:
+        availability = self.check()
+        if not availability.ok:
+            raise ProbeUnavailable(self.name, availability.missing)
+        return availability
+
+    # -- notes -----------------------------------------------------------------------------------------------
     @property
     def notes(self) -> tuple[str, ...]:
         """What limits a running probe without stopping it (e.g. a syscall without tracepoints here)."""
-        return ()
+        return tuple(self._notes)
+
+    def _note(self, text: str, level: int = logging.INFO) -> None:
+        """Add a note once, and log it once, on the logger of the probe's module."""
+        if text not in self._notes:
+            self._notes.append(text)
+            logging.getLogger(type(self).__module__).log(level, "%s: %s", self.name, text)
 
     def missing_signals(self) -> dict[str, str] | None:
         """Signals this running probe cannot produce now, each with what its source lacks (e.g. DCGM fields the

@@ -9,6 +9,8 @@ the rest of its request is kept.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple
 
 from sloscope import catalog
 from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
@@ -20,7 +22,7 @@ TEMPORALITY_CUMULATIVE = 2
 FLAG_NO_RECORDED_VALUE = 1
 MAX_ATTRIBUTE_DEPTH = 8
 MAX_NAME_LENGTH = 253  # node, service, pod, namespace, route: stored columns, so bounded (a DNS name's limit)
-TIER_ATTRIBUTES = ("http.request.header.x-slo-tier", "slo.tier")
+TIER_ATTRIBUTES = catalog.TIER_ATTRIBUTES
 GPU_ATTRIBUTE = "hw.id"
 POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE, POD_IP_ATTRIBUTE = "k8s.pod.name", "k8s.namespace.name", "k8s.pod.ip"
 # Envoy's tags: the proxy's node id (Istio: TYPE~POD_IP~POD.NAMESPACE~NAMESPACE.svc.DOMAIN), Istio's service name.
@@ -58,7 +60,10 @@ REFUSAL_REASONS = {
 }
 # Well-formed data that is not kept, also reported back as rejected.
 UNKEPT_REASONS = {"points_not_finite": "a gauge or sum value that is not finite",
-                  "points_unsupported_type": "a metric type other than gauge, sum and exponential histogram"}
+                  "points_blank": "a value at or above its signal's blank sentinel (DCGM: a field with no value)",
+                  "points_no_sum": "an explicit-bucket histogram point without a sum (its mean is unknown)",
+                  "points_unsupported_type": "a metric type other than gauge, sum and exponential histogram (and "
+                                             "explicit-bucket histogram, for declared metrics)"}
 
 
 class DecodeError(ValueError):
@@ -244,6 +249,31 @@ def scale0_buckets(name: str, count: int, scale: int, zero_count: int, offset: i
     return out
 
 
+def explicit_buckets(name: str, count: int, bounds, counts) -> list[int]:
+    """An explicit-bucket histogram's buckets folded onto the store's scale-0 range: each bucket's count goes to
+    the scale-0 bucket of its upper bound (the last, unbounded one: of its lower bound), so the buckets are
+    approximate while count and sum stay exact. Its count must be what the buckets add up to."""
+    bounds, counts = list(bounds), list(counts)
+    if counts and len(counts) != len(bounds) + 1:
+        raise DecodeError(f"{name}: {len(counts)} bucket counts for {len(bounds)} bounds (expected one more)",
+                          "points_invalid_buckets")
+    if not all(math.isfinite(b) for b in bounds) or any(a >= b for a, b in zip(bounds, bounds[1:])):
+        raise DecodeError(f"{name}: explicit bounds must be finite and increasing", "points_invalid_buckets")
+    if any(n < 0 or n > MAX_INT64 for n in counts):
+        raise DecodeError(f"{name}: bucket counts must be in [0, 2**63)", "points_invalid_buckets")
+    if counts and sum(counts) != count:
+        raise DecodeError(f"{name}: count {count} is not the sum of its bucket counts", "points_invalid_count")
+    out = [0] * HISTOGRAM_BUCKETS
+    for k, n in enumerate(counts):
+        edge = bounds[k] if k < len(bounds) else bounds[-1] if bounds else 0.0
+        if n and edge > 0:  # exponent j holds (2**j, 2**(j+1)]; slot j - HISTOGRAM_OFFSET of the store
+            index = math.ceil(math.log2(edge)) - 1 - HISTOGRAM_OFFSET
+            out[min(max(index, 0), HISTOGRAM_BUCKETS - 1)] += n
+        else:
+            out[0] += n
+    return out
+
+
 class TextCache:
     """Canonical attribute texts by their raw encoding, which repeat for every data point of a series. Bounded
     in bytes: when full it starts over, so a stream of ever-new attribute sets costs no more than the bound."""
@@ -271,8 +301,57 @@ class TextCache:
         self.bytes += size
 
 
-def metric_rows(batch) -> int:
-    return len(batch.points) + len(batch.histograms)
+@dataclass(frozen=True)
+class MetricRule:
+    """How the decoders keep the data points of one metric name (see catalog.Signal)."""
+
+    counter: bool = False  # a catalog counter: its sums are read as counters, whatever their monotonicity
+    resource_attributes: tuple[str, ...] = ()  # resource attributes kept among each point's attributes
+    node_attribute: str = ""  # a point attribute naming the node where the resource names none
+    blank_from: float = math.inf  # values from here up are no measurement
+    # Explicit-bucket histograms are kept only for declared metrics: the catalog's histograms are exponential.
+    explicit_histograms: bool = False
+
+    def reads_as_level(self, is_sum: bool, monotonic: bool, cumulative: bool) -> bool:
+        """Whether a sum is a level: a cumulative sum that is not monotonic is an up-down counter (connections
+        open), whose value is what is measured, not an increase."""
+        return is_sum and cumulative and not monotonic and not self.counter
+
+    def resource_part(self, resource_attrs: dict) -> dict:
+        return {k: v for k in self.resource_attributes if isinstance(v := resource_attrs.get(k), str) and v}
+
+
+_CATALOG_RULES = {s.name: MetricRule(s.instrument is catalog.Instrument.COUNTER, s.resource_attributes,
+                                     s.node_attribute, s.blank_from) for s in catalog.SIGNALS}
+
+
+def kept_metrics(declared: Iterable[str] = ()) -> dict[str, MetricRule]:
+    """What the decoders keep, by metric name: the catalog's signals and the `declared` ones (the metrics an SLO
+    spec declares as evidence); every other metric is skipped (points_not_in_catalog)."""
+    rules = dict(_CATALOG_RULES)
+    for name in declared:
+        rules.setdefault(name, MetricRule(explicit_histograms=True))
+    return rules
+
+
+class MetricResource:
+    """What a resource says about each of its data points: its node (None: the points may name theirs) and its
+    attributes, for the rules that keep some of them."""
+
+    __slots__ = ("node", "attributes")
+
+    def __init__(self, resource_attrs: dict):
+        self.node = node_of(resource_attrs)
+        self.attributes = resource_attrs
+
+
+class MetricSeries(NamedTuple):
+    """What the data points of one metric of one resource share."""
+
+    name: str
+    rule: MetricRule
+    resource: MetricResource
+    resource_part: dict  # the resource attributes kept among each point's attributes
 
 
 class Skips:
@@ -295,6 +374,13 @@ class Skips:
     def _count(self, name: str, n: int) -> None:
         if n:
             self.skipped[name] = self.skipped.get(name, 0) + n
+
+    def _placed(self, node: str | None) -> str:
+        """The node a data point is stored on: its own, else the unknown node (counted)."""
+        if node is None:
+            self._count("points_node_unknown", 1)
+            return catalog.UNKNOWN_NODE
+        return node[:MAX_NAME_LENGTH]
 
     def _refuse(self, error: DecodeError, n: int = 1) -> None:
         if not self.refused:

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import math
 import re
+from functools import partial
 
 import orjson
 
-from sloscope import catalog
 from sloscope.records import Batch
 
 from receiver.otlp_common import (
     FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, MAX_INT64, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
-    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, TextCache, append_span,
-    histogram_totals, metric_rows, node_of, point_times, scale0_buckets)
+    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips, SpanResource,
+    TextCache, append_span, explicit_buckets, histogram_totals, kept_metrics, point_times, scale0_buckets)
 
 _HEX_TRACE = re.compile(r"^[0-9a-fA-F]{32}$")
 _HEX_SPAN = re.compile(r"^[0-9a-fA-F]{16}$")
@@ -148,23 +148,34 @@ def _items_in(block, *path: str) -> int:
 
 class Decoder(Skips):
     """Turns export requests into a Batch: each invalid span or data point refused alone (counted by reason),
-    a request with nothing good in it refused whole. Keeps a bounded cache of canonical attribute texts."""
+    a request with nothing good in it refused whole. Keeps a bounded cache of canonical attribute texts.
+    `declared`: metric names kept beside the catalog's (those an SLO spec declares as evidence)."""
 
-    def __init__(self, cache_bytes: int = TextCache.MAX_BYTES):
+    def __init__(self, cache_bytes: int = TextCache.MAX_BYTES, declared: frozenset = frozenset()):
         super().__init__()
         self.attribute_texts = TextCache(cache_bytes)
+        self.kept = kept_metrics(declared)
 
-    def _canonical(self, raw) -> str:
-        """Canonical JSON text (sorted keys) of a data point's raw attribute list, cached by its raw form."""
-        key = orjson.dumps(raw) if raw else b""
+    def _canonical(self, raw, resource_part: dict) -> str:
+        """Canonical JSON text (sorted keys) of a data point's raw attribute list with the resource attributes
+        its rule keeps, cached by their raw form."""
+        key = (orjson.dumps(raw) if raw else b"") + (orjson.dumps(resource_part) if resource_part else b"")
         text = self.attribute_texts.get(key)
         if text is None:
             try:
-                text = orjson.dumps(attributes(raw or []), option=orjson.OPT_SORT_KEYS).decode()
+                text = orjson.dumps({**attributes(raw or []), **resource_part}, option=orjson.OPT_SORT_KEYS).decode()
             except DecodeError as exc:
                 raise DecodeError(str(exc), "points_invalid_attribute") from None
             self.attribute_texts.put(key, text)
         return text
+
+    def _node(self, series: MetricSeries, raw) -> str:
+        """The node of a data point: its resource's, else the point attribute its rule names."""
+        node, key = series.resource.node, series.rule.node_attribute
+        if node is None and key and type(raw) is list:
+            named = _selected_attributes(raw, frozenset((key,))).get(key)
+            node = named if isinstance(named, str) and named else None
+        return self._placed(node)
 
     def decode(self, request) -> Batch:
         if not isinstance(request, dict):
@@ -244,11 +255,10 @@ class Decoder(Skips):
         try:
             if not isinstance(block, dict):
                 raise DecodeError("resourceMetrics: expected objects")
-            node = node_of(_resource_attributes(block))
+            resource = MetricResource(_resource_attributes(block))
             scopes = _list(block, "scopeMetrics", "scope_metrics")
         except DecodeError as exc:
             return self._refuse(_refusable("points_invalid_resource", exc), _items_in(block, "scopeMetrics", "metrics"))
-        rows_before = metric_rows(batch)
         for scope in scopes:
             try:
                 if not isinstance(scope, dict):
@@ -258,19 +268,19 @@ class Decoder(Skips):
                 self._refuse(_refusable("points_invalid_resource", exc), _items_in(scope, "metrics"))
                 continue
             for metric in scope_metrics:
-                self._metric(metric, node or catalog.UNKNOWN_NODE, batch)
-        if node is None:
-            self._count("points_node_unknown", metric_rows(batch) - rows_before)
+                self._metric(metric, resource, batch)
 
-    def _metric(self, metric, node: str, batch: Batch) -> None:
+    def _metric(self, metric, resource: MetricResource, batch: Batch) -> None:
         if not isinstance(metric, dict) or not isinstance(metric.get("name"), str):
             return self._refuse(DecodeError("metrics: expected objects with a name", "points_invalid_metric"))
         name = metric["name"]
-        if name not in catalog.BY_NAME:
+        rule = self.kept.get(name)
+        if rule is None:
             self._skip("points_not_in_catalog")
             return
         data = _get(metric, "exponentialHistogram", "exponential_histogram")
-        kind = "exponential_histogram" if data is not None else "gauge" if "gauge" in metric else "sum"
+        kind = "exponential_histogram" if data is not None else "gauge" if "gauge" in metric else \
+            "histogram" if "histogram" in metric and rule.explicit_histograms else "sum"
         data = data if data is not None else metric.get(kind)
         if data is None:
             self._skip("points_unsupported_type")
@@ -282,14 +292,20 @@ class Decoder(Skips):
             cumulative = kind != "gauge" and self._temporality(data, name) == TEMPORALITY_CUMULATIVE
         except DecodeError as exc:
             return self._refuse(_refusable("points_invalid_metric", exc), _items_in(data, "dataPoints"))
-        read = self._histogram_point if kind == "exponential_histogram" else self._number_point
+        is_sum = kind == "sum"
+        if rule.reads_as_level(is_sum, _get(data, "isMonotonic", "is_monotonic", False) is True, cumulative):
+            is_sum = cumulative = False
+        read = self._histogram_point if kind == "exponential_histogram" else \
+            partial(self._histogram_point, explicit=True) if kind == "histogram" else self._number_point
+        series = MetricSeries(name, rule, resource, rule.resource_part(resource.attributes))
         for point in points:
             try:
-                read(point, name, node, batch, kind == "sum", cumulative)
+                read(point, series, batch, is_sum, cumulative)
             except DecodeError as exc:
                 self._refuse(_refusable("points_invalid", exc))
 
-    def _number_point(self, point, name: str, node: str, batch: Batch, is_sum: bool, cumulative: bool) -> None:
+    def _number_point(self, point, series: MetricSeries, batch: Batch, is_sum: bool, cumulative: bool) -> None:
+        name = series.name
         if type(point) is not dict:
             raise DecodeError(f"{name}: dataPoints: expected objects")
         if self._no_recorded_value(point):
@@ -308,10 +324,13 @@ class Decoder(Skips):
         if not math.isfinite(value):
             self._skip("points_not_finite")
             return
+        if value >= series.rule.blank_from:
+            self._skip("points_blank")
+            return
         start, time = self._times(point, name)
-        attrs = self._canonical(point.get("attributes"))
+        attrs = self._canonical(point.get("attributes"), series.resource_part)
         cols = batch.points
-        cols.node.append(node)
+        cols.node.append(self._node(series, point.get("attributes")))
         cols.metric.append(name)
         cols.is_sum.append(is_sum)
         cols.cumulative.append(cumulative)
@@ -320,10 +339,16 @@ class Decoder(Skips):
         cols.time_ns.append(time)
         cols.value.append(value)
 
-    def _histogram_point(self, point, name: str, node: str, batch: Batch, _is_sum: bool, cumulative: bool) -> None:
+    def _histogram_point(self, point, series: MetricSeries, batch: Batch, _is_sum: bool, cumulative: bool,
+                         explicit: bool = False) -> None:
+        """An exponential histogram's point, or (`explicit`) an explicit-bucket histogram's."""
+        name = series.name
         if not isinstance(point, dict):
             raise DecodeError(f"{name}: dataPoints: expected objects")
         if self._no_recorded_value(point):
+            return
+        if explicit and point.get("sum") is None:
+            self._skip("points_no_sum")
             return
         start, time = self._times(point, name)
         try:
@@ -337,10 +362,10 @@ class Decoder(Skips):
         except DecodeError as exc:
             raise _refusable("points_invalid_sum", exc) from None
         histogram_totals(name, count, total, low, high)
-        buckets = self._buckets(point, name, count)
-        attrs = self._canonical(point.get("attributes"))
+        buckets = self._explicit_buckets(point, name, count) if explicit else self._buckets(point, name, count)
+        attrs = self._canonical(point.get("attributes"), series.resource_part)
         cols = batch.histograms
-        cols.node.append(node)
+        cols.node.append(self._node(series, point.get("attributes")))
         cols.metric.append(name)
         cols.attributes.append(attrs)
         cols.cumulative.append(cumulative)
@@ -372,6 +397,16 @@ class Decoder(Skips):
         except DecodeError as exc:
             raise _refusable("points_invalid_buckets", exc) from None
         return scale0_buckets(name, count, scale, zero_count, offset, counts, negative_counts)
+
+    @staticmethod
+    def _explicit_buckets(point: dict, name: str, count: int) -> list[int]:
+        try:
+            bounds = [_float(raw, f"{name}: explicitBounds")
+                      for raw in _list(point, "explicitBounds", "explicit_bounds")]
+            counts = [_int(raw, f"{name}: bucketCounts") for raw in _list(point, "bucketCounts", "bucket_counts")]
+        except DecodeError as exc:
+            raise _refusable("points_invalid_buckets", exc) from None
+        return explicit_buckets(name, count, bounds, counts)
 
     @staticmethod
     def _temporality(data: dict, name: str) -> int:

@@ -12,13 +12,12 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from sloscope import catalog
 from sloscope.records import Batch
 
 from receiver.otlp_common import (
     FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
-    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, Skips, SpanResource, TextCache, append_span,
-    histogram_totals, metric_rows, node_of, point_times, scale0_buckets)
+    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips, SpanResource,
+    TextCache, append_span, explicit_buckets, histogram_totals, kept_metrics, point_times, scale0_buckets)
 
 REQUEST_TYPES = {"traces": ExportTraceServiceRequest, "metrics": ExportMetricsServiceRequest,
                  "logs": ExportLogsServiceRequest}
@@ -59,9 +58,10 @@ class ProtoDecoder(Skips):
     """As the JSON decoder: each invalid span or data point refused alone (counted by reason), a request with
     nothing good in it refused whole; a bounded cache of canonical attribute texts."""
 
-    def __init__(self, cache_bytes: int = TextCache.MAX_BYTES):
+    def __init__(self, cache_bytes: int = TextCache.MAX_BYTES, declared: frozenset = frozenset()):
         super().__init__()
         self.attribute_texts = TextCache(cache_bytes)
+        self.kept = kept_metrics(declared)
 
     def decode(self, request) -> Batch:
         """A batch from an export request as `parse` returns it."""
@@ -76,16 +76,24 @@ class ProtoDecoder(Skips):
         self._check_something_good(batch)
         return batch  # logs carry no SLI or catalog signal
 
-    def _canonical(self, items) -> str:
-        key = b"".join(kv.SerializeToString() for kv in items)
+    def _canonical(self, items, resource_part: dict) -> str:
+        key = b"".join(kv.SerializeToString() for kv in items) + (orjson.dumps(resource_part) if resource_part else b"")
         text = self.attribute_texts.get(key)
         if text is None:
             try:
-                text = orjson.dumps(attributes(items), option=orjson.OPT_SORT_KEYS).decode()
+                text = orjson.dumps({**attributes(items), **resource_part}, option=orjson.OPT_SORT_KEYS).decode()
             except DecodeError as exc:
                 raise DecodeError(str(exc), "points_invalid_attribute") from None
             self.attribute_texts.put(key, text)
         return text
+
+    def _node(self, series: MetricSeries, items) -> str:
+        """The node of a data point: its resource's, else the point attribute its rule names."""
+        node, key = series.resource.node, series.rule.node_attribute
+        if node is None and key:
+            node = next((kv.value.string_value for kv in items if kv.key == key
+                         and kv.value.WhichOneof("value") == "string_value" and kv.value.string_value), None)
+        return self._placed(node)
 
     def _resource_spans(self, block, batch: Batch) -> None:
         try:
@@ -116,24 +124,23 @@ class ProtoDecoder(Skips):
 
     def _resource_metrics(self, block, batch: Batch) -> None:
         try:
-            node = node_of(attributes(block.resource.attributes))
+            resource = MetricResource(attributes(block.resource.attributes))
         except DecodeError as exc:
             exc.reason = "points_invalid_resource"
             return self._refuse(exc, max(1, sum(_points_of(metric) for scope in block.scope_metrics
                                                 for metric in scope.metrics)))
-        rows_before = metric_rows(batch)
         for scope in block.scope_metrics:
             for metric in scope.metrics:
-                self._metric(metric, node or catalog.UNKNOWN_NODE, batch)
-        if node is None:
-            self._count("points_node_unknown", metric_rows(batch) - rows_before)
+                self._metric(metric, resource, batch)
 
-    def _metric(self, metric, node: str, batch: Batch) -> None:
-        if metric.name not in catalog.BY_NAME:
+    def _metric(self, metric, resource: MetricResource, batch: Batch) -> None:
+        rule = self.kept.get(metric.name)
+        if rule is None:
             self._skip("points_not_in_catalog")
             return
         kind = metric.WhichOneof("data")
-        if kind not in ("gauge", "sum", "exponential_histogram"):
+        if kind not in ("gauge", "sum", "exponential_histogram") and not (kind == "histogram" and
+                                                                        rule.explicit_histograms):
             self._skip("points_unsupported_type")
             return
         data = getattr(metric, kind)
@@ -142,25 +149,34 @@ class ProtoDecoder(Skips):
                 TEMPORALITY_CUMULATIVE
         except DecodeError as exc:
             return self._refuse(exc, max(1, len(data.data_points)))
-        read = self._histogram_point if kind == "exponential_histogram" else self._number_point
+        is_sum = kind == "sum"
+        if rule.reads_as_level(is_sum, is_sum and data.is_monotonic, cumulative):
+            is_sum = cumulative = False
+        read = self._histogram_point if kind == "exponential_histogram" else \
+            self._explicit_point if kind == "histogram" else self._number_point
+        series = MetricSeries(metric.name, rule, resource, rule.resource_part(resource.attributes))
         for point in data.data_points:
             if point.flags & FLAG_NO_RECORDED_VALUE:
                 self._skip("points_no_recorded_value")
                 continue
             try:
-                read(point, metric.name, node, batch, kind == "sum", cumulative)
+                read(point, series, batch, is_sum, cumulative)
             except DecodeError as exc:
                 self._refuse(exc)
 
-    def _number_point(self, p, name: str, node: str, batch: Batch, is_sum: bool, cumulative: bool) -> None:
+    def _number_point(self, p, series: MetricSeries, batch: Batch, is_sum: bool, cumulative: bool) -> None:
+        name = series.name
         value = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
         if not math.isfinite(value):
             self._skip("points_not_finite")
             return
+        if value >= series.rule.blank_from:
+            self._skip("points_blank")
+            return
         start, time = point_times(name, p.start_time_unix_nano, p.time_unix_nano)
-        attrs = self._canonical(p.attributes)
+        attrs = self._canonical(p.attributes, series.resource_part)
         cols = batch.points
-        cols.node.append(node)
+        cols.node.append(self._node(series, p.attributes))
         cols.metric.append(name)
         cols.attributes.append(attrs)
         cols.is_sum.append(is_sum)
@@ -169,15 +185,28 @@ class ProtoDecoder(Skips):
         cols.time_ns.append(time)
         cols.value.append(value)
 
-    def _histogram_point(self, p, name: str, node: str, batch: Batch, _is_sum: bool, cumulative: bool) -> None:
+    def _histogram_point(self, p, series: MetricSeries, batch: Batch, _is_sum: bool, cumulative: bool) -> None:
+        self._histogram_row(p, series, batch, cumulative, lambda: scale0_buckets(
+            series.name, p.count, p.scale, p.zero_count, p.positive.offset, p.positive.bucket_counts,
+            p.negative.bucket_counts))
+
+    def _explicit_point(self, p, series: MetricSeries, batch: Batch, _is_sum: bool, cumulative: bool) -> None:
+        if not p.HasField("sum"):
+            self._skip("points_no_sum")
+            return
+        self._histogram_row(p, series, batch, cumulative,
+                            lambda: explicit_buckets(series.name, p.count, p.explicit_bounds, p.bucket_counts))
+
+    def _histogram_row(self, p, series: MetricSeries, batch: Batch, cumulative: bool, buckets_of) -> None:
+        """Checks the point in the JSON decoder's order (times, totals, then `buckets_of()`) and adds its row."""
+        name = series.name
         start, time = point_times(name, p.start_time_unix_nano, p.time_unix_nano)
         low, high = (p.min if p.HasField("min") else None), (p.max if p.HasField("max") else None)
         histogram_totals(name, p.count, p.sum, low, high)
-        buckets = scale0_buckets(name, p.count, p.scale, p.zero_count, p.positive.offset, p.positive.bucket_counts,
-                                 p.negative.bucket_counts)
-        attrs = self._canonical(p.attributes)
+        buckets = buckets_of()
+        attrs = self._canonical(p.attributes, series.resource_part)
         cols = batch.histograms
-        cols.node.append(node)
+        cols.node.append(self._node(series, p.attributes))
         cols.metric.append(name)
         cols.attributes.append(attrs)
         cols.cumulative.append(cumulative)

@@ -82,10 +82,11 @@ def fast_decode(signal: str, body: bytes, is_json: bool) -> tuple[Batch, dict] |
 
 
 class Decoders:
-    """A JSON and a protobuf decoder, which keep caches between requests (so: one per thread or process)."""
+    """A JSON and a protobuf decoder, which keep caches between requests (so: one per thread or process).
+    `declared`: metrics kept beside the catalog's (the SLO spec's declared evidence)."""
 
-    def __init__(self):
-        self.json, self.proto = Decoder(), otlp_proto.ProtoDecoder()
+    def __init__(self, declared: frozenset = frozenset()):
+        self.json, self.proto = Decoder(declared=declared), otlp_proto.ProtoDecoder(declared=declared)
 
     def decode(self, signal: str, body: bytes, is_json: bool) -> tuple[Batch, dict]:
         """(batch, counts) of one export request body by the general path; raises DecodeError."""
@@ -104,8 +105,9 @@ class Receiver:
     other process: it runs without the interpreter lock)."""
 
     def __init__(self, intake: Intake, offload: Offload | None = None, offload_bytes: int = 0,
-                 limits: Limits = Limits()):
+                 limits: Limits = Limits(), declared: frozenset = frozenset()):
         self.intake = intake
+        self.declared = declared
         self.offload = offload
         self.offload_bytes = offload_bytes
         self.limits = limits
@@ -125,7 +127,7 @@ class Receiver:
 
     def _decoders(self) -> Decoders:
         if not hasattr(self._local, "decoders"):
-            self._local.decoders = Decoders()
+            self._local.decoders = Decoders(self.declared)
         return self._local.decoders
 
     def accept_body(self, signal: str, body: bytes, is_json: bool, peer: str | None = None) -> Outcome:

@@ -55,7 +55,6 @@ def _sampling_policy(args, config, spec_path) -> dict:
     import urllib.request
     from datetime import timedelta, timezone
 
-    from analytics.cli import spec_for
     from analytics.rca import parse_time
     from analytics.store import DEFAULT_DB, Store, sql
 
@@ -65,7 +64,7 @@ def _sampling_policy(args, config, spec_path) -> dict:
         with urllib.request.urlopen(args.url, timeout=10) as response:
             return json.loads(response.read())
     with Store(args.db or DEFAULT_DB, read_only=True) as store:
-        spec = spec_for(store, spec_path)
+        spec = store.spec(spec_path)
         now = time.time()
         if args.at == "latest":
             newest = store.rows(sql("data_range"))[0][1]
@@ -83,9 +82,9 @@ def run_sampling(args) -> int:
     import urllib.error
 
     from analytics.store import StoreError
-    from sloscope.slo_spec import SpecError, parse_duration
+    from sloscope.durations import parse_duration
 
-    from sampling.policy import ConfigError, load_config
+    from sampling.policy import load_config
     from sampling.tail_sampling import render, to_yaml, write_atomic
 
     prog = f"sloscope sampling {args.sampling_command}"
@@ -99,13 +98,13 @@ def run_sampling(args) -> int:
                 raise ValueError("--every needs -o FILE")
         if args.url and args.at:
             raise ValueError("--at evaluates from --db; a served policy is always the current one")
-    except (ConfigError, SpecError, ValueError) as exc:
+    except ValueError as exc:  # a ConfigError, a SpecError among them
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     while True:
         try:
             policy = _sampling_policy(args, config, args.slo)
-        except (SpecError, StoreError, ValueError, OSError, urllib.error.URLError) as exc:
+        except (StoreError, ValueError, OSError, urllib.error.URLError) as exc:
             print(f"{prog}: {exc}", file=sys.stderr)
             if every is None:
                 return EXIT_USAGE

@@ -47,7 +47,8 @@ from opentelemetry.trace import Link, SpanKind, get_current_span
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
-from enrich.tiers import HEADER_ATTRIBUTE, ISTIO_TAG, TierResolver
+from enrich.tiers import TierResolver
+from sloscope.catalog import TIER_HEADER_ATTRIBUTE, TIER_ISTIO_TAG
 
 log = logging.getLogger("sloscope.head_sampler")
 
@@ -328,9 +329,9 @@ class AdaptiveSampler(Sampler):
         table = self._table
         tier = table.default
         if attributes:
-            raw = attributes.get(HEADER_ATTRIBUTE)
+            raw = attributes.get(TIER_HEADER_ATTRIBUTE)
             if raw is None:
-                raw = attributes.get(ISTIO_TAG)
+                raw = attributes.get(TIER_ISTIO_TAG)
             if raw is not None:
                 tier = table.by_raw.get(raw) if raw.__class__ is str else None
                 if tier is None:

@@ -23,8 +23,10 @@ Policy, evaluated every `interval_s` (default: the spec's resolution):
 - Only tiers of the SLO spec exist: observations of any other tier value count as the default tier
   (enrich.tiers.TierResolver), and overrides of unknown tiers are ignored.
 
-`SamplingPolicy` is the pure core (observations and a clock in, a policy document out); `observe` reads the
-observations from a store; `SamplingService` serves the document at GET /sampling of `sloscope serve`.
+`SamplingPolicy` is the pure core (observations and a clock in, a policy document out), on hot.py (hot tiers and
+nodes, their hysteresis) and budget.py (the budget's fair shares, bias feedback and damping); `observe`
+(observations.py) reads the observations from a store; `SamplingService` serves the document at GET /sampling of
+`sloscope serve`.
 """
 
 from __future__ import annotations
@@ -35,24 +37,22 @@ import math
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field, fields
-from datetime import datetime, timedelta, timezone
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable
 
-from enrich.tiers import HEADER_ATTRIBUTE, ISTIO_TAG, TierResolver
+from enrich.tiers import TierResolver
+from sloscope.catalog import TIER_ATTRIBUTES
+from sloscope.errors import ConfigError, read_config_text
 
+from sampling.budget import Budget, cap_keys
 from sampling.head_sampler import encode_th, probability_of, threshold_for
+from sampling.hot import HotSet, node_reasons, rfc3339, tier_reasons
+from sampling.observations import Observations, observe
 
 log = logging.getLogger("sloscope.sampling")
 
 SCHEMA = "sloscope.sampling/v1"
-TIER_ATTRIBUTES = (ISTIO_TAG, HEADER_ATTRIBUTE)  # what the tail config matches on; the head sampler reads both
-NODE_ATTRIBUTES = ("k8s.node.name", "host.name")
-
-
-class ConfigError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def parse_config(text: str, source: str = "<string>") -> SamplingConfig:
     incident_lookback, incident_open."""
     import yaml
 
-    from sloscope.slo_spec import SpecError, parse_duration
+    from sloscope.durations import parse_duration
 
     try:
         doc = yaml.safe_load(text) or {}
@@ -102,10 +102,7 @@ def parse_config(text: str, source: str = "<string>") -> SamplingConfig:
     values = {}
     for key, value in doc.items():
         if key in _DURATION_KEYS:
-            try:
-                values[_DURATION_KEYS[key]] = parse_duration(value, f"{source}: {key}")
-            except SpecError as exc:
-                raise ConfigError(str(exc)) from None
+            values[_DURATION_KEYS[key]] = parse_duration(value, f"{source}: {key}")
         elif key in numbers:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"{source}: {key}: expected a number; got {value!r}")
@@ -137,228 +134,55 @@ def validate(config: SamplingConfig, source: str = "<config>") -> SamplingConfig
 def load_config(path: str | Path | None) -> SamplingConfig:
     if path is None:
         return SamplingConfig()
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the sampling config: {exc.strerror}") from None
-    return parse_config(text, str(path))
-
-
-# --- observations ----------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Sli:
-    requests: int
-    failures: int
-    latency_ms: float | None = None  # the tier's percentile over the SLI window (tiers only)
-
-
-@dataclass(frozen=True)
-class Observations:
-    """What one evaluation sees. `traffic`: request spans per (tier, service, route) over `window_s` (route ""
-    when unknown); `tiers`, `nodes`: the last `sli_window_s`; `incidents`: open ones as (tier, service, node);
-    `overrides`: tier -> ratio of active raise_sampling overrides; `recent`: request spans per key over the
-    last `recent_s` (one interval: what the previous evaluation's probabilities were applied to)."""
-
-    now: float  # seconds since the epoch
-    window_s: float
-    traffic: Mapping[tuple[str, str, str], float]
-    tiers: Mapping[str, Sli] = field(default_factory=dict)
-    nodes: Mapping[str, Sli] = field(default_factory=dict)
-    incidents: Sequence[tuple[str, str, str]] = ()
-    overrides: Mapping[str, float] = field(default_factory=dict)
-    recent: Mapping[tuple[str, str, str], float] = field(default_factory=dict)  # spans in the last recent_s
-    recent_s: float = 0.0
+    return parse_config(read_config_text(path, "sampling config"), str(path))
 
 
 # --- the core ------------------------------------------------------------------------------------------------
 
-@dataclass
-class _Hot:
-    since: float
-    last: float
-    reasons: tuple[str, ...]
-
-
-def rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
-
-
-def fair_shares(rates: Mapping, budget: float, floors: Mapping | None = None) -> dict:
-    """Probabilities p[k] for keys with rates r[k] > 0 such that sum(p * r) == budget when the traffic exceeds it
-    (else every p is 1), max-min fair in kept rate; p[k] >= floors[k], where a floor costs its keys' share."""
-    floors = floors or {}
-    probability, fixed_cost, free = {}, 0.0, {k: r for k, r in rates.items() if r > 0}
-    while True:
-        remaining, level = max(budget - fixed_cost, 0.0), {}
-        order = sorted(free, key=free.get)
-        for i, key in enumerate(order):
-            share = remaining / (len(order) - i)
-            rate = free[key]
-            level[key] = 1.0 if rate <= share else share / rate
-            remaining -= min(rate, share)
-        below = [k for k, p in level.items() if p < floors.get(k, 0.0)]
-        if not below:
-            probability.update(level)
-            return probability
-        for key in below:
-            probability[key] = floors[key]
-            fixed_cost += floors[key] * free.pop(key)
-
-
 class SamplingPolicy:
     """The pure policy: `evaluate(observations)` -> the GET /sampling document (a dict). Keeps the state the
-    hysteresis needs between evaluations; one instance per evaluation loop."""
+    hysteresis and the budget's feedback need between evaluations; one instance per evaluation loop."""
 
     def __init__(self, spec, config: SamplingConfig | None = None):
         self.spec = spec
         self.config = validate(config or SamplingConfig())
         self.resolver = TierResolver.from_spec(spec)
-        self._hot_tiers: dict[str, _Hot] = {}
-        self._hot_nodes: dict[str, _Hot] = {}
-        self._probability: dict[tuple[str, str, str], float] = {}
-        self._binding = False  # the previous evaluation's budget was binding (some probability below 1)
-        self.correction = 1.0
-        self._bias = 1.0
+        self._hot_tiers = HotSet(self.config.dwell_s)
+        self._hot_nodes = HotSet(self.config.dwell_s)
+        self.budget = Budget(self.config)
         self.counts: Counter = Counter()
 
-    # --- hot tiers and nodes -------------------------------------------------------------------------------
-
-    def _breaks(self, sli: Sli | None, threshold_ms: float | None) -> list[str]:
-        c = self.config
-        if sli is None or sli.requests < c.min_requests:
-            return []
-        reasons = []
-        if threshold_ms is not None and sli.latency_ms is not None and sli.latency_ms > threshold_ms:
-            reasons.append("latency")
-        if sli.failures > c.error_ratio * sli.requests:
-            reasons.append("errors")
-        return reasons
-
-    def _update_hot(self, state: dict[str, _Hot], seen: dict[str, list[str]], now: float) -> None:
-        for name, reasons in seen.items():
-            if reasons:
-                hot = state.get(name)
-                if hot is None:
-                    state[name] = _Hot(now, now, tuple(reasons))
-                else:
-                    hot.last, hot.reasons = now, tuple(reasons)
-        for name in list(state):
-            if not seen.get(name) and now - state[name].last >= self.config.dwell_s:
-                del state[name]
-
-    def _hot_doc(self, hot: _Hot, now: float) -> dict:
-        return {"reasons": list(hot.reasons) if hot.last == now else ["dwell"], "since": rfc3339(hot.since),
-                "last_seen": rfc3339(hot.last), "hold_until": rfc3339(hot.last + self.config.dwell_s)}
-
-    # --- evaluation --------------------------------------------------------------------------------------------
-
     def evaluate(self, obs: Observations) -> dict:
-        c, spec, now = self.config, self.spec, obs.now
+        c, spec = self.config, self.spec
         overrides = {t: float(r) for t, r in obs.overrides.items() if t in spec.tiers}
         self.counts["overrides_unknown_tier"] += len(obs.overrides) - len(overrides)
-        tier_reasons: dict[str, list[str]] = {}
-        for name, objective in spec.tiers.items():
-            reasons = self._breaks(obs.tiers.get(name), objective.threshold_ms)
-            if any(tier == name for tier, _, _ in obs.incidents):
-                reasons.append("incident")
-            if overrides.get(name, 0.0) >= 1.0:
-                reasons.append("override")
-            tier_reasons[name] = reasons
-        node_reasons: dict[str, list[str]] = {n: self._breaks(sli, None) for n, sli in obs.nodes.items()}
-        for _, _, node in obs.incidents:
-            node_reasons.setdefault(node, []).append("incident")
-        self._update_hot(self._hot_tiers, tier_reasons, now)
-        self._update_hot(self._hot_nodes, node_reasons, now)
+        self._hot_tiers.update(tier_reasons(spec, obs, overrides, c.min_requests, c.error_ratio), obs.now)
+        self._hot_nodes.update(node_reasons(obs, c.min_requests, c.error_ratio), obs.now)
+        rates = self._rates(obs)
+        cold = {k: r for k, r in rates.items() if k[0] not in self._hot_tiers}
+        self.budget.correct(obs, spec, self._hot_tiers)
+        floors = {k: max(c.min_probability, overrides.get(k[0], 0.0)) for k in cold}
+        probability = self.budget.allocate(cold, floors)
+        probability.update({key: 1.0 for key in rates if key not in probability})  # hot, or no traffic
+        self.budget.remember({k: p for k, p in probability.items() if k[0] not in self._hot_tiers})
+        return self._document(obs, rates, probability)
 
-        # traffic per key, tiers resolved against the spec
+    def _rates(self, obs: Observations) -> dict[tuple[str, str, str], float]:
+        """Request spans per second per key, tiers resolved against the spec, keys capped in number."""
         rates: dict[tuple[str, str, str], float] = {}
         for (tier, service, route), count in obs.traffic.items():
             key = (self.resolver.resolve(tier), str(service), str(route or ""))
             rates[key] = rates.get(key, 0.0) + count / obs.window_s
         self.counts.update(self.resolver.counts)
         self.resolver.counts.clear()
-        rates = self._cap(rates)
-
-        cold = {k: r for k, r in rates.items() if k[0] not in self._hot_tiers}
-        self._correct(obs)
-        floors = {k: max(c.min_probability, overrides.get(k[0], 0.0)) for k in cold}
-        target = fair_shares(cold, c.budget_spans_per_s * self.correction, floors)
-        self._binding = any(p < 1.0 for p in target.values())
-        probability = {}
-        for key, p in target.items():
-            probability[key] = self._damped(key, p)
-        for key in rates:
-            if key not in probability:
-                probability[key] = 1.0
-        self._probability = {k: p for k, p in probability.items() if k[0] not in self._hot_tiers}
-        return self._document(obs, rates, probability)
-
-    def _correct(self, obs: Observations) -> None:
-        """Bias feedback: the kept rate the last interval's probabilities gave on its actual traffic, against the
-        budget they were computed for, averaged (EWMA, weight correction_gain); the budget is divided by it."""
-        c = self.config
-        if not (c.correction_gain and obs.recent_s > 0 and self._binding and self._probability):
-            return
-        kept = 0.0
-        for (tier, service, route), count in obs.recent.items():
-            tier = tier if tier in self.spec.tiers else self.spec.default_tier
-            if tier in self._hot_tiers:
-                continue
-            p = self._probability.get((tier, str(service), str(route or "")),
-                                      self._probability.get((tier, str(service), "")))
-            if p is not None:
-                kept += p * count
-        if kept <= 0:
-            return
-        ratio = kept / obs.recent_s / (c.budget_spans_per_s * self.correction)
-        self._bias = (1 - c.correction_gain) * self._bias + c.correction_gain * ratio
-        self.correction = min(max(1.0 / self._bias, 0.5), 2.0)
-
-    def _cap(self, rates: dict) -> dict:
-        """At most max_routes routes per (tier, service) and max_services services per tier; the quieter rest
-        merges into the service's ("" route) or the tier's ("" service) entry."""
-        c = self.config
-        by_service: dict[tuple[str, str], list] = {}
-        for (tier, service, route), rate in rates.items():
-            by_service.setdefault((tier, service), []).append((rate, route))
-        capped: dict[tuple[str, str, str], float] = {}
-        for (tier, service), routes in by_service.items():
-            routes.sort(key=lambda x: (-x[0], x[1]))
-            named = set([route for _, route in routes if route][:c.max_routes])
-            for rate, route in routes:
-                key = (tier, service, route if route in named else "")
-                capped[key] = capped.get(key, 0.0) + rate
-        totals: dict[str, dict[str, float]] = {}
-        for (tier, service, _), rate in capped.items():
-            totals.setdefault(tier, {}).setdefault(service, 0.0)
-            totals[tier][service] += rate
-        keep = {t: {s for s, _ in sorted(svcs.items(), key=lambda x: (-x[1], x[0]))[:c.max_services] if s}
-                for t, svcs in totals.items()}
-        out: dict[tuple[str, str, str], float] = {}
-        for (tier, service, route), rate in capped.items():
-            key = (tier, service, route) if service in keep[tier] else (tier, "", "")
-            out[key] = out.get(key, 0.0) + rate
-        return out
-
-    def _damped(self, key, target: float) -> float:
-        c = self.config
-        previous = self._probability.get(key)
-        if previous is None:
-            return target
-        if abs(target - previous) <= c.tolerance * previous:
-            return previous
-        if target > previous:
-            return min(target, previous * c.max_increase)
-        return target
+        return cap_keys(rates, self.config.max_routes, self.config.max_services)
 
     def _document(self, obs: Observations, rates: dict, probability: dict) -> dict:
         c, spec, now = self.config, self.spec, obs.now
         tiers = {}
         budgeted = hot_rate = 0.0
         for name, objective in spec.tiers.items():
-            hot = self._hot_tiers.get(name)
+            hot = name in self._hot_tiers
             keys = {k: r for k, r in rates.items() if k[0] == name}
             tier_rate = sum(keys.values())
             kept = sum(probability[k] * r for k, r in keys.items())
@@ -381,10 +205,10 @@ class SamplingPolicy:
                 tier_p = kept / tier_rate
             else:  # no traffic seen: the least probability of the cold keys, else 1 (the whole budget is free)
                 tier_p = min((p for k, p in probability.items() if k[0] not in self._hot_tiers), default=1.0)
-            doc = {"hot": hot is not None, **_entry(tier_p, tier_rate),
+            doc = {"hot": hot, **_entry(tier_p, tier_rate),
                    "latency_threshold_ms": objective.threshold_ms, "percentile": objective.percentile}
             if hot:
-                doc["hot_state"] = self._hot_doc(hot, now)
+                doc["hot_state"] = self._hot_tiers.state(name, now)
             if name in obs.overrides:
                 doc["override_ratio"] = float(obs.overrides[name])
             doc["services"] = {
@@ -399,16 +223,16 @@ class SamplingPolicy:
             "interval_s": c.interval_for(spec),
             "refresh_s": c.interval_for(spec),
             "budget_spans_per_s": c.budget_spans_per_s,
-            "budget_correction": round(self.correction, 4),
+            "budget_correction": round(self.budget.correction, 4),
             "observed_spans_per_s": round(observed, 3),
             "expected_spans_per_s": round(budgeted, 3),  # kept outside hot tiers (the budgeted part)
             "hot_spans_per_s": round(hot_rate, 3),  # kept in hot tiers, outside the budget
             "min_probability": c.min_probability,
             "dwell_s": c.dwell_s,
             "default_tier": spec.default_tier,
-            "tier_attributes": [HEADER_ATTRIBUTE, ISTIO_TAG],
+            "tier_attributes": list(TIER_ATTRIBUTES),
             "tiers": tiers,
-            "hot_nodes": {n: self._hot_doc(h, now) for n, h in sorted(self._hot_nodes.items())},
+            "hot_nodes": self._hot_nodes.states(now),
         }
 
 
@@ -416,52 +240,6 @@ def _entry(probability: float, rate: float) -> dict:
     threshold = threshold_for(probability)
     return {"probability": round(probability_of(threshold), 9), "th": encode_th(threshold),
             "observed_spans_per_s": round(rate, 3)}
-
-
-# --- reading the store ---------------------------------------------------------------------------------------
-
-def _naive_utc(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, timezone.utc).replace(tzinfo=None)
-
-
-def observe(reader, spec, config: SamplingConfig, now: float) -> Observations:
-    """Observations at `now` (seconds since the epoch) from a store or reader (analytics.store.Reader)."""
-    from analytics.slo import find_incidents
-    from alerts.remediation import active_sampling_overrides
-
-    until = _naive_utc(now)
-    tiers = list(spec.tiers)
-    resolved = "CASE WHEN list_contains($tiers, tier) THEN tier ELSE $default END"
-    recent_s = config.interval_for(spec)
-    traffic, recent = {}, {}
-    for tier, service, route, count, last in reader.rows(
-            f"SELECT {resolved} AS t, service, coalesce(route, '') AS route, count(*), "
-            "count(*) FILTER (WHERE start_time >= $recent) FROM requests "
-            "WHERE start_time >= $since AND start_time < $until GROUP BY ALL",
-            {"tiers": tiers, "default": spec.default_tier, "since": until - timedelta(seconds=config.window_s),
-             "recent": until - timedelta(seconds=recent_s), "until": until}):
-        traffic[(tier, service, route)] = count
-        if last:
-            recent[(tier, service, route)] = last
-    quantiles = sorted({o.percentile / 100.0 for o in spec.tiers.values()})
-    sli_since = until - timedelta(seconds=config.sli_window_s)
-    tier_sli = {}
-    for tier, n, failed, values in reader.rows(
-            f"SELECT {resolved} AS t, count(*), count(*) FILTER (WHERE failed), "
-            f"quantile_cont(duration_ms, {quantiles!r}) FROM requests "
-            "WHERE start_time >= $since AND start_time < $until GROUP BY ALL",
-            {"tiers": tiers, "default": spec.default_tier, "since": sli_since, "until": until}):
-        q = spec.tiers[tier].percentile / 100.0
-        tier_sli[tier] = Sli(n, failed, values[quantiles.index(q)] if values else None)
-    node_sli = {node: Sli(n, failed) for node, n, failed in reader.rows(
-        "SELECT node, count(*), count(*) FILTER (WHERE failed) FROM requests "
-        "WHERE start_time >= $since AND start_time < $until GROUP BY ALL", {"since": sli_since, "until": until})}
-    open_after = until - timedelta(seconds=config.open_for(spec))
-    incidents = [(i.tier, i.service, i.node) for i in find_incidents(
-        reader, spec, until - timedelta(seconds=config.incident_lookback_s), until) if i.end >= open_after]
-    overrides = active_sampling_overrides(reader.con, until)
-    return Observations(now, config.window_s, traffic, tier_sli, node_sli, incidents, overrides, recent,
-                        recent_s if recent_s <= config.window_s else 0.0)
 
 
 class SamplingService:

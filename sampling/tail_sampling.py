@@ -15,9 +15,9 @@ Policies (the processor keeps a trace when any policy samples it):
   probability, and per tier a catch-all for services the policy does not list (the tier's probability). All
   probabilistic policies share one `hash_salt`, so a trace kept at a lower percentage is kept at every higher one.
 
-The tier attributes are `slo.tier` (the Istio custom tag of deploy/istio-telemetry.yaml, a plain string) and
-`http.request.header.x-slo-tier` (Envoy custom tags send a plain string; the semantic-convention `string[]` form
-is not matched by string_attribute, which compares string values only). Only the tiers of the SLO spec are ever
+The tier attributes (`sloscope.catalog.TIER_ATTRIBUTES`) are `http.request.header.x-slo-tier` (Envoy custom tags
+send a plain string; the semantic-convention `string[]` form is not matched by string_attribute, which compares
+string values only) and `slo.tier` (the Istio custom tag of deploy/istio-telemetry.yaml, a plain string). Only the tiers of the SLO spec are ever
 listed as values, and exactly (no regular expressions): a forged header value matches no tier policy, so it is
 sampled as the default tier, whose match is "no other tier" (`invert_match` on the other tiers).
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from sampling.policy import NODE_ATTRIBUTES, TIER_ATTRIBUTES
+from sloscope.catalog import NODE_ATTRIBUTES, TIER_ATTRIBUTES
 
 SERVICE_ATTRIBUTE = "service.name"
 HASH_SALT = "sloscope-adaptive-sampling"

@@ -12,7 +12,7 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 MODE=${1:-host}
 APT_PACKAGES=(gcc libc6-dev python3-dev python3-bpfcc bpfcc-tools linux-headers-amd64 prometheus prometheus-alertmanager nftables stress-ng fio iproute2 chromium)
-EXTRAS="[test]"
+EXTRAS="[test,clickhouse]"
 case "$MODE" in
     host) ;;
     --image-tools) APT_PACKAGES+=(debootstrap podman runc) ;;

@@ -3,30 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
 
 from sloscope import taxonomy
+from sloscope.durations import parse_duration
+from sloscope.errors import ConfigError
 
 DEFAULT_SERVICES = ("llm-gateway", "embedder", "reranker")  # = simulator.traffic.DEFAULT_SERVICES
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """'20m', '1h30m', '90s', '1.5h', '600' (seconds) -> seconds."""
-    t = str(text).strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", t):
-        return float(t)
-    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|min|s|m|h|d)", t)
-    if not parts or "".join(a + b for a, b in parts) != t:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (examples: 90s, 20m, 1h, 1h30m)")
-    return sum(float(a) * _UNITS[b] for a, b in parts)
 
 
 def _seconds(text: str) -> int:
-    value = parse_duration(text)
+    try:
+        value = parse_duration(text, allow_zero=True)  # a fault may begin at 0
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if value != int(value):
         raise argparse.ArgumentTypeError(f"{text!r}: whole seconds only")
     return int(value)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from sloscope import catalog, taxonomy
-from simulator import blips, faults, otlp_json, signals, traffic
+from simulator import blips, otlp_json, planning, signals, traffic
 from simulator.signals import Counter, Gauge, Histogram, NodeSeries
 
 METRICS_FILE = "metrics.jsonl"
@@ -34,7 +34,6 @@ TRUTH_FILE = "ground_truth.json"
 COLLECTOR_SERVICE = "sloscope-collector"
 NODE_PREFIX = "gpu-node-"
 NAMESPACE = "inference"
-RESTART_GAP_S = 3
 CHUNK_S = 60  # rendering unit (and the span RNG's unit): output does not depend on the worker count
 
 
@@ -154,152 +153,59 @@ def _validate(cfg: SimulationConfig) -> None:
     traffic.check_latency_margin(cfg.services)
 
 
+def _run_start(cfg: SimulationConfig, n: int) -> datetime:
+    if cfg.start is None:
+        return (datetime.now(timezone.utc) - timedelta(seconds=n)).replace(microsecond=0)
+    return parse_time(cfg.start)
+
+
 def build_fleet(cfg: SimulationConfig) -> Fleet:
     """Plan and generate every series and the traffic plan; deterministic for (seed, start, shape)."""
     _validate(cfg)
     n = int(cfg.duration_s)
-    if cfg.start is None:
-        start = (datetime.now(timezone.utc) - timedelta(seconds=n)).replace(microsecond=0)
-    else:
-        start = parse_time(cfg.start)
+    start = _run_start(cfg, n)
     start_ns = int(start.timestamp()) * 10**9 + start.microsecond * 1000
     names = [f"{NODE_PREFIX}{i + 1}" for i in range(cfg.nodes)]
     seed = int(cfg.seed)
     rng = np.random.default_rng([seed, 0])
-    nodes = [signals.build_node(seed, i, names[i], n) for i in range(cfg.nodes)]
+    run = planning.Run(n, names, [signals.build_node(seed, i, names[i], n) for i in range(cfg.nodes)],
+                       tuple(cfg.services), lambda second: rfc3339(start + timedelta(seconds=float(second))))
     cause = None if cfg.fault in (None, "none") else cfg.fault
-    services = tuple(cfg.services)
-
-    def at(second: float) -> str:
-        return rfc3339(start + timedelta(seconds=float(second)))
-
-    # ---- the fault: its evidence, then the request response 5-15 s later
-    fault_truth = effect_truth = None
-    latency = None
     onset = int(cfg.fault_at_s) if cfg.fault_at_s is not None else default_onset(n)
     fault_node = _resolve_node(cfg.fault_node, names, rng)
-    s_cause = 0.0
+    frng = np.random.default_rng([seed, 5])
+    fault = effect_truth = None
+    effect_signals: set = set()
     if cause is not None:
-        if not 30 <= onset <= n - 30:
-            raise ValueError(f"fault onset {onset}s must lie within the run, 30 s from either end (run: {n}s)")
-        duration = int(min(cfg.fault_duration_s, n - onset))
-        if duration < 20:
-            raise ValueError("the fault must last at least 20 s")
-        frng = np.random.default_rng([seed, 5])
-        ramp = float(frng.uniform(10, 20))
-        spec = faults.FaultSpec(cause, fault_node, onset, duration, ramp)
-        node = nodes[fault_node]
-        target = faults.apply_cause(node, spec, n, frng)
-        evidence = faults.cause_series(node, cause, target)
-        base = faults.baseline_window(onset)
-        active = (onset + int(math.ceil(ramp)), onset + duration)
-        s_cause = max(faults.robust_score(s, base, active, feat) for s, feat in evidence)
-        lag = int(frng.integers(5, 16))
-        sli_onset = onset + lag
-        affected = _affected_services(cause, services, frng)
-        mult, errors = {}, {}
-        probe_plan = traffic.make_plan(seed, n, start_ns, cfg.flush_interval_s, services, names, cfg.rate)
-        for i, svc in enumerate(services):
-            p99 = traffic.base_p99_critical(probe_plan, fault_node, i)
-            want = (frng.uniform(1.5, 3.0) if svc in affected else frng.uniform(0.35, 0.7)) * \
-                traffic.TIERS[traffic.CRITICAL]["threshold_s"]
-            mult[svc] = round(max(want / p99, 1.2), 3)
-            if cause == "network_loss":
-                errors[svc] = round(frng.uniform(0.03, 0.08) / (1 if svc in affected else 3), 4)
-        latency = traffic.LatencyFault(fault_node, float(sli_onset), 5.0, float(onset + duration + lag), mult,
-                                       errors)
-        fault_truth = {
-            "cause": cause, "layer": taxonomy.BY_ID[cause].layer, "node": names[fault_node],
-            "onset": at(onset), "end": at(onset + duration), **target,
-            "evidence": faults.describe_series([s for s, _ in evidence]),
-            "ramp_s": round(ramp, 1), "sli_onset": at(sli_onset),
-            "affected_services": [s for s in services if s in affected],
-            "latency_multiplier": mult, "error_ratio": errors or None,
-            "reference_score": round(s_cause, 2),
-        }
-
-        # ---- (a) an effect on the fault node, 20-60 s after the SLI breaks
-        cands = [c for c in faults.EFFECTS if not faults.overlaps(c, cause, node)]
-        conf = cands[int(frng.integers(0, len(cands)))]
-        e0 = int(min(sli_onset + 5 + frng.uniform(20, 60), n - 10))
-        e1 = int(min(n, onset + duration + frng.uniform(0, 30)))
-        e1 = max(e1, e0 + 10)
-        ratio = _ratio(frng)
-        amounts = faults.calibrate(node, conf, max(ratio * s_cause, faults.MIN_CONFOUNDER_SCORE), base)
-        faults.apply_confounder(node, conf, amounts, faults.profile(n, e0, 8.0, e1))
-        series = faults.confounder_series(node, conf)
-        effect_truth = {
-            "kind": conf.kind, "description": conf.description, "node": names[fault_node],
-            "onset": at(e0), "end": at(min(e1, n)), "signals": faults.describe_series(series),
-            "reference_score": round(max(faults.robust_score(s, base, (e0 + 8, e1)) for s in series), 2),
-        }
-        effect_signals = {s.name for s in series}
-    else:
-        frng = np.random.default_rng([seed, 5])
-        effect_signals = set()
-
-    # ---- (b) a fleet-wide change within 2 min of the fault (or mid-run in a healthy control)
-    ref = nodes[fault_node]
-    cands = [c for c in faults.FLEET_WIDE
-             if not faults.overlaps(c, cause, ref) and not ({s for s, _ in c.signals} & effect_signals)]
-    conf = cands[int(frng.integers(0, len(cands)))]
-    f0 = int(np.clip(onset + frng.uniform(-120, 120), min(60, n // 4), max(n - 60, n // 2)))
-    framp = float(frng.uniform(5, 15))
-    fbase = faults.baseline_window(f0)
-    target_score = _ratio(frng) * s_cause if cause else frng.uniform(8, 40)
-    target_score = max(target_score, faults.MIN_CONFOUNDER_SCORE)
-    prof = faults.profile(n, f0, framp)
-    for node in nodes:  # calibrated per node, so it is strong on every node whatever its baseline
-        faults.apply_confounder(node, conf, faults.calibrate(node, conf, target_score, fbase), prof)
-    series = faults.confounder_series(ref, conf)
-    fleet_truth = {
-        "kind": conf.kind, "description": conf.description, "nodes": list(names), "onset": at(f0), "end": None,
-        "signals": [{"signal": s, "attributes": dict(w)} for s, w in conf.signals],
-        "reference_node": names[fault_node],
-        "reference_score": round(max(faults.robust_score(s, fbase, (f0 + int(framp) + 1, n)) for s in series), 2),
-    }
-
-    # ---- a collector restart: counters and histograms start over on one node
-    rnode = int(rng.integers(0, len(nodes)))
-    r = int(rng.integers(int(0.2 * n), int(0.45 * n)))
-    if cause is not None and abs(r - onset) < 120:
-        r = max(10, onset - 150)
-    reset = (rnode, r, RESTART_GAP_S)
-    reset_truth = {"node": names[rnode], "at": at(r), "gap_s": RESTART_GAP_S,
-                   "restarted_at": at(r + RESTART_GAP_S - 1)}
-
-    innocent = blips.add_blips(nodes, names, fault_node if cause else None, n, seed, at)
-    plan = traffic.make_plan(seed, n, start_ns, int(cfg.flush_interval_s), services, names, cfg.rate, latency)
+        probe_plan = traffic.make_plan(seed, n, start_ns, cfg.flush_interval_s, run.services, names, cfg.rate)
+        fault = planning.inject_fault(run, cause, fault_node, onset, cfg.fault_duration_s, probe_plan, frng)
+        effect_truth, effect_signals = planning.add_effect(run, cause, fault_node, fault, frng)
+    fleet_truth = planning.add_fleet_wide_change(run, cause, fault_node, onset, fault.score if fault else 0.0,
+                                                 effect_signals, frng)
+    reset, reset_truth = planning.plan_restart(run, cause, onset, rng)
+    innocent = blips.add_blips(run.nodes, names, fault_node if cause else None, n, seed, run.at)
+    plan = traffic.make_plan(seed, n, start_ns, int(cfg.flush_interval_s), run.services, names, cfg.rate,
+                             fault.latency if fault else None)
     truth = GroundTruth(
-        seed=seed, start=at(0), end=at(n), nodes=list(names), services=list(services),
-        fault=fault_truth, effect=effect_truth, fleet_wide=fleet_truth, counter_reset=reset_truth,
-        extra={
-            "slo": {"default_tier": traffic.DEFAULT_TIER,
-                    "tiers": {t: {"latency": {"percentile": v["percentile"], "threshold_ms": v["threshold_s"] * 1e3},
-                                  "availability": v["availability"]} for t, v in traffic.TIERS.items()},
-                    "resolution": "10s"},
-            "bursts": {s: [at(b) for b in plan.bursts[s].tolist()] for s in services},
-            "blips": innocent,
-            "reference_score": "median over the anomaly of the harmful-direction deviation from the median of "
-                               "the 10 min before it (ending 30 s before), in baseline IQRs floored at the "
-                               "catalog noise floor; per-second gauge values, counter deltas, histogram means",
-        },
-    )
-    return Fleet(cfg, n, start, start_ns, names, nodes, plan, truth, reset)
+        seed=seed, start=run.at(0), end=run.at(n), nodes=list(names), services=list(run.services),
+        fault=fault.truth if fault else None, effect=effect_truth, fleet_wide=fleet_truth, counter_reset=reset_truth,
+        extra=_truth_extra(plan, run, innocent))
+    return Fleet(cfg, n, start, start_ns, names, run.nodes, plan, truth, reset)
 
 
-def _ratio(rng: np.random.Generator) -> float:
-    lo, hi = faults.CONFOUNDER_RATIO
-    return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
-
-
-def _affected_services(cause: str, services: tuple, rng: np.random.Generator) -> set:
-    affected = {s for s in services if rng.random() < 0.5}
-    if taxonomy.BY_ID[cause].layer == "gpu" and "llm-gateway" in services:
-        affected.add("llm-gateway")
-    if not affected:
-        affected.add(services[int(rng.integers(0, len(services)))])
-    return affected
+def _truth_extra(plan: traffic.TrafficPlan, run: planning.Run, innocent: list) -> dict:
+    """The ground truth beside the fault and its confounders: the spec the traffic was made for, bursts, blips."""
+    return {
+        "slo": {"default_tier": traffic.DEFAULT_TIER,
+                "tiers": {t: {"latency": {"percentile": v["percentile"], "threshold_ms": v["threshold_s"] * 1e3},
+                              "availability": v["availability"]} for t, v in traffic.TIERS.items()},
+                "resolution": "10s"},
+        "bursts": {s: [run.at(b) for b in plan.bursts[s].tolist()] for s in run.services},
+        "blips": innocent,
+        "reference_score": "median over the anomaly of the harmful-direction deviation from the median of "
+                           "the 10 min before it (ending 30 s before), in baseline IQRs floored at the "
+                           "catalog noise floor; per-second gauge values, counter deltas, histogram means",
+    }
 
 
 # ------------------------------------------------------------------------------------------------ rendering

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sloscope.catalog import TIER_HEADER_ATTRIBUTE, TIER_ISTIO_TAG
+
 from simulator.otlp_json import attribute as _kv
 
 # the built-in SLO spec (docs/slo-spec.md)
@@ -97,13 +99,10 @@ def check_latency_margin(services) -> None:
 # ------------------------------------------------------------------------------------------------ encoding
 
 
-HEADER = "http.request.header.x-slo-tier"
-ISTIO_TAG = "slo.tier"
-
-
 def _valid_fragments(tier: str) -> list[str]:
     # string[] as the semantic conventions say; a plain string as Envoy custom tags send it; the Istio tag
-    return ["," + _kv(HEADER, [tier]), "," + _kv(HEADER, tier), "," + _kv(ISTIO_TAG, tier)]
+    return ["," + _kv(TIER_HEADER_ATTRIBUTE, [tier]), "," + _kv(TIER_HEADER_ATTRIBUTE, tier),
+            "," + _kv(TIER_ISTIO_TAG, tier)]
 
 
 HOSTILE_VALUES = (
@@ -124,10 +123,10 @@ HOSTILE_VALUES = (
 
 def _hostile_fragment(kind: str, value) -> str:
     if kind == "istio":
-        return "," + _kv(ISTIO_TAG, value)
+        return "," + _kv(TIER_ISTIO_TAG, value)
     if kind == "int":
-        return "," + _kv(HEADER, int(value))
-    return "," + _kv(HEADER, value)
+        return "," + _kv(TIER_HEADER_ATTRIBUTE, int(value))
+    return "," + _kv(TIER_HEADER_ATTRIBUTE, value)
 
 
 # tier fragment table: 0-2 critical (array, string, istio), 3-5 standard, 6 missing, 7.. hostile

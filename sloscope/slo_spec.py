@@ -1,15 +1,23 @@
-"""The SLO spec (docs/slo-spec.md): loading and validation with errors that name file, key and expectation."""
+"""The SLO spec (docs/slo-spec.md): loading and validation with errors that name file, key and expectation.
+
+Besides tiers and objectives, a spec may declare causes of its own and any OTLP metric as evidence for a cause
+(`causes`, `evidence`); errors in those also name the YAML line."""
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
-_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+from sloscope import catalog, taxonomy
+
+from sloscope.durations import parse_duration
+from sloscope.errors import ConfigError, read_config_text
+
 TIER_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
 DEFAULT_SPEC_YAML = """\
@@ -26,7 +34,7 @@ resolution: 10s
 """
 
 
-class SpecError(ValueError):
+class SpecError(ConfigError):
     """A spec that cannot be used; the message says where and what was expected."""
 
 
@@ -49,16 +57,7 @@ class SloSpec:
     window_s: float
     resolution_s: float
     source: str = "<built-in>"
-
-
-def parse_duration(text, where: str) -> float:
-    match = _DURATION.match(str(text).strip())
-    if not match:
-        raise SpecError(f"{where}: expected a duration like 10s, 5m, 30d; got {text!r}")
-    seconds = float(match.group(1)) * _SECONDS[match.group(2)]
-    if seconds <= 0:
-        raise SpecError(f"{where}: duration must be positive; got {text!r}")
-    return seconds
+    taxonomy: taxonomy.Taxonomy = taxonomy.BUILT_IN  # the built-in causes with what the spec declares
 
 
 def _number(value, where: str, low: float, high: float, *, open_low=False, open_high=False) -> float:
@@ -101,10 +100,13 @@ def _tier(name, body, where: str) -> TierObjective:
 
 def parse_spec(text: str, source: str = "<string>") -> SloSpec:
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_LineLoader)
+    except yaml.MarkedYAMLError as exc:
+        line = f":{exc.problem_mark.line + 1}" if exc.problem_mark else ""
+        raise SpecError(f"{source}{line}: not valid YAML: {exc.problem}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{source}: not valid YAML: {exc}") from None
-    doc = _mapping(doc, source, ("default_tier", "tiers"), ("window", "resolution"))
+    doc = _mapping(doc, source, ("default_tier", "tiers"), ("window", "resolution", "causes", "evidence"))
     tiers_doc = doc["tiers"]
     if not isinstance(tiers_doc, dict) or not tiers_doc:
         raise SpecError(f"{source}: tiers: expected a non-empty mapping of tier name to objectives")
@@ -112,20 +114,170 @@ def parse_spec(text: str, source: str = "<string>") -> SloSpec:
     default = doc["default_tier"]
     if default not in tiers:
         raise SpecError(f"{source}: default_tier: {default!r} is not one of the tiers ({', '.join(tiers)})")
-    resolution = parse_duration(doc.get("resolution", "10s"), f"{source}: resolution")
-    window = parse_duration(doc.get("window", "30d"), f"{source}: window")
+    try:
+        resolution = parse_duration(doc.get("resolution", "10s"), f"{source}: resolution")
+        window = parse_duration(doc.get("window", "30d"), f"{source}: window")
+    except ConfigError as exc:  # a spec's callers catch SpecError
+        raise SpecError(str(exc)) from None
     if resolution < 1:
         raise SpecError(f"{source}: resolution: expected at least 1s; got {doc.get('resolution')!r}")
-    return SloSpec(default, tiers, window, resolution, source)
+    return SloSpec(default, tiers, window, resolution, source, _declared_taxonomy(doc, source))
 
 
 def load_spec(path: str | Path | None) -> SloSpec:
     """Load a spec file, or the built-in default spec (docs/slo-spec.md) when path is None."""
     if path is None:
         return parse_spec(DEFAULT_SPEC_YAML, "<built-in>")
-    path = Path(path)
+    return parse_spec(read_config_text(path, "SLO spec", SpecError), str(path))
+
+
+# --- declared causes and evidence -----------------------------------------------------------------------------------
+
+class _Lines(dict):
+    """A YAML mapping that knows the line (1-based) of itself and of each of its keys."""
+
+    line = 0
+    lines: dict = {}
+
+    def line_of(self, key) -> int:
+        return self.lines.get(key, self.line)
+
+
+class _LineLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, keeping lines and refusing a key given twice (which safe_load lets the last win)."""
+
+
+def _lines_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Lines:
+    loader.flatten_mapping(node)
+    out = _Lines()
+    out.line, out.lines = node.start_mark.line + 1, {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, Hashable):
+            raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a scalar", key_node.start_mark)
+        if key in out:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (first on line "
+                                                    f"{out.lines[key]})", key_node.start_mark)
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.lines[key] = key_node.start_mark.line + 1
+    return out
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _lines_mapping)
+
+CAUSE_ID = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+# An OpenTelemetry instrument name (a letter, then letters, digits, _ . - /; at most 255) or a Prometheus metric
+# name (letters, digits, _ and :, not starting with a digit), as a receiver passes either on.
+METRIC_NAME = re.compile(r"^[A-Za-z_:][A-Za-z0-9_.:/-]{0,254}$")
+DIRECTIONS = tuple(d.value for d in catalog.Direction)
+
+
+def _at(source: str, body, key=None) -> str:
+    line = body.line_of(key) if isinstance(body, _Lines) else 0
+    return f"{source}:{line}" if line else source
+
+
+def _text(body: dict, key: str, where: str) -> str:
+    value = body[key]
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(f"{where}: {key}: expected a non-empty string; got {value!r}")
+    return value
+
+
+def _finite(body: dict, key: str, where: str, low: float = -math.inf) -> float:
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
+        bound = f" of at least {low:g}" if low > -math.inf else ""
+        raise SpecError(f"{where}: {key}: expected a number{bound}; got {value!r}")
+    return float(value)
+
+
+def _declared_cause(cause_id, body, source: str, causes: dict) -> taxonomy.Cause:
+    where = f"{_at(source, causes, cause_id)}: causes.{cause_id}"
+    if not isinstance(cause_id, str) or not CAUSE_ID.match(cause_id):
+        raise SpecError(f"{where}: cause ids are lower-case [a-z0-9_], starting with a letter; got {cause_id!r}")
+    if cause_id in taxonomy.BY_ID:
+        raise SpecError(f"{where}: {cause_id!r} is a built-in cause (docs/taxonomy.md); declare evidence for it "
+                        "under evidence: without defining it again")
+    body = _mapping(body, where, ("layer", "physical", "remediation"), ("explained_by",))
+    remediation = _text(body, "remediation", where)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read the SLO spec: {exc.strerror}") from None
-    return parse_spec(text, str(path))
+        remediation.format(node="NODE")
+    except (KeyError, IndexError, ValueError):
+        raise SpecError(f"{_at(source, body, 'remediation')}: causes.{cause_id}.remediation: only {{node}} may "
+                        f"stand in braces; got {remediation!r}") from None
+    explained_by = body.get("explained_by", [])
+    if not isinstance(explained_by, list) or not all(isinstance(c, str) for c in explained_by):
+        raise SpecError(f"{_at(source, body, 'explained_by')}: causes.{cause_id}.explained_by: expected a list of "
+                        f"cause ids; got {explained_by!r}")
+    return taxonomy.Cause(cause_id, _text(body, "layer", where), (), _text(body, "physical", where), remediation,
+                          explained_by=tuple(explained_by))
+
+
+def _where(body: dict, where: str) -> tuple[tuple[str, str], ...]:
+    restriction = body.get("where", {})
+    if not isinstance(restriction, dict) or not all(
+            isinstance(k, str) and isinstance(v, (str, int)) and not isinstance(v, bool)
+            for k, v in restriction.items()):
+        raise SpecError(f"{where}: where: expected a mapping of attribute name to a string or integer value; "
+                        f"got {restriction!r}")
+    return tuple(sorted((k, str(v)) for k, v in restriction.items()))
+
+
+def _declared_evidence(n: int, body, source: str, known: dict, seen: dict) -> tuple:
+    """(cause id, evidence, seed threshold or None, declared signal) of the n-th evidence item."""
+    where = f"{_at(source, body)}: evidence[{n}]"
+    body = _mapping(body, where, ("metric", "cause", "harmful"), ("threshold", "noise_floor", "where"))
+    metric, cause_id = body["metric"], body["cause"]
+    at = f"{_at(source, body, 'metric')}: evidence[{n}].metric"
+    if not isinstance(metric, str) or not METRIC_NAME.match(metric):
+        raise SpecError(f"{at}: {metric!r} is not a valid OTLP or Prometheus metric name")
+    if metric in catalog.BY_NAME:
+        raise SpecError(f"{at}: {metric!r} is a catalog signal, read already (docs/catalog.md, docs/taxonomy.md)")
+    if cause_id not in known:
+        raise SpecError(f"{_at(source, body, 'cause')}: evidence[{n}].cause: unknown cause {cause_id!r}: define it "
+                        f"under causes: (layer, physical, remediation), or use one of {', '.join(known)}")
+    if body["harmful"] not in DIRECTIONS:
+        raise SpecError(f"{_at(source, body, 'harmful')}: evidence[{n}].harmful: expected up or down; got "
+                        f"{body['harmful']!r}")
+    if (metric, cause_id) in seen:
+        raise SpecError(f"{at}: {metric!r} is declared for {cause_id} twice (first on line {seen[metric, cause_id]})")
+    seen[metric, cause_id] = body.line_of("metric")
+    threshold = _finite(body, "threshold", f"{_at(source, body, 'threshold')}: evidence[{n}]") \
+        if "threshold" in body else None
+    floor = _finite(body, "noise_floor", f"{_at(source, body, 'noise_floor')}: evidence[{n}]", 0.0) \
+        if "noise_floor" in body else 0.0
+    ev = taxonomy.Evidence(metric, _where(body, f"{_at(source, body, 'where')}: evidence[{n}]"),
+                           producer=taxonomy.SPEC_PRODUCER, measure=metric)
+    return cause_id, ev, threshold, taxonomy.DeclaredSignal(metric, catalog.Direction(body["harmful"]), floor)
+
+
+def _declared_taxonomy(doc: dict, source: str) -> taxonomy.Taxonomy:
+    """The built-in taxonomy with the spec's `causes` and `evidence`; SpecError names the line of anything wrong."""
+    if "causes" not in doc and "evidence" not in doc:
+        return taxonomy.BUILT_IN
+    causes_doc, items = doc.get("causes", {}), doc.get("evidence", [])
+    if not isinstance(causes_doc, dict):
+        raise SpecError(f"{_at(source, doc, 'causes')}: causes: expected a mapping of cause id to its definition")
+    if not isinstance(items, list) or not items:
+        raise SpecError(f"{_at(source, doc, 'evidence')}: evidence: expected a non-empty list of declared metrics")
+    new = [_declared_cause(cause_id, body, source, causes_doc) for cause_id, body in causes_doc.items()]
+    known = {**taxonomy.BY_ID, **{c.id: c for c in new}}
+    seen: dict = {}
+    declared = [_declared_evidence(n, body, source, known, seen) for n, body in enumerate(items)]
+    signals: dict[str, taxonomy.DeclaredSignal] = {}
+    for (cause_id, ev, _, signal), body in zip(declared, items):
+        first = signals.setdefault(signal.name, signal)
+        if first != signal:
+            raise SpecError(f"{_at(source, body, 'harmful')}: evidence: {signal.name!r} is declared with two "
+                            "readings; its harmful direction and noise_floor must be the same for every cause")
+    for cause in new:
+        unknown = [c for c in cause.explained_by if c not in known]
+        if unknown:
+            raise SpecError(f"{_at(source, causes_doc[cause.id], 'explained_by')}: causes.{cause.id}.explained_by: "
+                            f"unknown cause {unknown[0]!r}")
+        if not any(cause_id == cause.id for cause_id, *_ in declared):
+            raise SpecError(f"{_at(source, causes_doc, cause.id)}: causes.{cause.id}: no evidence names it, so it "
+                            "could never be found; declare a metric for it under evidence:")
+    return taxonomy.declared(tuple(new), tuple((c, ev, t) for c, ev, t, _ in declared), tuple(signals.values()))
+

@@ -3,25 +3,38 @@
 Cause ids are fixed by contract. Each cause names the catalog signals (optionally narrowed to one attribute
 value, e.g. PSI for the cpu resource only) whose harmful movement is evidence for it, and the remediation
 that the alerting side maps it to.
+
+Evidence is grouped by what it measures, and ranked within its measure (1 the strongest). sloscope's own probes
+and the Collector's receivers often measure one thing twice (eBPF run-queue delay and hostmetrics' CPU
+utilization); attribution reads, per measure, only the strongest rank that has a series on the node, so a weaker
+duplicate neither adds to a cause's score nor replaces it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from sloscope import catalog
 
 
 @dataclass(frozen=True)
 class Evidence:
-    """One catalog signal, optionally restricted to data points whose attributes match `where`."""
+    """One catalog signal from one producer, optionally restricted to data points whose attributes match `where`;
+    ranked within its measure (1 the strongest)."""
 
     signal: str
     where: tuple[tuple[str, str], ...] = ()
     feature: str = "level"  # "level": the value itself; "growth": relative growth per minute
+    producer: str = catalog.OWN  # who writes the series (catalog.PRODUCERS); declared signals: SPEC_PRODUCER
+    measure: str = ""  # what it measures; a cause's evidence of one measure competes by rank
+    rank: int = 1
 
     def matches(self, attributes: dict) -> bool:
-        return all(str(attributes.get(k)) == v for k, v in self.where)
+        if not all(str(attributes.get(k)) == v for k, v in self.where):
+            return False
+        sig = catalog.BY_NAME.get(self.signal)
+        return sig is None or sig.producer_of(attributes).name == self.producer
 
 
 @dataclass(frozen=True)
@@ -59,64 +72,108 @@ class GrowthRule:
 GPU_MEMORY_LEAK = GrowthRule("hw.gpu.memory.usage", per_step=0.05, step_s=60, in_a_row=3)
 
 
-def _ev(signal, feature="level", **where):
-    catalog.signal(signal)  # fail at import on a name the catalog does not know
-    return Evidence(signal, tuple((k.replace("__", "."), v) for k, v in sorted(where.items())), feature)
+def _ev(signal, rank=1, feature="level", producer=None, **where):
+    """Evidence from `producer` (default: the signal's own definition's); the measure is set by _measure."""
+    sig = catalog.signal(signal)  # fail at import on a name the catalog does not know
+    producer = producer or sig.producers[0].name
+    assert producer in {p.name for p in sig.producers}, (signal, producer)
+    return Evidence(signal, tuple((k.replace("__", "."), v) for k, v in sorted(where.items())), feature, producer,
+                    rank=rank)
+
+
+def _measure(name: str, *evidence: Evidence) -> tuple[Evidence, ...]:
+    """One measure's evidence, strongest first."""
+    ranked = tuple(sorted((replace(ev, measure=name) for ev in evidence), key=lambda ev: ev.rank))
+    assert ranked[0].rank == 1, name
+    return ranked
+
+
+def by_measure(evidence: tuple[Evidence, ...]) -> dict[str, list[Evidence]]:
+    """A cause's evidence per measure, strongest first."""
+    out: dict[str, list[Evidence]] = {}
+    for ev in evidence:
+        out.setdefault(ev.measure, []).append(ev)
+    return {m: sorted(evs, key=lambda ev: ev.rank) for m, evs in out.items()}
 
 
 CAUSES: tuple[Cause, ...] = (
     # Kernel-busy time (NVML) says a kernel ran all the time; SM activity (DCGM) says how many SMs had work.
-    # Either path's signal is evidence on its own; a node with both gives both.
+    # Either path's signal is evidence on its own; a node with both gives both. dcgm-exporter's own fields,
+    # scraped by the Collector, count only where sloscope's probes do not run.
     Cause("gpu_sm_contention", "gpu",
-          (_ev("sloscope.gpu.kernel.busy.max"), _ev("sloscope.gpu.sm.active"), _ev("hw.gpu.utilization")),
+          _measure("gpu.sm_busy", _ev("sloscope.gpu.kernel.busy.max"), _ev("sloscope.gpu.sm.active"),
+                   _ev("hw.gpu.utilization"), _ev("DCGM_FI_PROF_SM_ACTIVE", 2), _ev("DCGM_FI_DEV_GPU_UTIL", 2)),
           "SM time-slice preemption, warp-scheduler contention (co-tenant kernels)",
           "shift new requests away from {node} (GPU saturated)"),
-    Cause("gpu_memory_bandwidth", "gpu", (_ev("sloscope.gpu.dram.active"),),
+    Cause("gpu_memory_bandwidth", "gpu",
+          _measure("gpu.hbm_bandwidth", _ev("sloscope.gpu.dram.active"), _ev("DCGM_FI_PROF_DRAM_ACTIVE", 2)),
           "HBM channel arbitration / bandwidth saturation",
           "shift new requests away from {node} (HBM bandwidth saturated); check co-tenant memory-bound jobs"),
-    Cause("gpu_memory_leak", "gpu", (_ev("hw.gpu.memory.usage", feature="growth"),),
+    Cause("gpu_memory_leak", "gpu",
+          _measure("gpu.framebuffer_growth", _ev("hw.gpu.memory.usage", feature="growth"),
+                   _ev("DCGM_FI_DEV_FB_USED", 2, feature="growth")),
           "framebuffer leak (" + GPU_MEMORY_LEAK.text + ")",
           "restart the leaking inference workload on {node}"),
-    Cause("gpu_interconnect", "gpu", (_ev("hw.gpu.io"),),
+    Cause("gpu_interconnect", "gpu", _measure("gpu.interconnect_bytes", _ev("hw.gpu.io")),
           "NVLink / PCIe DMA contention",
           "move tensor-parallel peers on {node} off the contended NVLink/PCIe path"),
-    Cause("gpu_thermal", "gpu", (_ev("hw.gpu.temperature"),),
+    Cause("gpu_thermal", "gpu",
+          _measure("gpu.temperature", _ev("hw.gpu.temperature"), _ev("DCGM_FI_DEV_GPU_TEMP", 2)),
           "thermal throttling",
           "shift new requests away from {node} and check its cooling (GPU thermal throttling)",
-          {"hw.gpu.temperature": 85.0}),
+          {"hw.gpu.temperature": 85.0, "DCGM_FI_DEV_GPU_TEMP": 85.0}),
     Cause("storage_queue", "storage",
-          (_ev("spdk.bdev.io.wait"), _ev("spdk.bdev.queue_depth"), _ev("spdk.reactor.busy")),
+          _measure("spdk.queue", _ev("spdk.bdev.io.wait"), _ev("spdk.bdev.queue_depth"), _ev("spdk.reactor.busy")),
           "NVMe queue congestion / reactor saturation",
           "throttle background I/O on {node}'s SPDK bdev (queue congestion)",
           {"spdk.bdev.io.wait": 0.005, "spdk.reactor.busy": 0.7}),
-    Cause("storage_thermal", "storage", (_ev("sloscope.nvme.temperature"),),
+    Cause("storage_thermal", "storage", _measure("nvme.temperature", _ev("sloscope.nvme.temperature")),
           "NVMe thermal throttle (> 65 C)",
           "throttle the bdev on {node} to queue depth 32 (NVMe thermal throttle)",
           {"sloscope.nvme.temperature": 65.0}),
+    # Block latency per request (eBPF) is the strongest; the device's busy time and time in operations, which
+    # hostmetrics reads from the same /proc/diskstats, only where sloscope's probes do not run.
     Cause("disk_io", "storage",
-          (_ev("sloscope.block.io.duration"), _ev("system.disk.io_time"),
-           _ev("sloscope.pressure.stall", pressure__resource="io")),
+          _measure("disk.wait", _ev("sloscope.block.io.duration"), _ev("system.disk.io_time"),
+                   _ev("sloscope.pressure.stall", pressure__resource="io"),
+                   _ev("system.disk.io_time", 2, producer=catalog.HOSTMETRICS), _ev("system.disk.operation_time", 2)),
           "kernel block-device latency",
           "move I/O-heavy co-tenants off {node}'s disk",
           # Under memory pressure the disk is busy reading back pages the kernel took away: an effect.
           explained_by=("memory_pressure",)),
-    Cause("network_loss", "network", (_ev("sloscope.tcp.retransmits"),),
+    # Retransmits see loss anywhere on the path; interface errors and drops only this node's own.
+    Cause("network_loss", "network",
+          _measure("network.loss", _ev("sloscope.tcp.retransmits"), _ev("system.network.errors", 2),
+                   _ev("system.network.dropped", 2)),
           "packet loss on the path",
           "drain traffic from {node}'s network path and check its link"),
     Cause("connection_churn", "network",
-          (_ev("system.network.connection.count", network__connection__state="time_wait"),
-           _ev("sloscope.tcp.state_transitions")),
+          _measure("tcp.time_wait", _ev("system.network.connection.count", network__connection__state="time_wait"),
+                   _ev("sloscope.tcp.state_transitions"), _ev("system.network.connections", 2, state="TIME_WAIT")),
           "connection exhaustion / short-lived connections",
           "enable connection pooling / keep-alive for clients of {node}"),
+    # How long runnable work waits for a CPU (eBPF run-queue delay, PSI) is contention itself; the load average
+    # and utilization only say the CPUs are crowded or busy, and a pod's usage says who keeps them busy. Only
+    # the CPU states that take time from others count: user, system and a hypervisor's steal.
     Cause("cpu_contention", "cpu",
-          (_ev("sloscope.cpu.runqueue.delay"), _ev("sloscope.pressure.stall", pressure__resource="cpu")),
+          _measure("cpu.wait", _ev("sloscope.cpu.runqueue.delay"),
+                   _ev("sloscope.pressure.stall", pressure__resource="cpu"),
+                   _ev("system.cpu.load_average.1m", 2),
+                   _ev("system.cpu.utilization", 2, state="user"), _ev("system.cpu.utilization", 2, state="system"),
+                   _ev("system.cpu.utilization", 2, state="steal"), _ev("k8s.node.cpu.usage", 2),
+                   _ev("k8s.pod.cpu.usage", 3), _ev("container.cpu.usage", 3)),
           "CPU run-queue contention (noisy neighbour)",
           "move the noisy neighbour off {node} or pin the inference pods' CPUs"),
-    Cause("memory_pressure", "memory", (_ev("sloscope.pressure.stall", pressure__resource="memory"),
-                                        _ev("system.paging.faults", system__paging__type="major")),
+    # Stalls on memory and major faults are reclaim itself; memory in use and working sets only approach it.
+    Cause("memory_pressure", "memory",
+          _measure("memory.reclaim", _ev("sloscope.pressure.stall", pressure__resource="memory"),
+                   _ev("system.paging.faults", system__paging__type="major"),
+                   _ev("system.paging.faults", 2, producer=catalog.HOSTMETRICS, type="major"),
+                   _ev("system.memory.utilization", 3, state="used"), _ev("k8s.node.memory.working_set", 3),
+                   _ev("k8s.pod.memory.working_set", 4), _ev("container.memory.working_set", 4)),
           "reclaim / memory stalls",
           "evict or limit memory-hungry co-tenants on {node}"),
-    Cause("syscall_overhead", "runtime", (_ev("sloscope.syscall.duration"),),
+    Cause("syscall_overhead", "runtime", _measure("syscall.latency", _ev("sloscope.syscall.duration")),
           "slow syscall path (sandboxed runtimes, lock contention)",
           "check {node}'s container runtime and lock contention (slow syscalls)",
           # A syscall that waits for the disk, a CPU, memory reclaim or a lost packet is slow because of
@@ -127,3 +184,59 @@ CAUSES: tuple[Cause, ...] = (
 BY_ID: dict[str, Cause] = {c.id: c for c in CAUSES}
 CAUSE_IDS: tuple[str, ...] = tuple(BY_ID)
 assert all(other in BY_ID for c in CAUSES for other in c.explained_by)
+
+SPEC_PRODUCER = "slo_spec"  # the producer named for a metric the SLO spec declares as evidence
+
+
+@dataclass(frozen=True)
+class DeclaredSignal:
+    """A metric outside the catalog that an SLO spec declares as evidence: how attribution reads it."""
+
+    name: str
+    harmful: catalog.Direction
+    noise_floor: float = 0.0
+
+
+@dataclass(frozen=True)
+class Taxonomy:
+    """The causes an analysis ranks: the built-in ones, with what an SLO spec adds (causes of its own, and metrics
+    declared as evidence for them or for built-in ones)."""
+
+    causes: tuple[Cause, ...] = CAUSES
+    signals: tuple[DeclaredSignal, ...] = ()
+
+    @cached_property
+    def by_id(self) -> dict[str, Cause]:
+        return {c.id: c for c in self.causes}
+
+    @cached_property
+    def declared_metrics(self) -> frozenset[str]:
+        """The metrics the decoders keep beside the catalog's."""
+        return frozenset(s.name for s in self.signals)
+
+    @cached_property
+    def growth_signals(self) -> tuple[str, ...]:
+        return tuple(sorted({ev.signal for c in self.causes for ev in c.evidence if ev.feature == "growth"}))
+
+    def reading(self, metric: str) -> tuple[catalog.Direction, float] | None:
+        """(harmful direction, noise floor) of a catalog or declared signal; None for any other metric."""
+        sig = catalog.BY_NAME.get(metric)
+        if sig is not None:
+            return sig.harmful, sig.noise_floor
+        declared = next((s for s in self.signals if s.name == metric), None)
+        return None if declared is None else (declared.harmful, declared.noise_floor)
+
+
+BUILT_IN = Taxonomy()
+
+
+def declared(new_causes: tuple[Cause, ...], evidence: tuple[tuple[str, Evidence, float | None], ...],
+             signals: tuple[DeclaredSignal, ...]) -> Taxonomy:
+    """The built-in taxonomy with `new_causes`, and each (cause id, evidence, seed threshold or None) added to its
+    cause. The caller has checked the ids (slo_spec names the YAML line of anything wrong)."""
+    causes = {**BY_ID, **{c.id: c for c in new_causes}}
+    for cause_id, ev, threshold in evidence:
+        cause = causes[cause_id]
+        seeds = cause.seed_threshold if threshold is None else {**cause.seed_threshold, ev.signal: threshold}
+        causes[cause_id] = replace(cause, evidence=cause.evidence + (ev,), seed_threshold=seeds)
+    return Taxonomy(tuple(causes.values()), signals)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from probes import base as probe_base
 from probes.base import ProbeError, ProbeUnavailable
-from probes.gpu import nvml as nvml_module
 from probes.gpu.dcgm_exporter import DcgmExporterProbe
 from probes.gpu.nvml import NvmlProbe
 from probes.registry import ProbeSet
@@ -332,7 +332,7 @@ def probe_memory_series(monkeypatch, gpu, used_at) -> list[tuple[int, float]]:
     """(time_unix_nano, bytes) of hw.gpu.memory.usage as the NVML probe reports it, one collect every 5 s for
     six minutes, starting now; `used_at(seconds)` is what the workload holds then."""
     clock = [time.time_ns()]
-    monkeypatch.setattr(nvml_module, "now_ns", lambda: clock[0])
+    monkeypatch.setattr(probe_base, "now_ns", lambda: clock[0])  # the probes' one clock
     probe = NvmlProbe(nvml=FakeNvml([gpu]))
     out = []
     with probe:

@@ -1,9 +1,8 @@
 """Adaptive trace sampling: the policy (hot tiers, budget, hysteresis), the head sampler's consistent thresholds,
-the tail_sampling config against the processor's documented schema, and GET /sampling of a real `sloscope serve`."""
+and GET /sampling of a real `sloscope serve`. The tail_sampling config: tests/test_tail_sampling.py."""
 
 import json
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -11,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-import yaml
 from opentelemetry import trace as trace_api
 from opentelemetry.propagate import extract, inject
 from opentelemetry.sdk.trace import TracerProvider
@@ -20,13 +18,14 @@ from opentelemetry.trace.span import TraceState
 
 from sampling.head_sampler import (MAX_THRESHOLD, AdaptiveSampler, decode_th, encode_th, parse_ot, probability_of,
                                  threshold_for)
-from sampling.policy import (ConfigError, Observations, SamplingConfig, SamplingPolicy, SamplingService, Sli,
-                             fair_shares, parse_config)
-from sampling.tail_sampling import render, to_yaml, write_atomic
+from sampling.budget import fair_shares
+from sampling.observations import Observations, Sli
+from sampling.policy import ConfigError, SamplingConfig, SamplingPolicy, SamplingService, parse_config
+from sampling.tail_sampling import render
 from analytics.store import Frames, Store
 from enrich.tiers import TierResolver, resolve_tiers
 from sloscope.records import Batch
-from sloscope.slo_spec import load_spec, parse_spec
+from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port, wait_listening
 
 SPEC = load_spec(None)
@@ -80,6 +79,13 @@ def remote_parent(trace_id, sampled=True, state=None):
     ctx = SpanContext(trace_id, 0x1234, is_remote=True,
                       trace_flags=TraceFlags(TraceFlags.SAMPLED if sampled else 0), trace_state=state)
     return trace_api.set_span_in_context(NonRecordingSpan(ctx))
+
+
+def _walk(policies):
+    for p in policies:
+        yield p
+        if p["type"] == "and":
+            yield from p["and"]["and_sub_policy"]
 
 
 RNG = random.Random(42)
@@ -418,140 +424,6 @@ def test_the_background_refresh_thread_fetches_and_stops(tmp_path):
     finally:
         httpd.shutdown()
         httpd.server_close()
-
-
-# --- the tail_sampling config ----------------------------------------------------------------------------------
-# The processor's configuration, transcribed from its README and config.go (otelcol-contrib
-# processor/tailsamplingprocessor): top-level options, and per policy type the fields of its block.
-
-TOP_LEVEL = {"decision_wait": str, "num_traces": int, "expected_new_traces_per_sec": int, "decision_cache": dict,
-             "sample_on_first_match": bool, "drop_pending_traces_on_shutdown": bool, "policies": list}
-POLICY_FIELDS = {
-    "always_sample": {},
-    "latency": {"threshold_ms": int, "upper_threshold_ms": int},
-    "numeric_attribute": {"key": str, "min_value": int, "max_value": int, "invert_match": bool},
-    "probabilistic": {"hash_salt": str, "sampling_percentage": (int, float)},
-    "status_code": {"status_codes": list},
-    "string_attribute": {"key": str, "values": list, "enabled_regex_matching": bool, "cache_max_size": int,
-                         "invert_match": bool},
-    "rate_limiting": {"spans_per_second": int},
-    "span_count": {"min_spans": int, "max_spans": int},
-    "trace_state": {"key": str, "values": list},
-    "boolean_attribute": {"key": str, "value": bool},
-    "ottl_condition": {"error_mode": str, "span": list, "spanevent": list},
-}
-SHARED_TYPES = set(POLICY_FIELDS)  # what and_sub_policy (and composite_sub_policy) may hold
-TOP_TYPES = SHARED_TYPES | {"and", "composite", "drop"}
-STATUS_CODES = {"OK", "ERROR", "UNSET"}
-DURATION = re.compile(r"^\d+(ns|us|ms|s|m|h)$")
-
-
-def validate_policy(policy, allowed, where):
-    assert isinstance(policy, dict), where
-    assert isinstance(policy.get("name"), str) and policy["name"], f"{where}: name"
-    kind = policy.get("type")
-    assert kind in allowed, f"{where}: type {kind!r}"
-    extra = set(policy) - {"name", "type", kind}
-    assert not extra, f"{where}: keys {extra} beside the {kind} block"
-    if kind == "and":
-        subs = policy["and"]["and_sub_policy"]
-        assert set(policy["and"]) == {"and_sub_policy"} and subs, where
-        names = [validate_policy(s, SHARED_TYPES, f"{where}/{i}") for i, s in enumerate(subs)]
-        assert len(names) == len(set(names)), f"{where}: duplicate sub-policy names"
-        return policy["name"]
-    block = policy.get(kind, {})
-    assert isinstance(block, dict), where
-    for key, value in block.items():
-        assert key in POLICY_FIELDS[kind], f"{where}: {kind}.{key} is not a field"
-        assert isinstance(value, POLICY_FIELDS[kind][key]) and not (
-            isinstance(value, bool) and POLICY_FIELDS[kind][key] in (int, (int, float))), f"{where}: {kind}.{key}"
-    if kind == "probabilistic":
-        assert 0 <= block["sampling_percentage"] <= 100, where
-    if kind == "status_code":
-        assert block["status_codes"] and set(block["status_codes"]) <= STATUS_CODES, where
-    if kind == "string_attribute":
-        assert block["key"] and block["values"] and all(isinstance(v, str) and v for v in block["values"]), where
-        assert not block.get("enabled_regex_matching"), f"{where}: values are matched exactly"
-    if kind == "latency":
-        assert block["threshold_ms"] >= 0, where
-    return policy["name"]
-
-
-def validate_tail_config(text):
-    doc = yaml.safe_load(text)
-    assert set(doc) == {"processors"} and set(doc["processors"]) == {"tail_sampling"}
-    ts = doc["processors"]["tail_sampling"]
-    for key, value in ts.items():
-        assert key in TOP_LEVEL and isinstance(value, TOP_LEVEL[key]), key
-    assert DURATION.match(ts["decision_wait"]) and ts["num_traces"] > 0 and ts["policies"]
-    names = [validate_policy(p, TOP_TYPES, f"policies/{i}") for i, p in enumerate(ts["policies"])]
-    assert len(names) == len(set(names)), "duplicate policy names"
-    return ts
-
-
-def _walk(policies):
-    for p in policies:
-        yield p
-        if p["type"] == "and":
-            yield from p["and"]["and_sub_policy"]
-
-
-@pytest.mark.parametrize("case", ["quiet", "hot-critical", "hot-default", "hot-node", "single-tier"])
-def test_the_tail_sampling_config_follows_the_processors_schema(case, tmp_path):
-    spec = parse_spec("default_tier: only\ntiers:\n  only: {latency: {percentile: 90, threshold_ms: 250.5}, "
-                      "availability: 99}\n") if case == "single-tier" else SPEC
-    default = spec.default_tier
-    traffic = {(t, svc, "/r"): 6000 for t in spec.tiers for svc in ("llm-gateway", "embedder", "we'ird: {svc}")}
-    tiers = {t: Sli(100, 0, 10.0) for t in spec.tiers}
-    if case == "hot-critical":
-        tiers[CRIT] = Sli(100, 50, 10.0)
-    if case == "hot-default":
-        tiers[default] = Sli(100, 0, 5000.0)
-    nodes = {"gpu-node-3": Sli(100, 60)} if case == "hot-node" else {}
-    doc = SamplingPolicy(spec, SamplingConfig(budget_spans_per_s=50)).evaluate(
-        Observations(T0, 60, traffic, tiers, nodes))
-    ts = validate_tail_config(to_yaml(render(doc), doc))
-    policies = {p["name"]: p for p in ts["policies"]}
-    assert policies["errors"]["status_code"]["status_codes"] == ["ERROR"]
-    slow = [p for p in ts["policies"] if p["name"].startswith("slow-")]
-    thresholds = {s["latency"]["threshold_ms"] for p in slow for s in _walk([p]) if s["type"] == "latency"}
-    assert thresholds == {int(t.threshold_ms) for t in spec.tiers.values()}
-    rates = [s for p in ts["policies"] for s in _walk([p]) if s["type"] == "probabilistic"]
-    assert rates and len({s["probabilistic"]["hash_salt"] for s in rates}) == 1
-    hot = [p for p in ts["policies"] if p["name"].startswith("hot-")]
-    if case == "quiet" or case == "single-tier":
-        assert not hot
-    if case == "hot-critical":
-        assert {(p["string_attribute"]["key"], tuple(p["string_attribute"]["values"])) for p in hot} == {
-            ("slo.tier", (CRIT,)), (HEADER, (CRIT,))}
-        assert not any(CRIT in p["name"] for p in ts["policies"] if p["name"].startswith("rate-"))
-    if case == "hot-default":
-        (p,) = hot
-        assert [s["string_attribute"]["invert_match"] for s in p["and"]["and_sub_policy"]] == [True, True]
-    if case == "hot-node":
-        assert {p["string_attribute"]["key"] for p in hot} == {"k8s.node.name", "host.name"}
-    if case == "single-tier":
-        assert all(s["type"] != "string_attribute" or s["string_attribute"]["key"] == "service.name"
-                   for s in _walk(ts["policies"]))
-
-
-def test_the_tail_config_is_written_atomically_and_by_the_cli(tmp_path):
-    out = tmp_path / "otel" / "sampling.yaml"
-    assert write_atomic(out, "a: 1\n") and out.read_text() == "a: 1\n"
-    assert not write_atomic(out, "a: 1\n")  # unchanged: not rewritten, so a reloader does not reload
-    assert write_atomic(out, "a: 2\n") and out.read_text() == "a: 2\n"
-    assert [p.name for p in out.parent.iterdir()] == ["sampling.yaml"]  # no temporary file left behind
-    store = Store(tmp_path / "s.duckdb")
-    write_requests(store, steady(T0, 60, 20, "llm-gateway", "n1", [STD]) +
-                   steady(T0, 60, 5, "llm-gateway", "n2", [CRIT], ms=3000))
-    store.close()
-    result = subprocess.run([sys.executable, "-m", "commands.cli", "sampling", "tail-config", "--db",
-                             str(tmp_path / "s.duckdb"), "--at", "latest", "-o", str(out)],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    ts = validate_tail_config(out.read_text())
-    assert any(p["name"] == "hot-tiers-slo.tier" for p in ts["policies"])
-    assert "hot tiers p99-latency-critical" in result.stderr
 
 
 def test_the_sampling_config_is_validated():

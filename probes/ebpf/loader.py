@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import ClassVar, Hashable, Iterable, Sequence
 
-from ..base import Availability, Probe, ProbeError, ProbeUnavailable, ebpf_missing, now_ns
+from ..base import Availability, Probe, ProbeError, ProbeUnavailable, ebpf_missing
 from ..sample import AnySample
 from .maps import BpfMap
 
@@ -142,8 +142,6 @@ class BccProbe(Probe):
     def __init__(self, host=None):
         super().__init__(host)
         self._program: LoadedProgram | None = None
-        self._last_ns = 0
-        self._notes: tuple[str, ...] = ()
 
     # -- what subclasses provide -------------------------------------------------------------------
     def tracepoints(self) -> list[str]:
@@ -173,48 +171,26 @@ class BccProbe(Probe):
             missing, notes = [f"availability check failed: {type(exc).__name__}: {exc}"], []
         return Availability(self.name, tuple(missing), tuple(notes))
 
-    @property
-    def running(self) -> bool:
-        return self._program is not None
-
-    @property
-    def notes(self) -> tuple[str, ...]:
-        return self._notes
-
-    def start(self) -> None:
-        if self._program is not None:
-            return
-        availability = self.check()
-        if not availability.ok:
-            raise ProbeUnavailable(self.name, availability.missing)
-        self._notes = availability.notes
+    def _start(self) -> None:
+        self._notes = list(self._require_available().notes)
         path = os.path.join(HERE, self.c_file)
         try:
-            program = load_program(path, [f"-I{HERE}", *self.cflags()], self.map_names(), self.syscalls_to_resolve())
+            self._program = load_program(path, [f"-I{HERE}", *self.cflags()], self.map_names(),
+                                         self.syscalls_to_resolve())
         except (LoadError, OSError) as exc:
             raise ProbeUnavailable(self.name, [f"BPF program {self.c_file} failed to compile or load: {exc}"]) from exc
         try:
-            self.configure(program)
-        except BaseException as exc:
-            program.close()
-            if isinstance(exc, Exception):
-                raise ProbeUnavailable(self.name, [f"configuring {self.c_file} failed: {exc}"]) from exc
-            raise
-        self._program = program
-        self._last_ns = now_ns()
+            self.configure(self._program)
+        except Exception as exc:  # the failed start's _stop() detaches the program
+            raise ProbeUnavailable(self.name, [f"configuring {self.c_file} failed: {exc}"]) from exc
 
-    def collect(self) -> list[AnySample]:
-        if self._program is None:
-            raise ProbeError(f"probe {self.name!r} is not started")
-        now = now_ns()
+    def _collect(self, start_ns: int, now: int) -> list[AnySample]:
         try:
-            samples = self.read(self._program.maps, self._last_ns, now)
+            return self.read(self._program.maps, start_ns, now)
         except OSError as exc:
             raise ProbeError(f"probe {self.name!r}: reading its maps failed: {exc}") from exc
-        self._last_ns = now
-        return samples
 
-    def stop(self) -> None:
+    def _stop(self) -> None:
         program, self._program = self._program, None
         if program is not None:
             program.close()

@@ -117,7 +117,7 @@ class SyscallLatencyProbe(BccProbe):
                 continue  # already in the availability notes
             nr = program.syscalls.get(s)
             if nr is None or not 0 <= nr < SYSCALL_NR_MAX:
-                self._notes += (f"syscall {s}: number unknown on this architecture, skipped",)
+                self._notes.append(f"syscall {s}: number unknown on this architecture, skipped")
                 continue
             self._names[len(attached)] = s
             attached.append((s, nr))

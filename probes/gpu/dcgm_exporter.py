@@ -55,7 +55,7 @@ import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..base import Availability, Probe, ProbeError, ProbeUnavailable, now_ns
+from ..base import Availability, Probe, ProbeError, ProbeUnavailable
 from ..sample import AnySample, Sample
 
 log = logging.getLogger(__name__)
@@ -311,15 +311,8 @@ class DcgmExporterProbe(Probe):
         self.timeout = timeout
         self.hostname = hostname
         self.error_counts: Counter = Counter()  # scrape failures and dropped values, by reason
-        self._running = False
-        self._last_ns = 0
-        self._rates: dict[tuple[str, str], tuple[float, int]] = {}  # (hw.id, link/direction) -> (B/s, time)
+        self._rates: dict[tuple[str, str], float] = {}  # (hw.id, link/direction) -> B/s where the interval began
         self._served: set[str] = set(STOCK_NAME)
-        self._notes: list[str] = []
-
-    @property
-    def notes(self) -> tuple[str, ...]:
-        return tuple(self._notes)
 
     def missing_signals(self) -> dict[str, str]:
         """Signal -> the DCGM fields it needs that the exporter does not serve (comma-separated)."""
@@ -334,15 +327,9 @@ class DcgmExporterProbe(Probe):
         """Remember what the exporter serves; name each needed field it lacks, once."""
         self._served = set(reading.served)
         for signal, fields in sorted(self.missing_signals().items()):
-            text = (f"dcgm-exporter at {self.url} does not serve {fields.replace(',', ', ')}: no {signal} "
-                    f"(enable it in the exporter's counters file, e.g. sloscope's {COUNTERS_FILE})")
-            if text not in self._notes:
-                self._notes.append(text)
-                log.warning("dcgm: %s", text)
-
-    @property
-    def running(self) -> bool:
-        return self._running
+            self._note(f"dcgm-exporter at {self.url} does not serve {fields.replace(',', ', ')}: no {signal} "
+                       f"(enable it in the exporter's counters file, e.g. sloscope's {COUNTERS_FILE})",
+                       logging.WARNING)
 
     # -- scraping --------------------------------------------------------------------------------------------
 
@@ -398,7 +385,7 @@ class DcgmExporterProbe(Probe):
     # -- life cycle ------------------------------------------------------------------------------------------
 
     def check(self) -> Availability:
-        if self._running:
+        if self.running:
             return Availability(self.name, notes=self.notes)
         try:
             reading = self.scrape()
@@ -409,9 +396,7 @@ class DcgmExporterProbe(Probe):
                                             "label in its answer",))
         return Availability(self.name)
 
-    def start(self) -> None:
-        if self._running:
-            return
+    def _start(self) -> None:
         try:
             reading = self.scrape()
         except ProbeError as exc:
@@ -420,26 +405,15 @@ class DcgmExporterProbe(Probe):
             raise ProbeUnavailable(self.name, [f"dcgm-exporter at {self.url}: no DCGM_FI_* field with a GPU "
                                                "UUID label in its answer"])
         self._see(reading)
-        now = now_ns()
-        self._rates = self._rate_points(reading, now)
-        self._last_ns = now
-        self._running = True
-
-    def stop(self) -> None:
-        self._running = False
+        self._rates = self._rate_points(reading)
 
     @staticmethod
-    def _rate_points(reading: Reading, now: int) -> dict[tuple[str, str], tuple[float, int]]:
-        return {(hw, key): (value, now) for hw, fields in reading.gpus.items()
-                for key, value in fields.items() if "/" in key}
+    def _rate_points(reading: Reading) -> dict[tuple[str, str], float]:
+        return {(hw, key): value for hw, fields in reading.gpus.items() for key, value in fields.items() if "/" in key}
 
-    def collect(self) -> list[AnySample]:
-        if not self._running:
-            raise ProbeError(f"probe {self.name!r} is not started")
+    def _collect(self, start: int, now: int) -> list[AnySample]:
         reading = self.scrape()
         self._see(reading)
-        now = now_ns()
-        start, self._last_ns = self._last_ns, now
         out: list[AnySample] = []
         for hw, f in sorted(reading.gpus.items()):
             attrs = {"hw.id": hw}
@@ -464,13 +438,11 @@ class DcgmExporterProbe(Probe):
             if "gpu_temp" in f:
                 gauge(TEMPERATURE, f["gpu_temp"])
             for key in sorted(k for k in f if "/" in k):
-                previous = self._rates.get((hw, key))
-                if previous is None:
+                rate0 = self._rates.get((hw, key))
+                if rate0 is None:
                     continue
-                rate0, t0 = previous
-                seconds = (now - t0) / 1e9
                 link, direction = key.split("/")
                 out.append(Sample(IO, {**attrs, "network.io.direction": direction, "sloscope.gpu.link": link},
-                                  now, (rate0 + f[key]) / 2.0 * seconds, "counter_delta", t0))
-        self._rates = self._rate_points(reading, now)
+                                  now, (rate0 + f[key]) / 2.0 * ((now - start) / 1e9), "counter_delta", start))
+        self._rates = self._rate_points(reading)
         return out

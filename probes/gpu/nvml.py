@@ -42,7 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..base import Availability, Probe, ProbeError, ProbeUnavailable, now_ns
+from ..base import Availability, Probe, ProbeError, ProbeUnavailable
 from ..sample import AnySample, Sample
 
 log = logging.getLogger(__name__)
@@ -111,10 +111,7 @@ class NvmlProbe(Probe):
         self.per_process = per_process
         self.gpus: list[GpuState] = []
         self.error_counts: Counter = Counter()  # feature -> errors other than "not supported"
-        self._notes: list[str] = []
-        self._running = False
         self._initialized = False
-        self._last_ns = 0
 
     # -- life cycle ------------------------------------------------------------------------------------------
 
@@ -145,7 +142,8 @@ class NvmlProbe(Probe):
         self._initialized = True
         return None
 
-    def _shutdown(self) -> None:
+    def _stop(self) -> None:
+        """nvmlShutdown() for each nvmlInit() (after a check, a start, or a start that failed)."""
         if self._initialized:
             self._initialized = False
             try:
@@ -154,7 +152,7 @@ class NvmlProbe(Probe):
                 log.debug("nvmlShutdown failed: %s", exc)
 
     def check(self) -> Availability:
-        if self._running:
+        if self.running:
             return Availability(self.name, notes=self.notes)
         problem = self._init_problem()
         if problem:
@@ -164,58 +162,33 @@ class NvmlProbe(Probe):
         except self._nvml.NVMLError as exc:
             return Availability(self.name, (f"NVML: nvmlDeviceGetCount failed: {exc}",))
         finally:
-            self._shutdown()
+            self._stop()
         if count == 0:
             return Availability(self.name, ("NVML: no NVIDIA GPU on this host",))
         return Availability(self.name)
 
-    @property
-    def running(self) -> bool:
-        return self._running
-
-    def start(self) -> None:
-        if self._running:
-            return
+    def _start(self) -> None:
         problem = self._init_problem()
         if problem:
             raise ProbeUnavailable(self.name, [problem])
-        try:
-            self.gpus = self._enumerate()
-            if not self.gpus:
-                raise ProbeUnavailable(self.name, ["NVML: no usable NVIDIA GPU on this host"] + self._notes)
-            for gpu in self.gpus:
-                try:
-                    self._prime(gpu)
-                except _GpuLost:
-                    self._mark_lost(gpu)
-        except BaseException:
-            self._shutdown()
-            raise
-        self._last_ns = now_ns()
-        self._running = True
-
-    def stop(self) -> None:
-        self._running = False
-        self._shutdown()
+        self.gpus = self._enumerate()
+        if not self.gpus:
+            raise ProbeUnavailable(self.name, ["NVML: no usable NVIDIA GPU on this host"] + self._notes)
+        for gpu in self.gpus:
+            try:
+                self._prime(gpu)
+            except _GpuLost:
+                self._mark_lost(gpu)
 
     @property
     def healthy(self) -> bool:
         return not any(g.lost for g in self.gpus)
-
-    @property
-    def notes(self) -> tuple[str, ...]:
-        return tuple(self._notes)
 
     def missing_signals(self) -> dict[str, str]:
         """Signals some GPU's driver cannot give, with the NVML call or fields they need."""
         needs = {"memory v2": (MEMORY_RESERVED, "nvmlDeviceGetMemoryInfo_v2"),
                  "nvlink": (IO, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX")}
         return dict(needs[f] for gpu in self.gpus for f in sorted(gpu.unsupported) if f in needs)
-
-    def _note(self, text: str, level=logging.INFO) -> None:
-        if text not in self._notes:
-            self._notes.append(text)
-            log.log(level, "nvml: %s", text)
 
     def _enumerate(self) -> list[GpuState]:
         nv = self._nvml
@@ -367,11 +340,7 @@ class NvmlProbe(Probe):
             self._process_samples(gpu)
         gpu.nvlink_kib = self._nvlink_kib(gpu)
 
-    def collect(self) -> list[AnySample]:
-        if not self._running:
-            raise ProbeError(f"probe {self.name!r} is not started")
-        now = now_ns()
-        start, self._last_ns = self._last_ns, now
+    def _collect(self, start: int, now: int) -> list[AnySample]:
         samples: list[AnySample] = []
         for gpu in self.gpus:
             if gpu.lost:

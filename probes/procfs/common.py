@@ -7,7 +7,7 @@ import errno
 import os
 from typing import ClassVar, Hashable
 
-from ..base import Availability, Probe, ProbeError, ProbeUnavailable, now_ns
+from ..base import Availability, Probe, ProbeError, ProbeUnavailable
 from ..sample import AnySample, Sample, counter_delta
 
 
@@ -20,8 +20,6 @@ class ProcfsProbe(Probe):
     def __init__(self, proc: str = "/proc", host=None):
         super().__init__(host)
         self.proc = proc
-        self._running = False
-        self._last_ns = 0
         self._prev: dict[Hashable, float] = {}
 
     def path(self, rel: str) -> str:
@@ -55,36 +53,18 @@ class ProcfsProbe(Probe):
             return f"{path}: {exc.strerror}"
         return None
 
-    @property
-    def running(self) -> bool:
-        return self._running
-
-    def start(self) -> None:
-        if self._running:
-            return
-        availability = self.check()
-        if not availability.ok:
-            raise ProbeUnavailable(self.name, availability.missing)
+    def _start(self) -> None:
+        self._require_available()
         try:
             self._prev = self.read_counters()
         except (OSError, ValueError) as exc:
             raise ProbeUnavailable(self.name, [f"reading {self.name} failed: {exc}"]) from exc
-        self._last_ns = now_ns()
-        self._running = True
 
-    def collect(self) -> list[AnySample]:
-        if not self._running:
-            raise ProbeError(f"probe {self.name!r} is not started")
-        now = now_ns()
+    def _collect(self, start_ns: int, now: int) -> list[AnySample]:
         try:
-            samples = self.read_samples(self._last_ns, now)
+            return self.read_samples(start_ns, now)
         except (OSError, ValueError) as exc:
             raise ProbeError(f"{self.name}: {exc}") from exc
-        self._last_ns = now
-        return samples
-
-    def stop(self) -> None:
-        self._running = False
 
     # Counter probes implement read_counters() -> {(name, attrs as tuple): cumulative value in the
     # signal's unit}; gauge probes override read_samples() instead.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 
-from ..base import Availability, ProbeUnavailable, now_ns
+from ..base import Availability, ProbeUnavailable
 from ..sample import AnySample, Sample
 from ..tcp_states import CONNECTION_STATES, STATE_NAMES
 from .common import ProcfsProbe
@@ -96,22 +96,17 @@ class TcpConnectionsProbe(ProcfsProbe):
     def _fallback_note(self, why: str) -> str:
         return f"reading {self.path('net/tcp')}{{,6}}: {why}"
 
-    def start(self) -> None:
-        if self._running:
-            return
+    def _start(self) -> None:
         self._diag, self._fallback_reason = open_sock_diag(self.proc)
         if self._diag is None:
             missing = super().check().missing
             if missing:
                 raise ProbeUnavailable(self.name, missing + (self._fallback_note(self._fallback_reason),))
-        self._last_ns = now_ns()
-        self._running = True
 
-    def stop(self) -> None:
+    def _stop(self) -> None:
         if self._diag is not None:
             self._diag.close()
             self._diag = None
-        super().stop()
 
     def read_counts(self) -> Counter:
         if self._diag is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import glob
 import os
 
-from ..base import Availability, Probe, ProbeError, ProbeUnavailable, now_ns
+from ..base import Availability, Probe
 from ..sample import AnySample, Sample
 
 SIGNAL = "sloscope.nvme.temperature"
@@ -51,8 +51,6 @@ class NvmeSysfsProbe(Probe):
     def __init__(self, host=None, sysfs: str = "/sys"):
         super().__init__(host)
         self.sysfs = sysfs
-        self._running = False
-        self._last_ns = 0
 
     def check(self) -> Availability:
         if read_nvme_temperatures(self.sysfs):
@@ -61,25 +59,5 @@ class NvmeSysfsProbe(Probe):
             f"{os.path.join(self.sysfs, 'class', 'nvme')}: no NVMe controller with a hwmon temperature "
             "(no kernel-attached NVMe drive, or a kernel without CONFIG_NVME_HWMON)",))
 
-    @property
-    def running(self) -> bool:
-        return self._running
-
-    def start(self) -> None:
-        if self._running:
-            return
-        availability = self.check()
-        if not availability.ok:
-            raise ProbeUnavailable(self.name, availability.missing)
-        self._last_ns = now_ns()
-        self._running = True
-
-    def collect(self) -> list[AnySample]:
-        if not self._running:
-            raise ProbeError(f"probe {self.name!r} is not started")
-        now = now_ns()
-        start, self._last_ns = self._last_ns, now
-        return temperature_samples(read_nvme_temperatures(self.sysfs), start, now)
-
-    def stop(self) -> None:
-        self._running = False
+    def _collect(self, start_ns: int, now: int) -> list[AnySample]:
+        return temperature_samples(read_nvme_temperatures(self.sysfs), start_ns, now)

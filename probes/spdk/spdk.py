@@ -267,27 +267,11 @@ class SpdkProbe(Probe):
         self.error_counts: Counter = Counter()  # what went wrong, by kind
         self.resets: Counter = Counter()  # bdevs / lcores re-baselined after their counters went down
         self.restarts = 0
-        self._notes: list[str] = []
-        self._running = False
-        self._last_ns = 0
         self._iostat: IostatSnapshot | None = None
         self._reactors: ReactorSnapshot | None = None
         self._reactors_supported = True
         self._nvme_rpc = True
         self._failed_controllers: set[str] = set()
-
-    @property
-    def notes(self) -> tuple[str, ...]:
-        return tuple(self._notes)
-
-    def _note(self, text: str, level=logging.INFO) -> None:
-        if text not in self._notes:
-            self._notes.append(text)
-            log.log(level, "spdk: %s", text)
-
-    @property
-    def running(self) -> bool:
-        return self._running
 
     def _socket_problem(self) -> str | None:
         try:
@@ -302,7 +286,7 @@ class SpdkProbe(Probe):
         return None
 
     def check(self) -> Availability:
-        if self._running:
+        if self.running:
             return Availability(self.name, notes=self.notes)
         problem = self._socket_problem()
         if problem:
@@ -318,9 +302,7 @@ class SpdkProbe(Probe):
             probe_client.close()
         return Availability(self.name)
 
-    def start(self) -> None:
-        if self._running:
-            return
+    def _start(self) -> None:
         problem = self._socket_problem()
         if problem:
             raise ProbeUnavailable(self.name, [problem])
@@ -328,14 +310,10 @@ class SpdkProbe(Probe):
             self._iostat, self._reactors = self._read_counters(now_ns())
             if self._enable_sampling(self._iostat):
                 self._iostat, self._reactors = self._read_counters(now_ns())
-        except (SpdkError, ValueError) as exc:
-            self.client.close()
+        except (SpdkError, ValueError) as exc:  # the failed start's _stop() closes the client
             raise ProbeUnavailable(self.name, [str(exc)]) from exc
-        self._last_ns = now_ns()
-        self._running = True
 
-    def stop(self) -> None:
-        self._running = False
+    def _stop(self) -> None:
         self.client.close()
 
     def missing_signals(self) -> dict[str, str]:
@@ -438,10 +416,7 @@ class SpdkProbe(Probe):
             out = temperature_samples(read_nvme_temperatures(self.sysfs), start, now)
         return out
 
-    def collect(self) -> list[AnySample]:
-        if not self._running:
-            raise ProbeError(f"probe {self.name!r} is not started")
-        now = now_ns()
+    def _collect(self, start: int, now: int) -> list[AnySample]:
         try:
             iostat, reactors = self._read_counters(now)
         except SpdkError as exc:
@@ -450,7 +425,6 @@ class SpdkProbe(Probe):
         except ValueError as exc:
             self.error_counts["malformed bdev_get_iostat"] += 1
             raise ProbeError(f"spdk: {exc}") from exc
-        start, self._last_ns = self._last_ns, now
         samples: list[AnySample] = []
         reason = restart_reason(self._iostat, iostat, self._reactors, reactors)
         if reason:

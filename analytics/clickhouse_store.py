@@ -1,0 +1,223 @@
+"""The ClickHouse store: the OpenTelemetry Collector clickhouseexporter's tables, read (and, for `sloscope ingest`,
+written) through chDB in-process or a ClickHouse server over HTTP (clickhouse-connect).
+
+It answers the same queries as the DuckDB store, in ClickHouse's dialect (analytics/sql/clickhouse/), so the
+analysis that consumes their frames is the one of analytics/slo.py and analytics/attribution.py. The frames come
+back with DuckDB's column types: naive UTC datetimes, Int64 counts, Float64 values, String text.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from analytics import exporter_tables
+from analytics.store import Frames, Reader, StoreError
+
+# A relation of this folder named in double braces, inlined as a subquery: {{requests}} reads the range of the
+# query's since and until parameters, {{requests start end}} that of its start and end.
+RELATION = re.compile(r"\{\{(\w+)(?: (\w+) (\w+))?\}\}")
+META_TABLE, COUNTERS_TABLE = "sloscope_meta", "sloscope_counters"
+
+
+def clickhouse_sql(name: str) -> str:
+    """The text of analytics/sql/clickhouse/NAME.sql with its {{relations}} inlined."""
+    text = resources.files("analytics").joinpath("sql", "clickhouse", f"{name}.sql").read_text()
+    return RELATION.sub(_inlined, text)
+
+
+def _inlined(match: re.Match) -> str:
+    relation, since, until = match.groups()
+    text = clickhouse_sql(relation)
+    if since:
+        text = text.replace("{since:", "{" + since + ":").replace("{until:", "{" + until + ":")
+    return f"(\n{text}\n)"
+
+
+def literal(value) -> str:
+    """A query parameter in ClickHouse's text form (how chDB takes them)."""
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+    if isinstance(value, (list, tuple, frozenset, set)):
+        quoted = ("'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'" for v in value)
+        return "[" + ",".join(quoted) + "]"
+    return str(value)
+
+
+class ChdbBackend:
+    """ClickHouse in this process (chDB), on the database directory `path`."""
+
+    def __init__(self, path: Path, database: str):
+        try:
+            from chdb import session
+        except ImportError:
+            raise StoreError("chdb:// needs chDB: pip install 'sloscope[clickhouse]'") from None
+        path.mkdir(parents=True, exist_ok=True)
+        self.session = session.Session(str(path))
+        self.execute(f"CREATE DATABASE IF NOT EXISTS {database}")
+        self.execute(f"USE {database}")
+        self.execute("SET session_timezone = 'UTC'")
+
+    def execute(self, query: str, params: dict | None = None) -> None:
+        self.session.query(query, "CSV", params={k: literal(v) for k, v in (params or {}).items()})
+
+    def arrow(self, query: str, params: dict | None = None) -> pa.Table:
+        result = self.session.query(query, "ArrowStream", params={k: literal(v) for k, v in (params or {}).items()})
+        data = result.bytes()
+        return ipc.open_stream(data).read_all() if data else pa.table({})
+
+    def insert(self, table: str, data: pa.Table) -> None:
+        # chDB reads Arrow from a file; the insert names its columns, the others take the table's defaults.
+        with tempfile.NamedTemporaryFile(suffix=".arrow") as tmp:
+            with ipc.new_stream(tmp.name, data.schema) as out:
+                out.write_table(data)
+            columns = ", ".join(data.column_names)
+            self.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM file('{tmp.name}', 'ArrowStream')")
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class HttpBackend:
+    """A ClickHouse server over HTTP (clickhouse-connect)."""
+
+    def __init__(self, host: str, port: int, user: str, password: str, database: str):
+        try:
+            import clickhouse_connect
+        except ImportError:
+            raise StoreError("clickhouse:// needs clickhouse-connect: pip install 'sloscope[clickhouse]'") from None
+        try:
+            self.client = clickhouse_connect.get_client(host=host, port=port, username=user, password=password,
+                                                        database=database, settings={"session_timezone": "UTC"})
+        except Exception as exc:  # the driver's errors have no common base worth naming
+            raise StoreError(f"clickhouse://{user}@{host}:{port}/{database}: cannot connect: {exc}") from None
+
+    def execute(self, query: str, params: dict | None = None) -> None:
+        self.client.command(query, parameters=params)
+
+    def arrow(self, query: str, params: dict | None = None) -> pa.Table:
+        return self.client.query_arrow(query, parameters=params)
+
+    def insert(self, table: str, data: pa.Table) -> None:
+        self.client.insert_arrow(table, data)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _duckdb_types(table: pa.Table) -> pl.DataFrame:
+    """A result as the DuckDB store would give it: naive UTC datetimes, signed integers, plain strings."""
+    frame = pl.from_arrow(table) if table.num_columns else pl.DataFrame()
+    casts = []
+    for name, dtype in frame.schema.items():
+        if isinstance(dtype, pl.Datetime):
+            casts.append(pl.col(name).dt.convert_time_zone("UTC").dt.replace_time_zone(None).dt.cast_time_unit("us")
+                         if dtype.time_zone else pl.col(name).dt.cast_time_unit("us"))
+        elif dtype.is_unsigned_integer():
+            casts.append(pl.col(name).cast(pl.Int64))
+        elif dtype in (pl.Categorical, pl.Binary):
+            casts.append(pl.col(name).cast(pl.String))
+    return frame.with_columns(casts) if casts else frame
+
+
+class ClickHouseStore(Reader):
+    """The exporter's tables in one database, as a sloscope store."""
+
+    dialect = "clickhouse"
+
+    def __init__(self, backend, label: str, read_only: bool = False):
+        self.backend, self.path, self.read_only = backend, label, read_only
+        self._recorded_spec = None
+        if read_only:
+            self._check_tables()
+        else:
+            for statement in clickhouse_sql("exporter_tables").split("\n;\n"):
+                self.backend.execute(statement)
+
+    def _check_tables(self) -> None:
+        found = {name for (name,) in self.rows("SELECT name FROM system.tables WHERE database = currentDatabase()")}
+        missing = [t for t in exporter_tables.READ_TABLES if t not in found]
+        if missing:
+            raise StoreError(f"{self.path}: no {', '.join(missing)} table (the clickhouseexporter creates them; "
+                             "or load something with sloscope ingest)")
+
+    def sql(self, name: str) -> str:
+        return clickhouse_sql(name)
+
+    def tier_params(self, spec) -> dict:
+        """The tier rules the requests relation applies: the spec's allow-list and default tier."""
+        return {"allowed_tiers": sorted(spec.tiers), "default_tier": spec.default_tier}
+
+    def frame(self, query: str, params=None) -> pl.DataFrame:
+        if "{allowed_tiers:" in query and "allowed_tiers" not in (params or {}):
+            # A query over requests that does not look at tiers still parses the tier rules: the store's spec's.
+            params = {**self.tier_params(self._spec()), **(params or {})}
+        try:
+            return _duckdb_types(self.backend.arrow(query, params))
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"{self.path}: query failed: {exc}") from None
+
+    def rows(self, query: str, params=None) -> list[tuple]:
+        return self.frame(query, params).rows()
+
+    def meta(self, key: str) -> str | None:
+        return self.scalar(f"SELECT argMax(value, updated) FROM {META_TABLE} WHERE key = {{key:String}} "
+                           "GROUP BY key", {"key": key})
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.backend.insert(META_TABLE, pa.table({"key": [key], "value": [value],
+                                                  "updated": pa.array([time.time_ns()], pa.timestamp("ns"))}))
+
+    def _spec(self):
+        if self._recorded_spec is None:
+            self._recorded_spec = self.slo_spec()
+        return self._recorded_spec
+
+    def slo_spec(self):
+        from sloscope.slo_spec import load_spec, parse_spec
+
+        tables = {name for (name,) in self.rows("SELECT name FROM system.tables WHERE database = currentDatabase()")}
+        recorded = self.meta("slo_spec") if META_TABLE in tables else None
+        return parse_spec(recorded, f"{self.path} (recorded spec)") if recorded else load_spec(None)
+
+    def gpu_nodes(self) -> dict[str, str]:
+        return {gpu: node for node, gpu in self.rows(self.sql("gpu_topology"))}
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.rows(f"SELECT name, sum(value) FROM {COUNTERS_TABLE} GROUP BY name ORDER BY name"))
+
+    def add_counters(self, counts: dict[str, int]) -> None:
+        rows = {k: int(v) for k, v in counts.items() if v}
+        if rows:
+            self.backend.insert(COUNTERS_TABLE, pa.table({"name": list(rows), "value": list(rows.values())}))
+
+    def write(self, frames: Frames, extra_counts: dict[str, int] | None = None) -> dict[str, int]:
+        """Append decoded rows to the exporter's tables. ClickHouse has no transactions over tables: each table's
+        insert is atomic on its own, and rows are appended as they come (no deduplication, as the exporter)."""
+        counts = dict(extra_counts or {})
+        for table, data in exporter_tables.tables_of(frames):
+            if data.num_rows:
+                self.backend.insert(table, data)
+        counts.update(requests_loaded=len(frames.requests), samples_loaded=len(frames.points),
+                      histograms_loaded=len(frames.histograms))
+        self.add_counters(counts)
+        return counts
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,150 @@
+"""Decoded frames as rows of the clickhouseexporter's tables (analytics/sql/clickhouse/exporter_tables.sql).
+
+The exporter writes every attribute value as text, as pcommon's Value.AsString renders it: strings as they are,
+booleans as true/false, integers in decimal, doubles as JSON numbers, lists and maps as their JSON. Spans carry
+the tier already resolved by enrich/tiers.py (an allowed tier resolves to itself, so the query's tier rules give
+the same answer), the node in the resource's k8s.node.name, and their route as the span name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import orjson
+import polars as pl
+import pyarrow as pa
+
+from sloscope.records import HISTOGRAM_OFFSET
+
+from analytics.store import Frames
+
+TRACES, GAUGE, SUM, EXP_HISTOGRAM = ("otel_traces", "otel_metrics_gauge", "otel_metrics_sum",
+                                     "otel_metrics_exponential_histogram")
+READ_TABLES = (TRACES, GAUGE, SUM, EXP_HISTOGRAM)
+TEMPORALITY = {False: 1, True: 2}  # OTLP's AggregationTemporality: delta, cumulative
+MAP_TYPE = pa.map_(pa.string(), pa.string())
+NS = pa.timestamp("ns")
+
+
+def attribute_text(value) -> str:
+    """An attribute value as the exporter stores it in a Map(String, String)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _json_number(value)
+    if value is None:
+        return ""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _json_number(value: float) -> str:
+    """As ES6 (and Go's encoding/json) render a double: integral values without a fraction, exponents from 1e21."""
+    if not math.isfinite(value):
+        return str(value)
+    if value.is_integer() and abs(value) < 1e21:
+        return str(int(value))
+    text = repr(value)
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        return f"{mantissa}e{'-' if exponent.startswith('-') else '+'}{exponent.lstrip('+-').lstrip('0') or '0'}"
+    return text
+
+
+def _keyed_map(columns: dict[str, pl.Series]) -> pa.Array:
+    """A Map column from one nullable text column per key: each row holds the keys whose value it has."""
+    keys = list(columns)
+    if not keys:
+        return pa.array([], MAP_TYPE)
+    values = np.stack([columns[k].cast(pl.String).to_numpy().astype(object) for k in keys], axis=1)
+    present = np.vectorize(lambda v: v is not None, otypes=[bool])(values)
+    offsets = np.concatenate([[0], np.cumsum(present.sum(axis=1))]).astype(np.int32)
+    names = np.broadcast_to(np.array(keys, dtype=object), values.shape)
+    return pa.MapArray.from_arrays(pa.array(offsets), pa.array(names[present], pa.string()),
+                                   pa.array(values[present], pa.string()))
+
+
+def _json_maps(texts: pl.Series) -> pa.Array:
+    """A Map column from canonical JSON attribute texts, each distinct text converted once."""
+    distinct = texts.unique().sort()
+    index = texts.rank("dense").cast(pl.Int64) - 1  # the position of each row's text in `distinct`
+    parsed = [orjson.loads(t) for t in distinct.to_list()]
+    maps = pa.array([[(k, attribute_text(v)) for k, v in p.items()] for p in parsed], MAP_TYPE)
+    return maps.take(index.to_arrow())
+
+
+def _node_resource(nodes: pl.Series) -> pa.Array:
+    return _keyed_map({"k8s.node.name": nodes})
+
+
+def traces(requests: pl.DataFrame) -> pa.Table:
+    r = requests
+    start_ns = r["start_time"].dt.cast_time_unit("ns").cast(pl.Int64).to_numpy()
+    status = r["status_code"].cast(pl.Int64).cast(pl.String)
+    return pa.table({
+        "Timestamp": pa.array(start_ns, pa.int64()).cast(NS),
+        "TraceId": r["trace_id"].to_arrow(), "SpanId": r["span_id"].to_arrow(),
+        "SpanName": r["route"].fill_null("").to_arrow(),
+        "SpanKind": pa.array(["Server"] * len(r), pa.string()),
+        "ServiceName": r["service"].to_arrow(),
+        "ResourceAttributes": _keyed_map({"service.name": r["service"], "k8s.node.name": r["node"],
+                                          "k8s.pod.name": r["pod"], "k8s.namespace.name": r["namespace"],
+                                          "k8s.pod.ip": r["pod_ip"]}),
+        "SpanAttributes": _keyed_map({"http.request.header.x-slo-tier": r["tier"], "http.route": r["route"],
+                                      "http.response.status_code": status, "hw.id": r["gpu_id"]}),
+        "Duration": pa.array(np.rint(r["duration_ms"].to_numpy() * 1e6).astype(np.uint64), pa.uint64()),
+        "StatusCode": pa.array(np.where(r["failed"].to_numpy(), "Error", "Unset"), pa.string()),
+    })
+
+
+def _metric_columns(frame: pl.DataFrame) -> dict:
+    return {
+        "ResourceAttributes": _node_resource(frame["node"]),
+        "MetricName": frame["metric"].to_arrow(),
+        "Attributes": _json_maps(frame["attributes"]),
+        "StartTimeUnix": frame["start_ns"].fill_null(0).to_arrow().cast(pa.int64()).cast(NS),
+        "TimeUnix": frame["time_ns"].to_arrow().cast(pa.int64()).cast(NS),
+    }
+
+
+def gauges(points: pl.DataFrame) -> pa.Table:
+    frame = points.filter(~pl.col("is_sum"))
+    return pa.table({**_metric_columns(frame), "Value": frame["value"].to_arrow()})
+
+
+def sums(points: pl.DataFrame) -> pa.Table:
+    frame = points.filter(pl.col("is_sum"))
+    return pa.table({**_metric_columns(frame), "Value": frame["value"].to_arrow(),
+                     "AggregationTemporality": frame["cumulative"].replace_strict(TEMPORALITY, return_dtype=pl.Int32)
+                     .to_arrow(),
+                     "IsMonotonic": pa.array([True] * len(frame), pa.bool_())})
+
+
+def exponential_histograms(histograms: pl.DataFrame) -> pa.Table:
+    """Histograms as decoded: at scale 0 over the store's fixed range, the zero bucket folded into the first."""
+    h = histograms
+    return pa.table({
+        **_metric_columns(h),
+        "Count": h["count"].cast(pl.UInt64).to_arrow(), "Sum": h["sum"].to_arrow(),
+        "Scale": pa.array([0] * len(h), pa.int32()),
+        "PositiveOffset": pa.array([HISTOGRAM_OFFSET] * len(h), pa.int32()),
+        "PositiveBucketCounts": h["buckets"].cast(pl.List(pl.UInt64)).to_arrow(),
+        "Min": h["min"].fill_null(0.0).to_arrow(), "Max": h["max"].fill_null(0.0).to_arrow(),
+        "AggregationTemporality": h["cumulative"].replace_strict(TEMPORALITY, return_dtype=pl.Int32).to_arrow(),
+    })
+
+
+def tables_of(frames: Frames) -> list[tuple[str, pa.Table]]:
+    """(table, rows) for each exporter table the frames have rows for."""
+    out = []
+    if not frames.requests.is_empty():
+        out.append((TRACES, traces(frames.requests)))
+    if not frames.points.is_empty():
+        out += [(GAUGE, gauges(frames.points)), (SUM, sums(frames.points))]
+    if not frames.histograms.is_empty():
+        out.append((EXP_HISTOGRAM, exponential_histograms(frames.histograms)))
+    return out

@@ -1,0 +1,89 @@
+"""Retention for the DuckDB store: rows older than the kept period go, in one transaction.
+
+Requests, samples and histograms older than `keep` before `now` are deleted; the cumulative state and the
+counters stay (deltas continue across the cut; counters count what was ever loaded). DuckDB reuses the freed
+blocks for new rows; the file itself shrinks only on a copy (EXPORT/IMPORT). ClickHouse stores expire rows with
+the clickhouseexporter's `ttl` setting instead, in the engine.
+
+`serve --retention` applies it at start and every RETENTION_INTERVAL_S on the writer's thread, between two
+writes, so that it has the store's one connection to itself and never races a write.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timedelta, timezone
+
+import duckdb
+
+from analytics.store import Store, StoreError
+
+log = logging.getLogger("sloscope.retention")
+RETENTION_INTERVAL_S = 3600.0
+
+TIME_COLUMNS = {"requests": "start_time", "samples": "ts", "histograms": "ts"}
+
+
+def apply_retention(store, keep: timedelta, now: datetime) -> dict[str, int]:
+    """Delete what is older than now - keep; returns the rows deleted per table (also counted as
+    retention_deleted_<table>, and the run as retention_runs)."""
+    if not isinstance(store, Store):
+        raise StoreError(f"{store.path}: retention applies to DuckDB stores; ClickHouse expires rows with the "
+                         "exporter's ttl setting")
+    cutoff = now - keep
+    deleted = {}
+    store.con.execute("BEGIN TRANSACTION")
+    try:
+        for table, column in TIME_COLUMNS.items():
+            (n,), = store.con.execute(f"DELETE FROM {table} WHERE {column} < ?", [cutoff]).fetchall()
+            deleted[table] = n
+        store.add_counters({"retention_runs": 1, **{f"retention_deleted_{table}": n for table, n in deleted.items()}})
+        store.con.execute("COMMIT")
+    except BaseException:
+        store.con.execute("ROLLBACK")
+        raise
+    return deleted
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class RetentionSchedule:
+    """apply_retention at start and then every interval_s, each run handed to the writer to do between two
+    writes. A run that fails is logged and counted (retention_failures); the next one tries again."""
+
+    def __init__(self, store: Store, writer, keep: timedelta, interval_s: float = RETENTION_INTERVAL_S,
+                 clock=utc_now):
+        self.store, self.writer, self.keep, self.interval_s, self.clock = store, writer, keep, interval_s, clock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="retention", daemon=True)
+
+    def start(self) -> "RetentionSchedule":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while True:
+            self.writer.between_writes(self.run_once)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def run_once(self) -> dict[str, int] | None:
+        try:
+            deleted = apply_retention(self.store, self.keep, self.clock())
+        except (duckdb.Error, StoreError) as exc:
+            log.warning("retention: %s", exc)
+            try:
+                self.store.add_counters({"retention_failures": 1})
+            except duckdb.Error:  # a store that cannot delete may not count either; the log has it
+                pass
+            return None
+        if any(deleted.values()):
+            log.info("retention: deleted rows older than %s: %s", self.keep, deleted)
+        return deleted

@@ -1,0 +1,59 @@
+-- The histograms of analytics/sql/schema.sql in [since, until) (count, sum and interval; the buckets stay in the
+-- exporter's table), read from its exponential-histogram table: delta points as they are, cumulative ones as
+-- per-interval deltas by the rules of samples.sql, where a bucket that went down (at an unchanged scale and
+-- offset) is a reset too. A point stored twice counts once; only the range is read, with the same 5 minutes before
+-- it as samples.sql. Points with no count are dropped, as the store drops them.
+-- Parameters: since, until. Inlined by the queries of this folder where they name it in double braces.
+WITH points AS (
+    SELECT coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
+                    'unknown') AS node,
+           MetricName AS metric,
+           toJSONString(mapSort(Attributes)) AS attributes,
+           toUnixTimestamp64Nano(StartTimeUnix) AS start_ns,
+           toUnixTimestamp64Nano(TimeUnix) AS time_ns,
+           toInt64(Count) AS count,
+           Sum AS sum,
+           Scale AS scale,
+           PositiveOffset AS offset,
+           arrayConcat([ZeroCount], PositiveBucketCounts) AS buckets,
+           AggregationTemporality AS temporality
+    FROM otel_metrics_exponential_histogram
+    WHERE bitAnd(Flags, 1) = 0
+      AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
+    LIMIT 1 BY node, metric, attributes, time_ns
+),
+cumulative AS (
+    SELECT node, metric, attributes, start_ns, time_ns, count, sum,
+           row_number() OVER series = 1 AS first,
+           lagInFrame(start_ns) OVER series AS prev_start_ns,
+           lagInFrame(time_ns) OVER series AS prev_time_ns,
+           lagInFrame(count) OVER series AS prev_count,
+           lagInFrame(sum) OVER series AS prev_sum,
+           lagInFrame(scale) OVER series AS prev_scale,
+           lagInFrame(offset) OVER series AS prev_offset,
+           lagInFrame(buckets) OVER series AS prev_buckets,
+           greatest(length(buckets), length(prev_buckets)) AS width,
+           first OR start_ns != prev_start_ns AS restarted,
+           NOT first AND (count < prev_count OR (scale = prev_scale AND offset = prev_offset AND
+               arrayExists((now, before) -> now < before, arrayResize(buckets, width), arrayResize(prev_buckets, width))))
+               AS went_down,
+           restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
+    FROM points
+    WHERE temporality = 2
+    WINDOW series AS (PARTITION BY node, metric, attributes ORDER BY time_ns
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+)
+SELECT * FROM (
+    SELECT fromUnixTimestamp64Micro(intDiv(time_ns, 1000), 'UTC') AS ts, node, metric, attributes,
+           if(start_ns > 0 AND start_ns < time_ns, (time_ns - start_ns) / 1e9, NULL) AS interval_s, count, sum
+    FROM points
+    WHERE temporality = 1
+    UNION ALL
+    SELECT fromUnixTimestamp64Micro(intDiv(time_ns, 1000), 'UTC'), node, metric, attributes,
+           if(from_start, (time_ns - start_ns) / 1e9, (time_ns - prev_time_ns) / 1e9),
+           if(from_start OR went_down, count, count - prev_count),
+           if(from_start OR went_down, sum, sum - prev_sum)
+    FROM cumulative
+    WHERE from_start OR NOT restarted
+)
+WHERE count > 0 AND ts >= {since:DateTime64(6)}

@@ -1,0 +1,62 @@
+-- The samples of analytics/sql/schema.sql in [since, until), read from the exporter's gauge and sum tables:
+-- gauges as measured (interval_s NULL), delta sums as they are, cumulative sums as per-interval increases, computed
+-- here with window functions by the rules of analytics/store.py: a new start time or a value that went down is a
+-- reset, after which the increase is the value itself when the series' start time is known, and the point is
+-- dropped when it is not. A point stored twice (a retried batch, a file loaded again) counts once, as the DuckDB
+-- store keeps it once.
+-- Only the range is read, so the work follows the range and not the table, plus up to 5 minutes before it for the
+-- point that each series' first increase is taken from (Prometheus's staleness: a series silent for longer has
+-- gone; its next point starts it again, as a first point does).
+-- Parameters: since, until. Inlined by the queries of this folder where they name it in double braces.
+WITH points AS (
+    SELECT coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
+                    'unknown') AS node,
+           MetricName AS metric,
+           toJSONString(mapSort(Attributes)) AS attributes,
+           toUnixTimestamp64Nano(StartTimeUnix) AS start_ns,
+           toUnixTimestamp64Nano(TimeUnix) AS time_ns,
+           Value AS value,
+           AggregationTemporality AS temporality
+    FROM otel_metrics_sum
+    WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0
+      AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
+    LIMIT 1 BY node, metric, attributes, time_ns
+),
+cumulative AS (
+    SELECT node, metric, attributes, start_ns, time_ns, value,
+           row_number() OVER series = 1 AS first,
+           lagInFrame(start_ns) OVER series AS prev_start_ns,
+           lagInFrame(time_ns) OVER series AS prev_time_ns,
+           lagInFrame(value) OVER series AS prev_value,
+           first OR start_ns != prev_start_ns AS restarted,
+           NOT first AND value < prev_value AS went_down,
+           restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
+    FROM points
+    WHERE temporality = 2
+    WINDOW series AS (PARTITION BY node, metric, attributes ORDER BY time_ns
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+)
+SELECT * FROM (
+    SELECT fromUnixTimestamp64Micro(intDiv(toUnixTimestamp64Nano(TimeUnix), 1000), 'UTC') AS ts,
+           coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
+                    'unknown') AS node,
+           MetricName AS metric,
+           toJSONString(mapSort(Attributes)) AS attributes,
+           Value AS value,
+           CAST(NULL AS Nullable(Float64)) AS interval_s
+    FROM otel_metrics_gauge
+    WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0
+      AND TimeUnix >= {since:DateTime64(6)} AND TimeUnix < {until:DateTime64(6)}
+    LIMIT 1 BY node, metric, attributes, ts
+)
+UNION ALL
+SELECT fromUnixTimestamp64Micro(intDiv(time_ns, 1000), 'UTC'), node, metric, attributes, value,
+       if(start_ns > 0 AND start_ns < time_ns, (time_ns - start_ns) / 1e9, NULL)
+FROM points
+WHERE temporality = 1 AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
+UNION ALL
+SELECT fromUnixTimestamp64Micro(intDiv(time_ns, 1000), 'UTC'), node, metric, attributes,
+       if(from_start OR went_down, value, value - prev_value),
+       if(from_start, (time_ns - start_ns) / 1e9, (time_ns - prev_time_ns) / 1e9)
+FROM cumulative
+WHERE (from_start OR NOT restarted) AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})

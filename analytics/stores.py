@@ -1,0 +1,110 @@
+"""Store URLs: which store a command reads (and `ingest` writes).
+
+    duckdb:///var/sloscope.duckdb              the embedded DuckDB file (the default; `--db PATH` is the same)
+    chdb:///var/sloscope-clickhouse            ClickHouse in-process (chDB) on that directory, database otel
+    clickhouse://USER@HOST:8123/DATABASE       a ClickHouse server over HTTP, the password read from
+                                               --store-password-file or $SLOSCOPE_CLICKHOUSE_PASSWORD
+
+As in SQLAlchemy's file URLs, three slashes start a relative path and four an absolute one. A password in the URL
+is refused: it would sit in the process list and the shell history.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from analytics.store import DEFAULT_DB, Store, StoreError
+
+DEFAULT_STORE = f"duckdb:///{DEFAULT_DB}"
+PASSWORD_ENV = "SLOSCOPE_CLICKHOUSE_PASSWORD"
+CHDB_DATABASE = "otel"  # the clickhouseexporter's default database
+HTTP_PORT = 8123
+SCHEMES = ("duckdb", "chdb", "clickhouse")
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    scheme: str
+    path: Path | None = None
+    user: str = "default"
+    host: str = ""
+    port: int = HTTP_PORT
+    database: str = ""
+
+    def __str__(self) -> str:
+        if self.scheme == "clickhouse":
+            return f"clickhouse://{self.user}@{self.host}:{self.port}/{self.database}"
+        return f"{self.scheme}:///{self.path}"
+
+
+def parse_store_url(text: str) -> StoreURL:
+    """A StoreURL, or StoreError saying what is wrong with `text`."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in SCHEMES:
+        raise StoreError(f"--store {text!r}: expected duckdb:///PATH, chdb:///PATH or "
+                         "clickhouse://USER@HOST:PORT/DATABASE")
+    if scheme in ("duckdb", "chdb"):
+        if not rest.startswith("/") or rest == "/":
+            raise StoreError(f"--store {text!r}: expected {scheme}:///PATH (three slashes, then the path)")
+        return StoreURL(scheme, Path(rest[1:]))
+    parts = urlsplit(text)
+    if parts.password is not None:
+        raise StoreError(f"--store: the URL holds a password; give it in --store-password-file or ${PASSWORD_ENV}")
+    try:
+        port = parts.port or HTTP_PORT
+    except ValueError:
+        raise StoreError(f"--store {text!r}: the port is not a number in 1..65535") from None
+    database = parts.path.strip("/")
+    if not parts.hostname or not database or "/" in database or parts.query:
+        raise StoreError(f"--store {text!r}: expected clickhouse://USER@HOST:PORT/DATABASE")
+    return StoreURL(scheme, user=parts.username or "default", host=parts.hostname, port=port, database=database)
+
+
+def _password(password_file: Path | None) -> str:
+    if password_file is not None:
+        try:
+            return Path(password_file).read_text().strip()
+        except OSError as exc:
+            raise StoreError(f"--store-password-file {password_file}: {exc.strerror or exc}") from None
+    return os.environ.get(PASSWORD_ENV, "")
+
+
+def open_store(text: str, *, read_only: bool = False, password_file: Path | None = None):
+    """The store the URL names: a DuckDB Store or a ClickHouseStore, read_only for commands that only read."""
+    url = parse_store_url(text)
+    if url.scheme == "duckdb":
+        return Store(url.path, read_only=read_only)
+    from analytics.clickhouse_store import ChdbBackend, ClickHouseStore, HttpBackend
+
+    if url.scheme == "chdb":
+        if read_only and not url.path.exists():
+            raise StoreError(f"{url}: no such database (ingest something first)")
+        return ClickHouseStore(ChdbBackend(url.path, CHDB_DATABASE), str(url), read_only)
+    backend = HttpBackend(url.host, url.port, url.user, _password(password_file), url.database)
+    return ClickHouseStore(backend, str(url), read_only)
+
+
+def add_store_arguments(parser) -> None:
+    """--store, its alias --db, and --store-password-file."""
+    parser.add_argument("--store", metavar="URL",
+                        help=f"the store: duckdb:///PATH, chdb:///PATH or clickhouse://USER@HOST:PORT/DATABASE "
+                        f"(default: {DEFAULT_STORE})")
+    parser.add_argument("--db", type=Path, help="DuckDB file: the same as --store duckdb:///DB")
+    parser.add_argument("--store-password-file", type=Path, metavar="FILE",
+                        help=f"the ClickHouse password (default: ${PASSWORD_ENV})")
+
+
+def store_url(args) -> str:
+    if getattr(args, "store", None) and getattr(args, "db", None):
+        raise StoreError("--store and --db name the same thing: give one")
+    if getattr(args, "store", None):
+        return args.store
+    return f"duckdb:///{args.db}" if getattr(args, "db", None) else DEFAULT_STORE
+
+
+def open_from_args(args, *, read_only: bool = False):
+    return open_store(store_url(args), read_only=read_only,
+                      password_file=getattr(args, "store_password_file", None))

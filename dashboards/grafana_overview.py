@@ -1,0 +1,105 @@
+"""The SLO overview dashboard (`sloscope-slo-overview`): per tier, latency and errors against the objective, burn
+rates and the error budget left; request rate, error ratio and open incidents for all tiers above."""
+
+from __future__ import annotations
+
+from sloscope.slo_spec import SloSpec, TierObjective
+
+from alerts import metric_names as x
+from alerts.burn import PAGE, burn_windows, promql_duration
+from dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, OVERVIEW_UID, above, dashboard, fmt_ms, fmt_num,
+                                       fmt_pct, gd, matchers, query, series_panel, stat_panel, threshold_steps,
+                                       with_row)
+
+
+def _latency_burn(t: TierObjective, window: str) -> str:
+    """Share of requests slower than the objective over `window`, divided by the share the percentile allows."""
+    le = x.le_label(x.le_seconds(t.threshold_ms))
+    s = matchers(t.name)
+    return (f"(1 - sum(rate({x.REQUEST_DURATION}_bucket{{{s}, le=\"{le}\"}}[{window}])) / "
+            f"sum(rate({x.REQUEST_DURATION}_count{{{s}}}[{window}]))) / {fmt_num(1 - t.percentile / 100)}")
+
+
+def _error_ratio(selector: str, window: str, by: str = "") -> str:
+    by_clause = f" by ({by})" if by else ""
+    return (f"sum{by_clause} (rate({x.REQUEST_ERRORS}{{{selector}}}[{window}])) / "
+            f"sum{by_clause} (rate({x.REQUESTS}{{{selector}}}[{window}]))")
+
+
+def _tier_row(spec: SloSpec, t: TierObjective) -> tuple[str, list]:
+    s = matchers(t.name)
+    q = t.percentile / 100
+    pname = f"p{fmt_num(t.percentile)}"
+    threshold_s = x.le_seconds(t.threshold_ms)
+    allowance = 1 - q
+    window = promql_duration(spec.window_s)
+    le = x.le_label(threshold_s)
+    bucket, count = f"{x.REQUEST_DURATION}_bucket", f"{x.REQUEST_DURATION}_count"
+    latency = series_panel(
+        f"{t.name}: {pname} latency against the {fmt_ms(t.threshold_ms)} objective", "s",
+        f"The tier's {pname} request latency (from the exported histogram, whose buckets include the objective "
+        f"{fmt_ms(t.threshold_ms)} exactly), overall and per service. Above the dashed line the tier violates its SLO.",
+        [query(f"histogram_quantile({fmt_num(q)}, sum by (le) (rate({bucket}{{{s}}}[$__rate_interval])))", pname, "A"),
+         query(f"histogram_quantile({fmt_num(q)}, sum by (service, le) (rate({bucket}{{{s}}}[$__rate_interval])))",
+               "{{service}}", "B")],
+        thresholds=above(threshold_s), min_val=0)
+    errors = series_panel(
+        f"{t.name}: error ratio against the {fmt_pct(t.error_budget)} budget", "percentunit",
+        f"Failed requests (5xx or span status ERROR) over all requests of the tier; the availability objective "
+        f"{fmt_num(t.availability)}% allows {fmt_pct(t.error_budget)}.",
+        [query(_error_ratio(s, "$__rate_interval"), "error ratio", "A"),
+         query(_error_ratio(s, "$__rate_interval", "service"), "{{service}}", "B")],
+        thresholds=above(t.error_budget), min_val=0)
+    burns = burn_windows(spec.window_s)  # one query per alert, over its long window, its factor a threshold
+    burn_thresholds = above(min(b.factor for b in burns if b.kind == PAGE), min(b.factor for b in burns))
+    alerts_text = " or ".join(f"{b.factor_text} over {b.long} and {b.short} ({b.kind})" for b in burns)
+    latency_burn = series_panel(
+        f"{t.name}: latency budget burn rate", "suffix:×",
+        f"How fast the latency budget is spent: the share of requests slower than {fmt_ms(t.threshold_ms)} over the "
+        f"{fmt_pct(allowance)} the {pname} objective allows. Alerts fire above {alerts_text}.",
+        [query(_latency_burn(t, b.long), b.long, chr(ord("A") + i)) for i, b in enumerate(burns)],
+        w=8, thresholds=burn_thresholds, min_val=0)
+    error_burn = series_panel(
+        f"{t.name}: error budget burn rate", "suffix:×",
+        f"The error ratio over the {fmt_pct(t.error_budget)} budget, per alert window; alerts fire above "
+        f"{alerts_text}.",
+        [query(f"({_error_ratio(s, b.long)}) / {fmt_num(t.error_budget)}", b.long, chr(ord("A") + i))
+         for i, b in enumerate(burns)],
+        w=8, thresholds=burn_thresholds, min_val=0)
+    budget_left = stat_panel(
+        f"{t.name}: error budget left ({window})", "percentunit",
+        f"Share of the {window} budget not yet spent: latency (requests slower than {fmt_ms(t.threshold_ms)}) and "
+        f"errors. Below zero the objective is missed for the period.",
+        [query(f"1 - (1 - sum(increase({bucket}{{{s}, le=\"{le}\"}}[{window}])) / "
+               f"sum(increase({count}{{{s}}}[{window}]))) / {fmt_num(allowance)}", "latency", "A", instant=True),
+         query(f"1 - ({_error_ratio(s, window).replace('rate(', 'increase(')}) / {fmt_num(t.error_budget)}",
+               "errors", "B", instant=True)],
+        w=8, thresholds=threshold_steps((None, "red"), (0, "orange"), (0.25, "green")), decimals=1)
+    title = (f"Tier {t.name}: {pname} ≤ {fmt_ms(t.threshold_ms)}, availability {fmt_num(t.availability)}%"
+             f"{' (default tier)' if t.name == spec.default_tier else ''}")
+    return title, [latency, errors, latency_burn, error_burn, budget_left]
+
+
+def slo_overview(spec: SloSpec, datasource_uid: str = DEFAULT_DATASOURCE_UID) -> gd.Dashboard:
+    board = dashboard(OVERVIEW_UID, "sloscope / SLO overview",
+                      "Per SLO tier: latency percentile against its objective, error ratio, burn rates and the error "
+                      f"budget left over {promql_duration(spec.window_s)}. Generated from the SLO spec "
+                      f"({spec.source}) by `sloscope dashboards build`; edits in Grafana are overwritten on push.",
+                      spec, datasource_uid, time_from="now-6h")
+    s = matchers()
+    board = board.with_row(gd.Row("All tiers"))
+    board = board.with_panel(series_panel(
+        "Request rate by tier", "reqps", "Requests per second ingested by sloscope, per SLO tier.",
+        [query(f"sum by (tier) (rate({x.REQUESTS}{{{s}}}[$__rate_interval]))", "{{tier}}")], w=9, min_val=0))
+    board = board.with_panel(series_panel(
+        "Error ratio by tier", "percentunit", "Failed requests over all requests, per SLO tier.",
+        [query(_error_ratio(s, "$__rate_interval", "tier"), "{{tier}}")], w=9, min_val=0))
+    board = board.with_panel(stat_panel(
+        "Open incidents", "short",
+        "Incidents (tier, service, node) that sloscope's analysis reports open now, with at least one ranked cause.",
+        [query(f"count(max by (tier, service, node) ({x.INCIDENT_CAUSE_SCORE}{{{s}}})) or vector(0)", "incidents",
+               instant=True)],
+        w=6, thresholds=threshold_steps((None, "green"), (1, "red")), decimals=0))
+    for t in spec.tiers.values():
+        board = with_row(board, *_tier_row(spec, t))
+    return board

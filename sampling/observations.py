@@ -1,0 +1,80 @@
+"""What one evaluation of the sampling policy sees: request spans per (tier, service, route), the SLIs of tiers
+and nodes, open incidents and raise_sampling overrides; and reading them from a store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from sampling.policy import SamplingConfig
+
+
+@dataclass(frozen=True)
+class Sli:
+    requests: int
+    failures: int
+    latency_ms: float | None = None  # the tier's percentile over the SLI window (tiers only)
+
+
+@dataclass(frozen=True)
+class Observations:
+    """What one evaluation sees. `traffic`: request spans per (tier, service, route) over `window_s` (route ""
+    when unknown); `tiers`, `nodes`: the last `sli_window_s`; `incidents`: open ones as (tier, service, node);
+    `overrides`: tier -> ratio of active raise_sampling overrides; `recent`: request spans per key over the
+    last `recent_s` (one interval: what the previous evaluation's probabilities were applied to)."""
+
+    now: float  # seconds since the epoch
+    window_s: float
+    traffic: Mapping[tuple[str, str, str], float]
+    tiers: Mapping[str, Sli] = field(default_factory=dict)
+    nodes: Mapping[str, Sli] = field(default_factory=dict)
+    incidents: Sequence[tuple[str, str, str]] = ()
+    overrides: Mapping[str, float] = field(default_factory=dict)
+    recent: Mapping[tuple[str, str, str], float] = field(default_factory=dict)  # spans in the last recent_s
+    recent_s: float = 0.0
+
+
+def _naive_utc(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, timezone.utc).replace(tzinfo=None)
+
+
+def observe(reader, spec, config: SamplingConfig, now: float) -> Observations:
+    """Observations at `now` (seconds since the epoch) from a store or reader (analytics.store.Reader)."""
+    from analytics.slo import find_incidents
+    from alerts.remediation import active_sampling_overrides
+
+    until = _naive_utc(now)
+    tiers = list(spec.tiers)
+    resolved = "CASE WHEN list_contains($tiers, tier) THEN tier ELSE $default END"
+    recent_s = config.interval_for(spec)
+    traffic, recent = {}, {}
+    for tier, service, route, count, last in reader.rows(
+            f"SELECT {resolved} AS t, service, coalesce(route, '') AS route, count(*), "
+            "count(*) FILTER (WHERE start_time >= $recent) FROM requests "
+            "WHERE start_time >= $since AND start_time < $until GROUP BY ALL",
+            {"tiers": tiers, "default": spec.default_tier, "since": until - timedelta(seconds=config.window_s),
+             "recent": until - timedelta(seconds=recent_s), "until": until}):
+        traffic[(tier, service, route)] = count
+        if last:
+            recent[(tier, service, route)] = last
+    quantiles = sorted({o.percentile / 100.0 for o in spec.tiers.values()})
+    sli_since = until - timedelta(seconds=config.sli_window_s)
+    tier_sli = {}
+    for tier, n, failed, values in reader.rows(
+            f"SELECT {resolved} AS t, count(*), count(*) FILTER (WHERE failed), "
+            f"quantile_cont(duration_ms, {quantiles!r}) FROM requests "
+            "WHERE start_time >= $since AND start_time < $until GROUP BY ALL",
+            {"tiers": tiers, "default": spec.default_tier, "since": sli_since, "until": until}):
+        q = spec.tiers[tier].percentile / 100.0
+        tier_sli[tier] = Sli(n, failed, values[quantiles.index(q)] if values else None)
+    node_sli = {node: Sli(n, failed) for node, n, failed in reader.rows(
+        "SELECT node, count(*), count(*) FILTER (WHERE failed) FROM requests "
+        "WHERE start_time >= $since AND start_time < $until GROUP BY ALL", {"since": sli_since, "until": until})}
+    open_after = until - timedelta(seconds=config.open_for(spec))
+    incidents = [(i.tier, i.service, i.node) for i in find_incidents(
+        reader, spec, until - timedelta(seconds=config.incident_lookback_s), until) if i.end >= open_after]
+    overrides = active_sampling_overrides(reader.con, until)
+    return Observations(now, config.window_s, traffic, tier_sli, node_sli, incidents, overrides, recent,
+                        recent_s if recent_s <= config.window_s else 0.0)

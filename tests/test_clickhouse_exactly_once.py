@@ -1,0 +1,64 @@
+"""Exactly once on ClickHouse: the exporter's tables keep whatever is inserted (a retried batch, a file loaded
+again), so the queries read one row per span and per series and timestamp, and a fleet loaded twice has the
+incidents of the fleet loaded once."""
+
+import polars as pl
+import pytest
+
+pytest.importorskip("chdb")
+
+from analytics.ingest import Ingestor  # noqa: E402
+from analytics.rca import analyse  # noqa: E402
+from analytics.stores import open_store  # noqa: E402
+from enrich.tiers import TierResolver  # noqa: E402
+from simulator.fleet import SimulationConfig, simulate  # noqa: E402
+from sloscope.slo_spec import load_spec  # noqa: E402
+from tests.test_clickhouse_store import EVERYTHING, _metric_lines  # noqa: E402
+from tests.otlp_builders import span, traces, write_lines  # noqa: E402
+
+T0 = 1_764_410_400_000_000_000
+S = 1_000_000_000
+SERIES_AND_TIME = ["node", "metric", "attributes", "ts"]
+RELATIONS = {"requests": ["span_id"], "samples": SERIES_AND_TIME, "histograms": SERIES_AND_TIME}
+
+
+def _loaded(url: str, files, times: int, spec) -> None:
+    with open_store(url) as store:
+        for _ in range(times):
+            Ingestor(store, TierResolver.from_spec(spec), jobs=1).ingest_files(files)
+
+
+def _relation(store, name: str, key: list[str]) -> pl.DataFrame:
+    return store.frame(f"SELECT * FROM ({store.sql(name)})", EVERYTHING).sort(key)
+
+
+def test_rows_stored_twice_are_read_once(tmp_path):
+    spec = load_spec(None)
+    spans = [span(f"{i:032x}", f"{i:016x}", T0 + i * S, 20 + i, tier="standard") for i in range(40)]
+    files = [write_lines(tmp_path / "in.jsonl", _metric_lines() + [traces(spans, node="n1")])]
+    read = []
+    for times in (1, 2):  # one chDB database open at a time in a process
+        _loaded(f"chdb:///{tmp_path}/ch{times}", files, times, spec)
+        with open_store(f"chdb:///{tmp_path}/ch{times}", read_only=True) as store:
+            read.append((store.scalar("SELECT count() FROM otel_traces"),
+                         {name: _relation(store, name, key) for name, key in RELATIONS.items()}))
+    (stored_once, once), (stored_twice, twice) = read
+    assert stored_twice == 2 * stored_once == 80
+    for name in RELATIONS:
+        assert once[name].height > 0
+        assert twice[name].equals(once[name]), name
+
+
+def test_a_fleet_loaded_twice_has_the_incidents_of_the_fleet_loaded_once(tmp_path):
+    truth = simulate(SimulationConfig(out=tmp_path / "otlp", nodes=3, seed=1, fault="storage_queue", rate=4.0,
+                                      duration_s=780))
+    files = sorted((tmp_path / "otlp").glob("*.jsonl*"))
+    spec = load_spec(None)
+    results = []
+    for times in (1, 2):
+        _loaded(f"chdb:///{tmp_path}/ch{times}", files, times, spec)
+        with open_store(f"chdb:///{tmp_path}/ch{times}", read_only=True) as store:
+            results.append(analyse(store, spec))
+    once, twice = results
+    assert [i["node"] for i in once["incidents"]].count(truth.fault["node"]) >= 1
+    assert twice == once

@@ -1,0 +1,204 @@
+"""The ClickHouse store (chDB in-process): store URLs, the exporter's tables, the tier rules and the cumulative
+deltas computed in the engine, each held to what the DuckDB store does with the same input."""
+
+import json
+from datetime import datetime
+
+import polars as pl
+import numpy as np
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("chdb")
+
+from analytics.attribution import Window, signal_steps  # noqa: E402
+from analytics.exporter_tables import MAP_TYPE, TRACES, attribute_text  # noqa: E402
+from analytics.slo import sli_windows  # noqa: E402
+from analytics.store import Store, StoreError  # noqa: E402
+from analytics.stores import PASSWORD_ENV, open_store, parse_store_url, _password  # noqa: E402
+from commands.cli import main  # noqa: E402
+from enrich.tiers import MAX_HEADER_LENGTH, TierResolver  # noqa: E402
+from sloscope.slo_spec import load_spec  # noqa: E402
+from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces, write_lines  # noqa: E402
+
+T0 = 1_764_410_400_000_000_000  # 2025-11-29T10:00:00Z
+S = 1_000_000_000
+EVERYTHING = {"since": datetime(2000, 1, 1), "until": datetime(2100, 1, 1)}  # the range of a relation read whole
+
+
+# --- store URLs ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, scheme, path", [
+    ("duckdb:///var/sloscope.duckdb", "duckdb", "var/sloscope.duckdb"),
+    ("duckdb:////tmp/x.duckdb", "duckdb", "/tmp/x.duckdb"),
+    ("chdb:///var/ch", "chdb", "var/ch"),
+])
+def test_file_urls_name_relative_paths_with_three_slashes_and_absolute_ones_with_four(text, scheme, path):
+    url = parse_store_url(text)
+    assert (url.scheme, str(url.path)) == (scheme, path)
+    assert parse_store_url(str(url)) == url
+
+
+def test_a_clickhouse_url_names_user_host_port_and_database():
+    url = parse_store_url("clickhouse://reader@ch.example:9123/telemetry")
+    assert (url.user, url.host, url.port, url.database) == ("reader", "ch.example", 9123, "telemetry")
+    assert parse_store_url("clickhouse://ch.example/otel").port == 8123
+
+
+@pytest.mark.parametrize("text, says", [
+    ("var/x.duckdb", "expected duckdb:///PATH"),
+    ("mysql://h/db", "expected duckdb:///PATH"),
+    ("duckdb://x.duckdb", "three slashes"),
+    ("clickhouse://u:secret@h:8123/otel", "holds a password"),
+    ("clickhouse://u@h:99999/otel", "port"),
+    ("clickhouse://u@h:8123/", "USER@HOST:PORT/DATABASE"),
+])
+def test_a_bad_url_is_refused_with_what_was_expected(text, says):
+    with pytest.raises(StoreError, match=says):
+        parse_store_url(text)
+
+
+def test_the_password_comes_from_its_file_else_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(PASSWORD_ENV, "from-env")
+    assert _password(None) == "from-env"
+    (tmp_path / "pw").write_text("from-file\n")
+    assert _password(tmp_path / "pw") == "from-file"
+    with pytest.raises(StoreError, match="--store-password-file"):
+        _password(tmp_path / "missing")
+
+
+def test_a_chdb_store_read_before_anything_was_loaded_is_a_clear_error(tmp_path, capsys):
+    assert main(["rca", "--store", f"chdb:///{tmp_path}/none"]) == 2
+    assert "no such database" in capsys.readouterr().err
+
+
+# --- tiers: the query's rules are enrich/tiers.py's ----------------------------------------------------------
+
+WHITESPACE = "".join(c for c in map(chr, range(0x3001)) if c.isspace())
+HOSTILE = ["standard", "p99-latency-critical", " standard ", WHITESPACE + "standard" + WHITESPACE, "Standard",
+           "platinum", "", " ", "stand ard", "x" * 10_000, " " * (MAX_HEADER_LENGTH - 8) + "standard",
+           " " * (MAX_HEADER_LENGTH - 7) + "standard", "\u200bstandard", "standard\x00",
+           ["p99-latency-critical"], ["standard", "p99-latency-critical"], [], [" standard\t"], [7], 7, 1.5, True,
+           {"tier": "standard"}, None, "'); DROP TABLE otel_traces; --", '["standard"', "[\"standard\"]x"]
+
+
+def _span_row(i: int, raw) -> dict:
+    attrs = [] if raw is None else [("http.request.header.x-slo-tier", attribute_text(raw))]
+    if i % 2 and raw is not None:  # Istio's spelling, given alone
+        attrs = [("slo.tier", attribute_text(raw))]
+    return {"Timestamp": T0 + i * S, "TraceId": f"{i:032x}", "SpanId": f"{i:016x}", "SpanKind": "Server",
+            "ServiceName": "svc", "ResourceAttributes": [("k8s.node.name", "n1")], "SpanAttributes": attrs,
+            "Duration": 1_000_000, "StatusCode": "Unset"}
+
+
+def test_tier_rules_in_the_query_match_the_resolver_on_hostile_values(tmp_path):
+    spec = load_spec(None)
+    with open_store(f"chdb:///{tmp_path}/ch") as store:
+        rows = [_span_row(i, raw) for i, raw in enumerate(HOSTILE)]
+        schema = pa.schema([("Timestamp", pa.timestamp("ns")), ("TraceId", pa.string()), ("SpanId", pa.string()),
+                            ("SpanKind", pa.string()), ("ServiceName", pa.string()), ("ResourceAttributes", MAP_TYPE),
+                            ("SpanAttributes", MAP_TYPE), ("Duration", pa.uint64()), ("StatusCode", pa.string())])
+        store.backend.insert(TRACES, pa.Table.from_pylist(rows, schema))
+        found = dict(store.rows(f"SELECT span_id, tier FROM ({store.sql('requests')})",
+                                {**store.tier_params(spec), **EVERYTHING}))
+    resolver = TierResolver.from_spec(spec)
+    expected = {f"{i:016x}": resolver.resolve(raw) for i, raw in enumerate(HOSTILE)}
+    assert found == expected
+    assert set(found.values()) == {"standard", "p99-latency-critical"}
+
+
+# --- cumulative deltas, resets and histograms: the engine's are the store's --------------------------------------
+
+def _metric_lines():
+    """Cumulative counters with every kind of reset, delta counters, gauges and histograms on two nodes."""
+    restart = T0 + 50 * S
+    series = [
+        counter("sloscope.tcp.retransmits", T0, [(T0 + k * 10 * S, 10 * k) for k in range(1, 5)]
+                + [(T0 + 50 * S, 3, restart - S), (T0 + 60 * S, 9, restart - S)]  # restarted with a new start
+                + [(T0 + 70 * S, 4, restart - S), (T0 + 80 * S, 8, restart - S)],  # went down without one
+                attrs={"network.io.direction": "transmit"}),
+        counter("sloscope.tcp.retransmits", 0, [(T0 + k * 10 * S, 5 * k, 0) for k in range(1, 6)],
+                attrs={"network.io.direction": "receive"}),  # no start time: the first point has no baseline
+        counter("system.disk.io_time", T0, [(T0 + k * 10 * S, k * 1.5) for k in range(1, 8)], temporality=1),
+        gauge("hw.gpu.utilization", [(T0 + k * 5 * S, 0.1 * k) for k in range(1, 15)], attrs={"hw.id": "GPU-1"}),
+        exp_histogram("sloscope.syscall.duration", T0, [(T0 + k * 10 * S, 4 * k, 0.5 * k, -20, [k, 3 * k])
+                                                       for k in range(1, 5)]
+                      + [(T0 + 50 * S, 2, 0.1, -20, [2, 0])]),  # went down: a reset
+    ]
+    return [metrics(series, node="n1"), metrics(series[:3], node="n2")]
+
+
+def _load_both(tmp_path, lines):
+    path = write_lines(tmp_path / "in.jsonl", lines)
+    assert main(["ingest", "--db", str(tmp_path / "x.duckdb"), str(path)]) == 0
+    assert main(["ingest", "--store", f"chdb:///{tmp_path}/ch", str(path)]) == 0
+    return Store(tmp_path / "x.duckdb", read_only=True), open_store(f"chdb:///{tmp_path}/ch", read_only=True)
+
+
+def _sorted(frame: pl.DataFrame, key) -> pl.DataFrame:
+    return frame.sort(key)
+
+
+def assert_same(engine: pl.DataFrame, stored: pl.DataFrame) -> None:
+    """The same columns, types and rows; floats to within an ulp or two (polars divides by 1e9 as x * 1e-9)."""
+    assert engine.schema == stored.schema
+    floats = [name for name, dtype in stored.schema.items() if dtype == pl.Float64]
+    assert engine.drop(floats).equals(stored.drop(floats))
+    for name in floats:
+        assert engine[name].is_null().equals(stored[name].is_null())
+        assert np.allclose(engine[name].drop_nulls().to_numpy(), stored[name].drop_nulls().to_numpy(), rtol=1e-12)
+
+
+def test_cumulative_sums_and_histograms_become_the_same_deltas_in_the_engine(tmp_path):
+    duck, ch = _load_both(tmp_path, _metric_lines())
+    with duck, ch:
+        key = ["node", "metric", "attributes", "ts"]
+        columns = "ts, node, metric, attributes, value, interval_s"
+        stored = _sorted(duck.frame(f"SELECT {columns} FROM samples"), key)
+        engine = _sorted(ch.frame(f"SELECT {columns} FROM ({ch.sql('samples')})", EVERYTHING), key)
+        # Per node: 8 cumulative points with resets, 4 of 5 without a start time, 7 delta; 14 gauges on n1.
+        assert stored.height == 2 * (8 + 4 + 7) + 14
+        transmit = stored.filter(pl.col("attributes").str.contains("transmit"), pl.col("node") == "n1")
+        assert transmit["value"].to_list() == [10, 10, 10, 10, 3, 6, 4, 4]  # restarted: from the start; went down
+        assert_same(engine, stored)
+        columns = "ts, node, metric, attributes, interval_s, toInt64(count) AS count, sum"
+        h_key = ["node", "metric", "ts"]
+        stored = _sorted(duck.frame(f"SELECT {columns.replace('toInt64(count)', 'count::BIGINT')} FROM histograms"),
+                         h_key)
+        engine = _sorted(ch.frame(f"SELECT {columns} FROM ({ch.sql('histograms')})", EVERYTHING), h_key)
+        assert stored["count"].to_list() == [4, 4, 4, 4, 2]
+        assert_same(engine, stored)
+
+
+def test_both_engines_answer_the_analytics_queries_with_the_same_frames(tmp_path):
+    spans = [span(f"{i:032x}", f"{i:016x}", T0 + i * S // 4, 50 + (i % 7) * 40, status=500 if i % 11 == 0 else 200,
+                  tier=["standard"]) for i in range(300)]
+    duck, ch = _load_both(tmp_path, _metric_lines() + [traces(spans, node="n1")])
+    spec = load_spec(None)
+    since, until = datetime(2025, 11, 29, 9, 59), datetime(2025, 11, 29, 10, 5)
+    window = Window(since, datetime(2025, 11, 29, 10, 0, 30), datetime(2025, 11, 29, 10, 0, 40), until, 10.0)
+    with duck, ch:
+        frames = [(sli_windows(s, spec, spec.tiers["standard"], since, until),
+                   signal_steps(s, window).sort("node", "metric", "attributes", "step")) for s in (duck, ch)]
+    (duck_sli, duck_steps), (ch_sli, ch_steps) = frames
+    assert duck_sli.height > 5 and duck_sli["failures"].sum() > 0
+    assert ch_sli.schema == duck_sli.schema
+    assert_same(ch_sli, duck_sli)
+    assert ch_steps.schema == duck_steps.schema
+    assert ch_steps.select("node", "metric", "attributes", "step").equals(
+        duck_steps.select("node", "metric", "attributes", "step"))
+    assert (ch_steps["value"] - duck_steps["value"]).abs().max() < 1e-9
+
+
+def test_ingest_records_its_counters_and_the_spec_in_the_clickhouse_store(tmp_path):
+    slo = tmp_path / "slo.yaml"
+    slo.write_text("default_tier: bulk\ntiers:\n  bulk:\n    latency: {percentile: 90, threshold_ms: 500}\n"
+                   "    availability: 99\n")
+    path = write_lines(tmp_path / "in.jsonl", [traces([span(f"{i:032x}", f"{i:016x}", T0 + i * S, 10,
+                                                            tier="standard") for i in range(5)], node="n1")])
+    assert main(["ingest", "--store", f"chdb:///{tmp_path}/ch", "--slo", str(slo), str(path)]) == 0
+    with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as store:
+        assert store.counters()["requests_loaded"] == 5
+        assert store.counters()["tier_invalid"] == 5  # standard is not a tier of this spec
+        assert list(store.slo_spec().tiers) == ["bulk"]
+        assert json.loads(json.dumps(store.rows(store.sql("data_range"))[0], default=str))[0].startswith("2025-11-29")

@@ -1,0 +1,116 @@
+"""Provisioning the dashboards into Grafana, against a protocol-faithful fake of its HTTP API: the folder, idempotent
+pushes, clear errors, and the token taken from the environment or a file only."""
+
+from __future__ import annotations
+
+import pytest
+
+from commands.cli import main
+from dashboards import grafana as g
+from dashboards.cli import read_token
+from dashboards.provision import PushError, push
+from tests.fakes.grafana_api import FakeGrafana
+from tests.test_dashboards import boards  # noqa: F401 (a fixture)
+
+TOKEN = "glsa_fake_0123456789"
+
+
+@pytest.fixture
+def grafana():
+    with FakeGrafana(token=TOKEN) as fake:
+        yield fake
+
+
+def test_push_creates_the_folder_and_is_idempotent(grafana, boards):
+    first = push(boards, grafana.url, TOKEN)
+    assert first.folder_created and first.grafana_version == grafana.version
+    assert [d["uid"] for d in first.dashboards] == list(boards) and {d["version"] for d in first.dashboards} == {1}
+    health = grafana.calls("GET", "/api/health")
+    assert health, "the health endpoint is checked first"
+    for req in grafana.requests:
+        if req["path"] != "/api/health":
+            assert req["headers"]["Authorization"] == f"Bearer {TOKEN}"
+    create = grafana.calls("POST", "/api/folders")
+    assert len(create) == 1 and create[0]["body"] == {"title": "sloscope", "uid": "sloscope"}
+    posts = grafana.calls("POST", "/api/dashboards/db")
+    assert len(posts) == 3
+    for post in posts:
+        body = post["body"]
+        assert body["overwrite"] is True and body["folderUid"] == "sloscope"
+        assert body["dashboard"]["uid"] in boards and body["dashboard"]["id"] is None
+        assert {k: v for k, v in body["dashboard"].items() if k != "id"} == boards[body["dashboard"]["uid"]]
+
+    second = push(boards, grafana.url, TOKEN)
+    assert not second.folder_created and len(grafana.calls("POST", "/api/folders")) == 1
+    assert [d["version"] for d in second.dashboards] == [2, 2, 2]
+    assert set(grafana.dashboards) == set(boards) and len(grafana.folders) == 1
+    for uid, saved in grafana.dashboards.items():
+        assert saved["folderUid"] == "sloscope"
+        assert {k: v for k, v in saved["dashboard"].items() if k not in ("id", "version")} == boards[uid]
+
+
+def test_push_errors_have_clear_messages(grafana, boards):
+    with pytest.raises(PushError, match=r"refused the token \(401.*GRAFANA_TOKEN"):
+        push(boards, grafana.url, "wrong-token")
+    assert not grafana.dashboards
+
+    push(boards, grafana.url, TOKEN)
+    with pytest.raises(PushError, match=r"changed there \(412 version-mismatch\).*--no-overwrite"):
+        push(boards, grafana.url, TOKEN, overwrite=False)
+
+    grafana.dashboards.clear()
+    grafana.dashboards["someone-elses"] = {
+        "dashboard": {"uid": "someone-elses", "title": "sloscope / SLO overview", "id": 99, "version": 1},
+        "folderUid": "sloscope", "version": 1, "id": 99, "message": None, "url": "/d/someone-elses/x"}
+    with pytest.raises(PushError, match=r"another dashboard titled 'sloscope / SLO overview'.*412 name-exists"):
+        push(boards, grafana.url, TOKEN, overwrite=False)
+    push(boards, grafana.url, TOKEN)  # overwrite: the same-titled dashboard is replaced
+    assert "someone-elses" not in grafana.dashboards
+
+    with pytest.raises(PushError, match=r"another folder titled 'sloscope'.*--folder-title"):
+        push(boards, grafana.url, TOKEN, folder_uid="other-uid")
+
+    grafana.fail[("POST", "/api/dashboards/db")] = (403, {"message": "Access denied"})
+    with pytest.raises(PushError, match=r"may not do this \(403 Access denied\)"):
+        push(boards, grafana.url, TOKEN)
+    grafana.fail[("POST", "/api/dashboards/db")] = (500, {"message": "database is locked"})
+    with pytest.raises(PushError, match=r"failed with 500: database is locked"):
+        push(boards, grafana.url, TOKEN)
+
+
+def test_push_reports_an_unreachable_grafana(boards):
+    fake = FakeGrafana().start()
+    url = fake.url
+    fake.stop()
+    with pytest.raises(PushError, match=r"health check: cannot reach Grafana at"):
+        push(boards, url, TOKEN, timeout=2)
+    with pytest.raises(PushError, match=r"expected http\(s\)://HOST"):
+        push(boards, "grafana:3000", TOKEN)
+
+
+def test_push_command_reads_the_token_from_env_or_file_only(grafana, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("GRAFANA_TOKEN", raising=False)
+    assert main(["dashboards", "push", "--url", grafana.url]) == 2
+    assert "GRAFANA_TOKEN" in capsys.readouterr().err
+    for flag in (["--token", TOKEN], [f"--token={TOKEN}"]):
+        with pytest.raises(SystemExit):
+            main(["dashboards", "push", "--url", grafana.url, *flag])
+        err = capsys.readouterr().err
+        assert TOKEN not in err and "never on the command line" in err
+    with pytest.raises(SystemExit):  # not an abbreviation of --token-file
+        main(["dashboards", "push", "--url", grafana.url, "--tok", TOKEN])
+    assert "unrecognized arguments" in capsys.readouterr().err
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    assert main(["dashboards", "push", "--url", grafana.url + "/", "--token-file", str(token_file),
+                 "--folder-uid", "slo", "--folder-title", "SLOs"]) == 0
+    out = capsys.readouterr().out
+    assert "folder slo (created)" in out and all(uid in out for uid in g.BUILDERS)
+    assert grafana.folders["slo"]["title"] == "SLOs"
+    monkeypatch.setenv("GRAFANA_TOKEN", "nope")
+    assert main(["dashboards", "push", "--url", grafana.url]) == 1
+    assert "401" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="first line is empty"):
+        read_token(empty)

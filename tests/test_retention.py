@@ -1,0 +1,97 @@
+"""`sloscope retention`: rows older than the kept period go, recent ones stay, and the deletions are counted."""
+
+import json
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+from analytics.retention import RetentionSchedule
+from analytics.store import Store
+from commands.cli import main
+from tests.in_process import InProcessReceiver
+from tests.otlp_builders import exp_histogram, gauge, metrics, span, traces, write_lines
+
+S = 1_000_000_000
+DAY = 86_400 * S
+
+
+def _load(tmp_path):
+    now = time.time_ns() // S * S
+    old, recent = now - 8 * DAY, now - DAY
+    lines = [traces([span(f"{i:032x}", f"{i:016x}", t, 10, tier="standard") for i, t in enumerate((old, recent))]),
+             metrics([gauge("hw.gpu.utilization", [(old, 0.5), (recent, 0.6)], attrs={"hw.id": "GPU-1"}),
+                      exp_histogram("sloscope.syscall.duration", old - S, [(old, 2, 0.1, -20, [2]),
+                                                                            (recent, 5, 0.3, -20, [5])], temporality=1)])]
+    path = write_lines(tmp_path / "in.jsonl", lines)
+    assert main(["ingest", "--db", str(tmp_path / "x.duckdb"), str(path)]) == 0
+
+
+def _count(tmp_path, table):
+    with Store(tmp_path / "x.duckdb", read_only=True) as store:
+        return store.scalar(f"SELECT count(*) FROM {table}")
+
+
+def test_rows_older_than_the_kept_period_go_and_recent_ones_stay(tmp_path):
+    _load(tmp_path)
+    assert [_count(tmp_path, t) for t in ("requests", "samples", "histograms")] == [2, 2, 2]
+    assert main(["retention", "--store", f"duckdb:///{tmp_path}/x.duckdb", "--keep", "7d"]) == 0
+    assert [_count(tmp_path, t) for t in ("requests", "samples", "histograms")] == [1, 1, 1]
+    with Store(tmp_path / "x.duckdb", read_only=True) as store:
+        counters = store.counters()
+        assert store.scalar("SELECT value FROM samples") == 0.6
+    assert counters["retention_deleted_requests"] == 1 and counters["retention_deleted_histograms"] == 1
+    assert main(["retention", "--db", str(tmp_path / "x.duckdb"), "--keep", "2d"]) == 0
+    assert _count(tmp_path, "requests") == 1  # a day old: kept
+
+
+def test_retention_needs_a_duration_and_a_duckdb_store(tmp_path, capsys):
+    _load(tmp_path)
+    assert main(["retention", "--db", str(tmp_path / "x.duckdb"), "--keep", "a week"]) == 2
+    assert "--keep" in capsys.readouterr().err
+    assert _count(tmp_path, "requests") == 2
+
+
+# --- serve --retention: the schedule on the writer's thread ------------------------------------------------------
+
+def _old_and_recent_spans(first_id: int) -> bytes:
+    now = time.time_ns() // S * S
+    spans = [span(f"{first_id + i:032x}", f"{first_id + i:016x}", t, 10, tier="standard")
+             for i, t in enumerate((now - 8 * DAY, now - DAY))]
+    return json.dumps(traces(spans)).encode()
+
+
+def test_serve_applies_retention_at_start_and_again_between_writes(tmp_path):
+    _load(tmp_path)
+    runs = threading.Semaphore(0)
+
+    def clock():  # called by each run, on the writer's thread
+        runs.release()
+        return datetime.now(timezone.utc).replace(tzinfo=None)
+
+    server = InProcessReceiver(tmp_path / "x.duckdb")
+    schedule = RetentionSchedule(server.store, server.writer, timedelta(days=7), interval_s=0.05, clock=clock)
+    try:
+        schedule.start()
+        assert runs.acquire(timeout=10)  # the run at start
+        assert server.post("/v1/traces", _old_and_recent_spans(100), "application/json")[0] == 200
+        for _ in range(3):  # runs after that write: its old span goes too
+            assert runs.acquire(timeout=10)
+        schedule.stop()
+        kept = server.rows("SELECT span_id FROM requests ORDER BY span_id")
+        counters = server.store.counters()
+    finally:
+        server.close()
+    assert kept == [(f"{1:016x}",), (f"{101:016x}",)]  # the two recent spans; both old ones deleted
+    assert counters["retention_deleted_requests"] == 2
+    assert counters["retention_deleted_samples"] == 1 and counters["retention_deleted_histograms"] == 1
+    assert counters["retention_runs"] >= 4
+
+
+def test_a_failed_retention_run_is_counted_and_the_next_one_tries_again(tmp_path):
+    _load(tmp_path)
+    with Store(tmp_path / "x.duckdb") as store:
+        store.con.execute("DROP TABLE histograms")  # the last delete of the transaction fails
+        schedule = RetentionSchedule(store, writer=None, keep=timedelta(days=7))
+        assert schedule.run_once() is None
+        assert store.counters()["retention_failures"] == 1
+        assert store.scalar("SELECT count(*) FROM requests") == 2  # rolled back with the failure
