@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from enrich.pods import PodDirectory, place_requests
+from enrich.pods import PodDirectory, place_points, place_requests
 from enrich.tiers import TierResolver, resolve_tiers
 from enrich.topology import GpuTopology
 from receiver.otlp_common import DecodeError
@@ -47,14 +47,17 @@ class Enrichment:
 
     def place(self, frames: Frames, peer: str | None = None) -> Counter:
         """Place the requests that name no node: by their pod (its name, else its IP; peer: the client's IP, a
-        pod IP for spans naming no pod), then by their GPU as the metrics seen so far place it. The counts of
-        each."""
+        pod IP for spans naming no pod), then by their GPU as the metrics seen so far place it; and the data
+        points that name no node by the pod their series names. The counts of each."""
         frames.requests, counts = place_requests(frames.requests, self.pods, peer)
+        frames.points, by_pod = place_points(frames.points, self.pods)
         with self._lock:
             self.topology.learn(frames.points, frames.histograms)
             frames.requests = self.topology.place(frames.requests)
             counts += self.topology.counts
             self.topology.counts.clear()
+        if by_pod:  # counted as unknown when decoded: the caller adds these to the decoding counts
+            counts.update(points_node_from_pod_name=by_pod, points_node_unknown=-by_pod)
         return counts
 
 

@@ -9,12 +9,15 @@ directory is bounded (MAX_PODS)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import polars as pl
+
+from sloscope.catalog import POD_RESOURCE, UNKNOWN_NODE
 
 RETENTION_S = 600.0  # how long a dead pod still places the spans that arrive late from it
 MAX_PODS = 200_000  # incarnations held, alive and dead: a bound on memory, far above a cluster's pods
@@ -163,6 +166,33 @@ def place_requests(requests: pl.DataFrame, directory: PodDirectory, peer: str | 
     unresolved = pl.all_horizontal(pl.col(c).is_null() for c in ("node", "pod", "pod_ip", "gpu_id"))
     counts["spans_node_unresolved"] = int(requests.select(unresolved.sum()).item())
     return requests, counts
+
+
+def place_points(points: pl.DataFrame, directory: PodDirectory) -> tuple[pl.DataFrame, int]:
+    """(data points, how many were placed): those on the unknown node whose series names its pod (kubeletstats'
+    pod and container series, where no k8sattributes processor added the node) go to the node of the pod
+    incarnation alive at the point's time. Columns used: node, attributes, time_ns."""
+    pod_key = f'"{POD_RESOURCE[0]}"'
+    lost = (pl.col("node") == UNKNOWN_NODE) & pl.col("attributes").str.contains(pod_key, literal=True)
+    if points.is_empty() or not len(directory) or not points.select(lost.any()).item():
+        return points, 0
+    rows = points.with_row_index("_row")
+    candidates = rows.filter(lost).select("_row", "attributes", "time_ns")
+    series = candidates["attributes"].unique().to_list()
+    pods = [_pod_of(text) for text in series]
+    named = pl.DataFrame({"attributes": series, "pod": [p for p, _ in pods], "namespace": [n for _, n in pods]},
+                         schema={"attributes": pl.String, "pod": pl.String, "namespace": pl.String})
+    candidates = candidates.join(named, on="attributes").with_columns(
+        start_time=pl.from_epoch("time_ns", time_unit="ns").cast(pl.Datetime("us")))
+    found = _alive_at_start(candidates.join(directory.frame().drop("pod_ip"), on=["namespace", "pod"]))
+    placed = rows.join(found, on="_row", how="left").with_columns(node=pl.coalesce("pod_node", "node"))
+    return placed.select(points.columns), len(found)
+
+
+def _pod_of(attributes: str) -> tuple[str | None, str | None]:
+    values = json.loads(attributes)
+    pod, namespace = (values.get(key) for key in POD_RESOURCE)
+    return (pod, namespace) if isinstance(pod, str) and isinstance(namespace, str) else (None, None)
 
 
 def _alive_at_start(candidates: pl.DataFrame) -> pl.DataFrame:

@@ -241,3 +241,30 @@ def test_metrics_show_the_pod_watch(kube, serving):
     assert "sloscope_kube_pods_known 1.0" in text and "sloscope_kube_watch_synced 1.0" in text
     assert 'sloscope_kube_events_total{type="added"} 1.0' in text
     assert "sloscope_kube_lists_total 1.0" in text and "sloscope_kube_watch_errors_total 0.0" in text
+
+
+def test_pod_series_that_name_no_node_are_placed_on_their_pods_node():
+    """kubeletstats' pod and container series without k8s.node.name (no k8sattributes in front): on the node of
+    the pod alive at the point's time; other points stay where they are."""
+    import json
+
+    import polars as pl
+
+    from analytics.intake import Enrichment
+    from analytics.store import POINT_SCHEMA, Frames
+
+    pods = PodDirectory()
+    pods.apply("ADDED", {"metadata": {"uid": "u1", "name": "embedder-0", "namespace": "inference",
+                                      "creationTimestamp": "2026-01-01T00:00:00Z"},
+                         "spec": {"nodeName": "gpu-node-7"}, "status": {"podIP": "10.1.7.3"}})
+    pod = json.dumps({"k8s.namespace.name": "inference", "k8s.pod.name": "embedder-0"}, separators=(",", ":"))
+    other = json.dumps({"k8s.namespace.name": "inference", "k8s.pod.name": "gone-0"}, separators=(",", ":"))
+    points = pl.DataFrame({"node": [UNKNOWN_NODE, UNKNOWN_NODE, "gpu-node-1"], "metric": ["k8s.pod.cpu.usage"] * 3,
+                           "attributes": [pod, other, pod], "is_sum": [False] * 3, "cumulative": [False] * 3,
+                           "start_ns": [0] * 3, "time_ns": [now_ns()] * 3, "value": [0.5, 0.2, 0.1]},
+                          schema=POINT_SCHEMA)
+    frames = Frames.concat([])
+    frames.points = points
+    counts = Enrichment(TierResolver.from_spec(load_spec(None)), pods=pods).place(frames)
+    assert frames.points["node"].to_list() == ["gpu-node-7", UNKNOWN_NODE, "gpu-node-1"]
+    assert counts["points_node_from_pod_name"] == 1 and counts["points_node_unknown"] == -1
