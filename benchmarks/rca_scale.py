@@ -37,8 +37,9 @@ RAW_ROWS = {"duckdb": "SELECT (SELECT count() FROM requests) + (SELECT count() F
                     "(SELECT count() FROM otel_traces)"}
 
 
-def run_measured(cmd: list[str]) -> tuple[float, int, str, bytes]:
-    """Wall seconds, peak resident set size of the process (bytes), its stderr tail, and its stdout."""
+def run_measured(cmd: list[str]) -> tuple[float, int, str, bytes, float]:
+    """Wall seconds, peak resident set size of the process (bytes), its stderr tail, its stdout, and its CPU
+    seconds (user and system: on a shared machine, what the work cost whatever else ran)."""
     started = time.monotonic()
     with tempfile.TemporaryFile() as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE)
@@ -49,7 +50,8 @@ def run_measured(cmd: list[str]) -> tuple[float, int, str, bytes]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-2000:]}")
-    return time.monotonic() - started, usage.ru_maxrss * 1024, err.strip().splitlines()[-1] if err.strip() else "", stdout
+    return (time.monotonic() - started, usage.ru_maxrss * 1024, err.strip().splitlines()[-1] if err.strip() else "",
+            stdout, usage.ru_utime + usage.ru_stime)
 
 
 def parse_only_rate(files: list[Path], max_lines: int = 400) -> float:
@@ -103,10 +105,11 @@ def duckdb_aggregate_s(url: str) -> float:
 
 def measure(url: str, files: list[Path], truth, floor: float, node_seconds: float) -> dict:
     """Load, size and analyse one store, printing its figures; returns them."""
-    ingest_s, ingest_rss, ingest_line, _ = run_measured(SLOSCOPE + ["ingest", "--store", url, *map(str, files)])
+    ingest_s, ingest_rss, ingest_line, _, ingest_cpu = run_measured(SLOSCOPE + ["ingest", "--store", url,
+                                                                            *map(str, files)])
     rows, spans = stored_rows(url)
     disk = bytes_on_disk(Path(url.partition(":///")[2]))
-    rca_s, rca_rss, _, out = run_measured([sys.executable, __file__, "--analyse", url])
+    rca_s, rca_rss, _, out, rca_cpu = run_measured([sys.executable, __file__, "--analyse", url])
     answer = json.loads(out)
     incidents, timings = answer["incidents"], answer["timings"]
     found = sorted({(i["node"], i["causes"][0]["cause"] if i["causes"] else "-") for i in incidents})
@@ -114,9 +117,9 @@ def measure(url: str, files: list[Path], truth, floor: float, node_seconds: floa
     print(f"  rows stored: {rows:,} ({spans:,} request spans); on disk {disk / 2**20:,.0f} MiB "
           f"({disk / rows:.1f} bytes/row)")
     print(f"  ingest: {ingest_s:.0f}s, {rows / ingest_s:,.0f} rows/s, peak RSS {ingest_rss / 2**30:.2f} GiB "
-          f"(main process); parse-only floor {floor:,.0f} rows/s per core -> ingest/floor {rows / ingest_s / floor:.2f}")
+          f"(main process), {ingest_cpu:.0f} CPU s; parse-only floor {floor:,.0f} rows/s per core -> ingest/floor {rows / ingest_s / floor:.2f}")
     print(f"  per node: {rows / node_seconds:,.0f} rows/s, {disk / node_seconds * 86_400 / 2**20:,.0f} MiB/day")
-    print(f"  rca:    {rca_s:.1f}s (process), {sum(timings.values()):.2f}s analysing, peak RSS "
+    print(f"  rca:    {rca_s:.1f}s (process, {rca_cpu:.1f} CPU s), {sum(timings.values()):.2f}s analysing, peak RSS "
           f"{rca_rss / 2**30:.2f} GiB; stages: " + ", ".join(f"{s} {timings.get(s, 0.0):.2f}s" for s in STAGES))
     print(f"          {len(incidents)} incidents, (node, top cause): {found}; injected "
           f"{truth.fault['cause']} on {truth.fault['node']}")

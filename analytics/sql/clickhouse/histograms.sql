@@ -3,6 +3,8 @@
 -- per-interval deltas by the rules of samples.sql, where a bucket that went down (at an unchanged scale and
 -- offset) is a reset too. A point stored twice counts once; only the range is read, with the same 5 minutes before
 -- it as samples.sql. Points with no count are dropped, as the store drops them.
+-- ClickHouse inlines `points` at each use: each use picks its temporality before dropping repeated points, so
+-- the filter reaches the table and the delta and cumulative points are each read once.
 -- Parameters: since, until. Inlined by the queries of this folder where they name it in double braces.
 WITH points AS (
     SELECT coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
@@ -20,7 +22,6 @@ WITH points AS (
     FROM otel_metrics_exponential_histogram
     WHERE bitAnd(Flags, 1) = 0
       AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
-    LIMIT 1 BY node, metric, attributes, time_ns
 ),
 cumulative AS (
     SELECT node, metric, attributes, start_ns, time_ns, count, sum,
@@ -38,8 +39,7 @@ cumulative AS (
                arrayExists((now, before) -> now < before, arrayResize(buckets, width), arrayResize(prev_buckets, width))))
                AS went_down,
            restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
-    FROM points
-    WHERE temporality = 2
+    FROM (SELECT * FROM points WHERE temporality = 2 LIMIT 1 BY node, metric, attributes, time_ns)
     WINDOW series AS (PARTITION BY node, metric, attributes ORDER BY time_ns
                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 )
@@ -48,6 +48,7 @@ SELECT * FROM (
            if(start_ns > 0 AND start_ns < time_ns, (time_ns - start_ns) / 1e9, NULL) AS interval_s, count, sum
     FROM points
     WHERE temporality = 1
+    LIMIT 1 BY node, metric, attributes, time_ns
     UNION ALL
     SELECT fromUnixTimestamp64Micro(intDiv(time_ns, 1000), 'UTC'), node, metric, attributes,
            if(from_start, (time_ns - start_ns) / 1e9, (time_ns - prev_time_ns) / 1e9),

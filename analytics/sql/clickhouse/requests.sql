@@ -27,9 +27,10 @@ SELECT TraceId AS trace_id,
        if(startsWith(tier_header, '[') AND isValidJSON(tier_header) AND JSONLength(tier_header) = 1
               AND JSONType(tier_header, 1) = 'String',
           JSONExtractString(tier_header, 1), tier_header) AS tier_value,
-       replaceRegexpAll(tier_value,
+       -- An allowed value needs no stripping: the regular expression runs only for the others.
+       if(has({allowed_tiers:Array(String)}, tier_value), tier_value, replaceRegexpAll(tier_value,
            '^[\\t\\n\\x0B\\x0C\\r\\x1C-\\x1F \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}]+|[\\t\\n\\x0B\\x0C\\r\\x1C-\\x1F \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}]+$',
-           '') AS tier_stripped,
+           '')) AS tier_stripped,
        if(tier_value != '' AND lengthUTF8(tier_value) <= 64 AND has({allowed_tiers:Array(String)}, tier_stripped),
           tier_stripped, {default_tier:String}) AS tier,
        toInt32OrNull(multiIf(mapContains(SpanAttributes, 'http.response.status_code'),

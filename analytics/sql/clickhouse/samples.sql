@@ -7,6 +7,8 @@
 -- Only the range is read, so the work follows the range and not the table, plus up to 5 minutes before it for the
 -- point that each series' first increase is taken from (Prometheus's staleness: a series silent for longer has
 -- gone; its next point starts it again, as a first point does).
+-- ClickHouse inlines `points` at each use: each use picks its temporality before dropping repeated points, so
+-- the filter reaches the table and the delta and cumulative points are each read once.
 -- Parameters: since, until. Inlined by the queries of this folder where they name it in double braces.
 WITH points AS (
     SELECT coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
@@ -20,7 +22,6 @@ WITH points AS (
     FROM otel_metrics_sum
     WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0
       AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
-    LIMIT 1 BY node, metric, attributes, time_ns
 ),
 cumulative AS (
     SELECT node, metric, attributes, start_ns, time_ns, value,
@@ -31,8 +32,7 @@ cumulative AS (
            first OR start_ns != prev_start_ns AS restarted,
            NOT first AND value < prev_value AS went_down,
            restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
-    FROM points
-    WHERE temporality = 2
+    FROM (SELECT * FROM points WHERE temporality = 2 LIMIT 1 BY node, metric, attributes, time_ns)
     WINDOW series AS (PARTITION BY node, metric, attributes ORDER BY time_ns
                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 )
@@ -54,6 +54,7 @@ SELECT fromUnixTimestamp64Micro(intDiv(time_ns, 1000), 'UTC'), node, metric, att
        if(start_ns > 0 AND start_ns < time_ns, (time_ns - start_ns) / 1e9, NULL)
 FROM points
 WHERE temporality = 1 AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
+LIMIT 1 BY node, metric, attributes, time_ns
 UNION ALL
 SELECT fromUnixTimestamp64Micro(intDiv(time_ns, 1000), 'UTC'), node, metric, attributes,
        if(from_start OR went_down, value, value - prev_value),
