@@ -157,11 +157,7 @@ def send_all(port: int, path: str, payloads: list[bytes], clients: int) -> tuple
                 time.sleep(float(response.getheader("Retry-After", "1")) / 10)
         conn.close()
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_clients(client, clients)
     return counts[0], counts[1]
 
 
@@ -190,12 +186,16 @@ def paced_latencies(port: int, path: str, payloads: list[bytes], requests_per_s:
                 latencies.append(time.perf_counter() - at)
         conn.close()
 
+    _run_clients(client, clients)
+    return sorted(latencies)
+
+
+def _run_clients(client, clients: int) -> None:
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return sorted(latencies)
 
 
 def _serve(db: Path, port: int, serve_args: tuple[str, ...]) -> subprocess.Popen:

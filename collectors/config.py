@@ -298,22 +298,15 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
         src[key.removesuffix("_s")] = source
 
     # defaults < file
-    if "protocol" in data:
-        take("protocol", parse_protocol(data["protocol"], f"{where}: protocol"), "file")
+    for key, name, parse in FILE_SETTINGS:
+        if key in data:
+            take(name, parse(data[key], f"{where}: {key}"), "file")
     if "headers" in data:
         headers = _mapping(data["headers"], f"{where}: headers")
         take("headers", {str(k).lower(): str(v) for k, v in headers.items()}, "file")
-    if "timeout" in data:
-        take("timeout_s", parse_duration(data["timeout"], f"{where}: timeout"), "file")
-    if "interval" in data:
-        take("interval_s", parse_duration(data["interval"], f"{where}: interval"), "file")
-    if "probes" in data:
-        take("probes", _str_list(data["probes"], f"{where}: probes"), "file")
     if "probe_options" in data:
         opts = _mapping(data["probe_options"], f"{where}: probe_options")
         take("probe_options", {str(k): _mapping(v, f"{where}: probe_options.{k}") for k, v in opts.items()}, "file")
-    if "cgroups" in data:
-        take("cgroups", _str_list(data["cgroups"], f"{where}: cgroups"), "file")
     spool = _mapping(data.get("spool"), f"{where}: spool")
     if "dir" in spool:
         take("spool_dir", str(spool["dir"]), "file")
@@ -321,20 +314,8 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
         take("spool_max_bytes", parse_size(spool["max_bytes"], f"{where}: spool.max_bytes"), "file")
     if "max_batches" in spool:
         take("spool_max_batches", parse_count(spool["max_batches"], f"{where}: spool.max_batches"), "file")
-    if "temporality" in data:
-        take("temporality", _temporality(data["temporality"], f"{where}: temporality"), "file")
     if "resource" in data:
         take("resource", {str(k): v for k, v in _mapping(data["resource"], f"{where}: resource").items()}, "file")
-    if "node_name" in data:
-        take("node_name", str(data["node_name"]), "file")
-    if "health_interval" in data:
-        take("health_interval_s", parse_duration(data["health_interval"], f"{where}: health_interval"), "file")
-    if "compression" in data:
-        take("compression", parse_compression(data["compression"], f"{where}: compression"), "file")
-    if "insecure" in data:
-        take("insecure", parse_bool(data["insecure"], f"{where}: insecure"), "file")
-    if "listen" in data:
-        take("listen", parse_listen(data["listen"], f"{where}: listen"), "file")
     for key in TLS_FILES:
         if key in data:
             take(key, _readable_file(data[key], f"{where}: {key}"), "file")
@@ -411,3 +392,19 @@ def _temporality(value: Any, what: str) -> str:
     if text not in ("cumulative", "delta"):
         raise ConfigError(f"{what}: {value!r} is not cumulative or delta")
     return text
+
+
+# The file's plain settings: (key in the file, CollectorConfig field, parser(value, where)).
+FILE_SETTINGS = (
+    ("protocol", "protocol", parse_protocol),
+    ("timeout", "timeout_s", parse_duration),
+    ("interval", "interval_s", parse_duration),
+    ("probes", "probes", _str_list),
+    ("cgroups", "cgroups", _str_list),
+    ("temporality", "temporality", _temporality),
+    ("node_name", "node_name", lambda value, where: str(value)),
+    ("health_interval", "health_interval_s", parse_duration),
+    ("compression", "compression", parse_compression),
+    ("insecure", "insecure", parse_bool),
+    ("listen", "listen", parse_listen),
+)

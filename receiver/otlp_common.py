@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
+
+import orjson
 
 from sloscope import catalog
 from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
@@ -289,6 +291,18 @@ class TextCache:
 
     def get(self, key: bytes) -> str | None:
         return self._texts.get(key)
+
+    def canonical(self, key: bytes, attributes_of: Callable[[], dict], resource_part: dict) -> str:
+        """The canonical JSON text (sorted keys) of a data point's attributes, `attributes_of()` made into text
+        with the resource attributes its rule keeps, only when `key` (their raw form) is not cached."""
+        text = self.get(key)
+        if text is None:
+            try:
+                text = orjson.dumps({**attributes_of(), **resource_part}, option=orjson.OPT_SORT_KEYS).decode()
+            except DecodeError as exc:
+                raise DecodeError(str(exc), "points_invalid_attribute") from None
+            self.put(key, text)
+        return text
 
     def put(self, key: bytes, text: str) -> None:
         size = len(key) + len(text) + self.ENTRY_OVERHEAD

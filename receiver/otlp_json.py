@@ -160,14 +160,7 @@ class Decoder(Skips):
         """Canonical JSON text (sorted keys) of a data point's raw attribute list with the resource attributes
         its rule keeps, cached by their raw form."""
         key = (orjson.dumps(raw) if raw else b"") + (orjson.dumps(resource_part) if resource_part else b"")
-        text = self.attribute_texts.get(key)
-        if text is None:
-            try:
-                text = orjson.dumps({**attributes(raw or []), **resource_part}, option=orjson.OPT_SORT_KEYS).decode()
-            except DecodeError as exc:
-                raise DecodeError(str(exc), "points_invalid_attribute") from None
-            self.attribute_texts.put(key, text)
-        return text
+        return self.attribute_texts.canonical(key, lambda: attributes(raw or []), resource_part)
 
     def _node(self, series: MetricSeries, raw) -> str:
         """The node of a data point: its resource's, else the point attribute its rule names."""

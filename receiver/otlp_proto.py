@@ -78,14 +78,7 @@ class ProtoDecoder(Skips):
 
     def _canonical(self, items, resource_part: dict) -> str:
         key = b"".join(kv.SerializeToString() for kv in items) + (orjson.dumps(resource_part) if resource_part else b"")
-        text = self.attribute_texts.get(key)
-        if text is None:
-            try:
-                text = orjson.dumps({**attributes(items), **resource_part}, option=orjson.OPT_SORT_KEYS).decode()
-            except DecodeError as exc:
-                raise DecodeError(str(exc), "points_invalid_attribute") from None
-            self.attribute_texts.put(key, text)
-        return text
+        return self.attribute_texts.canonical(key, lambda: attributes(items), resource_part)
 
     def _node(self, series: MetricSeries, items) -> str:
         """The node of a data point: its resource's, else the point attribute its rule names."""
