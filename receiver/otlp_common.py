@@ -389,6 +389,16 @@ class Skips:
         if n:
             self.skipped[name] = self.skipped.get(name, 0) + n
 
+    def _unkept_value(self, value: float, series: MetricSeries) -> bool:
+        """Whether a gauge or sum value is not kept (not finite, or DCGM's blank), counted."""
+        if not math.isfinite(value):
+            self._skip("points_not_finite")
+            return True
+        if value >= series.rule.blank_from:
+            self._skip("points_blank")
+            return True
+        return False
+
     def _placed(self, node: str | None) -> str:
         """The node a data point is stored on: its own, else the unknown node (counted)."""
         if node is None:

@@ -9,9 +9,9 @@ request, or has nothing good in it, raises a `DecodeError` saying why.
 
 from __future__ import annotations
 
-import math
 import re
 from functools import partial
+from typing import NamedTuple
 
 import orjson
 
@@ -131,6 +131,19 @@ def _resource_attributes(resource_block: dict) -> dict:
     return attributes(_get(resource, "attributes", None, []))
 
 
+class Blocks(NamedTuple):
+    """The names of one signal's nesting in OTLP/JSON, and the reason a malformed level is refused for."""
+
+    resources: str
+    scopes: tuple[str, str]  # the JSON name, then the protobuf field name that JSON encoders may also write
+    items: str
+    refusal: str
+
+
+SPAN_BLOCKS = Blocks("resourceSpans", ("scopeSpans", "scope_spans"), "spans", "spans_invalid_resource")
+METRIC_BLOCKS = Blocks("resourceMetrics", ("scopeMetrics", "scope_metrics"), "metrics", "points_invalid_resource")
+
+
 def _refusable(default: str, exc: DecodeError) -> DecodeError:
     """The error as the refusal of one item: its own reason, else the item kind's general one."""
     exc.reason = exc.reason or default
@@ -195,26 +208,33 @@ class Decoder(Skips):
     # --- traces ---------------------------------------------------------------------------------------
 
     def _resource_spans(self, block, batch: Batch) -> None:
-        try:
-            if not isinstance(block, dict):
-                raise DecodeError("resourceSpans: expected objects")
-            resource = SpanResource(_resource_attributes(block))
-            scopes = _list(block, "scopeSpans", "scope_spans")
-        except DecodeError as exc:
-            return self._refuse(_refusable("spans_invalid_resource", exc), _items_in(block, "scopeSpans", "spans"))
-        for scope in scopes:
-            try:
-                if not isinstance(scope, dict):
-                    raise DecodeError("scopeSpans: expected objects")
-                spans = _list(scope, "spans")
-            except DecodeError as exc:
-                self._refuse(_refusable("spans_invalid_resource", exc), _items_in(scope, "spans"))
-                continue
+        for resource, spans in self._scoped(block, SPAN_BLOCKS, SpanResource):
             for span in spans:
                 try:
                     self._span(span, resource, batch)
                 except DecodeError as exc:
                     self._refuse(_refusable("spans_invalid", exc))
+
+    def _scoped(self, block, names: Blocks, resource_of):
+        """(resource, items) of each scope of a resource block; a block or scope that is not what OTLP says is
+        refused with its items, counted by `names.refusal`."""
+        try:
+            if not isinstance(block, dict):
+                raise DecodeError(f"{names.resources}: expected objects")
+            resource = resource_of(_resource_attributes(block))
+            scopes = _list(block, *names.scopes)
+        except DecodeError as exc:
+            self._refuse(_refusable(names.refusal, exc), _items_in(block, names.scopes[0], names.items))
+            return
+        for scope in scopes:
+            try:
+                if not isinstance(scope, dict):
+                    raise DecodeError(f"{names.scopes[0]}: expected objects")
+                items = _list(scope, names.items)
+            except DecodeError as exc:
+                self._refuse(_refusable(names.refusal, exc), _items_in(scope, names.items))
+                continue
+            yield resource, items
 
     def _span(self, span, resource: SpanResource, batch: Batch) -> None:
         if not isinstance(span, dict):
@@ -245,22 +265,8 @@ class Decoder(Skips):
     # --- metrics --------------------------------------------------------------------------------------
 
     def _resource_metrics(self, block, batch: Batch) -> None:
-        try:
-            if not isinstance(block, dict):
-                raise DecodeError("resourceMetrics: expected objects")
-            resource = MetricResource(_resource_attributes(block))
-            scopes = _list(block, "scopeMetrics", "scope_metrics")
-        except DecodeError as exc:
-            return self._refuse(_refusable("points_invalid_resource", exc), _items_in(block, "scopeMetrics", "metrics"))
-        for scope in scopes:
-            try:
-                if not isinstance(scope, dict):
-                    raise DecodeError("scopeMetrics: expected objects")
-                scope_metrics = _list(scope, "metrics")
-            except DecodeError as exc:
-                self._refuse(_refusable("points_invalid_resource", exc), _items_in(scope, "metrics"))
-                continue
-            for metric in scope_metrics:
+        for resource, metrics in self._scoped(block, METRIC_BLOCKS, MetricResource):
+            for metric in metrics:
                 self._metric(metric, resource, batch)
 
     def _metric(self, metric, resource: MetricResource, batch: Batch) -> None:
@@ -314,23 +320,11 @@ class Decoder(Skips):
                 value = float(_int(raw, f"{name}: asInt"))
         except DecodeError as exc:
             raise _refusable("points_invalid_value", exc) from None
-        if not math.isfinite(value):
-            self._skip("points_not_finite")
-            return
-        if value >= series.rule.blank_from:
-            self._skip("points_blank")
+        if self._unkept_value(value, series):
             return
         start, time = self._times(point, name)
         attrs = self._canonical(point.get("attributes"), series.resource_part)
-        cols = batch.points
-        cols.node.append(self._node(series, point.get("attributes")))
-        cols.metric.append(name)
-        cols.is_sum.append(is_sum)
-        cols.cumulative.append(cumulative)
-        cols.attributes.append(attrs)
-        cols.start_ns.append(start)
-        cols.time_ns.append(time)
-        cols.value.append(value)
+        batch.points.add(self._node(series, point.get("attributes")), name, attrs, is_sum, cumulative, start, time, value)
 
     def _histogram_point(self, point, series: MetricSeries, batch: Batch, _is_sum: bool, cumulative: bool,
                          explicit: bool = False) -> None:
@@ -357,18 +351,8 @@ class Decoder(Skips):
         histogram_totals(name, count, total, low, high)
         buckets = self._explicit_buckets(point, name, count) if explicit else self._buckets(point, name, count)
         attrs = self._canonical(point.get("attributes"), series.resource_part)
-        cols = batch.histograms
-        cols.node.append(self._node(series, point.get("attributes")))
-        cols.metric.append(name)
-        cols.attributes.append(attrs)
-        cols.cumulative.append(cumulative)
-        cols.start_ns.append(start)
-        cols.time_ns.append(time)
-        cols.count.append(count)
-        cols.sum.append(total)
-        cols.min.append(low)
-        cols.max.append(high)
-        cols.buckets.append(buckets)
+        batch.histograms.add(self._node(series, point.get("attributes")), name, attrs, cumulative, start, time, count,
+                             total, low, high, buckets)
 
     def _no_recorded_value(self, point: dict) -> bool:
         flags = point.get("flags")

@@ -160,23 +160,11 @@ class ProtoDecoder(Skips):
     def _number_point(self, p, series: MetricSeries, batch: Batch, is_sum: bool, cumulative: bool) -> None:
         name = series.name
         value = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
-        if not math.isfinite(value):
-            self._skip("points_not_finite")
-            return
-        if value >= series.rule.blank_from:
-            self._skip("points_blank")
+        if self._unkept_value(value, series):
             return
         start, time = point_times(name, p.start_time_unix_nano, p.time_unix_nano)
         attrs = self._canonical(p.attributes, series.resource_part)
-        cols = batch.points
-        cols.node.append(self._node(series, p.attributes))
-        cols.metric.append(name)
-        cols.attributes.append(attrs)
-        cols.is_sum.append(is_sum)
-        cols.cumulative.append(cumulative)
-        cols.start_ns.append(start)
-        cols.time_ns.append(time)
-        cols.value.append(value)
+        batch.points.add(self._node(series, p.attributes), name, attrs, is_sum, cumulative, start, time, value)
 
     def _histogram_point(self, p, series: MetricSeries, batch: Batch, _is_sum: bool, cumulative: bool) -> None:
         self._histogram_row(p, series, batch, cumulative, lambda: scale0_buckets(
@@ -198,18 +186,8 @@ class ProtoDecoder(Skips):
         histogram_totals(name, p.count, p.sum, low, high)
         buckets = buckets_of()
         attrs = self._canonical(p.attributes, series.resource_part)
-        cols = batch.histograms
-        cols.node.append(self._node(series, p.attributes))
-        cols.metric.append(name)
-        cols.attributes.append(attrs)
-        cols.cumulative.append(cumulative)
-        cols.start_ns.append(start)
-        cols.time_ns.append(time)
-        cols.count.append(p.count)
-        cols.sum.append(p.sum)
-        cols.min.append(low)
-        cols.max.append(high)
-        cols.buckets.append(buckets)
+        batch.histograms.add(self._node(series, p.attributes), name, attrs, cumulative, start, time, p.count, p.sum,
+                             low, high, buckets)
 
 
 def _points_of(metric) -> int:

@@ -62,6 +62,17 @@ class PointColumns(Columns):
     time_ns: list = field(default_factory=list)
     value: list = field(default_factory=list)
 
+    def add(self, node, metric, attributes, is_sum, cumulative, start_ns, time_ns, value) -> None:
+        """One data point (the decoders' one way of adding a row)."""
+        self.node.append(node)
+        self.metric.append(metric)
+        self.attributes.append(attributes)
+        self.is_sum.append(is_sum)
+        self.cumulative.append(cumulative)
+        self.start_ns.append(start_ns)
+        self.time_ns.append(time_ns)
+        self.value.append(value)
+
 
 @dataclass
 class HistogramColumns(Columns):
@@ -78,6 +89,20 @@ class HistogramColumns(Columns):
     min: list = field(default_factory=list)
     max: list = field(default_factory=list)
     buckets: list = field(default_factory=list)  # list[int] of HISTOGRAM_BUCKETS; zero bucket folded into 0
+
+    def add(self, node, metric, attributes, cumulative, start_ns, time_ns, count, total, low, high, buckets) -> None:
+        """One histogram data point (the decoders' one way of adding a row)."""
+        self.node.append(node)
+        self.metric.append(metric)
+        self.attributes.append(attributes)
+        self.cumulative.append(cumulative)
+        self.start_ns.append(start_ns)
+        self.time_ns.append(time_ns)
+        self.count.append(count)
+        self.sum.append(total)
+        self.min.append(low)
+        self.max.append(high)
+        self.buckets.append(buckets)
 
 
 @dataclass
