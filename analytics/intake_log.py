@@ -42,6 +42,8 @@ from pathlib import Path
 
 import polars as pl
 
+from sloscope.files import fsync_directory
+
 from analytics.store import Frames
 
 log = logging.getLogger("sloscope.intake_log")
@@ -220,7 +222,7 @@ class IntakeLog:
         self._segments.append(segment)
         self._active = segment
         try:
-            _fsync_directory(self.directory)  # else a crash may lose the file with acknowledged records in it
+            fsync_directory(self.directory)  # else a crash may lose the file with acknowledged records in it
         except OSError:
             self._close(segment)
             raise
@@ -334,7 +336,7 @@ class IntakeLog:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_directory(directory)
+        fsync_directory(directory)
         return path
 
 
@@ -348,10 +350,3 @@ def _lock_directory(directory: Path) -> int:
         raise OSError(f"{directory}: in use by another process") from None
     return fd
 
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

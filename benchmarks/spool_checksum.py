@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest  # noqa: E402
 
-from collectors.spool import Spool, _fsync_dir  # noqa: E402
+from collectors.spool import Spool  # noqa: E402
+from sloscope.files import fsync_directory  # noqa: E402
 
 
 def a_request(kib: int) -> bytes:
@@ -46,7 +47,7 @@ def bare_round_trip(directory: str, data: bytes, n: int, fsync: bool) -> float:
         os.close(fd)
         os.replace(tmp, final)
         if fsync:
-            _fsync_dir(directory)
+            fsync_directory(directory)
     for seq in range(n):
         with open(os.path.join(directory, f"{seq}.pb"), "rb") as f:
             ExportMetricsServiceRequest.FromString(f.read())

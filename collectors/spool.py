@@ -38,6 +38,8 @@ from typing import Callable
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
+from sloscope.files import fsync_directory
+
 from .otlp_metrics import count_points
 from .spool_format import CorruptRecord, decode_record, encode_record
 
@@ -49,14 +51,6 @@ QUARANTINE_KEEP = 64
 DEFAULT_MAX_BYTES = 256 * 2**20
 DEFAULT_MAX_BATCHES = 100_000
 SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _parse(payload: bytes) -> int:
@@ -202,7 +196,7 @@ class Spool:
                 os.close(fd)
             os.replace(tmp, final)
             if self.fsync:
-                _fsync_dir(self.directory)
+                fsync_directory(self.directory)
         except BaseException:
             for leftover in (tmp, final):  # not stored means not there, whatever step failed
                 try:
@@ -225,7 +219,7 @@ class Spool:
         self.disk_full_batches += dropped
         if dropped and self.fsync:
             try:
-                _fsync_dir(self.directory)  # also commits the file system's journal, which frees the blocks
+                fsync_directory(self.directory)  # also commits the file system's journal, which frees the blocks
             except OSError as exc:
                 log.warning("spool: fsync of %s after dropping batches: %s", self.directory, exc)
         return dropped > 0
