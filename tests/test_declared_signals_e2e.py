@@ -16,7 +16,7 @@ from commands.cli import main
 from dashboards.grafana import build_all
 from dashboards.report import render
 from sloscope.slo_spec import load_spec
-from tests.alerting_stack import free_port, wait_listening
+from tests.alerting_stack import free_port
 from tests.otlp_builders import attr, span, traces, write_lines
 from tests.receiver_otlp import gauge, prometheus_scrape
 
@@ -128,7 +128,8 @@ def test_serve_keeps_the_metrics_its_spec_declares(tmp_path):
                              "--slo", str(spec), "--decode-workers", "0", "--http", f"127.0.0.1:{port}",
                              "--grpc", "off"], stderr=subprocess.PIPE, text=True)
     try:
-        wait_listening(port, proc, "sloscope serve")
+        # serve's own line, not only an open port: whatever else listens there must not answer for it
+        assert any(f"OTLP/HTTP on http://127.0.0.1:{port}" in line for line in _lines_until_listening(proc))
         body = json.dumps(_vllm(FAULTY, random.Random(1), False)).encode()
         post = urllib.request.Request(f"http://127.0.0.1:{port}/v1/metrics", body,
                                       {"Content-Type": "application/json"})
@@ -140,3 +141,11 @@ def test_serve_keeps_the_metrics_its_spec_declares(tmp_path):
     with Store(tmp_path / "s.duckdb", read_only=True) as store:
         rows = store.rows("SELECT DISTINCT node, metric FROM samples")
     assert rows == [(FAULTY, "vllm:num_requests_waiting")]
+
+
+def _lines_until_listening(proc):
+    """serve's log lines up to the one saying it listens over HTTP (or to its exit)."""
+    for line in proc.stderr:
+        yield line
+        if "OTLP/HTTP on" in line:
+            return
