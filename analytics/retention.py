@@ -33,16 +33,11 @@ def apply_retention(store, keep: timedelta, now: datetime) -> dict[str, int]:
                          "exporter's ttl setting")
     cutoff = now - keep
     deleted = {}
-    store.con.execute("BEGIN TRANSACTION")
-    try:
+    with store.transaction():
         for table, column in TIME_COLUMNS.items():
             (n,), = store.con.execute(f"DELETE FROM {table} WHERE {column} < ?", [cutoff]).fetchall()
             deleted[table] = n
         store.add_counters({"retention_runs": 1, **{f"retention_deleted_{table}": n for table, n in deleted.items()}})
-        store.con.execute("COMMIT")
-    except BaseException:
-        store.con.execute("ROLLBACK")
-        raise
     return deleted
 
 

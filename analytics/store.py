@@ -194,18 +194,21 @@ class Store(Reader):
 
     def probe(self) -> None:
         """A small committed write: raises when the store cannot commit at all."""
+        with self.transaction():
+            self.set_meta("writer_probe", str(time.time_ns()))
+
+    @contextmanager
+    def transaction(self):
+        """The statements inside as one transaction: committed at the end, rolled back on any error."""
         self.con.execute("BEGIN TRANSACTION")
         try:
-            self.set_meta("writer_probe", str(time.time_ns()))
+            yield
             self.con.execute("COMMIT")
         except BaseException:
-            self._rollback()
+            # A failed COMMIT has already ended the transaction: rolling back then fails, and must not hide why.
+            with suppress(duckdb.Error):
+                self.con.execute("ROLLBACK")
             raise
-
-    def _rollback(self) -> None:
-        # A failed COMMIT has already ended the transaction: rolling back then fails, and must not hide why.
-        with suppress(duckdb.Error):
-            self.con.execute("ROLLBACK")
 
     def close(self) -> None:
         self.con.close()
@@ -265,8 +268,7 @@ class Store(Reader):
         """Store decoded rows and their ingest counters in one transaction; returns the counters, which include
         how many rows were added and skipped, by kind."""
         counts = Counter(extra_counts or {})
-        self.con.execute("BEGIN TRANSACTION")
-        try:
+        with self.transaction():
             if not frames.requests.is_empty():
                 counts.update(self._write_requests(frames.requests))
             if not frames.points.is_empty():
@@ -274,10 +276,6 @@ class Store(Reader):
             if not frames.histograms.is_empty():
                 counts.update(self._write_histograms(frames.histograms))
             self.add_counters(counts)
-            self.con.execute("COMMIT")
-        except BaseException:
-            self._rollback()
-            raise
         return counts
 
     def _insert_new(self, table: str, frame: pl.DataFrame, key: list[str], time_column: str) -> int:
