@@ -214,10 +214,8 @@ def run_webhook(args) -> int:
     log.info("webhook on http://%s:%d%s, %d alert(s) allow-listed, %s; audit in %s", host, port, args.path,
              len(config.actions), mode, args.db)
     print(f"listening on http://{host}:{port}{args.path}", flush=True)
-    stop = threading.Event()
 
     def on_signal(signum, frame):
-        stop.set()
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     previous = signal.signal(signal.SIGTERM, on_signal)
@@ -227,5 +225,5 @@ def run_webhook(args) -> int:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        server.server_close()
+        server.drain()  # an alert being handled is acted on and audited before the store closes
     return EXIT_OK

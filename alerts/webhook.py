@@ -26,11 +26,11 @@ import re
 import socket
 import stat
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
 
 from alerts.remediation import Engine, Transient, parse_rfc3339
+from receiver.draining import DrainingServer, KeepAliveHandler
 
 log = logging.getLogger("sloscope.webhook")
 
@@ -226,9 +226,8 @@ class WebhookApp:
         return 200, {}, {"results": results}
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(KeepAliveHandler):
     server: "WebhookServer"
-    protocol_version = "HTTP/1.1"
     timeout = 10  # seconds a client may take to send its request: slow senders do not hold a thread forever
     server_version = "sloscope-webhook"
     sys_version = ""
@@ -280,8 +279,7 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), fmt % args)
 
 
-class WebhookServer(ThreadingHTTPServer):
-    daemon_threads = True
+class WebhookServer(DrainingServer):
 
     def __init__(self, address: tuple[str, int], app: WebhookApp):
         self.app = app

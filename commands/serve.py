@@ -7,6 +7,7 @@ exits.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -145,6 +146,7 @@ def rca_page(store, spec):
 
 
 def run(args) -> int:
+    faulthandler.enable()  # a fatal error in a library's native code still leaves every thread's stack in the log
     from analytics.cli import EXIT_USAGE
     from analytics.store import Store, StoreError
     from analytics.intake import Intake

@@ -151,8 +151,9 @@ class Listener:
             self.server.stop(grace=5 if started else None).wait()
             return
         if started:
-            self.server.shutdown()
-        self.server.server_close()
+            self.server.drain()  # every connection thread ended: none is left inside the store
+        else:
+            self.server.server_close()
 
 
 @dataclass

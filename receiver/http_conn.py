@@ -16,9 +16,9 @@ import ssl
 import sys
 import threading
 import time
-from http.server import ThreadingHTTPServer
 from typing import Callable
 
+from receiver.draining import DrainingServer
 from receiver.tls import NotTls, TlsFiles, accept_tls
 
 log = logging.getLogger("sloscope.receiver")
@@ -65,8 +65,7 @@ class DeadlineReader(io.RawIOBase):
         return n
 
 
-class LimitedHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
+class LimitedHTTPServer(DrainingServer):
     allow_reuse_address = True
     request_queue_size = 128
 

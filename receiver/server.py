@@ -19,7 +19,6 @@ import urllib.parse
 from collections import Counter
 from concurrent import futures
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 from io import BufferedReader
 from typing import Callable
 
@@ -33,6 +32,7 @@ from sloscope.records import Batch
 
 from receiver import otlp_proto, otlp_spans
 from receiver.auth import BearerAuth, BearerInterceptor
+from receiver.draining import KeepAliveHandler
 from receiver.http_body import BodyError, declared_length, gunzip, read_body
 from receiver.http_conn import DeadlineReader, LimitedHTTPServer
 from receiver.limits import ByteBudget, Exhausted, Limits, Reservation
@@ -182,12 +182,11 @@ class Unavailable(Exception):
     """A page that cannot give its answer now (503)."""
 
 
-class _HttpHandler(BaseHTTPRequestHandler):
+class _HttpHandler(KeepAliveHandler):
     receiver: Receiver
     pages: dict[str, Page]
     limits: Limits
     auth: BearerAuth | None
-    protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # the status line and the body go out in two writes: no delayed-ACK stall
     server_version = "sloscope-otlp"
 
@@ -197,7 +196,6 @@ class _HttpHandler(BaseHTTPRequestHandler):
         self.reader = DeadlineReader(self.connection, self._cut_off)
         self.rfile = BufferedReader(self.reader)
         self.body_unread = False
-        self.answered = False
 
     def log_message(self, fmt, *args):  # noqa: D401 - quiet: per-request logs would swamp the log
         log.debug("%s " + fmt, self.address_string(), *args)
@@ -210,21 +208,13 @@ class _HttpHandler(BaseHTTPRequestHandler):
         if why != "idle_timeout":  # a keep-alive connection left idle is closed as a matter of course
             self._count(f"requests_{why}")
 
-    def handle_one_request(self):
-        # A new connection owes its first request's headers at once; a kept-alive one may first idle a while.
-        if self.answered and not self._next_request_arrives():
-            self.close_connection = True
-            return
+    # A new connection owes its first request's headers at once; a kept-alive one may first idle a while.
+    def start_request(self) -> None:
         self.reader.expect("header", self.limits.read_header_timeout_s, self.limits.max_header_bytes)
-        super().handle_one_request()
-        self.answered = True
 
-    def _next_request_arrives(self) -> bool:
+    def next_request_arrives(self) -> bool:
         self.reader.expect("idle", self.limits.idle_timeout_s)
-        try:
-            return bool(self.rfile.peek(1))
-        except OSError:  # the idle deadline (TimeoutError) or a reset
-            return False
+        return super().next_request_arrives()
 
     def parse_request(self):
         if not super().parse_request():

@@ -160,7 +160,10 @@ class AlertingStack:
     def stop_serve(self) -> int:
         proc = self.procs.pop("serve")
         proc.send_signal(signal.SIGTERM)
-        return proc.wait(timeout=60)
+        code = proc.wait(timeout=60)
+        if code != 0:  # shown by pytest beside the failure
+            print((self.workdir / "serve.log").read_text()[-6000:])
+        return code
 
     def close(self) -> None:
         for proc in self.procs.values():
