@@ -174,7 +174,7 @@ def _spec(db: Path, slo: Path | None):
 
     if slo is not None:
         return load_spec(slo)
-    from alerts.exporter import spec_of
+    from analytics.store import Reader
 
     if not db.exists():
         return load_spec(None)
@@ -183,7 +183,7 @@ def _spec(db: Path, slo: Path | None):
     except duckdb.Error:
         return load_spec(None)
     try:
-        return spec_of(con)
+        return Reader(con).slo_spec()
     finally:
         con.close()
 

@@ -1,4 +1,4 @@
-"""Prometheus exposition of the store: a prometheus_client Collector that queries DuckDB at scrape time.
+"""Prometheus exposition of the store: a prometheus_client Collector that queries the store at scrape time.
 
 Families (names in alerts/metric_names.py):
 - `sloscope_request_duration_seconds` (histogram), `sloscope_requests_total`, `sloscope_request_errors_total`
@@ -14,8 +14,9 @@ Families (names in alerts/metric_names.py):
   `max_series` (summed over scrapes: a rate above zero means the cap bites);
   `sloscope_exporter_errors_total{part}`: parts of scrapes that failed (logged; the rest is still served).
 
-Queries run on their own cursor (`connect()`, e.g. `store.con.cursor`), never on a connection another thread
-uses, so scrapes may run beside the writer of `sloscope serve`.
+Each scrape reads through `reading()` (a store's `reading`): on DuckDB its own cursor, never a connection another
+thread uses, so scrapes may run beside the writer of `sloscope serve`; on ClickHouse the store, whose queries take
+turns. The queries are analytics/sql/ files in the store's dialect.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from analytics.store import Reader
 from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
 
 from alerts import metric_names as x
@@ -53,23 +53,18 @@ def _utc(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, timezone.utc).replace(tzinfo=None)
 
 
-def spec_of(con):
-    """The SLO spec recorded with the database, else the built-in one."""
-    return Reader(con).slo_spec()
+ALL_TIME = {"since": datetime(1970, 1, 1), "until": datetime(2262, 1, 1)}  # cumulative families: the whole store
 
 
 class StoreCollector(Collector):
-    def __init__(self, connect: Callable, spec=None, *, max_series: int = DEFAULT_MAX_SERIES,
+    def __init__(self, reading: Callable, spec=None, *, max_series: int = DEFAULT_MAX_SERIES,
                  gauge_max_age_s: float | None = 300.0, incident_lookback_s: float = 1800.0,
                  incident_open_s: float | None = None, top_causes: int = 3, cache_s: float = 15.0,
                  clock: Callable[[], float] = time.time):
-        self.connect = connect
+        self.reading = reading
         if spec is None:
-            con = connect()
-            try:
-                spec = spec_of(con)
-            finally:
-                con.close()
+            with reading() as reader:
+                spec = reader.slo_spec()
         self.spec = spec
         self.buckets_s = x.buckets_for(spec)
         self.max_series = max_series
@@ -89,22 +84,19 @@ class StoreCollector(Collector):
         return []  # families are only known from the data; nothing is collected at registration
 
     def collect(self):
-        con = self.connect()
-        try:
+        with self.reading() as reader:
             for part, build in (("requests", self._requests), ("gauges", self._gauges),
                                 ("counters", self._counters), ("histograms", self._signal_histograms),
                                 ("incidents", self._incident_family), ("ingest", self._ingest),
                                 ("remediation", self._remediation)):
                 try:
-                    families = list(build(con))
+                    families = list(build(reader))
                 except Exception:
                     log.warning("exporter: the %s part of the scrape failed; left out", part, exc_info=True)
                     with self._lock:
                         self.errors[part] += 1
                     continue
                 yield from families
-        finally:
-            con.close()
         yield from self._own()
 
     # --- parts --------------------------------------------------------------------------------------------------
@@ -114,16 +106,22 @@ class StoreCollector(Collector):
             with self._lock:
                 self.dropped[family] += count
 
-    def _requests(self, con):
+    def _capped(self, family: str, keys: list) -> set:
+        """The first max_series of the label sets `keys` (sorted, so that the kept set does not flap); the rest
+        is counted as dropped."""
+        kept = sorted(set(keys))
+        self._drop(family, len(kept) - self.max_series)
+        return set(kept[: self.max_series])
+
+    def _requests(self, reader):
         bounds_ms = [round(b * 1000, 6) for b in self.buckets_s]
-        cols = ", ".join(f"count(*) FILTER (WHERE duration_ms <= {b!r})" for b in bounds_ms)
-        rows = con.execute(
-            f"SELECT *, count(*) OVER () FROM (SELECT tier, service, node, count(*), "
-            f"coalesce(sum(duration_ms), 0) / 1000.0, count(*) FILTER (WHERE failed), {cols} "
-            f"FROM requests GROUP BY tier, service, node) ORDER BY tier, service, node LIMIT ?",
-            [self.max_series]).fetchall()
-        total = rows[0][-1] if rows else 0
-        self._drop(x.REQUEST_DURATION, total - len(rows))
+        rows = reader.rows(reader.sql("request_totals"),
+                           {**reader.tier_params(self.spec), "bounds_ms": bounds_ms, **ALL_TIME})
+        kept = self._capped(x.REQUEST_DURATION, [tuple(r[:3]) for r in rows])
+        per_labels: dict[tuple, list] = {}
+        for tier, service, node, bucket, n, seconds, failed in rows:
+            if (tier, service, node) in kept:
+                per_labels.setdefault((tier, service, node), []).append((bucket, n, seconds, failed))
         hist = HistogramMetricFamily(x.REQUEST_DURATION, "Duration of requests (SERVER spans) ingested into the "
                                      "store, by SLO tier, service and node; cumulative over the store.",
                                      labels=x.REQUEST_LABELS)
@@ -132,36 +130,24 @@ class StoreCollector(Collector):
         errs = CounterMetricFamily(x.REQUEST_ERRORS, "Failed requests (5xx or span status ERROR) ingested into the "
                                    "store, by SLO tier, service and node.", labels=x.REQUEST_LABELS)
         les = [x.le_label(b) for b in self.buckets_s]
-        for row in rows:
-            labels = [row[0], row[1], row[2]]
-            n, sum_s, failed, cumulative = row[3], row[4], row[5], row[6:-1]
-            hist.add_metric(labels, buckets=[*zip(les, cumulative), ("+Inf", n)], sum_value=sum_s)
-            reqs.add_metric(labels, n)
-            errs.add_metric(labels, failed)
+        for labels, buckets in sorted(per_labels.items()):
+            n = sum(b[1] for b in buckets)
+            cumulative = [sum(count for bucket, count, _, _ in buckets if bucket <= i) for i in range(len(les))]
+            hist.add_metric(list(labels), buckets=[*zip(les, cumulative), ("+Inf", n)],
+                            sum_value=sum(b[2] for b in buckets))
+            reqs.add_metric(list(labels), n)
+            errs.add_metric(list(labels), sum(b[3] for b in buckets))
         return [hist, reqs, errs]
 
-    def _gauges(self, con):
-        by_signal = {g.signal: g for g in x.GAUGES}
-        since = _utc(self.clock() - self.gauge_max_age_s) if self.gauge_max_age_s is not None else datetime(1970, 1, 1)
-        placeholders = ", ".join("?" for _ in by_signal)
-        excluded, excluded_params = "", []
-        for family in x.GAUGES:  # before the cap, so excluded series do not take places
-            for attr in family.exclude_if:
-                excluded += " AND NOT (metric = ? AND contains(attributes, ?))"
-                excluded_params += [family.signal, json.dumps(attr) + ":"]
-        rows = con.execute(
-            f"SELECT metric, node, attributes, value, total FROM ("
-            f"  SELECT metric, node, attributes, arg_max(value, ts) AS value, "
-            f"         count(*) OVER (PARTITION BY metric) AS total, "
-            f"         row_number() OVER (PARTITION BY metric ORDER BY node, attributes) AS n "
-            f"  FROM samples WHERE metric IN ({placeholders}) AND interval_s IS NULL AND ts >= ?{excluded} "
-            f"  GROUP BY metric, node, attributes) WHERE n <= ? ORDER BY metric, node, attributes",
-            [*by_signal, since, *excluded_params, self.max_series]).fetchall()
-        values: dict[str, dict[tuple, float]] = {g.name: {} for g in x.GAUGES}
-        totals: dict[str, int] = {}
-        for metric, node, attributes, value, total in rows:
+    def _series(self, reader, query: str, families, since: datetime | None = None):
+        """Rows (family, labels, rest...) of `query` for the families' signals, each series' labels taken from
+        its node and attributes; a series with an attribute its family excludes is left out; at most max_series
+        label sets per family."""
+        by_signal = {f.signal: f for f in families}
+        params = {"metrics": list(by_signal), **ALL_TIME, **({"since": since} if since else {})}
+        picked = []
+        for metric, node, attributes, *rest in reader.rows(reader.sql(query), params):
             family = by_signal[metric]
-            totals[family.name] = total
             try:
                 attrs = json.loads(attributes)
             except ValueError:
@@ -169,99 +155,83 @@ class StoreCollector(Collector):
             if not isinstance(attrs, dict) or any(k in attrs for k in family.exclude_if):
                 continue
             labels = tuple(node if attr == "node" else str(attrs.get(attr, "")) for _, attr in family.labels)
+            picked.append((family, labels, *rest))
+        for family in families:
+            kept = self._capped(family.name, [p[1] for p in picked if p[0] is family])
+            picked = [p for p in picked if p[0] is not family or p[1] in kept]
+        return picked
+
+    @staticmethod
+    def _named(family, labels: tuple) -> dict:
+        # an empty label is no label (as Prometheus stores it); e.g. NVMe by bdev or by device
+        return {k: v for k, v in zip(family.label_names, labels) if v}
+
+    def _gauges(self, reader):
+        since = _utc(self.clock() - self.gauge_max_age_s) if self.gauge_max_age_s is not None else None
+        values: dict[str, dict[tuple, float]] = {g.name: {} for g in x.GAUGES}
+        for family, labels, value in self._series(reader, "latest_gauges", x.GAUGES, since):
             series = values[family.name]
             series[labels] = max(value, series.get(labels, value))  # a collision keeps the worse (higher) value
         for family in x.GAUGES:
-            self._drop(family.name, totals.get(family.name, 0) - min(totals.get(family.name, 0), self.max_series))
             g = GaugeMetricFamily(family.name, family.help)
             for labels, value in sorted(values[family.name].items()):
-                # an empty label is no label (as Prometheus stores it); e.g. NVMe by bdev or by device
-                g.add_sample(family.name, {k: v for k, v in zip(family.label_names, labels) if v}, value)
+                g.add_sample(family.name, self._named(family, labels), value)
             yield g
 
-    def _labels(self, family, node: str, attributes: str) -> dict:
-        try:
-            attrs = json.loads(attributes)
-        except ValueError:
-            attrs = {}
-        values = (node if attr == "node" else str(attrs.get(attr, "")) for _, attr in family.labels)
-        return {k: v for k, v in zip(family.label_names, values) if v}
-
-    def _capped(self, con, query: str, families, params=()):
-        """Rows of `query` (metric, node, attributes, ...) for the families' signals, at most max_series per
-        family, in a fixed order so that the kept set does not flap."""
-        by_signal = {f.signal: f for f in families}
-        placeholders = ", ".join("?" for _ in by_signal)
-        rows = con.execute(
-            f"SELECT * FROM (SELECT *, count(*) OVER (PARTITION BY metric) AS total, row_number() OVER "
-            f"(PARTITION BY metric ORDER BY node, attributes) AS n FROM ({query.format(placeholders)})) "
-            f"WHERE n <= ? ORDER BY metric, node, attributes", [*by_signal, *params, self.max_series]).fetchall()
-        for family in families:
-            total = next((r[-2] for r in rows if r[0] == family.signal), 0)
-            self._drop(family.name, total - min(total, self.max_series))
-        return by_signal, [r[:-2] for r in rows]
-
-    def _counters(self, con):
-        by_signal, rows = self._capped(
-            con, "SELECT metric, node, attributes, sum(value) AS value FROM samples WHERE metric IN ({}) "
-                 "AND interval_s IS NOT NULL GROUP BY metric, node, attributes", x.COUNTERS)
+    def _counters(self, reader):
         families = {f.name: CounterMetricFamily(f.name, f.help) for f in x.COUNTERS}
-        for metric, node, attributes, value in rows:
-            family = by_signal[metric]
-            families[family.name].add_sample(family.name, self._labels(family, node, attributes), value)
+        for family, labels, value in self._series(reader, "counter_totals", x.COUNTERS):
+            families[family.name].add_sample(family.name, self._named(family, labels), value)
         return list(families.values())
 
-    def _signal_histograms(self, con):
-        by_signal, rows = self._capped(
-            con, "SELECT metric, node, attributes, sum(count) AS count, sum(sum) AS sum, "
-                 "list_reduce(list(buckets), lambda a, b: list_transform(list_zip(a, b), lambda p: p[1] + p[2])) AS buckets "
-                 "FROM histograms WHERE metric IN ({}) GROUP BY metric, node, attributes", x.SIGNAL_HISTOGRAMS)
+    def _signal_histograms(self, reader):
+        families = {f.name: HistogramMetricFamily(f.name, f.help, labels=f.label_names) for f in x.SIGNAL_HISTOGRAMS}
+        try:
+            reader.sql("signal_histogram_totals")
+        except FileNotFoundError:  # the ClickHouse tables keep the exporter's own bucket layout: not summed here
+            return list(families.values())
         uppers = [2.0 ** (i + HISTOGRAM_OFFSET + 1) for i in range(HISTOGRAM_BUCKETS)]
         les = [x.le_label(b) for b in x.SIGNAL_BUCKETS_S]
-        families = {f.name: HistogramMetricFamily(f.name, f.help, labels=f.label_names) for f in x.SIGNAL_HISTOGRAMS}
-        for metric, node, attributes, count, total, buckets in rows:
-            family = by_signal[metric]
-            labels = self._labels(family, node, attributes)
+        for family, labels, count, total, buckets in self._series(reader, "signal_histogram_totals",
+                                                                  x.SIGNAL_HISTOGRAMS):
             cumulative = [sum(n for n, upper in zip(buckets, uppers) if upper <= le) for le in x.SIGNAL_BUCKETS_S]
-            families[family.name].add_metric([labels.get(k, "") for k in family.label_names],
+            named = self._named(family, labels)
+            families[family.name].add_metric([named.get(k, "") for k in family.label_names],
                                               buckets=[*zip(les, cumulative), ("+Inf", count)], sum_value=total)
         return list(families.values())
 
-    def _remediation(self, con):
+    def _remediation(self, reader):
         c = CounterMetricFamily(x.REMEDIATION_ACTIONS, "Remediation decisions by alert, action and decision "
                                 "(executed, dry_run, refused, failed).", labels=x.REMEDIATION_LABELS)
-        exists = con.execute("SELECT count(*) FROM information_schema.tables "
-                             "WHERE table_name = 'remediation_audit'").fetchall()[0][0]
-        if exists:
-            for alert, action, target, decision, n in con.execute(
-                    "SELECT alert, coalesce(action, ''), coalesce(target, ''), decision, count(*) "
-                    "FROM remediation_audit GROUP BY ALL ORDER BY ALL LIMIT ?", [self.max_series]).fetchall():
+        if "remediation_audit" in reader.tables():
+            rows = reader.rows(reader.sql("remediation_decisions"))
+            for alert, action, target, decision, n in rows[: self.max_series]:
                 c.add_metric([alert, action, target, decision], n)
         return [c]
 
-    def _incident_family(self, con):
+    def _incident_family(self, reader):
         g = GaugeMetricFamily(x.INCIDENT_CAUSE_SCORE, "Score (0..1) of each of the top causes sloscope's analysis "
                               "ranks for an open SLO incident, by tier, service, node and cause.",
                               labels=x.INCIDENT_LABELS)
-        for labels, score in self.incident_scores(con):
+        for labels, score in self.incident_scores(reader):
             g.add_metric(list(labels), score)
         return [g]
 
-    def incident_scores(self, con) -> list[tuple[tuple[str, str, str, str], float]]:
+    def incident_scores(self, reader) -> list[tuple[tuple[str, str, str, str], float]]:
         with self._incident_lock:
             now = self.clock()
             cached = self._incidents
             if cached is not None and now - cached[0] < self.cache_s:
                 return cached[1]
-            scores = self._analyse(con, now)
+            scores = self._analyse(reader, now)
             self._incidents = (now, scores)
             return scores
 
-    def _analyse(self, con, now: float):
+    def _analyse(self, reader, now: float):
         from analytics.rca import analyse, parse_time
 
         until = _utc(now)
-        result = analyse(Reader(con), self.spec, since=until - timedelta(seconds=self.incident_lookback_s),
+        result = analyse(reader, self.spec, since=until - timedelta(seconds=self.incident_lookback_s),
                          until=until, top=self.top_causes)
         open_after = until - timedelta(seconds=self.incident_open_s)
         best: dict[tuple, float] = {}
@@ -275,9 +245,8 @@ class StoreCollector(Collector):
         self._drop(x.INCIDENT_CAUSE_SCORE, len(items) - self.max_series)
         return items[: self.max_series]
 
-    def _ingest(self, con):
-        rows = con.execute("SELECT name, value FROM ingest_counters ORDER BY name LIMIT ?",
-                           [self.max_series]).fetchall()
+    def _ingest(self, reader):
+        rows = sorted(reader.counters().items())[: self.max_series]
         merged: Counter = Counter()
         for name, value in rows:
             merged[re.sub(r"[^a-zA-Z0-9_]", "_", name).strip("_").lower()] += value
@@ -321,7 +290,7 @@ def render(store, spec=None, intake: Collector | None = None, **options) -> tupl
     with _collectors_lock:
         entry = _collectors.get(store)
         if entry is None:
-            collector = StoreCollector(store.con.cursor, spec, **options)
+            collector = StoreCollector(store.reading, spec, **options)
             entry = (collector, registry_for(collector, *([intake] if intake else [])))
             _collectors[store] = entry
     return generate_latest(entry[1]), CONTENT_TYPE

@@ -116,19 +116,9 @@ GAUGES: tuple[GaugeFamily, ...] = (
 GAUGES_BY_NAME = {g.name: g for g in GAUGES}
 
 
-@dataclass(frozen=True)
-class SignalFamily:
+class SignalFamily(GaugeFamily):
     """A catalog counter (exported as a `_total` counter: the stored increases summed) or histogram (exported
     as a Prometheus histogram with SIGNAL_BUCKETS_S) of every series of a signal, cumulative over the store."""
-
-    name: str
-    signal: str
-    help: str
-    labels: tuple[tuple[str, str], ...]
-
-    @property
-    def label_names(self) -> tuple[str, ...]:
-        return tuple(label for label, _ in self.labels)
 
 
 GPU_IO = "sloscope_gpu_io_bytes_total"

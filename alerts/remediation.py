@@ -247,15 +247,13 @@ class SamplingOverrides:
             [now, alert.get("fingerprint"), alert.get("starts_at"), now]).fetchone()[0]
 
 
-def active_sampling_overrides(con, now: datetime | None = None) -> dict[str, float]:
-    """tier -> the highest sampling ratio of an override active at `now`: for the sampling policy."""
+def active_sampling_overrides(reader, now: datetime | None = None) -> dict[str, float]:
+    """tier -> the highest sampling ratio of an override active at `now`, from a store or reader
+    (analytics.store.Reader): for the sampling policy."""
     now = now or datetime.now(timezone.utc).replace(tzinfo=None)
-    try:
-        rows = con.execute("SELECT tier, max(ratio) FROM sampling_overrides WHERE until > ? GROUP BY tier",
-                           [now]).fetchall()
-    except duckdb.CatalogException:
+    if "sampling_overrides" not in reader.tables():  # no raise_sampling yet, or a store without remediation
         return {}
-    return dict(rows)
+    return dict(reader.rows("SELECT tier, max(ratio) FROM sampling_overrides WHERE until > ? GROUP BY tier", [now]))
 
 
 # --- the engine ------------------------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
@@ -47,9 +49,14 @@ def literal(value) -> str:
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S.%f")
     if isinstance(value, (list, tuple, frozenset, set)):
-        quoted = ("'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'" for v in value)
-        return "[" + ",".join(quoted) + "]"
+        return "[" + ",".join(_element(v) for v in value) + "]"
     return str(value)
+
+
+def _element(value) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(value)
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 class ChdbBackend:
@@ -136,6 +143,7 @@ class ClickHouseStore(Reader):
     def __init__(self, backend, label: str, read_only: bool = False):
         self.backend, self.path, self.read_only = backend, label, read_only
         self._recorded_spec = None
+        self._turn = threading.Lock()
         if read_only:
             self._check_tables()
         else:
@@ -143,7 +151,7 @@ class ClickHouseStore(Reader):
                 self.backend.execute(statement)
 
     def _check_tables(self) -> None:
-        found = {name for (name,) in self.rows("SELECT name FROM system.tables WHERE database = currentDatabase()")}
+        found = self.tables()
         missing = [t for t in exporter_tables.READ_TABLES if t not in found]
         if missing:
             raise StoreError(f"{self.path}: no {', '.join(missing)} table (the clickhouseexporter creates them; "
@@ -151,6 +159,14 @@ class ClickHouseStore(Reader):
 
     def sql(self, name: str) -> str:
         return clickhouse_sql(name)
+
+    def tables(self) -> set[str]:
+        return {name for (name,) in self.rows("SELECT name FROM system.tables WHERE database = currentDatabase()")}
+
+    @contextmanager
+    def reading(self):
+        """This store, for one use from any thread (its queries take turns)."""
+        yield self
 
     def tier_params(self, spec) -> dict:
         """The tier rules the requests relation applies: the spec's allow-list and default tier."""
@@ -161,7 +177,9 @@ class ClickHouseStore(Reader):
             # A query over requests that does not look at tiers still parses the tier rules: the store's spec's.
             params = {**self.tier_params(self._spec()), **(params or {})}
         try:
-            return _duckdb_types(self.backend.arrow(query, params))
+            with self._turn:  # neither chDB's session nor a clickhouse-connect client runs two queries at once
+                table = self.backend.arrow(query, params)
+            return _duckdb_types(table)
         except StoreError:
             raise
         except Exception as exc:
@@ -186,8 +204,7 @@ class ClickHouseStore(Reader):
     def slo_spec(self):
         from sloscope.slo_spec import load_spec, parse_spec
 
-        tables = {name for (name,) in self.rows("SELECT name FROM system.tables WHERE database = currentDatabase()")}
-        recorded = self.meta("slo_spec") if META_TABLE in tables else None
+        recorded = self.meta("slo_spec") if META_TABLE in self.tables() else None
         return parse_spec(recorded, f"{self.path} (recorded spec)") if recorded else load_spec(None)
 
     def gpu_nodes(self) -> dict[str, str]:

@@ -141,6 +141,12 @@ class Reader:
     def meta(self, key: str) -> str | None:
         return self.scalar("SELECT value FROM meta WHERE key = ?", [key])
 
+    def tables(self) -> set[str]:
+        return {name for (name,) in self.rows("SELECT table_name FROM information_schema.tables")}
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.rows("SELECT name, value FROM ingest_counters ORDER BY name"))
+
     def slo_spec(self):
         """The SLO spec recorded with this database (by the last command given --slo), else the built-in one."""
         from sloscope.slo_spec import load_spec, parse_spec
@@ -237,6 +243,15 @@ class Store(Reader):
         """A reader on its own cursor, for another thread than the one writing."""
         return Reader(self.con.cursor(), self.path)
 
+    @contextmanager
+    def reading(self):
+        """A reader for one use, from any thread: its own cursor of the current connection, closed after."""
+        reader = self.reader()
+        try:
+            yield reader
+        finally:
+            reader.con.close()
+
     def live_reader(self) -> "LiveReader":
         """A reader for one thread at a time that outlives `reopen` (a `reader()` would keep the closed
         connection)."""
@@ -258,9 +273,6 @@ class Store(Reader):
     def gpu_nodes(self) -> dict[str, str]:
         """GPU UUID -> the node it was last seen on."""
         return {gpu: node for node, gpu in self.rows(sql("gpu_topology"))}
-
-    def counters(self) -> dict[str, int]:
-        return dict(self.rows("SELECT name, value FROM ingest_counters ORDER BY name"))
 
     # --- writes ---------------------------------------------------------------------------------------
 

@@ -18,6 +18,9 @@ from pathlib import Path
 log = logging.getLogger("sloscope.serve")
 
 
+DEFAULT_GRPC = "127.0.0.1:4317"
+
+
 def register(subparsers) -> None:
     from analytics.intake import ACKS
 
@@ -31,17 +34,17 @@ def register(subparsers) -> None:
         "With --webhook, Alertmanager's webhooks drive allow-listed remediation, audited in the same database. "
         "GET /healthz answers while the process runs; GET /readyz only while the store is open, the writer "
         "can write and serve is not shutting down. SIGTERM writes everything accepted before exiting.")
-    from analytics.store import DEFAULT_DB
+    from analytics.stores import add_store_arguments
     from sloscope import logs
     from commands.serve_ops import add_edge_arguments, add_limit_arguments
 
-    serve.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"DuckDB file (default: {DEFAULT_DB})")
+    add_store_arguments(serve)
     serve.add_argument("--slo", type=Path, metavar="SLO.yaml",
                        help="SLO spec whose tiers are the allow-list (default: as for ingest)")
     serve.add_argument("--http", default="127.0.0.1:4318", metavar="HOST:PORT",
                        help="OTLP/HTTP address (default: %(default)s; 'off' to disable)")
-    serve.add_argument("--grpc", default="127.0.0.1:4317", metavar="HOST:PORT",
-                       help="OTLP/gRPC address (default: %(default)s; 'off' to disable)")
+    serve.add_argument("--grpc", metavar="HOST:PORT",
+                       help=f"OTLP/gRPC address (default: {DEFAULT_GRPC}; 'off' to disable)")
     serve.add_argument("--queue-rows", type=int, default=1_000_000,
                        help="rows accepted but not yet written before requests are refused (default: %(default)s)")
     serve.add_argument("--queue-bytes", type=int, default=256 * 2**20,
@@ -99,7 +102,7 @@ def _default_decode_workers() -> int:
     return min(cpus, 4) if cpus > 1 else 0
 
 
-def _address(text: str) -> tuple[str, int] | None:
+def listen_address(text: str) -> tuple[str, int] | None:
     if text == "off":
         return None
     host, _, port = text.rpartition(":")
@@ -135,18 +138,33 @@ def rca_page(store, spec):
 
         if not top.isdigit():
             raise ValueError(f"top: expected a whole number, got {top[:40]!r}")
-        reader = store.reader()
-        try:
+        with store.reading() as reader:
             result = Query(since, until, at, node, int(top), baseline, lookback).answer(reader, spec)
-        finally:
-            reader.con.close()
         return json.dumps(result).encode(), "application/json"
 
     return page
 
 
 def run(args) -> int:
-    faulthandler.enable()  # a fatal error in a library's native code still leaves every thread's stack in the log
+    faulthandler.enable(sys.__stderr__)  # a fatal error in native code still leaves every thread's stack in the log
+    from analytics.cli import EXIT_USAGE
+    from analytics.store import StoreError
+    from analytics.stores import parse_store_url, store_url
+
+    try:
+        url = parse_store_url(store_url(args))
+    except StoreError as exc:
+        print(f"sloscope serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if url.scheme != "duckdb":
+        from commands.serve_clickhouse import run as read_clickhouse
+
+        return read_clickhouse(args)
+    args.db = url.path
+    return _run(args)
+
+
+def _run(args) -> int:
     from analytics.cli import EXIT_USAGE
     from analytics.store import Store, StoreError
     from analytics.intake import Intake
@@ -166,7 +184,8 @@ def run(args) -> int:
     try:
         store = Store(args.db)
         spec = store.spec(args.slo)
-        http_addr, grpc_addr, webhook_addr = _address(args.http), _address(args.grpc), _address(args.webhook)
+        http_addr, grpc_addr = listen_address(args.http), listen_address(args.grpc or DEFAULT_GRPC)
+        webhook_addr = listen_address(args.webhook)
         webhook_app = _webhook_app(args, store, spec) if webhook_addr else None
         sampling = SamplingService(store.live_reader(), spec, load_sampling_config(args.sampling))
         limits = limits_of(args)
@@ -188,26 +207,20 @@ def run(args) -> int:
     pool = DecodePool(args.decode_workers, resolver.allowed, resolver.default_tier, declared) \
         if args.decode_workers else None
     receiver = Receiver(intake, intake.offload(pool) if pool else None, OFFLOAD_ABOVE_BYTES, limits, declared)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     edge.reload_on_sighup()
     if intake_log is not None:
         _replay(writer, stop)
     listeners = Listeners()
     pages = _pages(store, spec, sampling, writer, stop, intake_collector(receiver, writer, listeners, watch))
     try:
-        _bind(listeners, (http_addr, grpc_addr, webhook_addr), webhook_app, receiver, pages, edge)
+        bind_listeners(listeners, (http_addr, grpc_addr, webhook_addr), webhook_app, receiver, pages, edge)
     except OSError as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)
     else:
-        _freeze_start_up_objects()
-        listeners.start()
         log.info("writing to %s; tiers %s (default %s)", args.db, ", ".join(spec.tiers), spec.default_tier)
-        while not stop.wait(0.5):  # a signal taken by another thread only runs its handler once this one wakes
-            pass
-        log.info("stopping: no new requests; writing what was accepted")
-        listeners.close()
+        serve_until_stopped(listeners, stop)
+        log.info("writing what was accepted")
     if pool:
         pool.close()
     for part in (watch, late, retention):
@@ -219,6 +232,24 @@ def run(args) -> int:
         return 1
     log.info("stopped; written: %s; receiver: %s", dict(writer.counts), receiver.snapshot())
     return 0 if not writer.failed else 1
+
+
+def stop_on_signals() -> threading.Event:
+    """Set by SIGTERM or SIGINT."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def serve_until_stopped(listeners, stop: threading.Event) -> None:
+    """Starts the bound listeners, and once `stop` is set closes them (the requests in flight answered)."""
+    _freeze_start_up_objects()
+    listeners.start()
+    while not stop.wait(0.5):  # a signal taken by another thread only runs its handler once this one wakes
+        pass
+    log.info("stopping: no new requests")
+    listeners.close()
 
 
 def _freeze_start_up_objects() -> None:
@@ -270,7 +301,7 @@ def _pages(store, spec, sampling, writer, stopping, intake_metrics) -> dict:
             "/rca": rca_page(store, spec), "/healthz": healthz, "/readyz": readiness_page(store, writer, stopping)}
 
 
-def _bind(listeners, addresses, webhook_app, receiver, pages, edge) -> None:
+def bind_listeners(listeners, addresses, webhook_app, receiver, pages, edge) -> None:
     """Every listener serve is asked for, bound (not yet started); OSError names the one that cannot be."""
     from alerts.webhook import WebhookServer
     from receiver.server import grpc_server, http_server

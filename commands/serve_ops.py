@@ -191,13 +191,13 @@ def healthz() -> tuple[bytes, str]:
 
 
 def readiness_page(store, writer, stopping: threading.Event):
-    """GET /readyz: 200 while the store is open, the writer can write and serve is not shutting down; else a
-    503 that says which, so that a load balancer sends exporters elsewhere."""
+    """GET /readyz: 200 while the store is open, the writer (if serve writes) can write and serve is not
+    shutting down; else a 503 that says which, so that a load balancer sends exporters elsewhere."""
     from receiver.server import Unavailable
 
     def page() -> tuple[bytes, str]:
         problems = ["shutting down"] if stopping.is_set() else []
-        problems += [p for p in (_store_problem(store), writer.health()) if p]
+        problems += [p for p in (_store_problem(store), writer.health() if writer else None) if p]
         if problems:
             raise Unavailable("not ready: " + "; ".join(problems))
         return b"ready\n", TEXT
@@ -206,15 +206,10 @@ def readiness_page(store, writer, stopping: threading.Event):
 
 
 def _store_problem(store) -> str | None:
-    import duckdb
-
     try:
-        cursor = store.con.cursor()
-        try:
-            cursor.execute("SELECT 1").fetchall()
-        finally:
-            cursor.close()
-    except duckdb.Error as exc:
+        with store.reading() as reader:
+            reader.rows("SELECT 1")
+    except Exception as exc:  # DuckDB's and ClickHouse's errors alike: the store cannot answer
         return f"store not open: {exc}"
     return None
 

@@ -264,6 +264,8 @@ class _HttpHandler(KeepAliveHandler):
         if not self._authenticated():  # before the body is read: an unknown client costs no memory
             return
         signal = {f"/v1/{s}": s for s in SIGNALS}.get(self.path.split("?", 1)[0])
+        if self.receiver is None:
+            return self._plain(404, f"no OTLP intake here; GET serves {', '.join(sorted(self.pages))}")
         if signal is None:
             return self._plain(404, "unknown path: OTLP/HTTP serves /v1/traces, /v1/metrics and /v1/logs")
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()

@@ -46,35 +46,27 @@ def observe(reader, spec, config: SamplingConfig, now: float) -> Observations:
     from alerts.remediation import active_sampling_overrides
 
     until = _naive_utc(now)
-    tiers = list(spec.tiers)
-    resolved = "CASE WHEN list_contains($tiers, tier) THEN tier ELSE $default END"
+    tiers = {"allowed_tiers": sorted(spec.tiers), "default_tier": spec.default_tier}
     recent_s = config.interval_for(spec)
     traffic, recent = {}, {}
-    for tier, service, route, count, last in reader.rows(
-            f"SELECT {resolved} AS t, service, coalesce(route, '') AS route, count(*), "
-            "count(*) FILTER (WHERE start_time >= $recent) FROM requests "
-            "WHERE start_time >= $since AND start_time < $until GROUP BY ALL",
-            {"tiers": tiers, "default": spec.default_tier, "since": until - timedelta(seconds=config.window_s),
-             "recent": until - timedelta(seconds=recent_s), "until": until}):
+    for tier, service, route, count, last in reader.rows(reader.sql("requests_by_route"), {
+            **tiers, "since": until - timedelta(seconds=config.window_s),
+            "recent": until - timedelta(seconds=recent_s), "until": until}):
         traffic[(tier, service, route)] = count
         if last:
             recent[(tier, service, route)] = last
-    quantiles = sorted({o.percentile / 100.0 for o in spec.tiers.values()})
-    sli_since = until - timedelta(seconds=config.sli_window_s)
+    sli = {"since": until - timedelta(seconds=config.sli_window_s), "until": until}
     tier_sli = {}
-    for tier, n, failed, values in reader.rows(
-            f"SELECT {resolved} AS t, count(*), count(*) FILTER (WHERE failed), "
-            f"quantile_cont(duration_ms, {quantiles!r}) FROM requests "
-            "WHERE start_time >= $since AND start_time < $until GROUP BY ALL",
-            {"tiers": tiers, "default": spec.default_tier, "since": sli_since, "until": until}):
-        q = spec.tiers[tier].percentile / 100.0
-        tier_sli[tier] = Sli(n, failed, values[quantiles.index(q)] if values else None)
+    for quantile in sorted({o.percentile / 100.0 for o in spec.tiers.values()}):  # one query per percentile in use
+        for tier, n, failed, latency_ms in reader.rows(reader.sql("tier_health"),
+                                                       {**tiers, **sli, "quantile": quantile}):
+            if spec.tiers[tier].percentile / 100.0 == quantile:
+                tier_sli[tier] = Sli(n, failed, latency_ms)
     node_sli = {node: Sli(n, failed) for node, n, failed in reader.rows(
-        "SELECT node, count(*), count(*) FILTER (WHERE failed) FROM requests "
-        "WHERE start_time >= $since AND start_time < $until GROUP BY ALL", {"since": sli_since, "until": until})}
+        reader.sql("node_health"), {**reader.tier_params(spec), **sli})}
     open_after = until - timedelta(seconds=config.open_for(spec))
     incidents = [(i.tier, i.service, i.node) for i in find_incidents(
         reader, spec, until - timedelta(seconds=config.incident_lookback_s), until) if i.end >= open_after]
-    overrides = active_sampling_overrides(reader.con, until)
+    overrides = active_sampling_overrides(reader, until)
     return Observations(now, config.window_s, traffic, tier_sli, node_sli, incidents, overrides, recent,
                         recent_s if recent_s <= config.window_s else 0.0)

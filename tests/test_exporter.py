@@ -81,7 +81,7 @@ def store(tmp_path):
 
 def collector(store, **kw):
     kw.setdefault("clock", lambda: T0_S + 60)
-    return StoreCollector(store.con.cursor, SPEC, **kw)
+    return StoreCollector(store.reading, SPEC, **kw)
 
 
 def test_request_histograms_and_counters_per_tier_service_and_node(store):
@@ -179,7 +179,7 @@ def test_incident_cause_scores_of_open_incidents_and_every_rule_series_exported(
         assert report.rejected_count == 0
         t0 = start.timestamp()
         now = [t0 + 1000]  # 40 s after the fault ended: the incident is open
-        c = StoreCollector(store.con.cursor, SPEC, clock=lambda: now[0], cache_s=15)
+        c = StoreCollector(store.reading, SPEC, clock=lambda: now[0], cache_s=15)
         f = scrape(c)
         scores = f[x.INCIDENT_CAUSE_SCORE]
         node = truth.fault["node"]

@@ -246,7 +246,7 @@ def test_a_missing_field_shows_on_metrics(tmp_path):
     lines = [metrics([gauge(s.name, [(s.time_unix_nano, s.value)], s.attributes) for s in health], node="gpu-node-1")]
     with Store(tmp_path / "db.duckdb") as store:
         ingest(store, tmp_path, lines)
-        families = scrape(StoreCollector(store.con.cursor, load_spec(None), clock=lambda: now_ns / 1e9 + 5))
+        families = scrape(StoreCollector(store.reading, load_spec(None), clock=lambda: now_ns / 1e9 + 5))
     up = x.PROBE_SIGNAL_UP
     assert value(families, up, up, node="gpu-node-1", probe="dcgm", signal="sloscope.gpu.sm.active",
                  needs="DCGM_FI_PROF_SM_ACTIVE") == 0.0

@@ -13,6 +13,7 @@ import duckdb
 import pytest
 
 from alerts.actions import ActionFailed, ConfigError, Runner
+from analytics.store import Reader
 from alerts.remediation import AuditStore, Engine, active_sampling_overrides, load_config, parse_config
 from sloscope.slo_spec import load_spec
 from tests.conftest import need
@@ -246,8 +247,8 @@ def test_raise_sampling_records_an_override_until_resolved(tmp_path):
     assert r["decision"] == "executed" and r["target"] == "tier:p99-latency-critical"
     con = duckdb.connect(str(tmp_path / "audit.duckdb"))
     try:
-        assert active_sampling_overrides(con, START) == {"p99-latency-critical": 1.0}
-        assert active_sampling_overrides(con, START + timedelta(minutes=31)) == {}
+        assert active_sampling_overrides(Reader(con), START) == {"p99-latency-critical": 1.0}
+        assert active_sampling_overrides(Reader(con), START + timedelta(minutes=31)) == {}
         until = con.execute("SELECT until FROM sampling_overrides").fetchone()[0]
         assert until == START + timedelta(minutes=30)
     finally:
@@ -256,7 +257,7 @@ def test_raise_sampling_records_an_override_until_resolved(tmp_path):
     engine.handle([alert("SloscopeTierLatencyHigh", status="resolved", tier="p99-latency-critical")])
     con = duckdb.connect(str(tmp_path / "audit.duckdb"))
     try:
-        assert active_sampling_overrides(con, clock.t) == {}
+        assert active_sampling_overrides(Reader(con), clock.t) == {}
     finally:
         con.close()
 

@@ -16,6 +16,8 @@ SELECT TraceId AS trace_id,
                startsWith(resource_service, 'unknown_service') OR resource_service = 'istio-proxy'
                    OR startsWith(resource_service, concat(canonical_service, '.')), canonical_service,
                resource_service) AS service,
+       substringUTF8(if(mapContains(SpanAttributes, 'http.route'), SpanAttributes['http.route'], SpanName), 1, 253)
+           AS route,
        substringUTF8(coalesce(nullIf(SpanAttributes['k8s.node.name'], ''), nullIf(SpanAttributes['host.name'], ''),
                               nullIf(ResourceAttributes['k8s.node.name'], ''),
                               nullIf(ResourceAttributes['host.name'], ''), 'unknown'), 1, 253) AS node,

@@ -1,0 +1,10 @@
+-- analytics/sql/request_totals.sql over the exporter's otel_traces: requests per tier, service, node and latency
+-- bucket (the number of bounds below the duration), with their seconds and failures.
+SELECT tier, service, node,
+       toInt64(arrayCount(b -> b < duration_ms, {bounds_ms:Array(Float64)})) AS bucket,
+       toInt64(count()) AS requests,
+       sum(duration_ms) / 1000.0 AS seconds,
+       toInt64(countIf(failed)) AS failed
+FROM {{requests}}
+GROUP BY tier, service, node, bucket
+ORDER BY tier, service, node, bucket

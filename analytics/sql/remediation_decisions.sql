@@ -1,0 +1,5 @@
+-- Remediation decisions by alert, action, target and decision, from the audit trail.
+SELECT alert, coalesce(action, '') AS action, coalesce(target, '') AS target, decision, count(*) AS decisions
+FROM remediation_audit
+GROUP BY ALL
+ORDER BY ALL

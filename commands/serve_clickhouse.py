@@ -1,0 +1,71 @@
+"""`sloscope serve --store chdb:///PATH | clickhouse://USER@HOST:PORT/DATABASE`: the read side of a fleet whose
+OpenTelemetry Collectors write OTLP into ClickHouse with the contrib clickhouseexporter.
+
+On the --http port it serves what Prometheus, the trace samplers and people read: /metrics, /rca, /sampling,
+/healthz and /readyz, computed in ClickHouse from the exporter's tables by the queries of analytics/sql/clickhouse/.
+It receives no OTLP (the Collector writes the tables), so what serve does only as the writer of its DuckDB file is
+refused here with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+log = logging.getLogger("sloscope.serve")
+
+WRITER_ONLY = (  # (argument, what it is set to where it does something here, why it cannot be)
+    ("grpc", (None, "off"), "--grpc: no OTLP intake on a ClickHouse store (the Collector's clickhouseexporter "
+                            "writes the tables)"),
+    ("webhook", ("off",), "--webhook: remediation audits into a DuckDB file; run `sloscope webhook --db FILE`"),
+    ("kube_api", (None,), "--kube-api: spans are placed as they are written; give the Collector the "
+                          "k8sattributes processor"),
+    ("retention", (None,), "--retention: set the exporter's `ttl` (ClickHouse drops old parts itself)"),
+)
+
+
+def run(args) -> int:
+    from analytics.cli import EXIT_USAGE
+    from analytics.store import StoreError
+    from analytics.stores import open_from_args
+    from alerts.exporter import render
+    from commands.serve import bind_listeners, listen_address, rca_page, serve_until_stopped, stop_on_signals
+    from commands.serve_ops import Listeners, edge_of, healthz, readiness_page
+    from sampling.policy import SamplingService, load_config as load_sampling_config
+    from sloscope.slo_spec import SpecError
+
+    refused = [why for name, allowed, why in WRITER_ONLY if getattr(args, name) not in allowed]
+    if args.http == "off":
+        refused.append("--http off leaves nothing to serve")
+    try:
+        if refused:
+            raise ValueError("; ".join(refused))
+        http_addr = listen_address(args.http)
+        store = open_from_args(args, read_only=True)
+    except (StoreError, ValueError) as exc:
+        print(f"sloscope serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        spec = store.spec(args.slo)
+        sampling = SamplingService(store, spec, load_sampling_config(args.sampling))
+        edge = edge_of(args)
+    except (SpecError, StoreError, ValueError) as exc:
+        store.close()
+        print(f"sloscope serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    stop = stop_on_signals()
+    edge.reload_on_sighup()
+    pages = {"/metrics": lambda: render(store, spec), "/sampling": sampling.page, "/rca": rca_page(store, spec),
+             "/healthz": healthz, "/readyz": readiness_page(store, None, stop)}
+    listeners = Listeners()
+    try:
+        bind_listeners(listeners, (http_addr, None, None), None, None, pages, edge)
+    except OSError as exc:
+        store.close()
+        print(f"sloscope serve: {exc}", file=sys.stderr)
+        return 1
+    log.info("reading %s; tiers %s (default %s)", store.path, ", ".join(spec.tiers), spec.default_tier)
+    serve_until_stopped(listeners, stop)
+    store.close()
+    log.info("stopped")
+    return 0

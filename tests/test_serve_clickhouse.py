@@ -1,0 +1,105 @@
+"""`sloscope serve --store chdb:///…`: the read side on ClickHouse's tables answers /metrics, /rca, /sampling and
+/readyz as `serve` on a DuckDB file loaded from the same OTLP files does, refuses OTLP with the reason, and refuses
+what only a writer does."""
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytest.importorskip("chdb")
+
+from alerts import metric_names as x  # noqa: E402
+from commands.cli import main  # noqa: E402
+from simulator.fleet import SimulationConfig, simulate  # noqa: E402
+from tests.alerting_stack import free_port, wait_listening  # noqa: E402
+
+COMPARED = {x.REQUESTS, x.REQUEST_ERRORS, x.REQUEST_DURATION, x.INCIDENT_CAUSE_SCORE,
+            *(g.name for g in x.GAUGES), *(c.name for c in x.COUNTERS)}
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    """serve on DuckDB and serve on chDB, loaded from the same simulated fleet (a storage fault at the end)."""
+    tmp = tmp_path_factory.mktemp("both")
+    simulate(SimulationConfig(out=tmp / "otlp", nodes=3, seed=4, fault="storage_queue", rate=4.0, duration_s=780))
+    files = [str(f) for f in sorted((tmp / "otlp").glob("*.jsonl*"))]
+    stores = {"duckdb": f"duckdb:///{tmp}/db.duckdb", "chdb": f"chdb:///{tmp}/ch"}
+    for url in stores.values():
+        assert main(["ingest", "--store", url, *files]) == 0
+    procs, ports = {}, {}
+    try:
+        for name, url in stores.items():
+            ports[name] = free_port()
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "commands.cli", "serve", "--store", url, "--http", f"127.0.0.1:{ports[name]}",
+                 "--grpc", "off"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            wait_listening(ports[name], procs[name], f"serve --store {url}")
+        yield {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}, procs
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(60)
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return response.read()
+
+
+def _samples(text: str) -> dict[tuple, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(text)
+            if family.name in COMPARED or family.name + "_total" in COMPARED for s in family.samples}
+
+
+def test_metrics_from_clickhouse_match_metrics_from_duckdb(both):
+    urls, _ = both
+    duck, ch = (_samples(_get(urls[name] + "/metrics").decode()) for name in ("duckdb", "chdb"))
+    assert any(name == x.REQUESTS + "_total" or name == x.REQUESTS for name, _ in duck)
+    assert any(name.startswith(x.REQUEST_DURATION + "_bucket") for name, _ in duck)
+    assert set(ch) == set(duck)
+    for key, value in duck.items():
+        assert ch[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
+
+
+def test_rca_and_sampling_from_clickhouse_match_duckdb(both):
+    urls, _ = both
+    rca = {name: json.loads(_get(url + "/rca")) for name, url in urls.items()}
+    summary = {name: [(i["tier"], i["service"], i["node"], i["start"], i["end"], [c["cause"] for c in i["causes"]])
+                      for i in doc["incidents"]] for name, doc in rca.items()}
+    assert summary["duckdb"] and summary["chdb"] == summary["duckdb"]
+    sampling = {name: json.loads(_get(url + "/sampling")) for name, url in urls.items()}
+    assert sampling["chdb"].keys() == sampling["duckdb"].keys()
+    assert json.dumps(sampling["chdb"], sort_keys=True).count("probability") == \
+        json.dumps(sampling["duckdb"], sort_keys=True).count("probability") > 0
+
+
+def test_the_clickhouse_side_is_ready_and_refuses_otlp_with_the_reason(both):
+    urls, _ = both
+    assert _get(urls["chdb"] + "/readyz") == b"ready\n"
+    request = urllib.request.Request(urls["chdb"] + "/v1/traces", data=b"{}",
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 404 and b"no OTLP intake here" in refused.value.read()
+
+
+def test_what_only_a_writer_does_is_refused_before_anything_opens(tmp_path, capsys):
+    assert main(["serve", "--store", f"chdb:///{tmp_path}/none", "--webhook", "127.0.0.1:9", "--grpc",
+                 "127.0.0.1:4317"]) == 2
+    err = capsys.readouterr().err
+    assert "--webhook" in err and "--grpc" in err and not (tmp_path / "none").exists()
+
+
+def test_stopping_the_clickhouse_side_exits_cleanly(both):
+    _, procs = both
+    proc = procs["chdb"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, proc.stdout.read()[-3000:]
