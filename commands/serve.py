@@ -218,8 +218,8 @@ def _run(args) -> int:
     except OSError as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)
     else:
-        log.info("writing to %s; tiers %s (default %s)", args.db, ", ".join(spec.tiers), spec.default_tier)
-        serve_until_stopped(listeners, stop)
+        serve_until_stopped(listeners, stop, f"writing to {args.db}; tiers {', '.join(spec.tiers)} "
+                                             f"(default {spec.default_tier})")
         log.info("writing what was accepted")
     if pool:
         pool.close()
@@ -242,10 +242,12 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
-def serve_until_stopped(listeners, stop: threading.Event) -> None:
-    """Starts the bound listeners, and once `stop` is set closes them (the requests in flight answered)."""
+def serve_until_stopped(listeners, stop: threading.Event, started: str) -> None:
+    """Starts the bound listeners, logs `started`, and once `stop` is set closes them (the requests in flight
+    answered)."""
     _freeze_start_up_objects()
     listeners.start()
+    log.info("%s", started)
     while not stop.wait(0.5):  # a signal taken by another thread only runs its handler once this one wakes
         pass
     log.info("stopping: no new requests")

@@ -64,8 +64,8 @@ def run(args) -> int:
         store.close()
         print(f"sloscope serve: {exc}", file=sys.stderr)
         return 1
-    log.info("reading %s; tiers %s (default %s)", store.path, ", ".join(spec.tiers), spec.default_tier)
-    serve_until_stopped(listeners, stop)
+    serve_until_stopped(listeners, stop, f"reading {store.path}; tiers {', '.join(spec.tiers)} "
+                                         f"(default {spec.default_tier})")
     store.close()
     log.info("stopped")
     return 0
