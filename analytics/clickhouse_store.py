@@ -28,12 +28,27 @@ from analytics.store import Frames, Reader, StoreError
 # query's since and until parameters, {{requests start end}} that of its start and end.
 RELATION = re.compile(r"\{\{(\w+)(?: (\w+) (\w+))?\}\}")
 META_TABLE, COUNTERS_TABLE = "sloscope_meta", "sloscope_counters"
+DERIVED_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+)\s+.+?\s+MATERIALIZED\s+(.+)", re.S)
 
 
 def clickhouse_sql(name: str) -> str:
     """The text of analytics/sql/clickhouse/NAME.sql with its {{relations}} inlined."""
     text = resources.files("analytics").joinpath("sql", "clickhouse", f"{name}.sql").read_text()
     return RELATION.sub(_inlined, text)
+
+
+def statements(name: str) -> list[str]:
+    """The statements of a DDL file of analytics/sql/clickhouse/ (separated by a line holding only ";")."""
+    return clickhouse_sql(name).split("\n;\n")
+
+
+def derived_columns() -> dict[str, dict[str, str]]:
+    """table -> {column: expression} of the columns derived_columns.sql adds to the exporter's tables."""
+    found: dict[str, dict[str, str]] = {}
+    for statement in statements("derived_columns"):
+        table, column, expression = DERIVED_COLUMN.search(statement).groups()
+        found.setdefault(table, {})[column] = expression.strip()
+    return found
 
 
 def _inlined(match: re.Match) -> str:
@@ -147,8 +162,20 @@ class ClickHouseStore(Reader):
         if read_only:
             self._check_tables()
         else:
-            for statement in clickhouse_sql("exporter_tables").split("\n;\n"):
+            for statement in statements("exporter_tables") + statements("derived_columns"):
                 self.backend.execute(statement)
+        self._sources = self._sources_lacking_columns()
+
+    def _sources_lacking_columns(self) -> dict[str, str]:
+        """table -> what queries read in its place: the table with the derived columns it lacks computed."""
+        present = set(self.rows("SELECT table, name FROM system.columns WHERE database = currentDatabase()"))
+        sources = {}
+        for table, columns in derived_columns().items():
+            lacking = [f"{expression} AS {column}" for column, expression in columns.items()
+                       if (table, column) not in present]
+            if lacking:
+                sources[table] = f"(SELECT *, {', '.join(lacking)} FROM {table})"
+        return sources
 
     def _check_tables(self) -> None:
         found = self.tables()
@@ -158,7 +185,10 @@ class ClickHouseStore(Reader):
                              "or load something with sloscope ingest)")
 
     def sql(self, name: str) -> str:
-        return clickhouse_sql(name)
+        text = clickhouse_sql(name)
+        for table, source in self._sources.items():
+            text = re.sub(rf"\bFROM {table}\b", lambda _: f"FROM {source}", text)
+        return text
 
     def tables(self) -> set[str]:
         return {name for (name,) in self.rows("SELECT name FROM system.tables WHERE database = currentDatabase()")}

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("chdb")
 
 from analytics.attribution import Window, signal_steps  # noqa: E402
+from analytics.clickhouse_store import derived_columns  # noqa: E402
 from analytics.exporter_tables import MAP_TYPE, TRACES, attribute_text  # noqa: E402
 from analytics.slo import sli_windows  # noqa: E402
 from analytics.store import Store, StoreError  # noqa: E402
@@ -188,6 +189,29 @@ def test_both_engines_answer_the_analytics_queries_with_the_same_frames(tmp_path
     assert ch_steps.select("node", "metric", "attributes", "step").equals(
         duck_steps.select("node", "metric", "attributes", "step"))
     assert (ch_steps["value"] - duck_steps["value"]).abs().max() < 1e-9
+
+
+def test_tables_without_sloscopes_columns_read_the_same(tmp_path):
+    """The Collector's own tables lack the columns ingest adds: the queries compute them as they read."""
+    spans = [span(f"{i:032x}", f"{i:016x}", T0 + i * S // 4, 50 + (i % 7) * 40, status=500 if i % 11 == 0 else 200,
+                  tier=["standard"]) for i in range(60)]
+    duck, ch = _load_both(tmp_path, _metric_lines() + [traces(spans, node="n1")])
+    duck.close()
+    queries = {"requests": ["trace_id"], "samples": ["node", "metric", "attributes", "ts"],
+               "histograms": ["node", "metric", "attributes", "ts"]}
+    with ch:
+        assert not ch._sources  # ingest made them
+        before = {name: ch.frame(f"SELECT * FROM ({ch.sql(name)})", EVERYTHING).sort(key)
+                  for name, key in queries.items()}
+    with open_store(f"chdb:///{tmp_path}/ch") as store:
+        for table, columns in derived_columns().items():
+            for column in columns:
+                store.backend.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as bare:
+        assert set(bare._sources) == set(derived_columns())
+        for name, key in queries.items():
+            assert before[name].height > 0
+            assert_same(bare.frame(f"SELECT * FROM ({bare.sql(name)})", EVERYTHING).sort(key), before[name])
 
 
 def test_ingest_records_its_counters_and_the_spec_in_the_clickhouse_store(tmp_path):

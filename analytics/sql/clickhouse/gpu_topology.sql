@@ -1,13 +1,12 @@
 -- The node each GPU (hw.id) was last seen on, from the GPU points of the exporter's gauge and sum tables (the last
 -- node a GPU was seen on needs no delta, so the whole history is read without samples.sql's window functions).
-SELECT argMax(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
-                       'unknown'), TimeUnix) AS node,
+SELECT argMax(SloscopeNode, TimeUnix) AS node,
        Attributes['hw.id'] AS gpu_id
 FROM (
-    SELECT ResourceAttributes, Attributes, TimeUnix FROM otel_metrics_gauge
+    SELECT SloscopeNode, Attributes, TimeUnix FROM otel_metrics_gauge
     WHERE MetricName LIKE 'hw.gpu.%' AND mapContains(Attributes, 'hw.id') AND isFinite(Value) AND bitAnd(Flags, 1) = 0
     UNION ALL
-    SELECT ResourceAttributes, Attributes, TimeUnix FROM otel_metrics_sum
+    SELECT SloscopeNode, Attributes, TimeUnix FROM otel_metrics_sum
     WHERE MetricName LIKE 'hw.gpu.%' AND mapContains(Attributes, 'hw.id') AND isFinite(Value) AND bitAnd(Flags, 1) = 0
 )
 GROUP BY gpu_id

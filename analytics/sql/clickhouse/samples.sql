@@ -11,10 +11,9 @@
 -- the filter reaches the table and the delta and cumulative points are each read once.
 -- Parameters: since, until. Inlined by the queries of this folder where they name it in double braces.
 WITH points AS (
-    SELECT coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
-                    'unknown') AS node,
+    SELECT SloscopeNode AS node,
            MetricName AS metric,
-           toJSONString(mapSort(Attributes)) AS attributes,
+           SloscopeAttributes AS attributes,
            toUnixTimestamp64Nano(StartTimeUnix) AS start_ns,
            toUnixTimestamp64Nano(TimeUnix) AS time_ns,
            Value AS value,
@@ -38,10 +37,9 @@ cumulative AS (
 )
 SELECT * FROM (
     SELECT fromUnixTimestamp64Micro(intDiv(toUnixTimestamp64Nano(TimeUnix), 1000), 'UTC') AS ts,
-           coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
-                    'unknown') AS node,
+           SloscopeNode AS node,
            MetricName AS metric,
-           toJSONString(mapSort(Attributes)) AS attributes,
+           SloscopeAttributes AS attributes,
            Value AS value,
            CAST(NULL AS Nullable(Float64)) AS interval_s
     FROM otel_metrics_gauge

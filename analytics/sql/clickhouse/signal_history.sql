@@ -4,11 +4,10 @@
 -- first point counts although it gives no increase of its own, one interval before the DuckDB store's first row.
 SELECT fromUnixTimestamp64Micro(toUnixTimestamp64Micro(minOrNull(TimeUnix)), 'UTC') AS first
 FROM (
-    SELECT ResourceAttributes, TimeUnix FROM otel_metrics_gauge WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0
+    SELECT SloscopeNode, TimeUnix FROM otel_metrics_gauge WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0
     UNION ALL
-    SELECT ResourceAttributes, TimeUnix FROM otel_metrics_sum WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0
+    SELECT SloscopeNode, TimeUnix FROM otel_metrics_sum WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0
     UNION ALL
-    SELECT ResourceAttributes, TimeUnix FROM otel_metrics_exponential_histogram WHERE bitAnd(Flags, 1) = 0 AND Count > 0
+    SELECT SloscopeNode, TimeUnix FROM otel_metrics_exponential_histogram WHERE bitAnd(Flags, 1) = 0 AND Count > 0
 )
-WHERE coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
-               'unknown') = {node:String}
+WHERE SloscopeNode = {node:String}

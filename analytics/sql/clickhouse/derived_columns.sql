@@ -1,0 +1,65 @@
+-- Columns sloscope adds to the exporter's tables, as ClickStack adds materialized columns for the attributes it
+-- reads most: each value is computed once, as its row is inserted, where every query would otherwise read whole
+-- attribute maps. `sloscope ingest --store` adds them; on tables the Collector made, run these statements once
+-- (rows inserted before compute the value when read, until `ALTER TABLE ... MATERIALIZE COLUMN` rewrites them).
+-- Where a table lacks one, sloscope's queries compute the same expression as they read: the same answers, slower.
+-- Their values follow receiver/otlp_common.py: span attributes before the resource's, Istio's canonical service
+-- over Envoy's default names, names cut at 253 characters; a repeated tier header (a list, which the exporter
+-- writes as its JSON) is its single value. The tier rules of the spec are applied at query time, not here.
+-- Statements are separated by a line holding only ";".
+ALTER TABLE otel_traces ADD COLUMN IF NOT EXISTS SloscopeService LowCardinality(String) MATERIALIZED
+    multiIf(SpanAttributes['istio.canonical_service'] = '',
+                if(ServiceName = '', 'unknown_service', substringUTF8(ServiceName, 1, 253)),
+            ServiceName IN ('', 'istio-proxy') OR startsWith(ServiceName, 'unknown_service')
+                OR startsWith(substringUTF8(ServiceName, 1, 253),
+                              concat(substringUTF8(SpanAttributes['istio.canonical_service'], 1, 253), '.')),
+                substringUTF8(SpanAttributes['istio.canonical_service'], 1, 253),
+            substringUTF8(ServiceName, 1, 253))
+;
+ALTER TABLE otel_traces ADD COLUMN IF NOT EXISTS SloscopeRoute LowCardinality(String) MATERIALIZED
+    substringUTF8(if(mapContains(SpanAttributes, 'http.route'), SpanAttributes['http.route'], SpanName), 1, 253)
+;
+ALTER TABLE otel_traces ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
+    substringUTF8(coalesce(nullIf(SpanAttributes['k8s.node.name'], ''), nullIf(SpanAttributes['host.name'], ''),
+                           nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
+                           'unknown'), 1, 253)
+;
+ALTER TABLE otel_traces ADD COLUMN IF NOT EXISTS SloscopeTierValue Nullable(String) MATERIALIZED
+    if(startsWith(multiIf(mapContains(SpanAttributes, 'http.request.header.x-slo-tier'),
+                          SpanAttributes['http.request.header.x-slo-tier'], SpanAttributes['slo.tier']), '[')
+           AND isValidJSON(multiIf(mapContains(SpanAttributes, 'http.request.header.x-slo-tier'),
+                                   SpanAttributes['http.request.header.x-slo-tier'], SpanAttributes['slo.tier']))
+           AND JSONLength(multiIf(mapContains(SpanAttributes, 'http.request.header.x-slo-tier'),
+                                  SpanAttributes['http.request.header.x-slo-tier'], SpanAttributes['slo.tier'])) = 1
+           AND JSONType(multiIf(mapContains(SpanAttributes, 'http.request.header.x-slo-tier'),
+                                SpanAttributes['http.request.header.x-slo-tier'], SpanAttributes['slo.tier']), 1)
+               = 'String',
+       JSONExtractString(multiIf(mapContains(SpanAttributes, 'http.request.header.x-slo-tier'),
+                                 SpanAttributes['http.request.header.x-slo-tier'], SpanAttributes['slo.tier']), 1),
+       multiIf(mapContains(SpanAttributes, 'http.request.header.x-slo-tier'),
+               SpanAttributes['http.request.header.x-slo-tier'],
+               mapContains(SpanAttributes, 'slo.tier'), SpanAttributes['slo.tier'],
+               NULL))
+;
+ALTER TABLE otel_traces ADD COLUMN IF NOT EXISTS SloscopeStatusCode Nullable(Int32) MATERIALIZED
+    toInt32OrNull(multiIf(mapContains(SpanAttributes, 'http.response.status_code'),
+                          SpanAttributes['http.response.status_code'], SpanAttributes['http.status_code']))
+;
+ALTER TABLE otel_metrics_gauge ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
+    coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''), 'unknown')
+;
+ALTER TABLE otel_metrics_gauge ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String) MATERIALIZED
+    toJSONString(mapSort(Attributes))
+;
+ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
+    coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''), 'unknown')
+;
+ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String) MATERIALIZED
+    toJSONString(mapSort(Attributes))
+;
+ALTER TABLE otel_metrics_exponential_histogram ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String)
+    MATERIALIZED coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
+                          'unknown')
+;
+ALTER TABLE otel_metrics_exponential_histogram ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String)
+    MATERIALIZED toJSONString(mapSort(Attributes))
