@@ -179,6 +179,9 @@ class Probe(abc.ABC):
     source: ClassVar[str]
     signals: ClassVar[tuple[str, ...]]
     description: ClassVar[str] = ""
+    # The least time between two reads, for a source that costs much to read and changes slowly: a collect
+    # before the next read is due returns nothing. None: read at every collect.
+    period_s: ClassVar[float | None] = None
 
     def __init__(self, host: Host | None = None):
         self.host = host or Host()
@@ -186,6 +189,7 @@ class Probe(abc.ABC):
             catalog.signal(s)  # a probe may only emit catalog signals
         self._running = False
         self._last_ns = 0  # where the next collect's interval begins
+        self._due_ns = 0  # with a period: when the next read is due
         self._notes: list[str] = []
 
     @abc.abstractmethod
@@ -209,8 +213,13 @@ class Probe(abc.ABC):
         if not self._running:
             raise ProbeError(f"probe {self.name!r} is not started")
         now = now_ns()
+        if now < self._due_ns:
+            return []
         samples = self._collect(self._last_ns, now)
         self._last_ns = now  # a failed collect leaves its interval to the next one
+        if self.period_s is not None:
+            # Due a little early, so that collects a period apart, give or take their jitter, each read.
+            self._due_ns = now + int((self.period_s - min(0.5, self.period_s / 10)) * 1e9)
         return samples
 
     def stop(self) -> None:

@@ -53,6 +53,23 @@ def test_collect_needs_a_start_and_intervals_follow_each_other():
     assert probe.calls.count("stop") == 2  # stopping again asks the probe again: its _stop is idempotent
 
 
+def test_a_probe_with_a_period_reads_once_per_period_and_its_first_collect_reads(monkeypatch):
+    import probes.base
+
+    clock = [10**18]
+    monkeypatch.setattr(probes.base, "now_ns", lambda: clock[0])
+    probe = RecordingProbe()
+    probe.period_s = 10.0
+    read = []
+    with probe:
+        for second in range(31):  # collects every second, a few ms late or early
+            clock[0] = 10**18 + second * 10**9 + (3 if second % 2 else -3) * 10**6
+            if probe.collect():
+                read.append(second)
+    assert read == [0, 10, 20, 30]
+    assert probe.calls.count("collect") == 4
+
+
 @pytest.mark.parametrize("failure", [RuntimeError("attach failed"), KeyboardInterrupt()])
 def test_a_start_that_fails_half_way_is_cleaned_up_and_not_running(failure):
     probe = RecordingProbe(fail_start=failure)
