@@ -186,10 +186,6 @@ class StoreCollector(Collector):
 
     def _signal_histograms(self, reader):
         families = {f.name: HistogramMetricFamily(f.name, f.help, labels=f.label_names) for f in x.SIGNAL_HISTOGRAMS}
-        try:
-            reader.sql("signal_histogram_totals")
-        except FileNotFoundError:  # the ClickHouse tables keep the exporter's own bucket layout: not summed here
-            return list(families.values())
         uppers = [2.0 ** (i + HISTOGRAM_OFFSET + 1) for i in range(HISTOGRAM_BUCKETS)]
         les = [x.le_label(b) for b in x.SIGNAL_BUCKETS_S]
         for family, labels, count, total, buckets in self._series(reader, "signal_histogram_totals",

@@ -169,6 +169,11 @@ def test_cumulative_sums_and_histograms_become_the_same_deltas_in_the_engine(tmp
         engine = _sorted(ch.frame(f"SELECT {columns} FROM ({ch.sql('histograms')})", EVERYTHING), h_key)
         assert stored["count"].to_list() == [4, 4, 4, 4, 2]
         assert_same(engine, stored)
+        dense = "arrayMap(slot -> arraySum(arrayFilter((n, s) -> s = slot, bucket_counts, bucket_slots)), range(48))"
+        engine = _sorted(ch.frame(f"SELECT node, metric, ts, {dense} AS buckets FROM ({ch.sql('histograms')})",
+                                  EVERYTHING), h_key)
+        stored = _sorted(duck.frame("SELECT node, metric, ts, buckets FROM histograms"), h_key)
+        assert engine["buckets"].to_list() == stored["buckets"].to_list()  # resets and all, slot by slot
 
 
 def test_both_engines_answer_the_analytics_queries_with_the_same_frames(tmp_path):

@@ -19,7 +19,7 @@ from simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from tests.alerting_stack import free_port, wait_listening  # noqa: E402
 
 COMPARED = {x.REQUESTS, x.REQUEST_ERRORS, x.REQUEST_DURATION, x.INCIDENT_CAUSE_SCORE,
-            *(g.name for g in x.GAUGES), *(c.name for c in x.COUNTERS)}
+            *(g.name for g in x.GAUGES), *(c.name for c in x.COUNTERS), *(h.name for h in x.SIGNAL_HISTOGRAMS)}
 
 
 @pytest.fixture(scope="module")

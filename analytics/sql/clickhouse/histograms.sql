@@ -1,7 +1,9 @@
--- The histograms of analytics/sql/schema.sql in [since, until) (count, sum and interval; the buckets stay in the
--- exporter's table), read from its exponential-histogram table: delta points as they are, cumulative ones as
--- per-interval deltas by the rules of samples.sql, where a bucket that went down (at an unchanged scale and
--- offset) is a reset too. A point stored twice counts once; only the range is read, with the same 5 minutes before
+-- The histograms of analytics/sql/schema.sql in [since, until), read from the exporter's exponential-histogram
+-- table: delta points as they are, cumulative ones as per-interval deltas by the rules of samples.sql, where a
+-- bucket that went down (at an unchanged scale and offset) is a reset too. The buckets come as the store's fixed
+-- slots (sloscope/records.py: scale 0 from 2**-40, 48 slots, the zero bucket in the first; folded as
+-- receiver/otlp_common.py's scale0_buckets folds them) in sparse form: bucket_counts[i] is added to slot
+-- bucket_slots[i], a cumulative point's previous buckets with their sign turned. A point stored twice counts once; only the range is read, with the same 5 minutes before
 -- it as samples.sql. Points with no count are dropped, as the store drops them.
 -- ClickHouse inlines `points` at each use: each use picks its temporality before dropping repeated points, so
 -- the filter reaches the table and the delta and cumulative points are each read once.
@@ -17,13 +19,14 @@ WITH points AS (
            Scale AS scale,
            PositiveOffset AS offset,
            arrayConcat([ZeroCount], PositiveBucketCounts) AS buckets,
+           arrayMap(j -> if(j = 1, 0, least(greatest(toInt64(floor((offset + j - 2) * exp2(-scale))) + 40, 0), 47)), arrayEnumerate(buckets)) AS slots,
            AggregationTemporality AS temporality
     FROM otel_metrics_exponential_histogram
     WHERE bitAnd(Flags, 1) = 0
       AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
 ),
 cumulative AS (
-    SELECT node, metric, attributes, start_ns, time_ns, count, sum,
+    SELECT node, metric, attributes, start_ns, time_ns, count, sum, buckets, slots,
            row_number() OVER series = 1 AS first,
            lagInFrame(start_ns) OVER series AS prev_start_ns,
            lagInFrame(time_ns) OVER series AS prev_time_ns,
@@ -32,6 +35,7 @@ cumulative AS (
            lagInFrame(scale) OVER series AS prev_scale,
            lagInFrame(offset) OVER series AS prev_offset,
            lagInFrame(buckets) OVER series AS prev_buckets,
+           lagInFrame(slots) OVER series AS prev_slots,
            greatest(length(buckets), length(prev_buckets)) AS width,
            first OR start_ns != prev_start_ns AS restarted,
            NOT first AND (count < prev_count OR (scale = prev_scale AND offset = prev_offset AND
@@ -44,7 +48,8 @@ cumulative AS (
 )
 SELECT * FROM (
     SELECT fromUnixTimestamp64Micro(intDiv(time_ns, 1000), 'UTC') AS ts, node, metric, attributes,
-           if(start_ns > 0 AND start_ns < time_ns, (time_ns - start_ns) / 1e9, NULL) AS interval_s, count, sum
+           if(start_ns > 0 AND start_ns < time_ns, (time_ns - start_ns) / 1e9, NULL) AS interval_s, count, sum,
+           slots AS bucket_slots, arrayMap(n -> toInt64(n), buckets) AS bucket_counts
     FROM points
     WHERE temporality = 1
     LIMIT 1 BY node, metric, attributes, time_ns
@@ -52,7 +57,10 @@ SELECT * FROM (
     SELECT fromUnixTimestamp64Micro(intDiv(time_ns, 1000), 'UTC'), node, metric, attributes,
            if(from_start, (time_ns - start_ns) / 1e9, (time_ns - prev_time_ns) / 1e9),
            if(from_start OR went_down, count, count - prev_count),
-           if(from_start OR went_down, sum, sum - prev_sum)
+           if(from_start OR went_down, sum, sum - prev_sum),
+           if(from_start OR went_down, slots, arrayConcat(slots, prev_slots)),
+           if(from_start OR went_down, arrayMap(n -> toInt64(n), buckets),
+              arrayConcat(arrayMap(n -> toInt64(n), buckets), arrayMap(n -> -toInt64(n), prev_buckets)))
     FROM cumulative
     WHERE from_start OR NOT restarted
 )
