@@ -8,13 +8,17 @@ precedence and no locality); wrong-node incidents per faulty run; how long after
 the SLO its first incident could be opened; and false incidents per 100 node-hours of healthy fleet, each
 against its target.
 
-    .venv/bin/python benchmarks/rca_accuracy.py [--seeds 5] [--causes a,b] [--nodes 5] [--controls 2]
+    .venv/bin/python benchmarks/rca_accuracy.py [--seeds 5] [--causes a,b] [--nodes 5] [--controls 2] [--clickhouse]
+
+With --clickhouse every run is also loaded into chDB from the same files, and the runs where both stores find the
+same incidents (tier, service, node, start, end) and causes are counted.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -29,10 +33,14 @@ from analytics.ingest import Ingestor
 from analytics.rca import analyse
 from analytics.slo import MIN_BLOCKS, find_incidents
 from analytics.store import Store
+from analytics.stores import open_store
 from enrich.tiers import TierResolver
 from simulator.fleet import SimulationConfig, simulate
 from sloscope import taxonomy
 from sloscope.slo_spec import load_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.store_parity import incident_summary  # noqa: E402
 
 SLI_RAMP_S = 5.0  # simulator.fleet: the latency response reaches full effect this long after its onset
 
@@ -59,7 +67,8 @@ TARGET_AC1 = 0.95
 TARGET_DETECT_S = 30.0
 
 
-def run_case(cause: str | None, seed: int, nodes: int, rate: float, duration_s: int, workdir: Path) -> dict:
+def run_case(cause: str | None, seed: int, nodes: int, rate: float, duration_s: int, workdir: Path,
+             clickhouse: Path | None = None) -> dict:
     spec = load_spec(None)
     out = workdir / f"{cause or 'control'}-{seed}"
     truth = simulate(SimulationConfig(out=out, nodes=nodes, seed=seed, fault=cause, rate=rate, duration_s=duration_s))
@@ -69,6 +78,9 @@ def run_case(cause: str | None, seed: int, nodes: int, rate: float, duration_s: 
         result = analyse(store, spec)
         incidents = result["incidents"]
         case = {"cause": cause, "seed": seed, "incidents": len(incidents), "node_hours": nodes * duration_s / 3600}
+        if clickhouse is not None:
+            case["same_on_clickhouse"] = incident_summary(_on_clickhouse(clickhouse / out.name, out, spec)) == \
+                incident_summary(result)
         if cause is None:
             return case
         node = truth.fault["node"]
@@ -81,6 +93,14 @@ def run_case(cause: str | None, seed: int, nodes: int, rate: float, duration_s: 
         case["detected_after_s"] = _detection_delay(first, truth, spec)
     case.update(ours=ours[:3], baseline=baseline[:3])
     return case
+
+
+def _on_clickhouse(path: Path, otlp: Path, spec) -> dict:
+    """The rca document of the same OTLP files loaded into chDB at `path`."""
+    with open_store(f"chdb:///{path.resolve()}") as store:
+        Ingestor(store, TierResolver.from_spec(spec)).ingest_files(sorted(otlp.glob("*.jsonl*")))
+    with open_store(f"chdb:///{path.resolve()}", read_only=True) as store:
+        return analyse(store, spec)
 
 
 def _detection_delay(first, truth, spec) -> float | None:
@@ -160,6 +180,9 @@ def main() -> int:
     parser.add_argument("--duration", type=int, default=1800, help="seconds per run")
     parser.add_argument("--controls", type=int, default=2, help="healthy runs per seed")
     parser.add_argument("--json", type=Path, help="also write every case here")
+    parser.add_argument("--clickhouse", action="store_true",
+                        help="also load every run into chDB (pip install 'sloscope[clickhouse]') and count the runs "
+                        "where it finds the same incidents and causes as DuckDB")
     args = parser.parse_args()
     causes = [c for c in args.causes.split(",") if c]
     cases = []
@@ -168,7 +191,7 @@ def main() -> int:
         for seed in range(1, args.seeds + 1):
             for cause in causes + [None] * args.controls:
                 case = run_case(cause, seed if cause else seed * 100 + len(cases), args.nodes, args.rate,
-                                args.duration, Path(tmp))
+                                args.duration, Path(tmp), Path(tmp) / "clickhouse" if args.clickhouse else None)
                 cases.append(case)
                 verdict = "" if cause is None else ("ok " if case["ours"][:1] == [cause] else "MISS")
                 print(f"{verdict:4} {cause or 'control':<22} seed {case['seed']}: incidents {case['incidents']}, "
@@ -176,7 +199,11 @@ def main() -> int:
                       f"ours {case.get('ours')}, baseline {case.get('baseline')}", file=sys.stderr, flush=True)
                 for path in (Path(tmp) / f"{cause or 'control'}-{case['seed']}").iterdir():
                     path.unlink()
+                shutil.rmtree(Path(tmp) / "clickhouse", ignore_errors=True)
     print(summarise(cases))
+    if args.clickhouse:
+        same = sum(c["same_on_clickhouse"] for c in cases)
+        print(f"DuckDB and ClickHouse (chDB) agree on {same}/{len(cases)} runs (incidents, their bounds and causes)")
     print(f"{len(cases)} runs in {time.monotonic() - started:.0f}s")
     if args.json:
         args.json.write_text(json.dumps(cases, indent=1))

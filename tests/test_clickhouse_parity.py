@@ -14,6 +14,7 @@ from analytics.stores import open_store  # noqa: E402
 from enrich.tiers import TierResolver  # noqa: E402
 from simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from sloscope.slo_spec import load_spec  # noqa: E402
+from tests.store_parity import incident_summary  # noqa: E402
 
 NODES, DURATION_S, RATE = 3, 780, 4.0  # the simulator wants 10 min of baseline before the fault
 
@@ -25,11 +26,6 @@ def _analysed(url: str, files, spec) -> dict:
         return analyse(store, spec)
 
 
-def _summary(result: dict) -> list[tuple]:
-    return [(i["tier"], i["service"], i["node"], i["start"], i["end"], [c["cause"] for c in i["causes"]])
-            for i in result["incidents"]]
-
-
 @pytest.mark.parametrize("cause, seed", [("storage_queue", 1), ("gpu_thermal", 2), (None, 3)])
 def test_both_engines_find_the_same_incidents_and_causes(tmp_path, cause, seed):
     truth = simulate(SimulationConfig(out=tmp_path / "otlp", nodes=NODES, seed=seed, fault=cause, rate=RATE,
@@ -38,7 +34,7 @@ def test_both_engines_find_the_same_incidents_and_causes(tmp_path, cause, seed):
     spec = load_spec(None)
     duck = _analysed(f"duckdb:///{tmp_path}/db.duckdb", files, spec)
     ch = _analysed(f"chdb:///{tmp_path}/ch", files, spec)
-    assert _summary(ch) == _summary(duck)
+    assert incident_summary(ch) == incident_summary(duck)
     if cause is not None:  # the scenario is one where the answer is known, so agreeing means something
         on_node = [i for i in duck["incidents"] if i["node"] == truth.fault["node"]]
         assert on_node and on_node[0]["causes"][0]["cause"] == cause

@@ -17,6 +17,7 @@ from alerts import metric_names as x  # noqa: E402
 from commands.cli import main  # noqa: E402
 from simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from tests.alerting_stack import free_port, wait_listening  # noqa: E402
+from tests.store_parity import incident_summary  # noqa: E402
 
 COMPARED = {x.REQUESTS, x.REQUEST_ERRORS, x.REQUEST_DURATION, x.INCIDENT_CAUSE_SCORE,
             *(g.name for g in x.GAUGES), *(c.name for c in x.COUNTERS), *(h.name for h in x.SIGNAL_HISTOGRAMS)}
@@ -72,8 +73,7 @@ def test_metrics_from_clickhouse_match_metrics_from_duckdb(both):
 def test_rca_and_sampling_from_clickhouse_match_duckdb(both):
     urls, _ = both
     rca = {name: json.loads(_get(url + "/rca")) for name, url in urls.items()}
-    summary = {name: [(i["tier"], i["service"], i["node"], i["start"], i["end"], [c["cause"] for c in i["causes"]])
-                      for i in doc["incidents"]] for name, doc in rca.items()}
+    summary = {name: incident_summary(doc) for name, doc in rca.items()}
     assert summary["duckdb"] and summary["chdb"] == summary["duckdb"]
     sampling = {name: json.loads(_get(url + "/sampling")) for name, url in urls.items()}
     assert sampling["chdb"].keys() == sampling["duckdb"].keys()
