@@ -33,7 +33,9 @@ def register(subparsers) -> None:
         "the SLIs, physical signals, incident cause scores and ingest counters that `sloscope rules` alerts on. "
         "With --webhook, Alertmanager's webhooks drive allow-listed remediation, audited in the same database. "
         "GET /healthz answers while the process runs; GET /readyz only while the store is open, the writer "
-        "can write and serve is not shutting down. SIGTERM writes everything accepted before exiting.")
+        "can write and serve is not shutting down. SIGTERM writes everything accepted before exiting. "
+        "With --store chdb:///PATH or clickhouse://USER@HOST:PORT/DATABASE, serve is the read side of the "
+        "OpenTelemetry Collector clickhouseexporter's tables instead: the GET pages only, computed in ClickHouse.")
     from analytics.stores import add_store_arguments
     from sloscope import logs
     from commands.serve_ops import add_edge_arguments, add_limit_arguments
