@@ -51,10 +51,11 @@ class DrainingServer(ThreadingHTTPServer):
     def drain(self, grace_s: float = DRAIN_GRACE_S) -> None:
         """Stops accepting, closes idle connections, waits up to `grace_s` for those in a request to answer
         (then cuts them off), and closes the listening socket. Call while serve_forever runs."""
-        self.shutdown()
-        deadline = time.monotonic() + grace_s
         with self._changed:
-            self.draining = True
+            self.draining = True  # first: answers already being written say Connection: close
+        deadline = time.monotonic() + grace_s
+        self.shutdown()
+        with self._changed:
             while self._connections and time.monotonic() < deadline:
                 for connection, busy in self._connections.values():
                     if not busy:

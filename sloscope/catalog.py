@@ -132,7 +132,8 @@ SIGNALS: tuple[Signal, ...] = (
     _signal("sloscope.tcp.state_transitions", "counter", "{transition}", ["network.connection.state"],
             "eBPF sock:inet_sock_set_state", noise_floor=2.0, description="TCP state transitions by new state"),
     _signal("system.network.connection.count", "gauge", "{connection}",
-            ["network.connection.state", "network.transport"], "/proc/net/tcp{,6}", noise_floor=100.0,
+            ["network.connection.state", "network.transport"],
+            "netlink sock_diag, else /proc/net/tcp{,6}; one point per 10 s", noise_floor=100.0,
             # a node's connection counts move by hundreds with its clients; exhaustion is thousands
             description="TCP connections per state"),
     _signal("sloscope.block.io.duration", "histogram", "s", ["system.device"],
