@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_table_output_for_people(capsys):
-    assert main(["probe", "pressure", "tcp_connections", "--duration", "0.4", "--interval", "0.2"]) == 0
+    # Two intervals; a first collect slower than the interval would leave time for only one.
+    assert main(["probe", "pressure", "tcp_connections", "--duration", "1.0", "--interval", "0.5"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "# pressure: running" and out[1].startswith("# tcp_connections: running; counting through ")
     assert sum(line.startswith("-- interval ") for line in out) == 2
