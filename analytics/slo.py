@@ -52,17 +52,21 @@ def slow_allowance(objective: TierObjective) -> float:
     return 1.0 - objective.percentile / 100.0
 
 
-def _blocks(frame: pl.DataFrame, step_s: float) -> list[int]:
+def _blocks(frame: pl.DataFrame, step_s: float) -> pl.Series:
     """Test ids: consecutive windows of one (service, node) pooled until they hold MIN_BLOCK_REQUESTS requests
     or span MAX_BLOCK_WINDOWS windows. The frame is sorted by service, node, window_start."""
-    span = timedelta(seconds=step_s * MAX_BLOCK_WINDOWS)
-    ids, block, key, first, pooled = [], -1, None, None, 0
-    for service, node, start, requests in frame.select("service", "node", "window_start", "requests").iter_rows():
-        if (service, node) != key or pooled >= MIN_BLOCK_REQUESTS or start >= first + span:
-            block, key, first, pooled = block + 1, (service, node), start, 0
+    span_us = round(step_s * MAX_BLOCK_WINDOWS * 1e6)
+    new_key = frame.select((pl.col("service").ne_missing(pl.col("service").shift()) |
+                            pl.col("node").ne_missing(pl.col("node").shift())).fill_null(True)).to_series()
+    starts = frame["window_start"].dt.epoch("us")
+    ids, block, first, pooled = [], -1, 0, 0
+    # Plain lists: this loop runs once per window of the fleet, where a polars row costs ten times as much.
+    for changed, start, requests in zip(new_key.to_list(), starts.to_list(), frame["requests"].to_list()):
+        if changed or pooled >= MIN_BLOCK_REQUESTS or start >= first + span_us:
+            block, first, pooled = block + 1, start, 0
         pooled += requests
         ids.append(block)
-    return ids
+    return pl.Series(ids, dtype=pl.Int64)
 
 
 def sli_windows(store: Store, spec: SloSpec, objective: TierObjective, since: datetime, until: datetime) -> pl.DataFrame:
@@ -71,15 +75,22 @@ def sli_windows(store: Store, spec: SloSpec, objective: TierObjective, since: da
     frame = store.frame(store.sql("sli_windows"), {**store.tier_params(spec),
         "tier": objective.name, "quantile": objective.percentile / 100.0, "threshold_ms": objective.threshold_ms,
         "step_s": spec.resolution_s, "since": since, "until": until})
-    frame = frame.with_columns(block=pl.Series(_blocks(frame, spec.resolution_s), dtype=pl.Int64))
+    frame = frame.with_columns(block=_blocks(frame, spec.resolution_s))
     tests = frame.group_by("block").agg(pl.col("requests", "slow", "failures").sum())
     allowance, budget = slow_allowance(objective), objective.error_budget
-    tests = tests.with_columns(
-        latency_p=pl.Series([poisson_tail(int(k), n * allowance) for n, k in zip(tests["requests"], tests["slow"])],
-                            dtype=pl.Float64),
-        error_p=pl.Series([poisson_tail(int(k), n * budget) for n, k in zip(tests["requests"], tests["failures"])],
-                          dtype=pl.Float64))
+    tests = tests.with_columns(latency_p=_tails(tests["slow"], tests["requests"] * allowance),
+                               error_p=_tails(tests["failures"], tests["requests"] * budget))
     return frame.join(tests.select("block", "latency_p", "error_p"), on="block").sort("service", "node", "window_start")
+
+
+def _tails(bad: pl.Series, expected: pl.Series) -> pl.Series:
+    """poisson_tail of each test, computed only where it can be below 1 (more bad requests than expected): on a
+    healthy fleet that is a few of the fleet's windows."""
+    bad, expected = bad.to_numpy(), expected.to_numpy()
+    p = np.ones(len(bad))
+    for i in np.flatnonzero(bad > expected):
+        p[i] = poisson_tail(int(bad[i]), float(expected[i]))
+    return pl.Series(p, dtype=pl.Float64)
 
 
 def judge_fleet(frames: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
