@@ -72,15 +72,27 @@ def _blocks(frame: pl.DataFrame, step_s: float) -> pl.Series:
 def sli_windows(store: Store, spec: SloSpec, objective: TierObjective, since: datetime, until: datetime) -> pl.DataFrame:
     """One tier's windows per (service, node) with their test (`block`) and its p-values: `latency_p` for the
     slow requests, `error_p` for the failures, each against a service at exactly the objective."""
-    frame = store.frame(store.sql("sli_windows"), {**store.tier_params(spec),
-        "tier": objective.name, "quantile": objective.percentile / 100.0, "threshold_ms": objective.threshold_ms,
-        "step_s": spec.resolution_s, "since": since, "until": until})
+    frame = store.frame(store.sql("sli_windows"), {**_window_params(store, spec, objective, since, until),
+                                                   "threshold_ms": objective.threshold_ms})
     frame = frame.with_columns(block=_blocks(frame, spec.resolution_s))
     tests = frame.group_by("block").agg(pl.col("requests", "slow", "failures").sum())
     allowance, budget = slow_allowance(objective), objective.error_budget
     tests = tests.with_columns(latency_p=_tails(tests["slow"], tests["requests"] * allowance),
                                error_p=_tails(tests["failures"], tests["requests"] * budget))
     return frame.join(tests.select("block", "latency_p", "error_p"), on="block").sort("service", "node", "window_start")
+
+
+def window_latencies(store: Store, spec: SloSpec, objective: TierObjective, since: datetime,
+                     until: datetime) -> pl.DataFrame:
+    """One tier's latency percentile per (service, node) and window, as people are shown it: the verdicts read
+    the slow requests instead, so finding incidents does not compute it."""
+    return store.frame(store.sql("window_latencies"), {**_window_params(store, spec, objective, since, until),
+                                                       "quantile": objective.percentile / 100.0})
+
+
+def _window_params(store: Store, spec: SloSpec, objective: TierObjective, since: datetime, until: datetime) -> dict:
+    return {**store.tier_params(spec), "tier": objective.name, "step_s": spec.resolution_s, "since": since,
+            "until": until}
 
 
 def _tails(bad: pl.Series, expected: pl.Series) -> pl.Series:

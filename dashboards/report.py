@@ -28,7 +28,7 @@ from sloscope.slo_spec import SloSpec
 
 from analytics.attribution import BASELINE, GROWTH_SUFFIX, LOOKBACK, Window, signal_steps
 from analytics.rca import EPISODE_GAP, analyse, parse_time, rfc3339
-from analytics.slo import MIN_REQUESTS, sli_windows
+from analytics.slo import MIN_REQUESTS, sli_windows, window_latencies
 from analytics.store import Store
 
 from dashboards import grafana
@@ -265,7 +265,8 @@ class Report:
             if objective is None:
                 continue
             if inc["tier"] not in frames:
-                frames[inc["tier"]] = sli_windows(self.store, spec, objective, t0, t1)
+                frames[inc["tier"]] = sli_windows(self.store, spec, objective, t0, t1).join(
+                    window_latencies(self.store, spec, objective, t0, t1), on=["service", "node", "window_start"])
             mine, others = _sli_series(frames[inc["tier"]], inc, step)
             start, end = _t(inc["start"]), _t(inc["end"])
             if inc["sli"]["kind"] == "latency":

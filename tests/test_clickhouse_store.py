@@ -14,7 +14,7 @@ pytest.importorskip("chdb")
 from analytics.attribution import Window, signal_steps  # noqa: E402
 from analytics.clickhouse_store import derived_columns  # noqa: E402
 from analytics.exporter_tables import MAP_TYPE, TRACES, attribute_text  # noqa: E402
-from analytics.slo import sli_windows  # noqa: E402
+from analytics.slo import sli_windows, window_latencies  # noqa: E402
 from analytics.store import Store, StoreError  # noqa: E402
 from analytics.stores import PASSWORD_ENV, open_store, parse_store_url, _password  # noqa: E402
 from commands.cli import main  # noqa: E402
@@ -185,11 +185,14 @@ def test_both_engines_answer_the_analytics_queries_with_the_same_frames(tmp_path
     window = Window(since, datetime(2025, 11, 29, 10, 0, 30), datetime(2025, 11, 29, 10, 0, 40), until, 10.0)
     with duck, ch:
         frames = [(sli_windows(s, spec, spec.tiers["standard"], since, until),
+                   window_latencies(s, spec, spec.tiers["standard"], since, until),
                    signal_steps(s, window).sort("node", "metric", "attributes", "step")) for s in (duck, ch)]
-    (duck_sli, duck_steps), (ch_sli, ch_steps) = frames
+    (duck_sli, duck_latency, duck_steps), (ch_sli, ch_latency, ch_steps) = frames
     assert duck_sli.height > 5 and duck_sli["failures"].sum() > 0
     assert ch_sli.schema == duck_sli.schema
     assert_same(ch_sli, duck_sli)
+    assert duck_latency.height == duck_sli.height and ch_latency.schema == duck_latency.schema
+    assert_same(ch_latency, duck_latency)
     assert ch_steps.schema == duck_steps.schema
     assert ch_steps.select("node", "metric", "attributes", "step").equals(
         duck_steps.select("node", "metric", "attributes", "step"))

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from analytics.significance import fleet_discoveries, poisson_critical_approx, poisson_tail
-from analytics.slo import find_incidents, sli_windows
+from analytics.slo import find_incidents, sli_windows, window_latencies
 from analytics.store import Store
 from analytics.ingest import Ingestor
 from enrich.tiers import TierResolver
@@ -140,7 +140,7 @@ def test_a_healthy_lognormal_fleet_opens_no_incident_though_window_percentiles_c
     spec = parse_spec(GOOD)
     lines = [_lognormal_spans(f"n{k}", 0, 1800, 4, 400, 0.3, seed=k, base=k * 10**6) for k in range(5)]
     with _load(tmp_path, spec, lines) as store:
-        windows = sli_windows(store, spec, spec.tiers["gold"], datetime(2000, 1, 1), datetime(2100, 1, 1))
+        windows = window_latencies(store, spec, spec.tiers["gold"], datetime(2000, 1, 1), datetime(2100, 1, 1))
         incidents = find_incidents(store, spec, datetime(2000, 1, 1), datetime(2100, 1, 1))
     assert windows.filter(windows["latency_ms"] > 800).height >= 5  # what the eyeballed test paged on
     assert incidents == []

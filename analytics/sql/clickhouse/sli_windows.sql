@@ -1,6 +1,5 @@
 -- One tier's SLI per (service, node) and step, as analytics/sql/sli_windows.sql computes it: windows aligned as
--- DuckDB's time_bucket aligns them (from 2000-01-03), the percentile interpolated as quantile_cont does; the requests
--- relation reads only [since, until).
+-- DuckDB's time_bucket aligns them (from 2000-01-03); the requests relation reads only [since, until).
 SELECT service,
        node,
        fromUnixTimestamp64Micro(toInt64(946857600000000 + intDiv(toUnixTimestamp64Micro(start_time) - 946857600000000,
@@ -8,8 +7,7 @@ SELECT service,
                                 'UTC') AS window_start,
        toInt64(count()) AS requests,
        toInt64(countIf(failed)) AS failures,
-       toInt64(countIf(duration_ms > {threshold_ms:Float64})) AS slow,
-       quantileExactInclusive({quantile:Float64})(duration_ms) AS latency_ms
+       toInt64(countIf(duration_ms > {threshold_ms:Float64})) AS slow
 FROM {{requests}}
 WHERE tier = {tier:String}
 GROUP BY service, node, window_start
