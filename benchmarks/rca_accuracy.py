@@ -196,7 +196,9 @@ def main() -> int:
                 verdict = "" if cause is None else ("ok " if case["ours"][:1] == [cause] else "MISS")
                 print(f"{verdict:4} {cause or 'control':<22} seed {case['seed']}: incidents {case['incidents']}, "
                       f"wrong node {case.get('wrong_node')}, detected after {case.get('detected_after_s')} s, "
-                      f"ours {case.get('ours')}, baseline {case.get('baseline')}", file=sys.stderr, flush=True)
+                      f"ours {case.get('ours')}, baseline {case.get('baseline')}"
+                      + ("" if "same_on_clickhouse" not in case else
+                         f", chDB {'agrees' if case['same_on_clickhouse'] else 'DIFFERS'}"), file=sys.stderr, flush=True)
                 for path in (Path(tmp) / f"{cause or 'control'}-{case['seed']}").iterdir():
                     path.unlink()
                 shutil.rmtree(Path(tmp) / "clickhouse", ignore_errors=True)
