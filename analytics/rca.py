@@ -173,7 +173,7 @@ class _Analysis:
     def scores(self, window: Window) -> pl.DataFrame:
         if window not in self._scores:
             with self.timed("signal_steps"):
-                steps = signal_steps(self.store, window, self.known)
+                steps = signal_steps(self.store, window, self.known, evidence_only=True)
             with self.timed("attribution"):
                 self._scores[window] = series_scores(steps, window, known=self.known)
         return self._scores[window]

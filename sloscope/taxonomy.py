@@ -215,6 +215,11 @@ class Taxonomy:
         return frozenset(s.name for s in self.signals)
 
     @cached_property
+    def evidence_signals(self) -> tuple[str, ...]:
+        """The metrics some cause reads as evidence (a growth feature reads its metric's level)."""
+        return tuple(sorted({ev.signal for c in self.causes for ev in c.evidence}))
+
+    @cached_property
     def growth_signals(self) -> tuple[str, ...]:
         return tuple(sorted({ev.signal for c in self.causes for ev in c.evidence if ev.feature == "growth"}))
 

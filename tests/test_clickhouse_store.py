@@ -199,6 +199,19 @@ def test_both_engines_answer_the_analytics_queries_with_the_same_frames(tmp_path
     assert (ch_steps["value"] - duck_steps["value"]).abs().max() < 1e-9
 
 
+def test_the_evidence_steps_leave_out_only_what_no_cause_reads_in_both_engines(tmp_path):
+    limit = gauge("hw.gpu.memory.limit", [(T0 + k * 5 * S, 8e10) for k in range(1, 15)], attrs={"hw.id": "GPU-1"})
+    duck, ch = _load_both(tmp_path, _metric_lines() + [metrics([limit], node="n1")])
+    window = Window(datetime(2025, 11, 29, 9, 59), datetime(2025, 11, 29, 10, 0, 30),
+                    datetime(2025, 11, 29, 10, 0, 40), datetime(2025, 11, 29, 10, 5), 10.0)
+    with duck, ch:
+        for store in (duck, ch):
+            every, evidence = (set(signal_steps(store, window, evidence_only=only)["metric"]) for only in (False, True))
+            assert "hw.gpu.memory.limit" in every and "hw.gpu.memory.limit" not in evidence
+            assert every - evidence == {"hw.gpu.memory.limit"}
+            assert "hw.gpu.utilization" in evidence and "sloscope.syscall.duration" in evidence
+
+
 def test_tables_without_sloscopes_columns_read_the_same(tmp_path):
     """The Collector's own tables lack the columns ingest adds: the queries compute them as they read."""
     spans = [span(f"{i:032x}", f"{i:016x}", T0 + i * S // 4, 50 + (i % 7) * 40, status=500 if i % 11 == 0 else 200,
