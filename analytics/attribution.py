@@ -157,6 +157,7 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True,
     meta = pl.DataFrame({"metric": metrics, "direction": [dirs[m][0] for m in metrics],
                          "floor": [dirs[m][1] for m in metrics]}, schema={"metric": pl.String, "direction": pl.Float64, "floor": pl.Float64})
     # One integer per series: grouping, sorting and windowing on it is several times cheaper than on its strings.
+    # Unique: metric names and JSON attribute text never hold the separator, so the last two split the key.
     steps = steps.with_columns(series=pl.concat_str(SERIES, separator="\x1f").cast(pl.Categorical).to_physical())
     baseline = (steps.filter(pl.col("step") < window.analysis_start).group_by("series")
                 .agg(pl.col("metric").first(), median=pl.col("value").median(), q1=pl.col("value").quantile(0.25),
