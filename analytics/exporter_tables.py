@@ -15,6 +15,7 @@ import orjson
 import polars as pl
 import pyarrow as pa
 
+from sloscope.ids import hex_of_words
 from sloscope.records import HISTOGRAM_OFFSET
 
 from analytics.store import Frames
@@ -87,7 +88,8 @@ def traces(requests: pl.DataFrame) -> pa.Table:
     status = r["status_code"].cast(pl.Int64).cast(pl.String)
     return pa.table({
         "Timestamp": pa.array(start_ns, pa.int64()).cast(NS),
-        "TraceId": r["trace_id"].to_arrow(), "SpanId": r["span_id"].to_arrow(),
+        "TraceId": hex_of_words(r["trace_hi"].to_numpy(), r["trace_lo"].to_numpy()),
+        "SpanId": hex_of_words(r["span_id"].to_numpy()),
         "SpanName": r["route"].fill_null("").to_arrow(),
         "SpanKind": pa.array(["Server"] * len(r), pa.string()),
         "ServiceName": r["service"].to_arrow(),

@@ -19,6 +19,7 @@ from analytics.store import Frames
 from analytics.writer import COMMITTED, POISON
 
 ACK_WAIT_S = 5.0  # longest a request waits for its commit before it is told to retry (exporters wait 10 s)
+LINGER_S = 1.0  # with acks before the commit, how long the writer may wait for a fuller one (analytics/writer.py)
 ACKS = {"log": "once its rows are fsynced in the intake log, which serve replays at start (durable; default)",
         "commit": "once its rows are committed to the database (durable; waits for DuckDB's commits and "
                   "checkpoints; a request the store refuses is a 400)",

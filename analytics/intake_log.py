@@ -5,12 +5,12 @@ A directory of segment files, `NNNNNNNNNNNNNNNN.log`, each a sequence of records
 
     offset  size  field
          0     4  magic    b"SLIL"
-         4     2  version  2 (1 is read too)
+         4     2  version  3 (1 and 2 are read too)
          6     8  length   of the payload in bytes
         14     4  CRC-32   of the payload
         18     -  payload: four lengths (8 bytes each), then the requests, points and histograms frames as Arrow
                   IPC streams (version 1: IPC files; none, length 0, for an empty frame), then the request's
-                  ingest counters as a JSON object
+                  ingest counters as a JSON object. Versions 1 and 2 held the ids as hex text, read as words.
 
 The frames are those handed to the writer (tiers resolved, requests placed on their node), so a replay needs no
 decoder and stores what the first attempt would have. Appends are serialised by a lock and made durable by group
@@ -43,13 +43,14 @@ from pathlib import Path
 import polars as pl
 
 from sloscope.files import fsync_directory
+from sloscope.ids import SPAN_WORDS, TRACE_WORDS, words_of_hex
 
-from analytics.store import Frames
+from analytics.store import REQUEST_COLUMNS, Frames
 
 log = logging.getLogger("sloscope.intake_log")
 MAGIC = b"SLIL"
-VERSION = 2
-READS = (1, 2)  # version 1 wrote Arrow IPC files: four times the encoding's cost of a stream, for a footer unused
+VERSION = 3
+READS = (1, 2, 3)  # 1 wrote Arrow IPC files: four times the encoding's cost of a stream, for a footer unused
 ARROW_FILE_MAGIC = b"ARROW1"
 HEADER = struct.Struct(">4sHQI")
 PARTS = struct.Struct(">4Q")
@@ -93,7 +94,17 @@ def decode(payload: bytes) -> tuple[Frames, dict]:
     empty = Frames.concat([])
     frames = Frames(*(_frame(part) if part else getattr(empty, name)
                       for part, name in zip(parts, ("requests", "points", "histograms"))))
+    if "trace_id" in frames.requests.columns:
+        frames.requests = _id_words(frames.requests)
     return frames, json.loads(parts[3])
+
+
+def _id_words(requests: pl.DataFrame) -> pl.DataFrame:
+    """Requests of a version 1 or 2 record, its ids hex text, with the ids as words."""
+    trace = words_of_hex(requests["trace_id"].to_list(), TRACE_WORDS)
+    span = words_of_hex(requests["span_id"].to_list(), SPAN_WORDS)
+    return requests.with_columns(trace_hi=pl.Series(trace[:, 0]), trace_lo=pl.Series(trace[:, 1]),
+                                 span_id=pl.Series(span[:, 0])).select(REQUEST_COLUMNS)
 
 
 def read_record(raw: bytes | memoryview, at: int) -> tuple[bytes, int]:

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 import duckdb
 
-from analytics.store import Frames, sql
+from analytics.store import REQUEST_KEY, Frames, sql
 from enrich.pods import RETENTION_S, PodDirectory
 from sloscope.catalog import UNKNOWN_NODE
 from sloscope.records import Batch
@@ -31,7 +31,7 @@ def place_late(store, directory: PodDirectory, since: datetime) -> int:
         reader.con.execute("BEGIN TRANSACTION")
         unknown = reader.frame(sql("unknown_node_requests"), [UNKNOWN_NODE, since])
         placed, _, _ = directory.place(unknown)
-        placed = placed.filter(placed["node"].is_not_null()).select("trace_id", "span_id", "node")
+        placed = placed.filter(placed["node"].is_not_null()).select(*REQUEST_KEY, "node")
         moved = 0
         if not placed.is_empty():
             reader.con.register("placed", placed)

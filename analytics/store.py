@@ -1,7 +1,7 @@
 """The DuckDB store: schema (versioned), and batch writes that are idempotent.
 
 Every write of a batch is one transaction. Re-writing data that is already stored adds nothing: requests are
-keyed by (trace_id, span_id), samples by (node, metric, attributes, ts), and cumulative series continue from
+keyed by their trace and span ids, samples by (node, metric, attributes, ts), and cumulative series continue from
 their last stored point, so a point at or before it is recognised as already seen.
 """
 
@@ -20,9 +20,10 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from sloscope.ids import SPAN_WORDS, TRACE_WORDS, words_of_hex
 from sloscope.records import Batch, SpanColumns, SpanTable
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_DB = Path(os.environ.get("SLOSCOPE_DB", "var/sloscope.duckdb"))
 SERIES = ["node", "metric", "attributes"]
 
@@ -36,11 +37,12 @@ def sql(name: str) -> str:
     return resources.files("analytics").joinpath("sql", f"{name}.sql").read_text()
 
 
-# Span fields as stored (times become start_time and duration_ms).
-SPAN_SCHEMA = {"trace_id": pl.String, "span_id": pl.String, "service": pl.String, "node": pl.String,
-               "gpu_id": pl.String, "pod": pl.String, "namespace": pl.String, "pod_ip": pl.String, "route": pl.String,
-               "tier": pl.String, "status_code": pl.Int16, "failed": pl.Boolean}
-REQUEST_COLUMNS = ("trace_id", "span_id", "start_time", "duration_ms", "service", "node", "pod", "namespace", "pod_ip",
+# Span fields as stored (times become start_time and duration_ms; ids are words, as sloscope/ids.py says).
+SPAN_SCHEMA = {"trace_hi": pl.UInt64, "trace_lo": pl.UInt64, "span_id": pl.UInt64, "service": pl.String,
+               "node": pl.String, "gpu_id": pl.String, "pod": pl.String, "namespace": pl.String, "pod_ip": pl.String,
+               "route": pl.String, "tier": pl.String, "status_code": pl.Int16, "failed": pl.Boolean}
+REQUEST_KEY = ["trace_hi", "trace_lo", "span_id"]
+REQUEST_COLUMNS = (*REQUEST_KEY, "start_time", "duration_ms", "service", "node", "pod", "namespace", "pod_ip",
                    "gpu_id", "tier", "route", "status_code", "failed")
 POINT_SCHEMA = {"node": pl.String, "metric": pl.String, "attributes": pl.String, "is_sum": pl.Boolean,
                 "cumulative": pl.Boolean, "start_ns": pl.Int64, "time_ns": pl.Int64, "value": pl.Float64}
@@ -77,12 +79,11 @@ def _requests(spans: SpanColumns | SpanTable) -> pl.DataFrame:
     if isinstance(spans, SpanTable):
         return _requests_of_table(spans)
     start, end = np.array(spans.start_ns, dtype=np.int64), np.array(spans.end_ns, dtype=np.int64)
-    series = {name: pl.Series(name, getattr(spans, name), dtype=dtype) for name, dtype in SPAN_SCHEMA.items()}
-    return pl.DataFrame([
-        series["trace_id"], series["span_id"],
-        pl.Series("start_time", (start // 1000).astype("datetime64[us]")),
-        pl.Series("duration_ms", (end - start) / 1e6),
-        *(series[name] for name in REQUEST_COLUMNS[4:])])
+    trace, span = words_of_hex(spans.trace_id, TRACE_WORDS), words_of_hex(spans.span_id, SPAN_WORDS)
+    columns = {"trace_hi": trace[:, 0], "trace_lo": trace[:, 1], "span_id": span[:, 0],
+               "start_time": (start // 1000).astype("datetime64[us]"), "duration_ms": (end - start) / 1e6}
+    return pl.DataFrame([pl.Series(name, columns[name], dtype=SPAN_SCHEMA.get(name)) if name in columns else
+                         pl.Series(name, getattr(spans, name), dtype=SPAN_SCHEMA[name]) for name in REQUEST_COLUMNS])
 
 
 def _requests_of_table(spans: SpanTable) -> pl.DataFrame:
@@ -228,8 +229,19 @@ class Store(Reader):
     # --- schema ---------------------------------------------------------------------------------------
 
     def _migrate(self) -> None:
+        """Create what is missing; bring a store of an older version to this one, a version per transaction."""
         self.con.execute(sql("schema"))
         self.con.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        found = int(self.meta("schema_version"))
+        for version in range(found + 1, SCHEMA_VERSION + 1):
+            try:
+                with self.transaction():
+                    self.con.execute(sql(f"migrate_to_{version}"))
+                    self.set_meta("schema_version", str(version))
+            except duckdb.Error as exc:
+                self.con.close()
+                raise StoreError(f"{self.path}: cannot migrate from schema version {version - 1} to {version}: "
+                                 f"{exc}") from None
 
     def _check_version(self) -> None:
         try:
@@ -319,7 +331,7 @@ class Store(Reader):
         self.con.unregister(name)
 
     def _write_requests(self, frame: pl.DataFrame) -> dict[str, int]:
-        added = self._insert_new("requests", frame, ["trace_id", "span_id"], "start_time")
+        added = self._insert_new("requests", frame, REQUEST_KEY, "start_time")
         return {"requests_loaded": added, "requests_duplicate": len(frame) - added}
 
     def _write_points(self, frame: pl.DataFrame) -> dict[str, int]:

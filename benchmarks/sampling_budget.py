@@ -46,6 +46,8 @@ from enrich.tiers import TierResolver  # noqa: E402
 from simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from sloscope.slo_spec import load_spec  # noqa: E402
 
+TRACE_ID = "(trace_hi::UHUGEINT << 64) | trace_lo"  # the trace id as one integer, as the SDK samplers see it
+
 
 def epoch(t: datetime) -> float:
     return t.replace(tzinfo=timezone.utc).timestamp()
@@ -87,7 +89,7 @@ def main() -> int:
         db.unlink()
     store = Store(db)
     Ingestor(store, TierResolver.from_spec(spec)).ingest_files([workdir / "otlp" / truth.extra["files"]["traces"]])
-    rows = store.rows("SELECT epoch_us(start_time) / 1e6, trace_id, service, node, tier, coalesce(route, '') "
+    rows = store.rows(f"SELECT epoch_us(start_time) / 1e6, {TRACE_ID}, service, node, tier, coalesce(route, '') "
                       "FROM requests ORDER BY start_time")
     first, last = rows[0][0], rows[-1][0]
     print(f"fleet: {args.nodes} nodes x {args.minutes} min, {len(rows):,} request spans "
@@ -123,7 +125,7 @@ def main() -> int:
                 sampler = samplers[(service, node)] = AdaptiveSampler("http://unused/sampling", service=service,
                                                                        node=node, start=False)
                 sampler.load(doc)
-            keep = sampler.should_sample(None, int(trace_id, 16), "POST", SpanKind.SERVER,
+            keep = sampler.should_sample(None, trace_id, "POST", SpanKind.SERVER,
                                          {"slo.tier": tier, "http.route": route}).decision.is_sampled()
             decided[trace_id] = keep
             if tier in hot:
@@ -158,13 +160,13 @@ def main() -> int:
         by_window[(inc.tier, inc.start, inc.end)].append(inc)
     for (tier, start, end), group in sorted(by_window.items(), key=lambda x: x[0][1]):
         s, e = epoch(start), epoch(end)
-        ids = store.rows("SELECT trace_id FROM requests WHERE tier = ? AND start_time >= ? AND start_time < ?",
+        ids = store.rows(f"SELECT {TRACE_ID} FROM requests WHERE tier = ? AND start_time >= ? AND start_time < ?",
                          [tier, start, end])
         offered = [decided[i] for (i,) in ids if i in decided]
         k = sum(offered)
         nodes = ", ".join(sorted({f"{g.service}@{g.node}" for g in group}))
         lag_ids = [decided[i] for (i,) in store.rows(
-            "SELECT trace_id FROM requests WHERE tier = ? AND start_time >= ? AND start_time < ?",
+            f"SELECT {TRACE_ID} FROM requests WHERE tier = ? AND start_time >= ? AND start_time < ?",
             [tier, start, start + timedelta(seconds=interval)]) if i in decided]
         print(f"incident {tier} {nodes} {start:%H:%M:%S}-{end:%H:%M:%S} ({e - s:.0f}s): {k:,} of {len(offered):,} "
               f"of the tier's traces kept ({100 * k / max(len(offered), 1):.2f}%); in its first {interval:g}s, "
@@ -172,7 +174,7 @@ def main() -> int:
 
     # --- decision cost -----------------------------------------------------------------------------------------
     sample = rows[: min(len(rows), 200_000)]
-    calls = [(None, int(r[1], 16), "POST", SpanKind.SERVER, {"slo.tier": r[4], "http.route": r[5]}) for r in sample]
+    calls = [(None, r[1], "POST", SpanKind.SERVER, {"slo.tier": r[4], "http.route": r[5]}) for r in sample]
     service, node = sample[0][2], sample[0][3]
     adaptive = samplers[(service, node)]
     ratio = TraceIdRatioBased(0.1)

@@ -169,7 +169,7 @@ def run(args) -> int:
 def _run(args) -> int:
     from analytics.cli import EXIT_USAGE
     from analytics.store import Store, StoreError
-    from analytics.intake import Intake
+    from analytics.intake import LINGER_S, Intake
     from analytics.writer import Writer
     from sampling.policy import SamplingService, load_config as load_sampling_config
     from receiver.server import Receiver
@@ -198,7 +198,7 @@ def _run(args) -> int:
         print(f"sloscope serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     writer = Writer(store, max_queued_rows=args.queue_rows, max_queued_bytes=args.queue_bytes,
-                    intake_log=intake_log).start()
+                    intake_log=intake_log, linger_s=0.0 if args.ack == "commit" else LINGER_S).start()
     retention = RetentionSchedule(store, writer, args.retention).start() if args.retention else None
     resolver = TierResolver.from_spec(spec)
     pods = PodDirectory()

@@ -438,7 +438,7 @@ typedef struct { int present; Slice s; } Text;
 typedef struct {
     const Keys *keys;
     Strings tier_headers;  /* the tier header is enrich's to resolve: each distinct one once */
-    Buf trace_id, span_id, start_ns, end_ns, status_code, status_valid, failed, tier_header;
+    Buf trace_hi, trace_lo, span_id, start_ns, end_ns, status_code, status_valid, failed, tier_header;
     TextColumn text[N_TEXT];
     Py_ssize_t rows, not_server;
 } Decoder;
@@ -611,15 +611,12 @@ static const Value *first_present(const Kept *kept, int slot_a, int slot_b)
     return kept->v[slot_a].kind != V_ABSENT ? &kept->v[slot_a] : &kept->v[slot_b];
 }
 
-static void hex(Buf *b, Slice s)
+static uint64_t big_endian_word(const uint8_t *p)
 {
-    static const char digits[] = "0123456789abcdef";
-    uint8_t *out = b->data + b->len;
-    for (const uint8_t *p = s.p; p < s.end; p++) {
-        *out++ = (uint8_t)digits[*p >> 4];
-        *out++ = (uint8_t)digits[*p & 15];
-    }
-    b->len += (size_t)(s.end - s.p) * 2;
+    uint64_t word = 0;
+    for (int k = 0; k < 8; k++)
+        word = word << 8 | p[k];
+    return word;
 }
 
 static int starts_with(Slice s, const uint8_t *prefix, size_t n)
@@ -748,11 +745,10 @@ static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
 
     uint8_t failed = f->status_code == STATUS_CODE_ERROR || (has_status && http_status >= 500);
     int64_t start = (int64_t)f->start, end = (int64_t)f->end;
-    uint8_t ids[48];
-    Buf id_digits = {ids, 0, sizeof ids};
-    hex(&id_digits, f->trace_id);
-    hex(&id_digits, f->span_id);
-    if (buf_add(&d->trace_id, ids, 32) || buf_add(&d->span_id, ids + 32, 16) || buf_add(&d->start_ns, &start, 8) ||
+    uint64_t trace_hi = big_endian_word(f->trace_id.p), trace_lo = big_endian_word(f->trace_id.p + 8),
+             span_id = big_endian_word(f->span_id.p);  /* sloscope/ids.py */
+    if (buf_add(&d->trace_hi, &trace_hi, 8) || buf_add(&d->trace_lo, &trace_lo, 8) ||
+        buf_add(&d->span_id, &span_id, 8) || buf_add(&d->start_ns, &start, 8) ||
         buf_add(&d->end_ns, &end, 8) || buf_add(&d->status_code, &http_status, 2) ||
         buf_add(&d->status_valid, &has_status, 1) || buf_add(&d->failed, &failed, 1) ||
         buf_add(&d->tier_header, &tier_header, 4))
@@ -840,7 +836,7 @@ static int request(Decoder *d, Slice m)
 
 static void decoder_free(Decoder *d)
 {
-    Buf *bufs[] = {&d->trace_id, &d->span_id, &d->start_ns, &d->end_ns, &d->status_code, &d->status_valid,
+    Buf *bufs[] = {&d->trace_hi, &d->trace_lo, &d->span_id, &d->start_ns, &d->end_ns, &d->status_code, &d->status_valid,
                    &d->failed, &d->tier_header};
     for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++)
         free(bufs[k]->data);
@@ -890,8 +886,8 @@ static PyObject *result(Decoder *d)
 {
     PyObject *out = PyDict_New();
     if (!out || put(out, "rows", PyLong_FromSsize_t(d->rows)) ||
-        put(out, "not_server", PyLong_FromSsize_t(d->not_server)) || put(out, "trace_id", bytes_of(&d->trace_id)) ||
-        put(out, "span_id", bytes_of(&d->span_id)) || put(out, "start_ns", bytes_of(&d->start_ns)) ||
+        put(out, "not_server", PyLong_FromSsize_t(d->not_server)) || put(out, "trace_hi", bytes_of(&d->trace_hi)) ||
+        put(out, "trace_lo", bytes_of(&d->trace_lo)) || put(out, "span_id", bytes_of(&d->span_id)) || put(out, "start_ns", bytes_of(&d->start_ns)) ||
         put(out, "end_ns", bytes_of(&d->end_ns)) || put(out, "status_code", bytes_of(&d->status_code)) ||
         put(out, "status_valid", bytes_of(&d->status_valid)) || put(out, "failed", bytes_of(&d->failed)) ||
         put(out, "tier_header", bytes_of(&d->tier_header)) || put(out, "tier_headers", strings_of(&d->tier_headers)))

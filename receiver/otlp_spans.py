@@ -32,6 +32,7 @@ SLOT_KEYS = tuple(key.encode() for key in (*catalog.NODE_ATTRIBUTES, GPU_ATTRIBU
                                            NAMESPACE_ATTRIBUTE, POD_IP_ATTRIBUTE, "service.name", *STATUS_ATTRIBUTES,
                                            ROUTE_ATTRIBUTE, *TIER_ATTRIBUTES, ENVOY_NODE_ATTRIBUTE,
                                            CANONICAL_SERVICE_ATTRIBUTE))
+ID_COLUMNS = ("trace_hi", "trace_lo", "span_id")  # sloscope/ids.py
 TEXT_COLUMNS = ("service", "node", "gpu_id", "pod", "namespace", "pod_ip", "route")
 
 
@@ -48,8 +49,7 @@ def span_table(body: bytes) -> tuple[SpanTable, int] | None:
         return None
     rows = decoded["rows"]
     columns = {
-        "trace_id": _fixed_width_strings(decoded["trace_id"], 32, rows),
-        "span_id": _fixed_width_strings(decoded["span_id"], 16, rows),
+        **{name: np.frombuffer(decoded[name], np.uint64) for name in ID_COLUMNS},
         **{name: _string_array(*decoded[name], rows) for name in TEXT_COLUMNS},
         "tier_header": pa.DictionaryArray.from_arrays(np.frombuffer(decoded["tier_header"], np.int32),
                                                       pa.array(decoded["tier_headers"], pa.large_string())),
@@ -66,7 +66,3 @@ def _string_array(offsets: bytes, data: bytes, valid: bytes, rows: int) -> pa.Ar
     validity = np.packbits(np.frombuffer(valid, np.bool_), bitorder="little")
     return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(data), pa.py_buffer(validity))
 
-
-def _fixed_width_strings(data: bytes, width: int, rows: int) -> pa.Array:
-    offsets = np.arange(0, width * (rows + 1), width, dtype=np.int64)
-    return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(data))

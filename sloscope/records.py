@@ -28,7 +28,7 @@ class Columns:
 
 @dataclass
 class SpanColumns(Columns):
-    """One row per SERVER span. `tier_header` is the raw, untrusted header value until enrich resolves `tier`;
+    """One row per SERVER span, its ids in hex. `tier_header` is the raw, untrusted header value until enrich resolves `tier`;
     `node` is None when the span names none, until enrich places it (by its GPU `gpu_id`, or its pod by name or by
     `pod_ip`)."""
 
@@ -108,13 +108,13 @@ class HistogramColumns(Columns):
 @dataclass
 class SpanTable:
     """SERVER spans already in columns, as the receiver's fast path reads them: the fields of SpanColumns as
-    Arrow or numpy arrays, `tier_header` (then `tier`) dictionary-encoded, since a request carries a handful of
-    distinct values."""
+    Arrow or numpy arrays, but the ids as words (`trace_hi`, `trace_lo`, `span_id`: sloscope/ids.py), and
+    `tier_header` (then `tier`) dictionary-encoded, since a request carries a handful of distinct values."""
 
     columns: dict
 
     def __len__(self) -> int:
-        return len(self.columns["trace_id"])
+        return len(self.columns["span_id"])
 
 
 @dataclass

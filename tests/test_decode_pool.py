@@ -51,7 +51,7 @@ def _json_traces(n: int) -> bytes:
 def _stored(server):
     server.writer.stop()
     counters = server.store.counters()
-    return (server.store.rows("SELECT * FROM requests ORDER BY trace_id, span_id"),
+    return (server.store.rows("SELECT * FROM requests ORDER BY trace_hi, trace_lo, span_id"),
             server.store.rows("SELECT * FROM samples ORDER BY ALL"),
             server.store.rows("SELECT * FROM histograms ORDER BY ALL"),
             {k: v for k, v in counters.items() if v})

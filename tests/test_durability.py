@@ -23,7 +23,7 @@ from receiver.server import fast_decode
 from enrich.tiers import TierResolver, resolve_tiers
 from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port, wait_listening
-from tests.otlp_builders import gauge, metrics
+from tests.otlp_builders import SPAN_ID, TRACE_ID, gauge, metrics
 
 SLOSCOPE = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "sloscope")
 T0 = 1_764_410_400_000_000_000
@@ -161,7 +161,7 @@ def test_every_acknowledged_request_survives_sigkill_exactly_once(tmp_path):
     acked_points = {(f"node-{c.index}", T0 // 1000 + (seq * 10 + k) * 10**6) for c in clients
                     for kind, seq in c.acked if kind == "metrics" for k in range(10)}
     with Store(serve.db, read_only=True) as store:
-        stored_spans = store.rows("SELECT trace_id, span_id FROM requests")
+        stored_spans = store.rows(f"SELECT {TRACE_ID}, {SPAN_ID} FROM requests")
         stored_points = store.rows("SELECT node, epoch_us(ts) FROM samples")
         counters = store.counters()
     assert not [s for c in clients for s in c.unexpected]

@@ -6,7 +6,7 @@ import pytest
 from analytics.cli import EXIT_OK, EXIT_REJECTED
 from analytics.store import Store
 from commands.cli import main
-from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces, write_lines
+from tests.otlp_builders import TRACE_ID, counter, exp_histogram, gauge, metrics, span, traces, write_lines
 
 T0 = 1_764_410_400_000_000_000  # 2025-11-29T10:00:00Z
 S = 1_000_000_000
@@ -43,7 +43,7 @@ def test_spans_load_with_tiers_resolved_against_the_allow_list(tmp_path):
     ]
     f = write_lines(tmp_path / "t.jsonl", [traces(spans)])
     assert ingest(tmp_path, f) == EXIT_OK
-    rows = dict(query(tmp_path, "SELECT trace_id, tier FROM requests"))
+    rows = dict(query(tmp_path, f"SELECT {TRACE_ID}, tier FROM requests"))
     assert rows[trace_id(1)] == "p99-latency-critical"
     assert rows[trace_id(2)] == "standard"
     assert rows[trace_id(3)] == rows[trace_id(4)] == rows[trace_id(5)] == rows[trace_id(6)] == "standard"
@@ -174,4 +174,4 @@ def test_the_spec_given_at_ingest_is_remembered_for_later_commands(tmp_path):
     assert sorted(query(tmp_path, "SELECT tier FROM requests")) == [("bulk",), ("gold",)]
     g = write_lines(tmp_path / "u.jsonl", [traces([span(trace_id(3), span_id(3), T0, 100, tier="gold")])])
     assert ingest(tmp_path, g) == EXIT_OK  # no --slo: the remembered spec still allows "gold"
-    assert query(tmp_path, "SELECT tier FROM requests WHERE trace_id = '" + trace_id(3) + "'") == [("gold",)]
+    assert query(tmp_path, f"SELECT tier FROM requests WHERE {TRACE_ID} = '{trace_id(3)}'") == [("gold",)]

@@ -13,6 +13,7 @@ from analytics.intake_log import HEADER, IntakeLog, decode, encode, read_record
 from analytics.store import Store
 from analytics.writer import Writer
 from tests.alerting_stack import free_port
+from tests.otlp_builders import TRACE_ID
 from tests.test_durability import SLOSCOPE, Serve, _post, _spans, _traces
 from tests.test_store_failure import Filler, _histogram, small_disk  # noqa: F401 (a fixture)
 
@@ -47,22 +48,32 @@ def test_a_record_reads_back_as_the_frames_and_counters_it_was_made_of():
     assert again.histograms.schema == frames.histograms.schema
 
 
-def test_a_version_1_record_with_arrow_ipc_files_still_reads_back():
-    """Segments left by the previous format (Arrow IPC files) are replayed after an upgrade."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_record_of_an_earlier_version_still_reads_back(version):
+    """Segments left by an earlier format are replayed after an upgrade: version 1 wrote Arrow IPC files, and
+    both 1 and 2 held the ids as hex text."""
     import io
     import json
     import zlib
 
+    import polars as pl
+
     from analytics.intake_log import MAGIC, PARTS
 
     frames = _spans(2)
+    requests = frames.requests
+    as_written = requests.select(
+        pl.format("{}{}", *(pl.col(c).map_elements(lambda w: f"{w:016x}", pl.String) for c in ("trace_hi", "trace_lo")))
+        .alias("trace_id"), pl.col("span_id").map_elements(lambda w: f"{w:016x}", pl.String),
+        pl.exclude("trace_hi", "trace_lo", "span_id"))
     buffer = io.BytesIO()
-    frames.requests.write_ipc(buffer)
+    as_written.write_ipc(buffer) if version == 1 else as_written.write_ipc_stream(buffer)
     parts = [buffer.getvalue(), b"", b"", json.dumps({"tier_invalid": 1}).encode()]
     payload = PARTS.pack(*map(len, parts)) + b"".join(parts)
-    record = HEADER.pack(MAGIC, 1, len(payload), zlib.crc32(payload)) + payload
+    record = HEADER.pack(MAGIC, version, len(payload), zlib.crc32(payload)) + payload
     again, counts = decode(read_record(record, 0)[0])
-    assert again.requests.equals(frames.requests) and counts == {"tier_invalid": 1}
+    assert again.requests.equals(requests) and again.requests.schema == requests.schema
+    assert counts == {"tier_invalid": 1}
 
 
 def test_records_left_in_the_log_are_replayed_once_and_their_segments_deleted(tmp_path):
@@ -75,7 +86,7 @@ def test_records_left_in_the_log_are_replayed_once_and_their_segments_deleted(tm
         writer.start()
         _wait_drained(writer)
         assert _segments(tmp_path / "log") == []  # every record in them is committed
-        assert store.scalar("SELECT count(DISTINCT substr(trace_id, 9, 8)) FROM requests") == 6
+        assert store.scalar(f"SELECT count(DISTINCT substr({TRACE_ID}, 9, 8)) FROM requests") == 6
         assert store.counters()["tier_invalid"] == 6
         writer.stop()
 
@@ -212,5 +223,5 @@ def test_a_full_disk_refuses_the_append_and_leaves_nothing_of_it(small_disk):  #
         writer.start()
         _wait_drained(writer)
         writer.stop()
-        stored = store.scalar("SELECT count(DISTINCT substr(trace_id, 9, 8)) FROM requests")
+        stored = store.scalar(f"SELECT count(DISTINCT substr({TRACE_ID}, 9, 8)) FROM requests")
     assert stored == refused + 1 and os.listdir(small_disk / "log") == []

@@ -26,6 +26,7 @@ from analytics.intake import Intake
 from sloscope.slo_spec import load_spec
 from tests.envoy_spans import GATEWAY, SIDECAR, envoy_request
 from tests.fakes.kube_api import FakeKubeApi
+from tests.otlp_builders import TRACE_ID
 
 
 def now_ns(offset_s: float = 0.0) -> int:
@@ -144,7 +145,7 @@ def test_a_reused_ip_places_each_span_by_the_pod_alive_when_it_started(kube, ser
     assert serving.post(ip_only_request("10.9.0.5", now_ns(-120), 1)) == 200  # while the old pod was alive
     assert serving.post(ip_only_request("10.9.0.5", now_ns(2), 2)) == 200  # the new pod's
     assert serving.post(ip_only_request("10.9.0.6", now_ns(2), 3)) == 200  # a dead pod's IP, not reused
-    rows = dict(serving.store.reader().rows("SELECT trace_id, node FROM requests"))
+    rows = dict(serving.store.reader().rows(f"SELECT {TRACE_ID}, node FROM requests"))
     assert rows == {"01" * 16: "gpu-node-1", "02" * 16: "gpu-node-4", "03" * 16: UNKNOWN_NODE}
     counters = serving.counters()
     assert counters["spans_node_from_pod_ip"] == 2 and counters["spans_node_unknown"] == 1
@@ -212,19 +213,6 @@ def test_host_network_pods_are_not_matched_by_ip_and_the_directory_is_bounded():
     directory.retention_s = 0  # the ended pod is past its retention: it makes room
     directory.apply("ADDED", pods[2])
     assert len(directory) == 3 and sorted(directory.frame()["pod"]) == ["node-exporter-x", "w-1", "w-2"]
-
-
-def test_a_version_1_store_gains_the_pod_ip_column(tmp_path):
-    db = tmp_path / "v1.duckdb"
-    with Store(db) as store:  # made into what version 1 wrote
-        store.con.execute("INSERT INTO requests (trace_id, span_id, start_time, duration_ms, service, node, tier, "
-                          "failed) VALUES ('t', 's', TIMESTAMP '2026-12-01 10:00:00', 1.0, 'svc', 'n1', 'standard', "
-                          "false)")
-        store.con.execute("ALTER TABLE requests DROP COLUMN pod_ip")
-        store.con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
-    with Store(db) as store:
-        assert store.meta("schema_version") == "2"
-        assert store.rows("SELECT trace_id, node, pod_ip FROM requests") == [("t", "n1", None)]
 
 
 def test_metrics_show_the_pod_watch(kube, serving):

@@ -18,7 +18,7 @@ from analytics.store import Store
 from sloscope.catalog import UNKNOWN_NODE
 from commands.cli import main
 from sloscope.slo_spec import load_spec
-from tests.otlp_builders import gauge, metrics, resource, span, write_lines
+from tests.otlp_builders import SPAN_ID, TRACE_ID, gauge, metrics, resource, span, write_lines
 from tests.in_process import InProcessReceiver
 
 DATA = Path(__file__).parent / "data" / "otlp"
@@ -54,7 +54,7 @@ def _as_protobuf(doc: dict) -> bytes:
     return ParseDict(doc, ExportTraceServiceRequest()).SerializeToString()
 
 
-ROWS = "SELECT trace_id, span_id, node, service, pod, namespace, tier, status_code FROM requests"
+ROWS = f"SELECT {TRACE_ID}, {SPAN_ID}, node, service, pod, namespace, tier, status_code FROM requests"
 EXPECTED_ROW = ("9f3a0c2e5b7d41a8b6c0d2e4f6a8b0c2", "a1b2c3d4e5f60718", UNKNOWN_NODE, "chat-frontend",
                 "chat-frontend-6d9f7", "serving", "p99-latency-critical", 200)
 
@@ -97,7 +97,7 @@ def test_a_resource_without_a_node_never_costs_the_others_in_its_batch(server, e
         assert "partialSuccess" not in _post_json(server, "/v1/traces", doc)
     else:
         assert server.post("/v1/traces", _as_protobuf(doc))[0] == 200
-    assert server.rows("SELECT trace_id[-1:], node, pod FROM requests ORDER BY trace_id") == [
+    assert server.rows(f"SELECT {TRACE_ID}[-1:], node, pod FROM requests ORDER BY trace_hi, trace_lo") == [
         ("1", "gpu-node-1", None), ("2", "gpu-node-1", None), ("3", UNKNOWN_NODE, "gw-1"), ("4", "gpu-node-7", None),
         ("5", UNKNOWN_NODE, None)]
     counters = server.store.counters()

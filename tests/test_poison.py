@@ -15,7 +15,7 @@ from analytics.store import Store
 from receiver.otlp_common import TextCache
 from receiver.otlp_json import Decoder
 from commands.cli import main
-from tests.otlp_builders import attr, exp_histogram, gauge, metrics, span, traces, write_lines
+from tests.otlp_builders import TRACE_ID, attr, exp_histogram, gauge, metrics, span, traces, write_lines
 from tests.in_process import InProcessReceiver
 
 T0 = 1_764_410_400_000_000_000
@@ -112,7 +112,7 @@ def test_a_poison_span_is_refused_alone_with_its_reason(server, mutate, reason):
     assert status == 200, reply
     assert reply["partialSuccess"]["rejectedSpans"] == "1"
     assert reason in reply["partialSuccess"]["errorMessage"]
-    assert server.rows("SELECT trace_id FROM requests") == [(f"{2:032x}",)]
+    assert server.rows(f"SELECT {TRACE_ID} FROM requests") == [(f"{2:032x}",)]
     assert server.store.counters()[reason] == 1
 
 

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -49,6 +50,11 @@ def _get(port, path) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def _scrape(port) -> dict:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(_get(port, "/metrics")[1]) for s in f.samples}
+
+
 @pytest.mark.parametrize("taken", ["http", "grpc"])
 def test_a_port_that_is_taken_is_one_line_and_a_failing_exit(tmp_path, taken):
     with socket.socket() as holder:
@@ -82,8 +88,9 @@ def test_health_readiness_counters_and_json_logs_of_a_running_serve(tmp_path):
             with RawClient(port) as c:
                 c.send(raw)
                 c.response()
-        scraped = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                   for f in text_string_to_metric_families(_get(port, "/metrics")[1]) for s in f.samples}
+        deadline = time.monotonic() + 10  # the writer commits within its linger of a second
+        while (scraped := _scrape(port))[("sloscope_writer_queued_bytes", ())] and time.monotonic() < deadline:
+            time.sleep(0.1)
     finally:
         stderr = _stop(proc)
     requests = "sloscope_receiver_requests_total"

@@ -27,6 +27,7 @@ from analytics.intake import Intake
 from sloscope.slo_spec import load_spec
 from tests.conftest import need
 from tests.alerting_stack import free_port
+from tests.otlp_builders import TRACE_ID
 from tests.test_durability import SLOSCOPE, Serve, _post, _spans, _traces
 
 T0 = 1_764_410_400_000_000_000
@@ -161,7 +162,7 @@ def test_the_writer_reopens_a_database_a_failed_checkpoint_invalidated(small_dis
     writer.stop()
     store.close()
     with Store(store.path, read_only=True) as reopened:
-        stored = reopened.scalar("SELECT count(DISTINCT substr(trace_id, 1, 16)) FROM requests")
+        stored = reopened.scalar("SELECT count(DISTINCT trace_hi) FROM requests")
     assert stored >= committed + 1 and writer.health() == "stopping"
     assert f"reopened {store.path}" in caplog.text
 
@@ -213,7 +214,7 @@ def test_a_full_disk_answers_retry_and_recovers_with_the_collectors_replay(tmp_p
         collect.wait(timeout=60)
         assert serve.stop() == 0, serve.log.read_text()[-3000:]
     with Store(serve.db, read_only=True) as store:
-        stored = {tid[:16] for (tid,) in store.rows("SELECT DISTINCT trace_id FROM requests")}
+        stored = {tid[:16] for (tid,) in store.rows(f"SELECT DISTINCT {TRACE_ID} FROM requests")}
         during_outage = store.scalar("SELECT count(*) FROM samples WHERE epoch_ns(ts) BETWEEN ? AND ?",
                                      [full_since, free_since])
         failures = store.counters()

@@ -1,13 +1,16 @@
--- sloscope store, schema version 2. Times are UTC; counters and histograms are per-interval deltas.
+-- sloscope store, schema version 3 (older versions are migrated by migrate_to_N.sql). Times are UTC; counters and histograms are per-interval deltas.
 CREATE TABLE IF NOT EXISTS meta (
     key   VARCHAR PRIMARY KEY,
     value VARCHAR NOT NULL
 );
 
--- One row per SERVER span (a request). The tier is already resolved against the SLO spec's allow-list.
+-- One row per SERVER span (a request). The tier is already resolved against the SLO spec's allow-list. Ids are
+-- unsigned 64-bit words, the id's bytes big-endian (sloscope/ids.py): the trace id in hex is
+-- printf('%016x%016x', trace_hi, trace_lo), the span id printf('%016x', span_id).
 CREATE TABLE IF NOT EXISTS requests (
-    trace_id    VARCHAR NOT NULL,
-    span_id     VARCHAR NOT NULL,
+    trace_hi    UBIGINT NOT NULL,
+    trace_lo    UBIGINT NOT NULL,
+    span_id     UBIGINT NOT NULL,
     start_time  TIMESTAMP NOT NULL,
     duration_ms DOUBLE NOT NULL,
     service     VARCHAR NOT NULL,
@@ -65,7 +68,3 @@ CREATE TABLE IF NOT EXISTS ingest_counters (
     name  VARCHAR PRIMARY KEY,
     value BIGINT NOT NULL
 );
-
--- Version 1 -> 2: the pod's IP, so that a request stored on the unknown node can be placed once its pod is known.
-ALTER TABLE requests ADD COLUMN IF NOT EXISTS pod_ip VARCHAR;
-UPDATE meta SET value = '2' WHERE key = 'schema_version' AND value = '1';
