@@ -66,19 +66,22 @@ class LogAppendError(OSError):
     """The record could not be made durable (disk full, I/O error); nothing of it is left in the log."""
 
 
-def encode(frames: Frames, counts: dict) -> bytes:
-    parts = [_ipc(frames.requests), _ipc(frames.points), _ipc(frames.histograms),
-             json.dumps({k: int(v) for k, v in counts.items() if v}).encode()]
-    payload = PARTS.pack(*map(len, parts)) + b"".join(parts)
-    return HEADER.pack(MAGIC, VERSION, len(payload), zlib.crc32(payload)) + payload
-
-
-def _ipc(frame: pl.DataFrame) -> bytes:
-    if frame.is_empty():  # a third of the encoding's time for a request of one signal
-        return b""
-    buffer = io.BytesIO()
-    frame.write_ipc_stream(buffer, compression="uncompressed")
-    return buffer.getvalue()
+def encode(frames: Frames, counts: dict) -> memoryview:
+    """The record of a request, built in one buffer: copying a request's bytes costs as much as encoding them."""
+    out = io.BytesIO()
+    out.seek(HEADER.size + PARTS.size)
+    lengths = []
+    for frame in (frames.requests, frames.points, frames.histograms):
+        at = out.tell()
+        if not frame.is_empty():  # a third of the encoding's time for a request of one signal
+            frame.write_ipc_stream(out, compression="uncompressed")
+        lengths.append(out.tell() - at)
+    lengths.append(out.write(json.dumps({k: int(v) for k, v in counts.items() if v}).encode()))
+    record = out.getbuffer()
+    PARTS.pack_into(record, HEADER.size, *lengths)
+    payload = record[HEADER.size:]
+    HEADER.pack_into(record, 0, MAGIC, VERSION, len(payload), zlib.crc32(payload))
+    return record
 
 
 def _frame(part: bytes) -> pl.DataFrame:
@@ -197,7 +200,7 @@ class IntakeLog:
 
     # --- appending ---------------------------------------------------------------------------------------
 
-    def append(self, record: bytes) -> Entry:
+    def append(self, record: bytes | memoryview) -> Entry:
         """Write a record and return once it is fsynced; LogAppendError when it cannot be, with nothing of it
         left behind."""
         with self._cond:

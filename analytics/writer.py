@@ -142,7 +142,7 @@ class Writer:
         """Queue frames (and the counters that go with them) unless that would pass a bound; with an intake log,
         once they are fsynced in it."""
         record = encode(frames, counts) if self.intake_log is not None else None
-        pending = Pending(frames, counts, len(frames), len(record) if record else frame_bytes(frames))
+        pending = Pending(frames, counts, len(frames), frame_bytes(frames) if record is None else len(record))
         with self._ready:
             full = self._held and (self._queued_rows + pending.rows > self.max_queued_rows
                                    or self._queued_bytes + pending.nbytes > self.max_queued_bytes)
@@ -256,9 +256,10 @@ class Writer:
         return group
 
     def _lingering(self) -> bool:
-        """Whether to wait for more before committing what is queued (the lock is held)."""
-        return (bool(self._queue) and not self._tasks and not self._stopping and self._waiting_rows < self.batch_rows
-                and time.monotonic() < self._queue[0].queued_at + self.linger_s)
+        """Whether to wait for more before committing what is queued (the lock is held). Not while the store is
+        failing: each write then tells whether it works again, which readiness waits for."""
+        return (bool(self._queue) and not self._tasks and not self._stopping and self._fault is None
+                and self._waiting_rows < self.batch_rows and time.monotonic() < self._queue[0].queued_at + self.linger_s)
 
     def _commit(self, group: list[Pending]) -> None:
         error = self._write(group)

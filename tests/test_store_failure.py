@@ -206,7 +206,7 @@ def test_a_full_disk_answers_retry_and_recovers_with_the_collectors_replay(tmp_p
         free_since = time.time_ns()
         assert _until(lambda: _post(serve.port, "/v1/traces", _traces(0, seq), "application/x-protobuf") == 200)
         acked.append(seq)
-        assert _get(serve.port, "/readyz")[0] == 200
+        _until(lambda: _get(serve.port, "/readyz")[0] == 200, 10)  # the writer's next try, after its back-off
         _until(lambda: not list(spool.glob("*.pb")))  # replayed
         assert not (spool / "rejected").exists() or not list((spool / "rejected").iterdir())
     finally:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 
+import duckdb
 import pytest
 
 from analytics.store import Store
-from analytics.writer import Writer
+from analytics.writer import RETRY, Writer
 from tests.test_durability import SPANS_PER_REQUEST, _spans
 
 
@@ -76,3 +77,27 @@ def test_without_a_linger_each_request_is_committed_as_soon_as_it_is_queued(stor
         assert _settle(writer.offer(_spans(0), {}), 5) < 1
     finally:
         writer.stop()
+
+
+class DiskFullOnce(Store):
+    """A store whose first write fails as a full disk makes DuckDB's fail."""
+
+    failures = 1
+
+    def write(self, frames, extra_counts=None):
+        if self.failures:
+            self.failures -= 1
+            raise duckdb.IOException("Could not write file: No space left on device")
+        return super().write(frames, extra_counts)
+
+
+def test_while_the_store_is_failing_it_does_not_linger(tmp_path):
+    with DiskFullOnce(tmp_path / "f.duckdb") as store:
+        writer = Writer(store, linger_s=0.3).start()
+        try:
+            assert writer.offer(_spans(0), {}).wait(5).outcome == RETRY
+            assert writer.failed is not None
+            assert _settle(writer.offer(_spans(1), {}), 5) < 0.25  # at once: it tells whether writes work again
+            assert writer.failed is None
+        finally:
+            writer.stop()
