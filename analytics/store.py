@@ -249,7 +249,9 @@ class Store(Reader):
         except duckdb.CatalogException:
             raise StoreError(f"{self.path}: not a sloscope database (no meta table)") from None
         if found is None or int(found) != SCHEMA_VERSION:
-            raise StoreError(f"{self.path}: schema version {found}, this sloscope reads version {SCHEMA_VERSION}")
+            older = found is not None and int(found) < SCHEMA_VERSION
+            raise StoreError(f"{self.path}: schema version {found}, this sloscope reads version {SCHEMA_VERSION}"
+                             + ("; opening it for writing (sloscope serve or ingest) migrates it" if older else ""))
 
     def reader(self) -> Reader:
         """A reader on its own cursor, for another thread than the one writing."""
