@@ -427,10 +427,12 @@ static Slice bounded(Slice s)
     return s;
 }
 
-/* Columns of names, as Arrow string columns: end offsets, bytes, and a validity byte per row. */
+/* Columns of names, as Arrow string views: per row 16 bytes (the length, then the string itself when it has at
+ * most 12 bytes, else its first 4 bytes, buffer 0 and its offset in the column's bytes) and a validity byte. Views
+ * are what polars keeps strings as, so they need no conversion there. */
 enum { COL_SERVICE, COL_NODE, COL_GPU, COL_POD, COL_NAMESPACE, COL_POD_IP, COL_ROUTE, N_TEXT };
 static const char *TEXT_COLUMNS[N_TEXT] = {"service", "node", "gpu_id", "pod", "namespace", "pod_ip", "route"};
-typedef struct { Buf offsets, bytes, valid; } TextColumn;
+typedef struct { Buf views, bytes, valid; } TextColumn;
 
 /* A name of a row: absent (null) or a string bounded to MAX_NAME_CHARS. */
 typedef struct { int present; Slice s; } Text;
@@ -496,12 +498,22 @@ static int resource(const Decoder *d, Slice m, Resource *out)
 
 static int add_text(TextColumn *c, Text t)
 {
-    uint8_t valid = (uint8_t)t.present;
-    int64_t end;
-    if (t.present && buf_add(&c->bytes, t.s.p, (size_t)(t.s.end - t.s.p)))
-        return NO_MEMORY;
-    end = (int64_t)c->bytes.len;
-    return buf_add(&c->offsets, &end, 8) || buf_add(&c->valid, &valid, 1) ? NO_MEMORY : OK;
+    uint8_t valid = (uint8_t)t.present, view[16] = {0};
+    if (t.present) {
+        size_t n = (size_t)(t.s.end - t.s.p);
+        int32_t length = (int32_t)n, buffer = 0, offset = (int32_t)c->bytes.len;
+        memcpy(view, &length, 4);
+        if (n <= 12) {
+            memcpy(view + 4, t.s.p, n);
+        } else {
+            memcpy(view + 4, t.s.p, 4);
+            memcpy(view + 8, &buffer, 4);
+            memcpy(view + 12, &offset, 4);
+            if (buf_add(&c->bytes, t.s.p, n))
+                return NO_MEMORY;
+        }
+    }
+    return buf_add(&c->views, view, 16) || buf_add(&c->valid, &valid, 1) ? NO_MEMORY : OK;
 }
 
 /* --- spans (trace.proto) ---------------------------------------------------------------------------- */
@@ -841,7 +853,7 @@ static void decoder_free(Decoder *d)
     for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++)
         free(bufs[k]->data);
     for (int k = 0; k < N_TEXT; k++) {
-        free(d->text[k].offsets.data);
+        free(d->text[k].views.data);
         free(d->text[k].bytes.data);
         free(d->text[k].valid.data);
     }
@@ -894,7 +906,7 @@ static PyObject *result(Decoder *d)
         goto fail;
     for (int k = 0; k < N_TEXT; k++) {
         const TextColumn *c = &d->text[k];
-        if (put(out, TEXT_COLUMNS[k], Py_BuildValue("(NNN)", bytes_of(&c->offsets), bytes_of(&c->bytes), bytes_of(&c->valid))))
+        if (put(out, TEXT_COLUMNS[k], Py_BuildValue("(NNN)", bytes_of(&c->views), bytes_of(&c->bytes), bytes_of(&c->valid))))
             goto fail;
     }
     return out;
@@ -931,11 +943,8 @@ static PyObject *decode(PyObject *module, PyObject *args)
     const uint8_t *start = (const uint8_t *)PyBytes_AS_STRING(body);
     Slice whole = {start, start + PyBytes_GET_SIZE(body)};
     int rc;
-    int64_t zero = 0;
     Py_BEGIN_ALLOW_THREADS
     rc = strings_grow(&d.tier_headers);
-    for (int k = 0; k < N_TEXT && !rc; k++)
-        rc = buf_add(&d.text[k].offsets, &zero, 8);
     if (!rc)
         rc = request(&d, whole);
     Py_END_ALLOW_THREADS

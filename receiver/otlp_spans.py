@@ -62,7 +62,8 @@ def span_table(body: bytes) -> tuple[SpanTable, int] | None:
     return SpanTable(columns), decoded["not_server"]
 
 
-def _string_array(offsets: bytes, data: bytes, valid: bytes, rows: int) -> pa.Array:
+def _string_array(views: bytes, data: bytes, valid: bytes, rows: int) -> pa.Array:
     validity = np.packbits(np.frombuffer(valid, np.bool_), bitorder="little")
-    return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(data), pa.py_buffer(validity))
+    return pa.Array.from_buffers(pa.string_view(), rows, [pa.py_buffer(validity), pa.py_buffer(views),
+                                                          pa.py_buffer(data)])
 
