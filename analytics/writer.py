@@ -259,7 +259,8 @@ class Writer:
         """Whether to wait for more before committing what is queued (the lock is held). Not while the store is
         failing: each write then tells whether it works again, which readiness waits for."""
         return (bool(self._queue) and not self._tasks and not self._stopping and self._fault is None
-                and self._waiting_rows < self.batch_rows and time.monotonic() < self._queue[0].queued_at + self.linger_s)
+                and self._waiting_rows < self.batch_rows
+                and time.monotonic() < self._queue[0].queued_at + self.linger_s)
 
     def _commit(self, group: list[Pending]) -> None:
         error = self._write(group)

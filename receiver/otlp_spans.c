@@ -848,8 +848,8 @@ static int request(Decoder *d, Slice m)
 
 static void decoder_free(Decoder *d)
 {
-    Buf *bufs[] = {&d->trace_hi, &d->trace_lo, &d->span_id, &d->start_ns, &d->end_ns, &d->status_code, &d->status_valid,
-                   &d->failed, &d->tier_header};
+    Buf *bufs[] = {&d->trace_hi, &d->trace_lo, &d->span_id, &d->start_ns, &d->end_ns, &d->status_code,
+                   &d->status_valid, &d->failed, &d->tier_header};
     for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++)
         free(bufs[k]->data);
     for (int k = 0; k < N_TEXT; k++) {
@@ -899,14 +899,16 @@ static PyObject *result(Decoder *d)
     PyObject *out = PyDict_New();
     if (!out || put(out, "rows", PyLong_FromSsize_t(d->rows)) ||
         put(out, "not_server", PyLong_FromSsize_t(d->not_server)) || put(out, "trace_hi", bytes_of(&d->trace_hi)) ||
-        put(out, "trace_lo", bytes_of(&d->trace_lo)) || put(out, "span_id", bytes_of(&d->span_id)) || put(out, "start_ns", bytes_of(&d->start_ns)) ||
+        put(out, "trace_lo", bytes_of(&d->trace_lo)) || put(out, "span_id", bytes_of(&d->span_id)) ||
+        put(out, "start_ns", bytes_of(&d->start_ns)) ||
         put(out, "end_ns", bytes_of(&d->end_ns)) || put(out, "status_code", bytes_of(&d->status_code)) ||
         put(out, "status_valid", bytes_of(&d->status_valid)) || put(out, "failed", bytes_of(&d->failed)) ||
         put(out, "tier_header", bytes_of(&d->tier_header)) || put(out, "tier_headers", strings_of(&d->tier_headers)))
         goto fail;
     for (int k = 0; k < N_TEXT; k++) {
         const TextColumn *c = &d->text[k];
-        if (put(out, TEXT_COLUMNS[k], Py_BuildValue("(NNN)", bytes_of(&c->views), bytes_of(&c->bytes), bytes_of(&c->valid))))
+        if (put(out, TEXT_COLUMNS[k],
+                Py_BuildValue("(NNN)", bytes_of(&c->views), bytes_of(&c->bytes), bytes_of(&c->valid))))
             goto fail;
     }
     return out;
