@@ -5,4 +5,5 @@ decoder, with the same results."""
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("receiver._otlp_spans", ["receiver/otlp_spans.c"],
-                             extra_compile_args=["-O3", "-std=c11"], optional=True)])
+                             depends=["receiver/arrow_c_data.h"], extra_compile_args=["-O3", "-std=c11"],
+                             optional=True)])

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-import numpy as np
-import pyarrow as pa
 
 from sloscope.records import SpanTable
 
@@ -57,9 +55,6 @@ def resolve_tiers(spans, resolver: TierResolver) -> None:
 
 
 def _resolve_table(spans: SpanTable, resolver: TierResolver) -> None:
-    """Each distinct header once, into a dictionary over the same indices."""
-    headers = spans.columns.pop("tier_header")
-    occurrences = np.bincount(headers.indices.to_numpy(zero_copy_only=False), minlength=len(headers.dictionary))
-    tiers = [resolver.resolve(raw, times=int(n)) if n else resolver.default_tier
-             for raw, n in zip(headers.dictionary.to_pylist(), occurrences)]
-    spans.columns["tier"] = pa.DictionaryArray.from_arrays(headers.indices, pa.array(tiers, pa.large_string()))
+    """Each distinct header once."""
+    spans.tiers = [resolver.resolve(raw, times=n) if n else resolver.default_tier
+                   for raw, n in zip(spans.tier_headers, spans.tier_counts)]

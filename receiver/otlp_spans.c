@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arrow_c_data.h"
+
 enum { WT_VARINT = 0, WT_FIXED64 = 1, WT_LEN = 2, WT_FIXED32 = 5 };
 enum { OK = 0, DECLINE = 1, NO_MEMORY = 2 };  /* DECLINE is 1, what || of checks yields */
 
@@ -443,6 +445,7 @@ typedef struct {
     Buf trace_hi, trace_lo, span_id, start_ns, end_ns, status_code, status_valid, failed, tier_header;
     TextColumn text[N_TEXT];
     Py_ssize_t rows, not_server;
+    int taken;  /* by batch(): the buffers are the record batch's */
 } Decoder;
 
 /* A non-empty string attribute, bounded; else absent. */
@@ -870,11 +873,6 @@ static int put(PyObject *dict, const char *key, PyObject *value)
     return rc;
 }
 
-static PyObject *bytes_of(const Buf *b)
-{
-    return PyBytes_FromStringAndSize(b->len ? (const char *)b->data : "", (Py_ssize_t)b->len);
-}
-
 static PyObject *strings_of(const Strings *t)
 {
     PyObject *list = PyList_New((Py_ssize_t)t->count);
@@ -894,33 +892,203 @@ static PyObject *strings_of(const Strings *t)
     return list;
 }
 
-static PyObject *result(Decoder *d)
+/* How many rows carry each distinct tier header. */
+static PyObject *tier_counts_of(const Decoder *d)
 {
+    Py_ssize_t *counts = calloc(d->tier_headers.count, sizeof *counts);
+    if (!counts)
+        return PyErr_NoMemory();
+    const int32_t *index = (const int32_t *)d->tier_header.data;
+    for (Py_ssize_t k = 0; k < d->rows; k++)
+        counts[index[k]]++;
+    PyObject *list = PyList_New((Py_ssize_t)d->tier_headers.count);
+    for (size_t k = 0; list && k < d->tier_headers.count; k++) {
+        PyObject *n = PyLong_FromSsize_t(counts[k]);
+        if (!n)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)k, n);
+    }
+    free(counts);
+    return list;
+}
+
+#define COLUMNS_CAPSULE "sloscope.otlp_spans.columns"
+
+static void columns_capsule_free(PyObject *capsule)
+{
+    Decoder *d = PyCapsule_GetPointer(capsule, COLUMNS_CAPSULE);
+    if (d) {
+        decoder_free(d);
+        free(d);
+    }
+}
+
+/* The decoded request, whose buffers it takes; its columns, in a capsule, wait for the tiers (`batch`). */
+static PyObject *result(Decoder *decoded)
+{
+    Decoder *d = malloc(sizeof *d);
+    if (!d) {
+        decoder_free(decoded);
+        return PyErr_NoMemory();
+    }
+    *d = *decoded;
+    PyObject *columns = PyCapsule_New(d, COLUMNS_CAPSULE, columns_capsule_free);
+    if (!columns) {
+        decoder_free(d);
+        free(d);
+        return NULL;
+    }
     PyObject *out = PyDict_New();
     if (!out || put(out, "rows", PyLong_FromSsize_t(d->rows)) ||
-        put(out, "not_server", PyLong_FromSsize_t(d->not_server)) || put(out, "trace_hi", bytes_of(&d->trace_hi)) ||
-        put(out, "trace_lo", bytes_of(&d->trace_lo)) || put(out, "span_id", bytes_of(&d->span_id)) ||
-        put(out, "start_ns", bytes_of(&d->start_ns)) ||
-        put(out, "end_ns", bytes_of(&d->end_ns)) || put(out, "status_code", bytes_of(&d->status_code)) ||
-        put(out, "status_valid", bytes_of(&d->status_valid)) || put(out, "failed", bytes_of(&d->failed)) ||
-        put(out, "tier_header", bytes_of(&d->tier_header)) || put(out, "tier_headers", strings_of(&d->tier_headers)))
-        goto fail;
-    for (int k = 0; k < N_TEXT; k++) {
-        const TextColumn *c = &d->text[k];
-        if (put(out, TEXT_COLUMNS[k],
-                Py_BuildValue("(NNN)", bytes_of(&c->views), bytes_of(&c->bytes), bytes_of(&c->valid))))
-            goto fail;
+        put(out, "not_server", PyLong_FromSsize_t(d->not_server)) ||
+        put(out, "tier_headers", strings_of(&d->tier_headers)) || put(out, "tier_counts", tier_counts_of(d))) {
+        Py_XDECREF(out);
+        out = NULL;
+    } else if (PyDict_SetItemString(out, "columns", columns)) {
+        Py_CLEAR(out);
     }
+    Py_DECREF(columns);
     return out;
-fail:
-    Py_XDECREF(out);
-    return NULL;
+}
+
+/* The tier column: each row's tier, by its header's index, as a view. */
+static int tier_views(Decoder *d, const Slice *tiers, Buf *views, Buf *bytes)
+{
+    size_t n = d->tier_headers.count;
+    uint8_t (*view_of)[16] = calloc(n, 16);
+    if (!view_of)
+        return NO_MEMORY;
+    int rc = OK;
+    for (size_t k = 0; k < n && !rc; k++) {
+        int32_t length = (int32_t)(tiers[k].end - tiers[k].p), buffer = 0, offset = (int32_t)bytes->len;
+        memcpy(view_of[k], &length, 4);
+        memcpy(view_of[k] + 4, tiers[k].p, length <= 12 ? (size_t)length : 4);
+        if (length > 12) {
+            memcpy(view_of[k] + 8, &buffer, 4);
+            memcpy(view_of[k] + 12, &offset, 4);
+            rc = buf_add(bytes, tiers[k].p, (size_t)length);
+        }
+    }
+    const int32_t *index = (const int32_t *)d->tier_header.data;
+    for (Py_ssize_t r = 0; r < d->rows && !rc; r++)
+        rc = buf_add(views, view_of[index[r]], 16);
+    free(view_of);
+    return rc;
+}
+
+/* start_ns becomes start_time (microseconds), end_ns duration_ms, in place: what the requests table keeps. */
+static void times_as_stored(Decoder *d)
+{
+    int64_t *start = (int64_t *)d->start_ns.data, *end = (int64_t *)d->end_ns.data;
+    for (Py_ssize_t r = 0; r < d->rows; r++) {
+        double duration_ms = (double)(end[r] - start[r]) / 1e6;
+        start[r] /= 1000;  /* start > 0: the quotient is the floor */
+        memcpy(&end[r], &duration_ms, 8);
+    }
+}
+
+/* The buffer, now the batch's; 0, or -1 when the batch could not take it (then freed). */
+static int hand_over(Batch *b, Buf *buf)
+{
+    void *data = buf->data;
+    buf->data = NULL;
+    return data ? batch_own(b, data) : 0;
+}
+
+/* The requests table's columns, in its order (analytics.store.REQUEST_COLUMNS). */
+static int fill_batch(Batch *b, Decoder *d, const Slice *tiers)
+{
+    static const int text_order[] = {COL_SERVICE, COL_NODE, COL_POD, COL_NAMESPACE, COL_POD_IP, COL_GPU};
+    Buf views = {0}, bytes = {0};
+    if (tier_views(d, tiers, &views, &bytes)) {
+        free(views.data);
+        free(bytes.data);
+        return -1;
+    }
+    times_as_stored(d);
+    int rc = batch_own(b, views.data) | batch_own(b, bytes.data) |
+             batch_fixed(b, "L", "trace_hi", d->trace_hi.data, NULL) |
+             batch_fixed(b, "L", "trace_lo", d->trace_lo.data, NULL) |
+             batch_fixed(b, "L", "span_id", d->span_id.data, NULL) |
+             batch_fixed(b, "tsu:", "start_time", d->start_ns.data, NULL) |
+             batch_fixed(b, "g", "duration_ms", d->end_ns.data, NULL);
+    for (size_t k = 0; k < sizeof text_order / sizeof *text_order; k++) {
+        TextColumn *c = &d->text[text_order[k]];
+        rc |= batch_views(b, TEXT_COLUMNS[text_order[k]], c->views.data, c->bytes.data, (int64_t)c->bytes.len,
+                          c->valid.data);
+    }
+    TextColumn *route = &d->text[COL_ROUTE];
+    rc |= batch_views(b, "tier", views.data, bytes.data, (int64_t)bytes.len, NULL) |
+          batch_views(b, "route", route->views.data, route->bytes.data, (int64_t)route->bytes.len,
+                      route->valid.data) |
+          batch_fixed(b, "s", "status_code", d->status_code.data, d->status_valid.data) |
+          batch_booleans(b, "failed", d->failed.data);
+    Buf *bufs[] = {&d->trace_hi, &d->trace_lo, &d->span_id, &d->start_ns, &d->end_ns, &d->status_code,
+                   &d->status_valid, &d->failed};
+    for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++)
+        rc |= hand_over(b, bufs[k]);
+    for (int k = 0; k < N_TEXT; k++)
+        rc |= hand_over(b, &d->text[k].views) | hand_over(b, &d->text[k].bytes) | hand_over(b, &d->text[k].valid);
+    return rc;
+}
+
+PyDoc_STRVAR(batch_doc,
+"batch(columns, tiers) -> (schema capsule, array capsule)\n\n"
+"The decoded spans as one record batch in the requests table's shape, through the Arrow C data interface.\n"
+"columns: what decode() gave under 'columns' (taken: once only); tiers: the tier of each distinct header, in\n"
+"the order of decode()'s 'tier_headers'.");
+
+static PyObject *batch(PyObject *module, PyObject *args)
+{
+    PyObject *capsule, *tier_list;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "O!O!:batch", &PyCapsule_Type, &capsule, &PyList_Type, &tier_list))
+        return NULL;
+    Decoder *d = PyCapsule_GetPointer(capsule, COLUMNS_CAPSULE);
+    if (!d)
+        return NULL;
+    if (d->taken)
+        return PyErr_Format(PyExc_ValueError, "batch: these columns were taken already");
+    if ((size_t)PyList_GET_SIZE(tier_list) != d->tier_headers.count)
+        return PyErr_Format(PyExc_ValueError, "batch: %zu tiers expected", d->tier_headers.count);
+    Slice *tiers = malloc(d->tier_headers.count * sizeof *tiers);
+    Batch *b = calloc(1, sizeof *b);
+    if (!tiers || !b) {
+        free(tiers);
+        free(b);
+        return PyErr_NoMemory();
+    }
+    for (size_t k = 0; k < d->tier_headers.count; k++) {
+        Py_ssize_t n;
+        const char *text = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(tier_list, (Py_ssize_t)k), &n);
+        if (!text || n > MAX_NAME_CHARS * 4) {
+            if (text)
+                PyErr_Format(PyExc_ValueError, "batch: a tier of %zd bytes", n);
+            free(tiers);
+            free(b);
+            return NULL;
+        }
+        tiers[k] = (Slice){(const uint8_t *)text, (const uint8_t *)text + n};
+    }
+    d->taken = 1;
+    b->rows = d->rows;
+    int rc = fill_batch(b, d, tiers);
+    free(tiers);
+    if (rc) {
+        struct ArrowArray unowned = {.private_data = b};
+        batch_release(&unowned);
+        return PyErr_NoMemory();
+    }
+    return batch_capsules(b);
 }
 
 PyDoc_STRVAR(decode_doc,
 "decode(body, keys) -> dict | None\n\n"
-"The SERVER spans of a protobuf ExportTraceServiceRequest as columns, or None when the request needs the\n"
-"general path. keys: the fourteen attribute keys, as bytes, in slot order (see otlp_spans.py).");
+"The SERVER spans of a protobuf ExportTraceServiceRequest, or None when the request needs the general path:\n"
+"rows, not_server (spans of other kinds), tier_headers (each distinct one; index 0: none), tier_counts (rows\n"
+"per header) and columns (for batch()). keys: the fourteen attribute keys, as bytes, in slot order (see\n"
+"otlp_spans.py).");
 
 static PyObject *decode(PyObject *module, PyObject *args)
 {
@@ -950,19 +1118,15 @@ static PyObject *decode(PyObject *module, PyObject *args)
     if (!rc)
         rc = request(&d, whole);
     Py_END_ALLOW_THREADS
-    PyObject *out = NULL;
     if (rc == OK)
-        out = result(&d);
-    else if (rc == NO_MEMORY)
-        PyErr_NoMemory();
-    else
-        out = Py_NewRef(Py_None);
+        return result(&d);  /* which owns d's buffers from here */
     decoder_free(&d);
-    return out;
+    return rc == NO_MEMORY ? PyErr_NoMemory() : Py_NewRef(Py_None);
 }
 
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, decode_doc},
+    {"batch", batch, METH_VARARGS, batch_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,7 +8,6 @@ give the same rows for every request they accept; tests/test_otlp_spans.py holds
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 
 from sloscope import catalog
@@ -32,8 +31,6 @@ SLOT_KEYS = tuple(key.encode() for key in (*catalog.NODE_ATTRIBUTES, GPU_ATTRIBU
                                            NAMESPACE_ATTRIBUTE, POD_IP_ATTRIBUTE, "service.name", *STATUS_ATTRIBUTES,
                                            ROUTE_ATTRIBUTE, *TIER_ATTRIBUTES, ENVOY_NODE_ATTRIBUTE,
                                            CANONICAL_SERVICE_ATTRIBUTE))
-ID_COLUMNS = ("trace_hi", "trace_lo", "span_id")  # sloscope/ids.py
-TEXT_COLUMNS = ("service", "node", "gpu_id", "pod", "namespace", "pod_ip", "route")
 
 
 def available() -> bool:
@@ -47,23 +44,9 @@ def span_table(body: bytes) -> tuple[SpanTable, int] | None:
     decoded = _otlp_spans.decode(body, SLOT_KEYS)
     if decoded is None:
         return None
-    rows = decoded["rows"]
-    columns = {
-        **{name: np.frombuffer(decoded[name], np.uint64) for name in ID_COLUMNS},
-        **{name: _string_array(*decoded[name], rows) for name in TEXT_COLUMNS},
-        "tier_header": pa.DictionaryArray.from_arrays(np.frombuffer(decoded["tier_header"], np.int32),
-                                                      pa.array(decoded["tier_headers"], pa.large_string())),
-        "start_ns": np.frombuffer(decoded["start_ns"], np.int64),
-        "end_ns": np.frombuffer(decoded["end_ns"], np.int64),
-        "status_code": pa.array(np.frombuffer(decoded["status_code"], np.int16),
-                                mask=~np.frombuffer(decoded["status_valid"], np.bool_)),
-        "failed": np.frombuffer(decoded["failed"], np.bool_),
-    }
-    return SpanTable(columns), decoded["not_server"]
+    columns = decoded["columns"]
 
+    def batch(tiers: list[str]) -> pa.RecordBatch:
+        return pa.RecordBatch._import_from_c_capsule(*_otlp_spans.batch(columns, tiers))
 
-def _string_array(views: bytes, data: bytes, valid: bytes, rows: int) -> pa.Array:
-    validity = np.packbits(np.frombuffer(valid, np.bool_), bitorder="little")
-    return pa.Array.from_buffers(pa.string_view(), rows, [pa.py_buffer(validity), pa.py_buffer(views),
-                                                          pa.py_buffer(data)])
-
+    return SpanTable(decoded["rows"], decoded["tier_headers"], decoded["tier_counts"], batch), decoded["not_server"]

@@ -69,7 +69,7 @@ make_venv() {
     local stamp="$VENV/.installed" want
     # The C extension is built at install, and an editable install maps the packages it found then: a new
     # package (or the image's first, dependencies-only layer, which has none) needs another install.
-    want=$({ cat pyproject.toml setup.py receiver/otlp_spans.c; printf '%s\n' */__init__.py; } | sha256sum | cut -d' ' -f1)
+    want=$({ cat pyproject.toml setup.py receiver/otlp_spans.c receiver/arrow_c_data.h; printf '%s\n' */__init__.py; } | sha256sum | cut -d' ' -f1)
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! fast_path_built; then
         say "installing sloscope and its dependencies into $VENV"
         "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null

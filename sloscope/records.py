@@ -4,6 +4,7 @@ of thousands of rows."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 # Exponential histograms are normalised to scale 0 over one fixed bucket range, so that deltas and merges are
@@ -107,14 +108,19 @@ class HistogramColumns(Columns):
 
 @dataclass
 class SpanTable:
-    """SERVER spans already in columns, as the receiver's fast path reads them: the fields of SpanColumns as
-    Arrow or numpy arrays, but the ids as words (`trace_hi`, `trace_lo`, `span_id`: sloscope/ids.py), and
-    `tier_header` (then `tier`) dictionary-encoded, since a request carries a handful of distinct values."""
+    """SERVER spans already in columns, as the receiver's fast path reads them (receiver/otlp_spans.c): how many,
+    each distinct tier header (None: no header) with how many spans carry it, and `batch`, which gives the
+    columns in the requests table's shape as an Arrow record batch once each header's tier is known (`tiers`,
+    which enrich.tiers sets). Ids are words (sloscope/ids.py)."""
 
-    columns: dict
+    rows: int
+    tier_headers: list
+    tier_counts: list[int]
+    batch: Callable[[list[str]], object]  # taken once
+    tiers: list[str] | None = None
 
     def __len__(self) -> int:
-        return len(self.columns["span_id"])
+        return self.rows
 
 
 @dataclass
