@@ -2,6 +2,7 @@
 for every request it takes, take the requests SDKs and the Collector send, and never take one the protobuf
 runtime or the receiver would refuse."""
 
+import gc
 import random
 
 import pytest
@@ -16,6 +17,7 @@ from receiver import otlp_proto, otlp_spans
 from receiver.otlp_common import REFUSAL_REASONS, DecodeError
 from receiver.server import FAST_PATH, GENERAL_PATH, Decoders, fast_decode
 from enrich.tiers import TierResolver, resolve_tiers
+from sloscope.records import Batch
 
 TIERS = frozenset({"standard", "p99-latency-critical"})
 SERVER = Span.SPAN_KIND_SERVER
@@ -229,6 +231,33 @@ def test_an_sdk_request_takes_the_fast_path_with_the_same_rows():
     rows, counts = fast_rows(body)
     assert len(rows) == 50 and counts["spans_not_server"] == 1 and counts["tier_invalid"] == 25
     assert rows["failed"].sum() == len([i for i in range(50) if i % 7 == 0 or i % 5 == 0])
+
+
+def test_a_request_without_server_spans_gives_an_empty_frame_of_the_requests_shape():
+    request = ExportTraceServiceRequest()
+    request.resource_spans.add().scope_spans.add().spans.add(
+        trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="GET", kind=Span.SPAN_KIND_CLIENT,
+        start_time_unix_nano=T0, end_time_unix_nano=T0 + 1)
+    body = request.SerializeToString()
+    assert assert_same_as_general(body)
+    rows, counts = fast_rows(body)
+    assert rows.is_empty() and counts["spans_not_server"] == 1
+    assert rows.schema == general_rows(sdk_like_request().SerializeToString())[0].schema
+
+
+def test_the_columns_are_handed_over_once_and_outlive_the_decoder():
+    body = sdk_like_request().SerializeToString()
+    table, _ = otlp_spans.span_table(body)
+    with pytest.raises(ValueError, match="3 tiers expected"):
+        table.batch(["standard"])
+    resolve_tiers(table, TierResolver(TIERS, "standard"))
+    frame = Frames.of(Batch(spans=table)).requests
+    with pytest.raises(ValueError, match="taken already"):
+        table.batch(table.tiers)
+    del table
+    gc.collect()
+    expected, _ = general_rows(body)
+    assert frame.equals(expected)
 
 
 def _declines_and_general_says(body: bytes, error: str | None = None, refused: str | None = None):
