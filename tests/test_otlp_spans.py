@@ -13,7 +13,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from analytics.store import Frames
-from receiver import otlp_proto, otlp_spans
+from receiver import otlp_spans
 from receiver.otlp_common import REFUSAL_REASONS, DecodeError
 from receiver.server import FAST_PATH, GENERAL_PATH, Decoders, fast_decode
 from enrich.tiers import TierResolver, resolve_tiers
