@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-
 from sloscope.records import SpanTable
 
 MAX_HEADER_LENGTH = 64

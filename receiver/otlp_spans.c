@@ -499,23 +499,28 @@ static int resource(const Decoder *d, Slice m, Resource *out)
     return OK;
 }
 
+/* The 16-byte view of a string whose long form goes to the end of `bytes` (buffer 0). */
+static int add_view(uint8_t view[16], Slice s, Buf *bytes)
+{
+    size_t n = (size_t)(s.end - s.p);
+    int32_t length = (int32_t)n, buffer = 0, offset = (int32_t)bytes->len;
+    memset(view, 0, 16);
+    memcpy(view, &length, 4);
+    if (n <= 12) {
+        memcpy(view + 4, s.p, n);
+        return OK;
+    }
+    memcpy(view + 4, s.p, 4);
+    memcpy(view + 8, &buffer, 4);
+    memcpy(view + 12, &offset, 4);
+    return buf_add(bytes, s.p, n);
+}
+
 static int add_text(TextColumn *c, Text t)
 {
     uint8_t valid = (uint8_t)t.present, view[16] = {0};
-    if (t.present) {
-        size_t n = (size_t)(t.s.end - t.s.p);
-        int32_t length = (int32_t)n, buffer = 0, offset = (int32_t)c->bytes.len;
-        memcpy(view, &length, 4);
-        if (n <= 12) {
-            memcpy(view + 4, t.s.p, n);
-        } else {
-            memcpy(view + 4, t.s.p, 4);
-            memcpy(view + 8, &buffer, 4);
-            memcpy(view + 12, &offset, 4);
-            if (buf_add(&c->bytes, t.s.p, n))
-                return NO_MEMORY;
-        }
-    }
+    if (t.present && add_view(view, t.s, &c->bytes))
+        return NO_MEMORY;
     return buf_add(&c->views, view, 16) || buf_add(&c->valid, &valid, 1) ? NO_MEMORY : OK;
 }
 
@@ -960,16 +965,8 @@ static int tier_views(Decoder *d, const Slice *tiers, Buf *views, Buf *bytes)
     if (!view_of)
         return NO_MEMORY;
     int rc = OK;
-    for (size_t k = 0; k < n && !rc; k++) {
-        int32_t length = (int32_t)(tiers[k].end - tiers[k].p), buffer = 0, offset = (int32_t)bytes->len;
-        memcpy(view_of[k], &length, 4);
-        memcpy(view_of[k] + 4, tiers[k].p, length <= 12 ? (size_t)length : 4);
-        if (length > 12) {
-            memcpy(view_of[k] + 8, &buffer, 4);
-            memcpy(view_of[k] + 12, &offset, 4);
-            rc = buf_add(bytes, tiers[k].p, (size_t)length);
-        }
-    }
+    for (size_t k = 0; k < n && !rc; k++)
+        rc = add_view(view_of[k], tiers[k], bytes);
     const int32_t *index = (const int32_t *)d->tier_header.data;
     for (Py_ssize_t r = 0; r < d->rows && !rc; r++)
         rc = buf_add(views, view_of[index[r]], 16);
