@@ -10,8 +10,8 @@ payloads, is the bare protobuf parse rate (ParseFromString alone, one core).
 Spans are sent with acknowledgements from the fsynced intake log (the default, `--ack log`), from the DuckDB
 commit (`--ack commit`), and with `--ack queued` (a 200 once they are queued in memory, not durable) as the
 baseline of what durability costs. The host's speed drifts within a run, so this is done in rounds: each round
-measures the bare parse just before and just after its three modes, each mode is taken against that round's
-baseline and `--ack queued`, and the medians over the rounds are printed. Then the acknowledgement latency (p50,
+measures the bare parse just before and just after its three modes (each round starting with the next mode),
+each mode is taken against that round's baseline and `--ack queued`, and the medians over the rounds are printed. Then the acknowledgement latency (p50,
 p99) of each mode at half its own rate, with an open-loop client.
 
 For spans it also measures, in this process on the same payloads, the stages alone: the fast path and the
@@ -237,12 +237,14 @@ def end_to_end(path: str, payloads: list[bytes], items: int, table: str, clients
     return items / seconds, rows, retries
 
 
-def span_round(spans: list[bytes], args, workdir: Path) -> dict:
+def span_round(spans: list[bytes], args, workdir: Path, number: int) -> dict:
     """One round: each ack mode end to end, (spans/s, rows committed, retried 503s), between two bare parses
-    whose mean is the round's baseline."""
+    whose mean is the round's baseline. Each round starts with the next mode, so that no mode always runs
+    first, on caches and disk blocks the run before it has not warmed."""
     before = bare_parse_rate(spans, ExportTraceServiceRequest, args.spans)
     result, result["steal"] = {}, {}
-    for ack in ACK_MODES:
+    modes = list(ACK_MODES)
+    for ack in modes[number % len(modes):] + modes[:number % len(modes)]:
         ticks = _cpu_ticks()
         result[ack] = end_to_end("/v1/traces", spans, args.spans, "requests", args.clients, workdir, ("--ack", ack))
         result["steal"][ack] = _steal_share(ticks)
@@ -351,7 +353,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         spans = trace_payloads(args.spans, args.per_request)
-        rounds = [span_round(spans, args, Path(tmp)) for _ in range(args.rounds)]
+        rounds = [span_round(spans, args, Path(tmp), number) for number in range(args.rounds)]
         bare_spans = median([r["bare"] for r in rounds])
         rates = {ack: median([r[ack][0] for r in rounds]) for ack in ACK_MODES}
         latencies = {}

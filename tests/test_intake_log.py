@@ -29,7 +29,7 @@ def _logged(directory, count: int, segment_bytes: int = 2**24) -> list[bytes]:
     for record in records:
         log.append(record)
     log.close()  # the segments stay: nothing in them is committed
-    return records
+    return [bytes(record) for record in records]
 
 
 def _wait_drained(writer: Writer) -> None:
@@ -41,11 +41,24 @@ def _wait_drained(writer: Writer) -> None:
 
 def test_a_record_reads_back_as_the_frames_and_counters_it_was_made_of():
     frames = _spans(3)
-    payload, end = read_record(record := encode(frames, {"tier_invalid": 2, "zero": 0}), 0)
+    payload, end = read_record(record := bytes(encode(frames, {"tier_invalid": 2, "zero": 0})), 0)
     again, counts = decode(payload)
     assert end == len(record) and counts == {"tier_invalid": 2}
     assert again.requests.equals(frames.requests) and again.requests.schema == frames.requests.schema
     assert again.histograms.schema == frames.histograms.schema
+
+
+def test_a_records_frames_are_arrow_ipc_streams_any_arrow_reader_takes():
+    """The log outlives the polars that wrote it: its frames must stay in the Arrow IPC stream format."""
+    import pyarrow as pa
+
+    from analytics.intake_log import PARTS
+
+    frames = _spans(4)
+    payload, _ = read_record(bytes(encode(frames, {})), 0)
+    requests = payload[PARTS.size:PARTS.size + PARTS.unpack_from(payload)[0]]
+    table = pa.ipc.open_stream(requests).read_all()
+    assert table.num_rows == frames.requests.height and table.column_names == frames.requests.columns
 
 
 @pytest.mark.parametrize("version", [1, 2])
@@ -106,7 +119,7 @@ def test_concurrent_appenders_share_fsyncs_and_every_record_is_kept(tmp_path):
         t.join()
     log.close()
     recovered = IntakeLog(tmp_path / "log").recovered
-    assert len(recovered) == len(entries) == 200 and all(payload == record[HEADER.size:] for _, payload in recovered)
+    assert len(recovered) == len(entries) == 200 and all(payload == bytes(record)[HEADER.size:] for _, payload in recovered)
 
 
 def test_a_torn_last_record_is_cut_off_and_kept_aside(tmp_path):
