@@ -122,6 +122,16 @@ def test_concurrent_appenders_share_fsyncs_and_every_record_is_kept(tmp_path):
     assert len(recovered) == len(entries) == 200 and all(payload == bytes(record)[HEADER.size:] for _, payload in recovered)
 
 
+def test_an_append_after_close_is_refused_and_nothing_is_written(tmp_path):
+    from analytics.intake_log import LogAppendError
+
+    log = IntakeLog(tmp_path / "log")
+    log.close()
+    with pytest.raises(LogAppendError, match="closed"):
+        log.append(encode(_spans(0), {}))
+    assert _segments(tmp_path / "log") == []
+
+
 def test_a_torn_last_record_is_cut_off_and_kept_aside(tmp_path):
     records = _logged(tmp_path / "log", 3)
     segment = tmp_path / "log" / _segments(tmp_path / "log")[0]
