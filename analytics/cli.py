@@ -72,9 +72,13 @@ def run_ingest(args) -> int:
     except (SpecError, StoreError) as exc:
         print(f"sloscope ingest: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    with store:
-        report = Ingestor(store, TierResolver.from_spec(spec), batch_rows=args.batch_rows,
-                          declared=spec.taxonomy.declared_metrics).ingest_files(args.files)
+    try:
+        with store:
+            report = Ingestor(store, TierResolver.from_spec(spec), batch_rows=args.batch_rows,
+                              declared=spec.taxonomy.declared_metrics).ingest_files(args.files)
+    except StoreError as exc:
+        print(f"sloscope ingest: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     for line in report.rejected:
         print(line, file=sys.stderr)
     if report.lines_with_refusals > len(report.rejected):

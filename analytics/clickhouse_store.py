@@ -163,8 +163,20 @@ class ClickHouseStore(Reader):
             self._check_tables()
         else:
             for statement in statements("exporter_tables") + statements("derived_columns"):
-                self.backend.execute(statement)
+                self._execute(statement)
         self._sources = self._sources_lacking_columns()
+
+    def _execute(self, statement: str) -> None:
+        try:
+            self.backend.execute(statement)
+        except Exception as exc:  # a refused grant, a server gone: the driver's errors have no common base
+            raise StoreError(f"{self.path}: statement failed: {exc}") from None
+
+    def _insert(self, table: str, data: pa.Table) -> None:
+        try:
+            self.backend.insert(table, data)
+        except Exception as exc:
+            raise StoreError(f"{self.path}: insert into {table} failed: {exc}") from None
 
     def _sources_lacking_columns(self) -> dict[str, str]:
         """table -> what queries read in its place: the table with the derived columns it lacks computed."""
@@ -223,8 +235,8 @@ class ClickHouseStore(Reader):
                            "GROUP BY key", {"key": key})
 
     def set_meta(self, key: str, value: str) -> None:
-        self.backend.insert(META_TABLE, pa.table({"key": [key], "value": [value],
-                                                  "updated": pa.array([time.time_ns()], pa.timestamp("ns"))}))
+        self._insert(META_TABLE, pa.table({"key": [key], "value": [value],
+                                           "updated": pa.array([time.time_ns()], pa.timestamp("ns"))}))
 
     def _spec(self):
         if self._recorded_spec is None:
@@ -246,7 +258,7 @@ class ClickHouseStore(Reader):
     def add_counters(self, counts: dict[str, int]) -> None:
         rows = {k: int(v) for k, v in counts.items() if v}
         if rows:
-            self.backend.insert(COUNTERS_TABLE, pa.table({"name": list(rows), "value": list(rows.values())}))
+            self._insert(COUNTERS_TABLE, pa.table({"name": list(rows), "value": list(rows.values())}))
 
     def write(self, frames: Frames, extra_counts: dict[str, int] | None = None) -> dict[str, int]:
         """Append decoded rows to the exporter's tables. ClickHouse has no transactions over tables: each table's
@@ -254,7 +266,7 @@ class ClickHouseStore(Reader):
         counts = dict(extra_counts or {})
         for table, data in exporter_tables.tables_of(frames):
             if data.num_rows:
-                self.backend.insert(table, data)
+                self._insert(table, data)
         counts.update(requests_loaded=len(frames.requests), samples_loaded=len(frames.points),
                       histograms_loaded=len(frames.histograms))
         self.add_counters(counts)

@@ -108,6 +108,17 @@ def test_tier_rules_in_the_query_match_the_resolver_on_hostile_values(tmp_path):
     assert set(found.values()) == {"standard", "p99-latency-critical"}
 
 
+def test_a_failed_insert_is_a_store_error_naming_the_store_and_table(tmp_path):
+    """A table dropped under the store (or a grant refused, a server gone) is one clear line, not a traceback."""
+    from tests.test_durability import _spans
+
+    url = f"chdb:///{tmp_path}/ch"
+    with open_store(url) as store:
+        store.backend.execute(f"DROP TABLE {TRACES}")
+        with pytest.raises(StoreError, match=f"{url}: insert into {TRACES} failed"):
+            store.write(_spans(0))
+
+
 # --- cumulative deltas, resets and histograms: the engine's are the store's --------------------------------------
 
 def _metric_lines():
