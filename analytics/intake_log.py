@@ -82,9 +82,6 @@ class Record:
     def __len__(self) -> int:
         return sum(map(len, self.pieces))
 
-    def __bytes__(self) -> bytes:  # for reading a record back whole
-        return b"".join(self.pieces)
-
 
 def encode(frames: Frames, counts: dict) -> Record:
     """The record of a request. polars' `serialize` writes each frame as an Arrow IPC stream in one call.

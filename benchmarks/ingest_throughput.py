@@ -11,8 +11,8 @@ Spans are sent with acknowledgements from the fsynced intake log (the default, `
 commit (`--ack commit`), and with `--ack queued` (a 200 once they are queued in memory, not durable) as the
 baseline of what durability costs. The host's speed drifts within a run, so this is done in rounds: each round
 measures the bare parse just before and just after its three modes (each round starting with the next mode),
-each mode is taken against that round's baseline and `--ack queued`, and the medians over the rounds are printed. Then the acknowledgement latency (p50,
-p99) of each mode at half its own rate, with an open-loop client.
+each mode is taken against that round's baseline and `--ack queued`, and the medians over the rounds are
+printed. Then the acknowledgement latency (p50, p99) of each mode at half its own rate, with an open-loop client.
 
 For spans it also measures, in this process on the same payloads, the stages alone: the fast path and the
 general decoder from bytes to frames, and the store writing those rows. Metric points are also measured with

@@ -22,6 +22,11 @@ def _segments(directory):
     return sorted(p.name for p in directory.glob("*.log"))
 
 
+def _joined(record) -> bytes:
+    """A record's bytes as the log holds them."""
+    return b"".join(record.pieces)
+
+
 def _logged(directory, count: int, segment_bytes: int = 2**24) -> list[bytes]:
     """`count` span requests appended to a log in `directory` and left uncommitted (as by a crash)."""
     log = IntakeLog(directory, segment_bytes)
@@ -29,7 +34,7 @@ def _logged(directory, count: int, segment_bytes: int = 2**24) -> list[bytes]:
     for record in records:
         log.append(record)
     log.close()  # the segments stay: nothing in them is committed
-    return [bytes(record) for record in records]
+    return [_joined(record) for record in records]
 
 
 def _wait_drained(writer: Writer) -> None:
@@ -41,7 +46,7 @@ def _wait_drained(writer: Writer) -> None:
 
 def test_a_record_reads_back_as_the_frames_and_counters_it_was_made_of():
     frames = _spans(3)
-    payload, end = read_record(record := bytes(encode(frames, {"tier_invalid": 2, "zero": 0})), 0)
+    payload, end = read_record(record := _joined(encode(frames, {"tier_invalid": 2, "zero": 0})), 0)
     again, counts = decode(payload)
     assert end == len(record) and counts == {"tier_invalid": 2}
     assert again.requests.equals(frames.requests) and again.requests.schema == frames.requests.schema
@@ -55,7 +60,7 @@ def test_a_records_frames_are_arrow_ipc_streams_any_arrow_reader_takes():
     from analytics.intake_log import PARTS
 
     frames = _spans(4)
-    payload, _ = read_record(bytes(encode(frames, {})), 0)
+    payload, _ = read_record(_joined(encode(frames, {})), 0)
     requests = payload[PARTS.size:PARTS.size + PARTS.unpack_from(payload)[0]]
     table = pa.ipc.open_stream(requests).read_all()
     assert table.num_rows == frames.requests.height and table.column_names == frames.requests.columns
@@ -119,7 +124,8 @@ def test_concurrent_appenders_share_fsyncs_and_every_record_is_kept(tmp_path):
         t.join()
     log.close()
     recovered = IntakeLog(tmp_path / "log").recovered
-    assert len(recovered) == len(entries) == 200 and all(payload == bytes(record)[HEADER.size:] for _, payload in recovered)
+    assert len(recovered) == len(entries) == 200
+    assert all(payload == _joined(record)[HEADER.size:] for _, payload in recovered)
 
 
 def test_an_append_after_close_is_refused_and_nothing_is_written(tmp_path):
