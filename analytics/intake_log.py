@@ -277,6 +277,7 @@ class IntakeLog:
             os.fsync(segment.fd)
         except OSError:  # the bytes after the last good fsync are of no certain state: take them all back
             os.ftruncate(segment.fd, segment.size)
+            os.lseek(segment.fd, segment.size, os.SEEK_SET)  # else the next write leaves a hole where they were
             raise
         offset = segment.size
         with self._lock:

@@ -138,6 +138,35 @@ def test_an_append_after_close_is_refused_and_nothing_is_written(tmp_path):
     assert _segments(tmp_path / "log") == []
 
 
+def test_a_failed_fsync_takes_its_round_back_and_the_next_records_follow_on(tmp_path, monkeypatch):
+    """The failed round's bytes are cut off, and the next round is written where they began: no hole that a
+    replay would take for damage (and set aside with the acknowledged records after it)."""
+    import errno
+
+    from analytics.intake_log import LogAppendError
+
+    log, records = IntakeLog(tmp_path / "log"), [encode(_spans(seq), {}) for seq in range(3)]
+    log.append(records[0])
+    fsync = os.fsync
+
+    def failing(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(LogAppendError, match="Input/output error"):
+        log.append(records[1])
+    assert log.failure is not None
+    monkeypatch.setattr(os, "fsync", fsync)
+    log.append(records[2])
+    assert log.failure is None
+    log.close()
+    recovered = IntakeLog(tmp_path / "log")
+    kept = [_joined(r)[HEADER.size:] for r in (records[0], records[2])]
+    assert [payload for _, payload in recovered.recovered] == kept
+    assert not (tmp_path / "log" / "rejected").exists()
+    recovered.close()
+
+
 def test_a_torn_last_record_is_cut_off_and_kept_aside(tmp_path):
     records = _logged(tmp_path / "log", 3)
     segment = tmp_path / "log" / _segments(tmp_path / "log")[0]
