@@ -49,6 +49,8 @@ LOOKBACK = timedelta(minutes=1)  # onsets are searched from this long before the
 MAX_OBSERVED = timedelta(minutes=5)  # only the incident's first minutes say what started it
 GROWTH_WINDOW = timedelta(minutes=1)
 GROWTH_SUFFIX = ":growth_per_min"
+STEP_COLUMNS = ["series", *SERIES, "step", "value"]
+KEY = ["series", "metric"]  # a series of signal_steps
 GROWTH_NOISE_FLOOR = 0.01
 EFFECT_PENALTY = 0.25
 MIN_SCORE = 0.05  # causes scoring below this are not worth a reader's attention
@@ -118,11 +120,20 @@ class Window:
 def signal_steps(store: Store, window: Window, known: Taxonomy = BUILT_IN,
                  evidence_only: bool = False) -> pl.DataFrame:
     """Every signal series of every node in the window, one value per step; with evidence_only, only the metrics
-    some cause of `known` reads (a quarter of the points of a fleet running sloscope's collector are not)."""
-    steps = store.frame(store.sql("signal_steps"), {"since": window.baseline_start, "until": window.incident_end,
-                                              "unknown_node": catalog.UNKNOWN_NODE,
-                                              "step_s": window.step_s,
-                                              "metrics": list(known.evidence_signals) if evidence_only else []})
+    some cause of `known` reads (a quarter of the points of a fleet running sloscope's collector are not). Each
+    series is `series` (an integer) with its node, metric and attributes as categoricals; a growth series (see
+    _growth_series) shares the integer of the level it grows from, so (series, metric) is the key."""
+    params = {"since": window.baseline_start, "until": window.incident_end, "unknown_node": catalog.UNKNOWN_NODE,
+              "metrics": list(known.evidence_signals) if evidence_only else []}
+    names = store.frame(store.sql("signal_series"), params).with_columns(pl.col(SERIES).cast(pl.Categorical))
+    by_name = bool(names["series"].is_duplicated().any())
+    steps = store.frame(store.sql("signal_steps"), {**params, "step_s": window.step_s, "by_name": by_name})
+    if by_name:  # two series share a fingerprint: number them by their names instead
+        steps = steps.with_columns(pl.col(SERIES).cast(pl.Categorical)).with_columns(
+            series=pl.struct(SERIES).rank("dense"))
+    else:
+        steps = steps.drop(SERIES).join(names, on="series")
+    steps = steps.select(STEP_COLUMNS)
     return pl.concat([steps, _growth_series(steps, window.step_s, known.growth_signals)])
 
 
@@ -130,12 +141,12 @@ def _growth_series(steps: pl.DataFrame, step_s: float, signals: tuple[str, ...])
     """Relative growth per minute of the signals read as growth (GPU memory in use: the leak signature,
     taxonomy.GPU_MEMORY_LEAK)."""
     lag = max(1, round(GROWTH_WINDOW.total_seconds() / step_s))
-    levels = steps.filter(pl.col("metric").is_in(signals)).sort(*SERIES, "step")
-    previous = pl.col("value").shift(lag).over(SERIES)
+    levels = steps.filter(pl.col("metric").is_in(signals)).sort("series", "step")
+    previous = pl.col("value").shift(lag).over("series")
     return levels.with_columns(
-        metric=pl.col("metric") + GROWTH_SUFFIX,
+        metric=(pl.col("metric").cast(pl.String) + GROWTH_SUFFIX).cast(pl.Categorical),
         value=(pl.col("value") - previous) / previous * (60.0 / (lag * step_s)),
-    ).drop_nulls("value").select(steps.columns)
+    ).drop_nulls("value").select(STEP_COLUMNS)
 
 
 def _direction_and_floor(metric: str, known: Taxonomy) -> tuple[float, float]:
@@ -155,40 +166,37 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True,
     metrics = steps["metric"].unique().to_list()
     dirs = {m: _direction_and_floor(m, known) for m in metrics}
     meta = pl.DataFrame({"metric": metrics, "direction": [dirs[m][0] for m in metrics],
-                         "floor": [dirs[m][1] for m in metrics]}, schema={"metric": pl.String, "direction": pl.Float64, "floor": pl.Float64})
-    # One integer per series: grouping, sorting and windowing on it is several times cheaper than on its strings.
-    # Unique: metric names and JSON attribute text never hold the separator, so the last two split the key.
-    steps = steps.with_columns(series=pl.concat_str(SERIES, separator="\x1f").cast(pl.Categorical).to_physical())
-    baseline = (steps.filter(pl.col("step") < window.analysis_start).group_by("series")
-                .agg(pl.col("metric").first(), median=pl.col("value").median(), q1=pl.col("value").quantile(0.25),
+                         "floor": [dirs[m][1] for m in metrics]},
+                        schema={"metric": steps.schema["metric"], "direction": pl.Float64, "floor": pl.Float64})
+    baseline = (steps.filter(pl.col("step") < window.analysis_start).group_by(KEY)
+                .agg(median=pl.col("value").median(), q1=pl.col("value").quantile(0.25),
                      q3=pl.col("value").quantile(0.75), baseline_steps=pl.len())
                 .filter(pl.col("baseline_steps") >= MIN_BASELINE_STEPS)
                 .join(meta, on="metric")
                 .with_columns(scale=pl.max_horizontal((pl.col("q3") - pl.col("q1")) / IQR_TO_SIGMA,
-                                                      pl.col("floor") / THRESHOLD, pl.lit(1e-12)))
-                .drop("metric"))
-    recent = steps.filter(pl.col("step") >= window.analysis_start).join(baseline, on="series")
+                                                      pl.col("floor") / THRESHOLD, pl.lit(1e-12))))
+    recent = steps.filter(pl.col("step") >= window.analysis_start).join(baseline, on=KEY)
     deviation = (pl.col("value") - pl.col("median")) / pl.col("scale")
     z = deviation * pl.col("direction") if directional else deviation.abs()
-    recent = recent.sort("series", "step").with_columns(z=z)
+    recent = recent.sort(*KEY, "step").with_columns(z=z)
     recent = recent.with_columns(
-        sustained=(pl.col("z") > THRESHOLD) & (pl.col("z").shift(-1).over("series") > THRESHOLD),
+        sustained=(pl.col("z") > THRESHOLD) & (pl.col("z").shift(-1).over(KEY) > THRESHOLD),
         # The level held for two steps from here: what a change that began at this step shows, not one noisy step.
-        held=pl.min_horizontal(pl.col("z"), pl.col("z").shift(-1).over("series")),
+        held=pl.min_horizontal(pl.col("z"), pl.col("z").shift(-1).over(KEY)),
         in_incident=pl.col("step") >= window.incident_start,
         # From the start of the first violating SLI window, where the SLI broke, to the precedence tolerance:
         # steps before it would dilute a change that began within that window.
         at_break=pl.col("step").is_between(window.incident_start,
                                            window.incident_start + window.precedence_tolerance))
-    per_series = recent.group_by("series").agg(
-        *(pl.col(k).first() for k in SERIES),
+    per_series = recent.group_by(KEY).agg(
+        pl.col("node", "attributes").first(),
         baseline=pl.col("median").first(),
         observed=pl.col("value").filter(pl.col("in_incident")).median(),
         # A change that began anywhere within the break counts (as precedence allows), at the level it held.
         z_at_break=pl.col("held").filter(pl.col("at_break")).max(),
         onset=pl.col("step").filter(pl.col("sustained")).min(),
         consistency=(pl.col("z").filter(pl.col("in_incident")) > THRESHOLD).mean(),
-        scale=pl.col("scale").first(), direction=pl.col("direction").first()).drop("series")
+        scale=pl.col("scale").first(), direction=pl.col("direction").first()).select(*SERIES, pl.exclude("series", *SERIES))
     observed_dev = (pl.col("observed") - pl.col("baseline")) / pl.col("scale")
     return per_series.with_columns(
         z_observed=(observed_dev * pl.col("direction") if directional else observed_dev.abs()).fill_null(0.0),

@@ -162,13 +162,16 @@ class _Analysis:
         self.timed = timed or StageTimer()
         self.known = spec.taxonomy  # the causes to rank: the built-in ones and the spec's
         self._scores: dict[Window, pl.DataFrame] = {}
-        self._history: dict[str, datetime | None] = {}
+        self._history: dict[tuple[str, datetime], datetime | None] = {}
 
     def window(self, node: str, start: datetime, end: datetime) -> Window:
-        if node not in self._history:
+        window = Window.around(start, end, self.resolution_s, self.baseline, self.lookback)
+        asked = (node, window.baseline_start)
+        if asked not in self._history:
             with self.timed("signal_steps"):
-                self._history[node] = self.store.rows(self.store.sql("signal_history"), {"node": node})[0][0]
-        return Window.around(start, end, self.resolution_s, self.baseline, self.lookback).fitted(self._history[node])
+                self._history[asked] = self.store.rows(self.store.sql("signal_history"),
+                                                       {"node": node, "since": window.baseline_start})[0][0]
+        return window.fitted(self._history[asked])
 
     def scores(self, window: Window) -> pl.DataFrame:
         if window not in self._scores:

@@ -2,9 +2,12 @@
 the SLI broke; a fleet-wide change moves on every node. Only the cause may win."""
 
 import random
+from datetime import datetime
 
+import polars as pl
 import pytest
 
+from analytics.attribution import Window, signal_steps
 from analytics.ingest import Ingestor
 from analytics.rca import analyse
 from analytics.store import Store
@@ -91,3 +94,30 @@ def test_evidence_names_signal_baseline_observed_and_onset(store):
     assert ev["onset"] <= analyse(store, load_spec(None))["incidents"][0]["start"].replace("Z", "") + "Z"
     assert 0 < cause["score"] <= 1
     assert "n1" in cause["remediation"]
+
+
+class _Colliding:
+    """The store, with two series' fingerprints made one, as a hash collision would make them."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def frame(self, query, params=None):
+        frame = self.store.frame(query, params)
+        if query == self.store.sql("signal_series"):
+            first = frame["series"][0]
+            frame = frame.with_columns(series=pl.when(pl.int_range(pl.len()) == 1).then(first)
+                                       .otherwise(pl.col("series")))
+        return frame
+
+
+def test_series_that_share_a_fingerprint_are_told_apart_by_their_names(store):
+    window = Window.around(datetime(2025, 11, 29, 10, 12), datetime(2025, 11, 29, 10, 14), 10.0)
+    plain, colliding = (signal_steps(s, window).drop("series").sort(pl.all().cast(pl.String))
+                        for s in (store, _Colliding(store)))
+    assert plain.height > 1000 and plain["metric"].n_unique() > 3
+    assert colliding.equals(plain)
+    assert analyse(_Colliding(store), load_spec(None)) == analyse(store, load_spec(None))

@@ -9,4 +9,3 @@ SELECT service,
 FROM requests
 WHERE tier = $tier AND start_time >= $since AND start_time < $until
 GROUP BY ALL
-ORDER BY service, node, window_start

@@ -11,4 +11,3 @@ SELECT service,
 FROM {{requests}}
 WHERE tier = {tier:String}
 GROUP BY service, node, window_start
-ORDER BY service, node, window_start

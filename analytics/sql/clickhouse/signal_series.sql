@@ -1,0 +1,17 @@
+-- The names of the series signal_steps.sql reads from the same range, with their fingerprints, as
+-- analytics/sql/signal_series.sql gives them (here the hash is ClickHouse's cityHash64, as a signed integer).
+SELECT DISTINCT reinterpretAsInt64(cityHash64(node, metric, attributes)) AS series, node, metric, attributes
+FROM (
+    SELECT SloscopeNode AS node, MetricName AS metric, SloscopeAttributes AS attributes
+    FROM otel_metrics_gauge
+    WHERE TimeUnix >= {since:DateTime64(6)} AND TimeUnix < {until:DateTime64(6)}
+    UNION ALL
+    SELECT SloscopeNode, MetricName, SloscopeAttributes
+    FROM otel_metrics_sum
+    WHERE TimeUnix >= {since:DateTime64(6)} AND TimeUnix < {until:DateTime64(6)}
+    UNION ALL
+    SELECT SloscopeNode, MetricName, SloscopeAttributes
+    FROM otel_metrics_exponential_histogram
+    WHERE TimeUnix >= {since:DateTime64(6)} AND TimeUnix < {until:DateTime64(6)}
+)
+WHERE node != {unknown_node:String} AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, metric))
