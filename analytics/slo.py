@@ -57,16 +57,22 @@ def _blocks(frame: pl.DataFrame, step_s: float) -> pl.Series:
     or span MAX_BLOCK_WINDOWS windows. The frame is sorted by service, node, window_start."""
     span_us = round(step_s * MAX_BLOCK_WINDOWS * 1e6)
     new_key = frame.select((pl.col("service").ne_missing(pl.col("service").shift()) |
-                            pl.col("node").ne_missing(pl.col("node").shift())).fill_null(True)).to_series()
-    starts = frame["window_start"].dt.epoch("us")
-    ids, block, first, pooled = [], -1, 0, 0
-    # Plain lists: this loop runs once per window of the fleet, where a polars row costs ten times as much.
-    for changed, start, requests in zip(new_key.to_list(), starts.to_list(), frame["requests"].to_list()):
-        if changed or pooled >= MIN_BLOCK_REQUESTS or start >= first + span_us:
-            block, first, pooled = block + 1, start, 0
-        pooled += requests
-        ids.append(block)
-    return pl.Series(ids, dtype=pl.Int64)
+                            pl.col("node").ne_missing(pl.col("node").shift())).fill_null(True)).to_series().to_numpy()
+    starts = frame["window_start"].dt.epoch("us").to_numpy()
+    requests = frame["requests"].to_numpy()
+    # A window that holds enough requests fills its block, so the window after it begins one: only the windows
+    # after a small one depend on what was pooled before them, and only they are walked one by one.
+    begins = new_key.copy()
+    begins[1:] |= requests[:-1] >= MIN_BLOCK_REQUESTS
+    first = pooled = 0
+    for i in np.flatnonzero(~begins).tolist():
+        if begins[i - 1]:
+            first, pooled = int(starts[i - 1]), int(requests[i - 1])
+        if pooled >= MIN_BLOCK_REQUESTS or starts[i] >= first + span_us:
+            begins[i] = True
+            first, pooled = int(starts[i]), 0
+        pooled += int(requests[i])
+    return pl.Series(np.cumsum(begins) - 1, dtype=pl.Int64)
 
 
 def sli_windows(store: Store, spec: SloSpec, objective: TierObjective, since: datetime, until: datetime) -> pl.DataFrame:

@@ -5,9 +5,10 @@ import pytest
 import math
 
 import numpy as np
+import polars as pl
 
 from analytics.significance import fleet_discoveries, poisson_critical_approx, poisson_tail
-from analytics.slo import find_incidents, sli_windows, window_latencies
+from analytics.slo import MAX_BLOCK_WINDOWS, MIN_BLOCK_REQUESTS, _blocks, find_incidents, sli_windows, window_latencies
 from analytics.store import Store
 from analytics.ingest import Ingestor
 from enrich.tiers import TierResolver
@@ -175,3 +176,31 @@ def test_sparse_windows_are_pooled_with_their_neighbours_before_they_are_judged(
     assert n2["requests"].max() == 2 and n2["block"].n_unique() == 3  # 12 windows: 5 + 5 + 2
     assert n2["latency_p"].max() < 1e-6
     assert {i.node for i in incidents} == {"n1", "n2"}
+
+
+def _pooled_one_by_one(windows: list[tuple[str, str, int, int]], step_us: int) -> list[int]:
+    """The pooling rule stated plainly, window after window: (service, node, start in µs, requests) -> test id."""
+    ids, block, key, first, pooled = [], -1, None, 0, 0
+    for service, node, start, requests in windows:
+        if (service, node) != key or pooled >= MIN_BLOCK_REQUESTS or start >= first + step_us * MAX_BLOCK_WINDOWS:
+            block, key, first, pooled = block + 1, (service, node), start, 0
+        pooled += requests
+        ids.append(block)
+    return ids
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_windows_are_pooled_as_the_rule_says_whatever_their_sizes_and_gaps(seed):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for service in ("a", "b"):
+        for node in ("n1", "n2", "n3"):
+            start = 0
+            for _ in range(400):
+                start += int(rng.choice([1, 1, 1, 2, 7])) * 10_000_000  # some windows empty, a few long gaps
+                rows.append((service, node, start, int(rng.choice([0, 1, 3, 9, 10, 12, 40]))))
+    frame = pl.DataFrame(rows, schema=["service", "node", "start_us", "requests"], orient="row").with_columns(
+        window_start=pl.from_epoch("start_us", time_unit="us"))
+    ids = _blocks(frame, 10.0)
+    assert ids.to_list() == _pooled_one_by_one(rows, 10_000_000)
+    assert ids.n_unique() < frame.height  # some windows were pooled
