@@ -49,7 +49,7 @@ def baro_ranking(store: Store, spec, incident) -> list[str]:
     """Causes in the order of their signals' absolute robust scores on the incident's node."""
     window = Window.around(incident.start, incident.end, spec.resolution_s)
     scores = series_scores(signal_steps(store, window), window, directional=False)
-    local = (scores.filter((pl.col("node") == incident.node) & ~pl.col("metric").str.ends_with(GROWTH_SUFFIX))
+    local = (scores.filter((pl.col("node") == incident.node) & ~pl.col("metric").cat.ends_with(GROWTH_SUFFIX))
              .sort("z_observed", descending=True))
     ranked = []
     for metric, attributes in local.select("metric", "attributes").iter_rows():
