@@ -197,7 +197,8 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True,
         z_at_break=pl.col("held").filter(pl.col("at_break")).max(),
         onset=pl.col("step").filter(pl.col("sustained")).min(),
         consistency=(pl.col("z").filter(pl.col("in_incident")) > THRESHOLD).mean(),
-        scale=pl.col("scale").first(), direction=pl.col("direction").first()).select(*SERIES, pl.exclude("series", *SERIES))
+        scale=pl.col("scale").first(), direction=pl.col("direction").first(),
+    ).select(*SERIES, pl.exclude("series", *SERIES))
     observed_dev = (pl.col("observed") - pl.col("baseline")) / pl.col("scale")
     return per_series.with_columns(
         z_observed=(observed_dev * pl.col("direction") if directional else observed_dev.abs()).fill_null(0.0),
