@@ -49,8 +49,6 @@ LOOKBACK = timedelta(minutes=1)  # onsets are searched from this long before the
 MAX_OBSERVED = timedelta(minutes=5)  # only the incident's first minutes say what started it
 GROWTH_WINDOW = timedelta(minutes=1)
 GROWTH_SUFFIX = ":growth_per_min"
-STEP_COLUMNS = ["series", *SERIES, "step", "value"]
-KEY = ["series", "metric"]  # a series of signal_steps
 GROWTH_NOISE_FLOOR = 0.01
 EFFECT_PENALTY = 0.25
 MIN_SCORE = 0.05  # causes scoring below this are not worth a reader's attention
@@ -58,6 +56,8 @@ CLEAR_CAUSE_FLOOR = 0.3
 CANDIDATES = 3  # shown when no cause is clear
 MIN_BASELINE_STEPS = 6  # fewer signal steps of history say nothing about a series' normal level
 IQR_TO_SIGMA = 1.349
+STEP_COLUMNS = ["series", *SERIES, "step", "value"]  # the frame of signal_steps
+SERIES_KEY = ["series", "metric"]  # one series of that frame: a growth series shares its level's integer
 
 
 @dataclass(frozen=True)
@@ -168,28 +168,28 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True,
     meta = pl.DataFrame({"metric": metrics, "direction": [dirs[m][0] for m in metrics],
                          "floor": [dirs[m][1] for m in metrics]},
                         schema={"metric": steps.schema["metric"], "direction": pl.Float64, "floor": pl.Float64})
-    baseline = (steps.filter(pl.col("step") < window.analysis_start).group_by(KEY)
+    baseline = (steps.filter(pl.col("step") < window.analysis_start).group_by(SERIES_KEY)
                 .agg(median=pl.col("value").median(), q1=pl.col("value").quantile(0.25),
                      q3=pl.col("value").quantile(0.75), baseline_steps=pl.len())
                 .filter(pl.col("baseline_steps") >= MIN_BASELINE_STEPS)
                 .join(meta, on="metric")
                 .with_columns(scale=pl.max_horizontal((pl.col("q3") - pl.col("q1")) / IQR_TO_SIGMA,
                                                       pl.col("floor") / THRESHOLD, pl.lit(1e-12))))
-    recent = steps.filter(pl.col("step") >= window.analysis_start).join(baseline, on=KEY)
+    recent = steps.filter(pl.col("step") >= window.analysis_start).join(baseline, on=SERIES_KEY)
     deviation = (pl.col("value") - pl.col("median")) / pl.col("scale")
     z = deviation * pl.col("direction") if directional else deviation.abs()
     # In time order within each series, and so within each (series, metric): sorting on the integer alone is faster.
     recent = recent.sort("series", "step").with_columns(z=z)
     recent = recent.with_columns(
-        sustained=(pl.col("z") > THRESHOLD) & (pl.col("z").shift(-1).over(KEY) > THRESHOLD),
+        sustained=(pl.col("z") > THRESHOLD) & (pl.col("z").shift(-1).over(SERIES_KEY) > THRESHOLD),
         # The level held for two steps from here: what a change that began at this step shows, not one noisy step.
-        held=pl.min_horizontal(pl.col("z"), pl.col("z").shift(-1).over(KEY)),
+        held=pl.min_horizontal(pl.col("z"), pl.col("z").shift(-1).over(SERIES_KEY)),
         in_incident=pl.col("step") >= window.incident_start,
         # From the start of the first violating SLI window, where the SLI broke, to the precedence tolerance:
         # steps before it would dilute a change that began within that window.
         at_break=pl.col("step").is_between(window.incident_start,
                                            window.incident_start + window.precedence_tolerance))
-    per_series = recent.group_by(KEY).agg(
+    per_series = recent.group_by(SERIES_KEY).agg(
         pl.col("node", "attributes").first(),
         baseline=pl.col("median").first(),
         observed=pl.col("value").filter(pl.col("in_incident")).median(),
