@@ -221,20 +221,36 @@ def _committed_rows(db: Path, table: str) -> int:
 
 
 def end_to_end(path: str, payloads: list[bytes], items: int, table: str, clients: int, workdir: Path,
-               serve_args: tuple[str, ...] = ()) -> tuple[float, int, int]:
+               serve_args: tuple[str, ...] = ()) -> tuple[float, int, int, float]:
+    """(items/s, rows committed, retried 503s, serve's CPU seconds per item from its start-up on to its exit)."""
     run = Path(tempfile.mkdtemp(dir=workdir))  # a fresh store each time: a stored row is not written again
     db, port = run / f"{table}.duckdb", free_port()
     proc = _serve(db, port, serve_args)
+    cpu_at_start = _tree_cpu_seconds(proc.pid)
     started = time.perf_counter()
     _, retries = send_all(port, path, payloads, clients)
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=600)
+    cpu = _exit_cpu_seconds(proc) - cpu_at_start
     seconds = time.perf_counter() - started
     rows = _committed_rows(db, table)
     shutil.rmtree(run)
     if rows != items:
         raise SystemExit(f"{table}: {rows} rows committed for {items} sent")
-    return items / seconds, rows, retries
+    return items / seconds, rows, retries, cpu / items
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its descendants so far (serve's decode workers start with it)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return _cpu_seconds(pid) + sum(_tree_cpu_seconds(int(child)) for child in children)
+
+
+def _exit_cpu_seconds(proc: subprocess.Popen) -> float:
+    """Wait for the process to exit and return its user and system CPU seconds, all its threads and the workers
+    it waited for together, as the kernel accounts them at exit."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime
 
 
 def span_round(spans: list[bytes], args, workdir: Path, number: int) -> dict:
@@ -363,9 +379,9 @@ def main() -> int:
                                                       half_rate, args.latency_clients, Path(tmp), ack))
         points = metric_payloads(args.points, args.per_request)
         bare_points = bare_parse_rate(points, ExportMetricsServiceRequest, args.points)
-        point_rate, point_rows, point_retries = end_to_end("/v1/metrics", points, args.points, "samples",
+        point_rate, point_rows, point_retries, _ = end_to_end("/v1/metrics", points, args.points, "samples",
                                                            args.clients, Path(tmp))
-        inline, _, _ = end_to_end("/v1/metrics", points, args.points, "samples", args.clients, Path(tmp),
+        inline, *_ = end_to_end("/v1/metrics", points, args.points, "samples", args.clients, Path(tmp),
                                   ("--decode-workers", "0"))
         stages = stage_rates(spans, args.spans, Path(tmp))  # last: decoding here slows this process as a client
         print(f"spans ({args.spans:,} in requests of {args.per_request}; medians of {args.rounds} rounds):")
@@ -382,6 +398,11 @@ def main() -> int:
                   f"{median(of_bare):.3f} of the bare parse, x{median(of_queued):.3f} of --ack queued "
                   f"(rounds: {', '.join(f'{x:.3f}' for x in of_bare)} of the bare parse, the host stealing "
                   f"{steal} of the CPUs; {retries} retried 503s)")
+        for ack in ACK_MODES:  # what a mode costs, less exposed to the host's pace than a rate
+            per_span = [r[ack][3] for r in rounds]
+            of_queued = [r[ack][3] / r["queued"][3] for r in rounds]
+            print(f"  --ack {ack}: serve's CPU {median(per_span) * 1e6:.2f} us per span, x{median(of_queued):.2f} "
+                  f"of --ack queued (rounds: {', '.join(f'{x:.2f}' for x in of_queued)})")
         for ack, (half_rate, p50, p99) in latencies.items():
             print(f"  --ack {ack}: acknowledgement latency at half its rate ({half_rate * args.per_request:,.0f} "
                   f"spans/s, {half_rate:.0f} requests/s, open loop): p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms")
