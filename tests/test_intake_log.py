@@ -1,6 +1,7 @@
-"""The intake log: what is appended is fsynced before `offer` returns, replayed when serve starts again, deleted
-once committed; a torn or damaged record is cut off and kept aside; the bound counts uncommitted log bytes; a
-logged request the store refuses goes to rejected/; a full disk refuses the append and leaves nothing of it."""
+"""The intake log: what is appended is fsynced before `offer` returns, replayed when serve starts again, deleted or
+kept as a spare once committed; a torn record is cut off, a damaged one kept aside with what follows; a spare's
+earlier records are never replayed; the bound counts uncommitted log bytes; a logged request the store refuses
+goes to rejected/; a full disk refuses the append and leaves nothing of it."""
 
 import os
 import subprocess
@@ -9,7 +10,7 @@ import time
 
 import pytest
 
-from analytics.intake_log import HEADER, IntakeLog, decode, encode, read_record
+from analytics.intake_log import HEADER, HEADER_V5_BYTES, IntakeLog, decode, encode, read_record
 from analytics.store import Store
 from analytics.writer import Writer
 from tests.alerting_stack import free_port
@@ -22,9 +23,9 @@ def _segments(directory):
     return sorted(p.name for p in directory.glob("*.log"))
 
 
-def _joined(record) -> bytes:
-    """A record's bytes as the log holds them."""
-    return b"".join(record.pieces)
+def _joined(record, segment: int = 1) -> bytes:
+    """A record's bytes as the log holds them in a segment (the first of a new log's, by default)."""
+    return record.header(segment) + b"".join(record.pieces)
 
 
 def _logged(directory, count: int, segment_bytes: int = 2**24) -> list[bytes]:
@@ -125,7 +126,7 @@ def test_concurrent_appenders_share_fsyncs_and_every_record_is_kept(tmp_path):
     log.close()
     recovered = IntakeLog(tmp_path / "log").recovered
     assert len(recovered) == len(entries) == 200
-    assert all(payload == _joined(record)[HEADER.size:] for _, payload in recovered)
+    assert all(payload == _joined(record)[HEADER_V5_BYTES:] for _, payload in recovered)
 
 
 def test_an_append_after_close_is_refused_and_nothing_is_written(tmp_path):
@@ -147,27 +148,28 @@ def test_a_failed_fsync_takes_its_round_back_and_the_next_records_follow_on(tmp_
 
     log, records = IntakeLog(tmp_path / "log"), [encode(_spans(seq), {}) for seq in range(3)]
     log.append(records[0])
-    fsync = os.fsync
+    fdatasync = os.fdatasync
 
     def failing(fd):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(os, "fsync", failing)
+    monkeypatch.setattr(os, "fdatasync", failing)
     with pytest.raises(LogAppendError, match="Input/output error"):
         log.append(records[1])
     assert log.failure is not None
-    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
     log.append(records[2])
     assert log.failure is None
     log.close()
     recovered = IntakeLog(tmp_path / "log")
-    kept = [_joined(r)[HEADER.size:] for r in (records[0], records[2])]
+    kept = [_joined(r)[HEADER_V5_BYTES:] for r in (records[0], records[2])]
     assert [payload for _, payload in recovered.recovered] == kept
     assert not (tmp_path / "log" / "rejected").exists()
     recovered.close()
 
 
-def test_a_torn_last_record_is_cut_off_and_kept_aside(tmp_path):
+def test_a_torn_last_record_is_cut_off(tmp_path):
+    """It was never acknowledged: nothing of it is kept."""
     records = _logged(tmp_path / "log", 3)
     segment = tmp_path / "log" / _segments(tmp_path / "log")[0]
     whole = len(records[0]) + len(records[1])
@@ -176,19 +178,69 @@ def test_a_torn_last_record_is_cut_off_and_kept_aside(tmp_path):
     log = IntakeLog(tmp_path / "log")
     assert [entry.offset for entry, _ in log.recovered] == [0, len(records[0])]
     assert segment.stat().st_size == whole
-    kept = list((tmp_path / "log" / "rejected").iterdir())
-    assert len(kept) == 1 and kept[0].read_bytes() == records[2][:len(records[2]) // 2]
+    assert not (tmp_path / "log" / "rejected").exists()
     log.close()
+
+
+def _spares(directory):
+    return sorted(p.name for p in directory.glob("*.spare"))
+
+
+@pytest.mark.parametrize("counts", [{}, {"tier_invalid": 123456789}], ids=["at-a-boundary", "mid-record"])
+def test_a_spare_is_written_over_and_its_earlier_records_are_not_replayed(tmp_path, counts):
+    """A committed segment's file is the next segment; after a crash only the records of its new use replay,
+    whether the earlier ones begin exactly where the new ones end or in the middle of one."""
+    directory = tmp_path / "log"
+    records = [encode(_spans(seq), {}) for seq in range(6)]
+    assert len({len(r) for r in records}) == 1
+    log = IntakeLog(directory, segment_bytes=3 * len(records[0]))
+    first = [log.append(r) for r in records[:3]]
+    for r in records[3:]:  # the first segment is full: these go into the second
+        log.append(r)
+    log.release(first)
+    assert _spares(directory) == ["0000000000000001.spare"]
+    inode = (directory / "0000000000000001.spare").stat().st_ino
+    last = encode(_spans(6), counts)
+    log.append(last)  # the second segment is full: the third is the spare, written over from its start
+    assert _spares(directory) == [] and (directory / "0000000000000003.log").stat().st_ino == inode
+    log.close()  # a stop with records uncommitted: they stay for a replay
+    assert _segments(directory) == ["0000000000000002.log", "0000000000000003.log"]
+    again = IntakeLog(directory)
+    assert [payload for _, payload in again.recovered] == [_joined(r, 2)[HEADER_V5_BYTES:] for r in records[3:]] + [
+        _joined(last, 3)[HEADER_V5_BYTES:]]
+    assert (directory / "0000000000000003.log").stat().st_size == len(last)  # the earlier use's records cut off
+    assert not (directory / "rejected").exists()
+    again.close()
+
+
+def test_spares_are_bounded_and_go_when_an_append_fails_and_at_a_stop(tmp_path, monkeypatch):
+    import errno
+
+    from analytics.intake_log import LogAppendError
+
+    directory, record = tmp_path / "log", encode(_spans(0), {})
+    log = IntakeLog(directory, segment_bytes=len(record), spare_bytes=2 * len(record))  # a record per segment
+    log.release([log.append(record) for _ in range(5)])
+    assert len(_spares(directory)) == 2 and _segments(directory) == ["0000000000000005.log"]  # the active one
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left")))
+    with pytest.raises(LogAppendError):
+        log.append(record)
+    assert _spares(directory) == []
+    monkeypatch.undo()
+    log.release([log.append(record) for _ in range(3)])
+    assert len(_spares(directory)) == 2
+    log.close()
+    assert os.listdir(directory) == []
 
 
 def test_a_record_that_fails_its_checksum_ends_the_segment(tmp_path):
     records = _logged(tmp_path / "log", 3)
     segment = tmp_path / "log" / _segments(tmp_path / "log")[0]
     raw = bytearray(segment.read_bytes())
-    raw[len(records[0]) + HEADER.size + 100] ^= 0xFF  # one flipped bit pattern in the second record's payload
+    raw[len(records[0]) + HEADER_V5_BYTES + 100] ^= 0xFF  # one flipped bit pattern in the second record's payload
     segment.write_bytes(bytes(raw))
     log = IntakeLog(tmp_path / "log")
-    assert len(log.recovered) == 1 and log.recovered[0][1] == records[0][HEADER.size:]
+    assert len(log.recovered) == 1 and log.recovered[0][1] == records[0][HEADER_V5_BYTES:]
     assert segment.stat().st_size == len(records[0])
     log.close()
 
