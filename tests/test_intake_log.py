@@ -139,6 +139,45 @@ def test_an_append_after_close_is_refused_and_nothing_is_written(tmp_path):
     assert _segments(tmp_path / "log") == []
 
 
+def _appended_and_recovered(directory, records, segment_bytes=2**24) -> list[bytes]:
+    """The payloads a new log reads back from `records`, appended one round each and left uncommitted."""
+    log = IntakeLog(directory, segment_bytes)
+    for record in records:
+        log.append(record)
+    log.close()
+    again = IntakeLog(directory)
+    payloads = [payload for _, payload in again.recovered]
+    again.close()
+    return payloads
+
+
+def test_records_larger_than_the_direct_write_buffer_go_out_in_several_writes(tmp_path, monkeypatch):
+    import analytics.intake_log as intake_log
+
+    monkeypatch.setattr(intake_log, "DIRECT_BUFFER_BYTES", 2 * intake_log.BLOCK)
+    records = [encode(_spans(seq), {"tier_invalid": seq}) for seq in range(4)]  # of lengths in no block multiple
+    payloads = _appended_and_recovered(tmp_path / "log", records, segment_bytes=3 * len(records[0]))
+    assert payloads == [_joined(r)[HEADER_V5_BYTES:] for r in records]
+
+
+def test_a_file_system_without_o_direct_gets_the_same_log_through_the_page_cache(tmp_path, monkeypatch):
+    import errno
+
+    opened = os.open
+
+    def no_direct(path, flags, *mode):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return opened(path, flags, *mode)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    records = [encode(_spans(seq), {}) for seq in range(3)]
+    payloads = _appended_and_recovered(tmp_path / "log", records)
+    assert payloads == [_joined(r)[HEADER_V5_BYTES:] for r in records]
+    segment = tmp_path / "log" / _segments(tmp_path / "log")[0]
+    assert segment.stat().st_size == sum(map(len, records))  # no block's padding after them
+
+
 def test_a_failed_fsync_takes_its_round_back_and_the_next_records_follow_on(tmp_path, monkeypatch):
     """The failed round's bytes are cut off, and the next round is written where they began: no hole that a
     replay would take for damage (and set aside with the acknowledged records after it)."""
@@ -312,20 +351,19 @@ def test_a_full_disk_refuses_the_append_and_leaves_nothing_of_it(small_disk):  #
     with Store(small_disk / "f.duckdb") as store:
         log = IntakeLog(small_disk / "log")
         writer = Writer(store, intake_log=log)  # not started: the log alone is tested
-        assert writer.offer(_spans(0), {}) is not None
+        logged = writer.offer(_spans(0), {})
         segment = small_disk / "log" / _segments(small_disk / "log")[0]
-        size = segment.stat().st_size
         filler = Filler(small_disk)
         filler.start()
         try:
             refused = 0
             for seq in range(1, 200):  # blocks already allocated may take a few more
-                if writer.offer(_spans(seq), {}) is None:
+                if (pending := writer.offer(_spans(seq), {})) is None:
                     refused = seq
                     break
-                size = segment.stat().st_size
+                logged = pending
             assert refused, "the disk never filled"
-            assert segment.stat().st_size == size  # nothing of the refused record
+            assert segment.stat().st_size == logged.entry.offset + logged.entry.length  # nothing of the refused one
             assert writer.health().startswith("intake log append failing")
         finally:
             filler.free()
