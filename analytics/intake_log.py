@@ -360,10 +360,13 @@ class IntakeLog:
         try:
             tail = self._write_direct(segment, pieces) if segment.direct else _write_all(segment.fd, pieces)
             os.fdatasync(segment.fd)
-        except OSError:  # the bytes after the last good fsync are of no certain state: take them all back
+        except OSError as exc:  # the bytes after the last good fsync are of no certain state: take them all back
             os.ftruncate(segment.fd, segment.size)
             os.lseek(segment.fd, segment.size, os.SEEK_SET)  # else the next write leaves a hole where they were
-            raise
+            if not (segment.direct and exc.errno == errno.EINVAL):
+                raise
+            self._without_direct(segment)  # a file system that opens with O_DIRECT but refuses its writes
+            return self._write(group)
         offset = segment.size
         with self._lock:
             for append in group:
@@ -430,10 +433,16 @@ class IntakeLog:
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-                log.info("%s: the file system takes no O_DIRECT; the log is written through the page cache",
+                log.info("%s: the file system refuses O_DIRECT; the log is written through the page cache",
                          self.directory)
                 self._direct = False
         segment.fd = os.open(segment.path, flags, 0o644)
+
+    def _without_direct(self, segment: Segment) -> None:
+        log.info("%s: the file system refuses O_DIRECT writes; the log is written through the page cache",
+                 self.directory)
+        fcntl.fcntl(segment.fd, fcntl.F_SETFL, fcntl.fcntl(segment.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+        segment.direct, segment.tail, self._direct = False, b"", False
 
     def _close(self, segment: Segment) -> None:
         os.close(segment.fd)

@@ -160,17 +160,22 @@ def test_records_larger_than_the_direct_write_buffer_go_out_in_several_writes(tm
     assert payloads == [_joined(r)[HEADER_V5_BYTES:] for r in records]
 
 
-def test_a_file_system_without_o_direct_gets_the_same_log_through_the_page_cache(tmp_path, monkeypatch):
+@pytest.mark.parametrize("refuses", ["open", "write"])
+def test_a_file_system_without_o_direct_gets_the_same_log_through_the_page_cache(tmp_path, monkeypatch, refuses):
+    """Some refuse O_DIRECT when the file is opened (tmpfs before Linux 6.6), others only at its writes."""
     import errno
 
+    import analytics.intake_log as intake_log
+
+    def invalid(*_):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
     opened = os.open
-
-    def no_direct(path, flags, *mode):
-        if flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return opened(path, flags, *mode)
-
-    monkeypatch.setattr(os, "open", no_direct)
+    if refuses == "open":
+        monkeypatch.setattr(os, "open", lambda path, flags, *mode: invalid() if flags & os.O_DIRECT else
+                            opened(path, flags, *mode))
+    else:
+        monkeypatch.setattr(intake_log, "_pwrite_all", invalid)
     records = [encode(_spans(seq), {}) for seq in range(3)]
     payloads = _appended_and_recovered(tmp_path / "log", records)
     assert payloads == [_joined(r)[HEADER_V5_BYTES:] for r in records]
