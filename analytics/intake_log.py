@@ -161,7 +161,7 @@ def _id_words(requests: pl.DataFrame) -> pl.DataFrame:
 
 def read_record(raw: bytes | memoryview, at: int, segment: int | None = None) -> tuple[bytes, int]:
     """(payload, offset of the next record) of the record at `at`; CorruptRecord when it cannot be trusted,
-    StaleRecord when it names a segment other than `segment` (a record of a spare's earlier use)."""
+    StaleRecord when its header checks out and names a segment other than `segment` (a spare's earlier use)."""
     if len(raw) - at < PREFIX.size:
         raise CorruptRecord(f"{len(raw) - at} bytes: shorter than a header")
     magic, version = PREFIX.unpack_from(raw, at)
@@ -170,6 +170,8 @@ def read_record(raw: bytes | memoryview, at: int, segment: int | None = None) ->
     if version not in READS:
         raise CorruptRecord(f"format version {version}; this version reads {', '.join(map(str, READS))}")
     number, header_bytes = _header(raw, at, version)
+    if number is not None and segment is not None and number != segment:
+        raise StaleRecord(f"written into segment {number}, not {segment}")
     length, crc = HEADER.unpack_from(raw, at)[2:]  # every version begins with these fields
     end = at + header_bytes + length
     if end > len(raw):
@@ -177,8 +179,6 @@ def read_record(raw: bytes | memoryview, at: int, segment: int | None = None) ->
     payload = bytes(raw[at + header_bytes:end])
     if CHECKSUMS[version](payload) != crc:
         raise CorruptRecord("checksum mismatch")
-    if number is not None and segment is not None and number != segment:
-        raise StaleRecord(f"written into segment {number}, not {segment}")
     return payload, end
 
 
@@ -254,7 +254,7 @@ class IntakeLog:
         self.directory = Path(self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock_directory(self.directory)
-        self._lock = threading.Lock()  # the queue and the segments' counts, never held during I/O
+        self._lock = threading.Lock()  # the queue, segments and spares: held for renames and unlinks, not writes
         self._work = threading.Condition(self._lock)
         self._queue: list[_Append] = []
         self._closing = False
