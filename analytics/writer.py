@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 import duckdb
 
-from analytics.intake_log import Entry, IntakeLog, LogAppendError, decode, encode
+from analytics.intake_log import Entry, IntakeLog, LogAppendError
+from analytics.intake_record import decode, encode
 from analytics.store import Frames, Store
 
 log = logging.getLogger("sloscope.writer")

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from analytics.intake_log import IntakeLog, encode  # noqa: E402
+from analytics.intake_log import IntakeLog  # noqa: E402
+from analytics.intake_record import encode  # noqa: E402
 from analytics.store import Frames  # noqa: E402
 from benchmarks.ingest_throughput import trace_payloads  # noqa: E402
 from enrich.tiers import TierResolver, resolve_tiers  # noqa: E402

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from analytics.intake_log import HEADER, HEADER_V5_BYTES, IntakeLog, decode, encode, read_record
+from analytics.intake_log import IntakeLog
+from analytics.intake_record import HEADER, HEADER_V5_BYTES, decode, encode, read_record
 from analytics.store import Store
 from analytics.writer import Writer
 from tests.alerting_stack import free_port
@@ -58,7 +59,7 @@ def test_a_records_frames_are_arrow_ipc_streams_any_arrow_reader_takes():
     """The log outlives the polars that wrote it: its frames must stay in the Arrow IPC stream format."""
     import pyarrow as pa
 
-    from analytics.intake_log import PARTS
+    from analytics.intake_record import PARTS
 
     frames = _spans(4)
     payload, _ = read_record(_joined(encode(frames, {})), 0)
@@ -77,7 +78,7 @@ def test_a_record_of_an_earlier_version_still_reads_back(version):
 
     import polars as pl
 
-    from analytics.intake_log import MAGIC, PARTS
+    from analytics.intake_record import MAGIC, PARTS
 
     frames = _spans(2)
     requests = frames.requests
