@@ -292,6 +292,7 @@ class IntakeLog:
                 log.info("%s: the file system refuses O_DIRECT; the log is written through the page cache",
                          self.directory)
                 self._direct = False
+                flags &= ~os.O_EXCL  # the refused open may have created the file already
         segment.fd = os.open(segment.path, flags, 0o644)
 
     def _without_direct(self, segment: Segment) -> None:
