@@ -11,8 +11,10 @@ The faults, each started and stopped by the demo, one at a time:
 
 - cpu: `stress-ng --cpu N` pinned with taskset to the service's CPUs (N = 16 workers per CPU), in the
   service's session, so that the scheduler shares the CPU per thread as among co-tenants of one cgroup;
-- disk: `fio` random 1 MiB direct writes (queue depth 32, an fsync every 32 writes), several jobs, on the
-  service's filesystem, in a bounded file set that is removed afterwards;
+- disk: `fio` random 4 MiB direct writes (queue depth 32, an fsync every 32 writes), several jobs, on the
+  service's filesystem, in a bounded file set that is removed afterwards. Each of the service's reads and
+  fsyncs waits behind what is queued, jobs x depth x block: 512 MiB, a tenth of a second or more even on a
+  disk that writes 4-5 GB/s (1 MiB blocks queued only 30-40 ms there, under the demo's objective);
 - network: an nftables rule in the backend's namespace dropping a share of the packets arriving there
   (`numgen random mod 100 < P`), so the service's calls lose packets on their path;
 - memory: `stress-ng --vm` in the service's memory cgroup (a pod's memory limit) allocating most of the limit
@@ -218,7 +220,7 @@ class CpuFault(Fault):
 class DiskFault(Fault):
     name, cause = "disk", "disk_io"
 
-    def __init__(self, directory: Path, cpus: str, jobs: int = 4, size_mib: int = 128, block_kib: int = 1024,
+    def __init__(self, directory: Path, cpus: str, jobs: int = 4, size_mib: int = 128, block_kib: int = 4096,
                  iodepth: int = 32, fsync_every: int = 32):
         self.directory = directory
         self.cpus = cpus
