@@ -34,6 +34,7 @@ MAX_BLOCK_WINDOWS = 6
 MIN_REQUESTS = 5  # below this a window's percentile says nothing (shown, never tested)
 MIN_BLOCKS = 2
 MAX_GAP_WINDOWS = 3
+WINDOW_KEY = ("tier", "service", "node")  # whose windows are tested apart
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,11 @@ def slow_allowance(objective: TierObjective) -> float:
 
 
 def _blocks(frame: pl.DataFrame, step_s: float) -> pl.Series:
-    """Test ids: consecutive windows of one (service, node) pooled until they hold MIN_BLOCK_REQUESTS requests
-    or span MAX_BLOCK_WINDOWS windows. The frame is sorted by service, node, window_start."""
+    """Test ids: consecutive windows of one (tier, service, node) pooled until they hold MIN_BLOCK_REQUESTS
+    requests or span MAX_BLOCK_WINDOWS windows. The frame is sorted by tier, service, node, window_start."""
     span_us = round(step_s * MAX_BLOCK_WINDOWS * 1e6)
-    new_key = frame.select((pl.col("service").ne_missing(pl.col("service").shift()) |
-                            pl.col("node").ne_missing(pl.col("node").shift())).fill_null(True)).to_series().to_numpy()
+    new_key = frame.select(pl.any_horizontal(pl.col(key).ne_missing(pl.col(key).shift()) for key in WINDOW_KEY)
+                           .fill_null(True)).to_series().to_numpy()
     starts = frame["window_start"].dt.epoch("us").to_numpy()
     requests = frame["requests"].to_numpy()
     # A window that holds enough requests fills its block, so the window after it begins one: only the windows
@@ -75,19 +76,27 @@ def _blocks(frame: pl.DataFrame, step_s: float) -> pl.Series:
     return pl.Series(np.cumsum(begins) - 1, dtype=pl.Int64)
 
 
-def sli_windows(store: Store, spec: SloSpec, objective: TierObjective, since: datetime, until: datetime) -> pl.DataFrame:
-    """One tier's windows per (service, node) with their test (`block`) and its p-values: `latency_p` for the
-    slow requests, `error_p` for the failures, each against a service at exactly the objective."""
-    frame = store.frame(store.sql("sli_windows"), {**_window_params(store, spec, objective, since, until),
-                                                   "threshold_ms": objective.threshold_ms})
+def sli_windows(store: Store, spec: SloSpec, since: datetime, until: datetime) -> dict[str, pl.DataFrame]:
+    """Per tier of the spec, its windows per (service, node) with their test (`block`) and its p-values:
+    `latency_p` for the slow requests, `error_p` for the failures, each against a service at exactly the
+    objective. One query reads the requests for every tier."""
+    objectives = list(spec.tiers.values())
+    frame = store.frame(store.sql("sli_windows"), {
+        **store.tier_params(spec), "tiers": [o.name for o in objectives],
+        "thresholds_ms": [float(o.threshold_ms) for o in objectives], "step_s": spec.resolution_s, "since": since,
+        "until": until})
     # Sorted here, not in SQL: the engine takes twice as long to sort a fleet's windows by their names.
-    frame = frame.sort("service", "node", "window_start")
+    frame = frame.sort(*WINDOW_KEY, "window_start")
     frame = frame.with_columns(block=_blocks(frame, spec.resolution_s))
-    tests = frame.group_by("block").agg(pl.col("requests", "slow", "failures").sum())
-    allowance, budget = slow_allowance(objective), objective.error_budget
-    tests = tests.with_columns(latency_p=_tails(tests["slow"], tests["requests"] * allowance),
-                               error_p=_tails(tests["failures"], tests["requests"] * budget))
-    return frame.join(tests.select("block", "latency_p", "error_p"), on="block").sort("service", "node", "window_start")
+    expected = pl.DataFrame({"tier": [o.name for o in objectives], "allowance": [slow_allowance(o) for o in objectives],
+                             "budget": [o.error_budget for o in objectives]}, schema_overrides={"tier": pl.String})
+    tests = (frame.group_by("block").agg(pl.col("tier").first(), pl.col("requests", "slow", "failures").sum())
+             .join(expected, on="tier"))
+    tests = tests.with_columns(latency_p=_tails(tests["slow"], tests["requests"] * tests["allowance"]),
+                               error_p=_tails(tests["failures"], tests["requests"] * tests["budget"]))
+    frame = frame.join(tests.select("block", "latency_p", "error_p"), on="block")
+    return {o.name: frame.filter(pl.col("tier") == o.name).drop("tier").sort("service", "node", "window_start")
+            for o in objectives}
 
 
 def window_latencies(store: Store, spec: SloSpec, objective: TierObjective, since: datetime,
@@ -159,7 +168,7 @@ def _incident_sli(store: Store, spec: SloSpec, objective: TierObjective, run: di
 
 
 def find_incidents(store: Store, spec: SloSpec, since: datetime, until: datetime) -> list[Incident]:
-    frames = {name: sli_windows(store, spec, objective, since, until) for name, objective in spec.tiers.items()}
+    frames = sli_windows(store, spec, since, until)
     incidents = []
     step = timedelta(seconds=spec.resolution_s)
     for tier, windows in judge_fleet(frames).items():

@@ -259,13 +259,14 @@ class Report:
 
         # SLI of every incident, against its objective.
         step = timedelta(seconds=spec.resolution_s)
+        windows = sli_windows(self.store, spec, t0, t1)
         frames: dict[str, pl.DataFrame] = {}
         for inc in ep.incidents:
             objective = spec.tiers.get(inc["tier"])
             if objective is None:
                 continue
             if inc["tier"] not in frames:
-                frames[inc["tier"]] = sli_windows(self.store, spec, objective, t0, t1).join(
+                frames[inc["tier"]] = windows[inc["tier"]].join(
                     window_latencies(self.store, spec, objective, t0, t1), on=["service", "node", "window_start"])
             mine, others = _sli_series(frames[inc["tier"]], inc, step)
             start, end = _t(inc["start"]), _t(inc["end"])

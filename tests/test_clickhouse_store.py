@@ -195,7 +195,7 @@ def test_both_engines_answer_the_analytics_queries_with_the_same_frames(tmp_path
     since, until = datetime(2025, 11, 29, 9, 59), datetime(2025, 11, 29, 10, 5)
     window = Window(since, datetime(2025, 11, 29, 10, 0, 30), datetime(2025, 11, 29, 10, 0, 40), until, 10.0)
     with duck, ch:
-        frames = [(sli_windows(s, spec, spec.tiers["standard"], since, until),
+        frames = [(sli_windows(s, spec, since, until)["standard"],
                    window_latencies(s, spec, spec.tiers["standard"], since, until),
                    signal_steps(s, window).sort("node", "metric", "attributes", "step")) for s in (duck, ch)]
     (duck_sli, duck_latency, duck_steps), (ch_sli, ch_latency, ch_steps) = frames

@@ -147,7 +147,7 @@ def test_attribution_skips_the_unknown_node_while_the_tier_sli_counts_it(tmp_pat
         incidents = analyse(store, spec)["incidents"]
         assert [(i["node"], i["tier"], i["causes"]) for i in incidents] == [(UNKNOWN_NODE, "standard", [])]
         start = datetime(2025, 11, 29, 10, 0)
-        windows = sli_windows(store, spec, spec.tiers["standard"], start, start + timedelta(minutes=13))
+        windows = sli_windows(store, spec, start, start + timedelta(minutes=13))["standard"]
         assert windows.filter(windows["node"] == UNKNOWN_NODE)["requests"].sum() == 120
         window = Window.around(start + timedelta(minutes=11), start + timedelta(minutes=12), spec.resolution_s)
         assert store.scalar("SELECT count(*) FROM samples WHERE node = ?", [UNKNOWN_NODE]) == 720

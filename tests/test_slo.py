@@ -1,8 +1,8 @@
+import itertools
+import math
 from datetime import datetime, timedelta
 
 import pytest
-
-import math
 
 import numpy as np
 import polars as pl
@@ -170,7 +170,7 @@ def test_sparse_windows_are_pooled_with_their_neighbours_before_they_are_judged(
               for i in range(24)]
     lines.append(traces(sparse, node="n2"))
     with _load(tmp_path, spec, lines) as store:
-        windows = sli_windows(store, spec, spec.tiers["gold"], datetime(2000, 1, 1), datetime(2100, 1, 1))
+        windows = sli_windows(store, spec, datetime(2000, 1, 1), datetime(2100, 1, 1))["gold"]
         incidents = find_incidents(store, spec, datetime(2000, 1, 1), datetime(2100, 1, 1))
     n2 = windows.filter(windows["node"] == "n2")
     assert n2["requests"].max() == 2 and n2["block"].n_unique() == 3  # 12 windows: 5 + 5 + 2
@@ -178,12 +178,13 @@ def test_sparse_windows_are_pooled_with_their_neighbours_before_they_are_judged(
     assert {i.node for i in incidents} == {"n1", "n2"}
 
 
-def _pooled_one_by_one(windows: list[tuple[str, str, int, int]], step_us: int) -> list[int]:
-    """The pooling rule stated plainly, window after window: (service, node, start in µs, requests) -> test id."""
+def _pooled_one_by_one(windows: list[tuple[str, str, str, int, int]], step_us: int) -> list[int]:
+    """The pooling rule stated plainly, window after window: (tier, service, node, start in µs, requests) -> test
+    id."""
     ids, block, key, first, pooled = [], -1, None, 0, 0
-    for service, node, start, requests in windows:
-        if (service, node) != key or pooled >= MIN_BLOCK_REQUESTS or start >= first + step_us * MAX_BLOCK_WINDOWS:
-            block, key, first, pooled = block + 1, (service, node), start, 0
+    for tier, service, node, start, requests in windows:
+        if (tier, service, node) != key or pooled >= MIN_BLOCK_REQUESTS or start >= first + step_us * MAX_BLOCK_WINDOWS:
+            block, key, first, pooled = block + 1, (tier, service, node), start, 0
         pooled += requests
         ids.append(block)
     return ids
@@ -193,13 +194,12 @@ def _pooled_one_by_one(windows: list[tuple[str, str, int, int]], step_us: int) -
 def test_windows_are_pooled_as_the_rule_says_whatever_their_sizes_and_gaps(seed):
     rng = np.random.default_rng(seed)
     rows = []
-    for service in ("a", "b"):
-        for node in ("n1", "n2", "n3"):
-            start = 0
-            for _ in range(400):
-                start += int(rng.choice([1, 1, 1, 2, 7])) * 10_000_000  # some windows empty, a few long gaps
-                rows.append((service, node, start, int(rng.choice([0, 1, 3, 9, 10, 12, 40]))))
-    frame = pl.DataFrame(rows, schema=["service", "node", "start_us", "requests"], orient="row").with_columns(
+    for tier, service, node in itertools.product(("gold", "standard"), ("a", "b"), ("n1", "n2", "n3")):
+        start = 0
+        for _ in range(400):
+            start += int(rng.choice([1, 1, 1, 2, 7])) * 10_000_000  # some windows empty, a few long gaps
+            rows.append((tier, service, node, start, int(rng.choice([0, 1, 3, 9, 10, 12, 40]))))
+    frame = pl.DataFrame(rows, schema=["tier", "service", "node", "start_us", "requests"], orient="row").with_columns(
         window_start=pl.from_epoch("start_us", time_unit="us"))
     ids = _blocks(frame, 10.0)
     assert ids.to_list() == _pooled_one_by_one(rows, 10_000_000)
