@@ -2,29 +2,125 @@
 -- counters as a rate per second, histograms as their mean; only the metrics named in {metrics}, or all when it is
 -- empty; the unknown node's signals left out; each series keyed by the fingerprint of signal_series.sql, with its
 -- names only {by_name}.
-WITH points AS (
-    SELECT ts, node, metric, attributes, if(interval_s IS NULL, value, value / interval_s) AS value
-    FROM {{samples}}
-    WHERE (interval_s IS NULL OR interval_s > 0) AND ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
-      AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, metric))
-    UNION ALL
-    SELECT ts, node, metric, attributes, sum / count
-    FROM {{histograms}}
-    WHERE ts >= {since:DateTime64(6)} AND ts < {until:DateTime64(6)}
-      AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, metric))
-)
--- Named apart inside, since ClickHouse would read an alias that repeats a column's name in place of the column.
-SELECT series, name_node AS node, name_metric AS metric, name_attributes AS attributes, step, value
-FROM (
-    SELECT reinterpretAsInt64(cityHash64(node, metric, attributes)) AS series,
+-- The points are read from the exporter's tables by the rules of samples.sql and histograms.sql, but only what a
+-- step's mean needs (no histogram slots). A point stored twice counts once, found more cheaply than there: delta
+-- and gauge points are grouped by (series, time), a fixed-width key, and a cumulative point is dropped where its
+-- series' previous point has the same time (they sort together).
+WITH raw AS (
+    SELECT SloscopeNode AS node, MetricName AS metric, SloscopeAttributes AS attributes,
+           reinterpretAsInt64(cityHash64(node, metric, attributes)) AS series,
            if({by_name:Bool}, node, NULL) AS name_node,
            if({by_name:Bool}, metric, NULL) AS name_metric,
            if({by_name:Bool}, attributes, NULL) AS name_attributes,
-           fromUnixTimestamp64Micro(toInt64(946857600000000 + intDiv(toUnixTimestamp64Micro(ts) - 946857600000000,
-                                    toInt64(round({step_s:Float64} * 1e6))) * toInt64(round({step_s:Float64} * 1e6))),
-                                    'UTC') AS step,
-           avg(value) AS value
-    FROM points
-    WHERE node != {unknown_node:String}
-    GROUP BY series, name_node, name_metric, name_attributes, step
+           toUnixTimestamp64Nano(StartTimeUnix) AS start_ns,
+           toUnixTimestamp64Nano(TimeUnix) AS time_ns,
+           Value AS value,
+           AggregationTemporality AS temporality
+    FROM otel_metrics_sum
+    WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
+      AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
+      AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
+),
+raw_histograms AS (
+    SELECT SloscopeNode AS node, MetricName AS metric, SloscopeAttributes AS attributes,
+           reinterpretAsInt64(cityHash64(node, metric, attributes)) AS series,
+           if({by_name:Bool}, node, NULL) AS name_node,
+           if({by_name:Bool}, metric, NULL) AS name_metric,
+           if({by_name:Bool}, attributes, NULL) AS name_attributes,
+           toUnixTimestamp64Nano(StartTimeUnix) AS start_ns,
+           toUnixTimestamp64Nano(TimeUnix) AS time_ns,
+           toInt64(Count) AS count,
+           Sum AS sum,
+           Scale AS scale,
+           PositiveOffset AS offset,
+           arrayConcat([ZeroCount], PositiveBucketCounts) AS buckets,
+           AggregationTemporality AS temporality
+    FROM otel_metrics_exponential_histogram
+    WHERE bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
+      AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
+      AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
+),
+-- Gauges, and delta sums and histograms, as one value per point (a delta without a usable start time as it is).
+single AS (
+    SELECT series, name_node, name_metric, name_attributes, time_ns, any(value) AS value
+    FROM (
+        SELECT reinterpretAsInt64(cityHash64(SloscopeNode, MetricName, SloscopeAttributes)) AS series,
+               if({by_name:Bool}, SloscopeNode, NULL) AS name_node,
+               if({by_name:Bool}, MetricName, NULL) AS name_metric,
+               if({by_name:Bool}, SloscopeAttributes, NULL) AS name_attributes,
+               toUnixTimestamp64Nano(TimeUnix) AS time_ns, Value AS value
+        FROM otel_metrics_gauge
+        WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
+          AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
+          AND TimeUnix >= {since:DateTime64(6)} AND TimeUnix < {until:DateTime64(6)}
+        UNION ALL
+        SELECT series, name_node, name_metric, name_attributes, time_ns,
+               if(start_ns > 0 AND start_ns < time_ns, value / ((time_ns - start_ns) / 1e9), value)
+        FROM raw
+        WHERE temporality = 1 AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
+        UNION ALL
+        SELECT series, name_node, name_metric, name_attributes, time_ns, sum / count
+        FROM raw_histograms
+        WHERE temporality = 1 AND count > 0 AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
+    )
+    GROUP BY series, name_node, name_metric, name_attributes, time_ns
+),
+cumulative AS (
+    SELECT series, name_node, name_metric, name_attributes, start_ns, time_ns, value,
+           row_number() OVER points = 1 AS first,
+           lagInFrame(start_ns) OVER points AS prev_start_ns,
+           lagInFrame(time_ns) OVER points AS prev_time_ns,
+           lagInFrame(value) OVER points AS prev_value,
+           first OR start_ns != prev_start_ns AS restarted,
+           NOT first AND value < prev_value AS went_down,
+           restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
+    FROM raw
+    WHERE temporality = 2
+    WINDOW points AS (PARTITION BY series, name_node, name_metric, name_attributes ORDER BY time_ns
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+),
+cumulative_histograms AS (
+    SELECT series, name_node, name_metric, name_attributes, start_ns, time_ns, count, sum,
+           row_number() OVER points = 1 AS first,
+           lagInFrame(start_ns) OVER points AS prev_start_ns,
+           lagInFrame(time_ns) OVER points AS prev_time_ns,
+           lagInFrame(count) OVER points AS prev_count,
+           lagInFrame(sum) OVER points AS prev_sum,
+           lagInFrame(scale) OVER points AS prev_scale,
+           lagInFrame(offset) OVER points AS prev_offset,
+           lagInFrame(buckets) OVER points AS prev_buckets,
+           greatest(length(buckets), length(prev_buckets)) AS width,
+           first OR start_ns != prev_start_ns AS restarted,
+           NOT first AND (count < prev_count OR (scale = prev_scale AND offset = prev_offset AND
+               arrayExists((now, before) -> now < before, arrayResize(buckets, width), arrayResize(prev_buckets, width))))
+               AS went_down,
+           restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
+    FROM raw_histograms
+    WHERE temporality = 2
+    WINDOW points AS (PARTITION BY series, name_node, name_metric, name_attributes ORDER BY time_ns
+                      ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+),
+points AS (
+    SELECT series, name_node, name_metric, name_attributes, time_ns, value FROM single
+    UNION ALL
+    SELECT series, name_node, name_metric, name_attributes, time_ns,
+           if(from_start OR went_down, value, value - prev_value)
+               / if(from_start, (time_ns - start_ns) / 1e9, (time_ns - prev_time_ns) / 1e9)
+    FROM cumulative
+    WHERE (first OR time_ns != prev_time_ns) AND (from_start OR NOT restarted)
+      AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
+    UNION ALL
+    SELECT series, name_node, name_metric, name_attributes, time_ns,
+           if(from_start OR went_down, sum / count, (sum - prev_sum) / (count - prev_count))
+    FROM cumulative_histograms
+    WHERE (first OR time_ns != prev_time_ns) AND (from_start OR NOT restarted)
+      AND if(from_start OR went_down, count, count - prev_count) > 0
+      AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
 )
+SELECT series, name_node AS node, name_metric AS metric, name_attributes AS attributes,
+       fromUnixTimestamp64Micro(toInt64(946857600000000 + intDiv(intDiv(time_ns, 1000) - 946857600000000,
+                                toInt64(round({step_s:Float64} * 1e6))) * toInt64(round({step_s:Float64} * 1e6))),
+                                'UTC') AS step,
+       avg(value) AS value
+FROM points
+GROUP BY series, name_node, name_metric, name_attributes, step
