@@ -135,6 +135,19 @@ def _load(tmp_path, spec, lines):
     return store
 
 
+def test_each_tier_counts_its_requests_slow_against_its_own_threshold(tmp_path):
+    """One query answers every tier: 500 ms is slow for standard (200 ms) and not for gold (800 ms)."""
+    spec = parse_spec(GOOD)
+    spans = [span(f"{n:032x}", f"{n:016x}", T0 + n * S // 4, 500, tier=["gold" if n % 3 else "standard"])
+             for n in range(240)]
+    with _load(tmp_path, spec, [traces(spans, node="n1")]) as store:
+        windows = sli_windows(store, spec, datetime(2000, 1, 1), datetime(2100, 1, 1))
+    gold, standard = windows["gold"], windows["standard"]
+    assert gold["requests"].sum() == 160 and standard["requests"].sum() == 80
+    assert gold["slow"].sum() == 0 and standard["slow"].sum() == 80
+    assert standard["latency_p"].max() < 1e-6 < gold["latency_p"].min()
+
+
 def test_a_healthy_lognormal_fleet_opens_no_incident_though_window_percentiles_cross_the_objective(tmp_path):
     """Tier gold, p99 <= 800 ms, median 400 ms and sigma 0.3: 0.1 % of requests are slower than 800 ms, well
     within the 1 % the percentile allows, but a 10 s window's p99 over 40 requests is nearly its maximum."""
