@@ -81,22 +81,22 @@ def sli_windows(store: Store, spec: SloSpec, since: datetime, until: datetime) -
     `latency_p` for the slow requests, `error_p` for the failures, each against a service at exactly the
     objective. One query reads the requests for every tier."""
     objectives = list(spec.tiers.values())
+    tiers = [o.name for o in objectives]
     frame = store.frame(store.sql("sli_windows"), {
-        **store.tier_params(spec), "tiers": [o.name for o in objectives],
-        "thresholds_ms": [float(o.threshold_ms) for o in objectives], "step_s": spec.resolution_s, "since": since,
-        "until": until})
+        **store.tier_params(spec), "tiers": tiers, "thresholds_ms": [float(o.threshold_ms) for o in objectives],
+        "step_s": spec.resolution_s, "since": since, "until": until})
     # Sorted here, not in SQL: the engine takes twice as long to sort a fleet's windows by their names.
     frame = frame.sort(*WINDOW_KEY, "window_start")
     frame = frame.with_columns(block=_blocks(frame, spec.resolution_s))
-    expected = pl.DataFrame({"tier": [o.name for o in objectives], "allowance": [slow_allowance(o) for o in objectives],
+    expected = pl.DataFrame({"tier": tiers, "allowance": [slow_allowance(o) for o in objectives],
                              "budget": [o.error_budget for o in objectives]}, schema_overrides={"tier": pl.String})
     tests = (frame.group_by("block").agg(pl.col("tier").first(), pl.col("requests", "slow", "failures").sum())
              .join(expected, on="tier"))
     tests = tests.with_columns(latency_p=_tails(tests["slow"], tests["requests"] * tests["allowance"]),
                                error_p=_tails(tests["failures"], tests["requests"] * tests["budget"]))
     frame = frame.join(tests.select("block", "latency_p", "error_p"), on="block")
-    return {o.name: frame.filter(pl.col("tier") == o.name).drop("tier").sort("service", "node", "window_start")
-            for o in objectives}
+    return {tier: frame.filter(pl.col("tier") == tier).drop("tier").sort("service", "node", "window_start")
+            for tier in tiers}
 
 
 def window_latencies(store: Store, spec: SloSpec, objective: TierObjective, since: datetime,
