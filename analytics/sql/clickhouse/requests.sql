@@ -4,7 +4,10 @@
 -- enrich/tiers.py does: the first tier attribute present, a repeated header only when it has a single value, empty
 -- or longer than 64 characters is the default tier, Unicode whitespace stripped, then the allow-list.
 -- Only the spans started in [since, until) are read, and a span stored twice (a retried batch, a file loaded
--- again) is one request, as the DuckDB store keeps it once. Parameters: allowed_tiers, default_tier, since, until.
+-- again) is one request, as the DuckDB store keeps it once. Its copies share their node and service, which lead
+-- the deduplication's key so that a query's filter on them is applied before it (ClickHouse moves a filter through
+-- LIMIT BY only on its key): one node's incident reads one node's spans. Parameters: allowed_tiers, default_tier,
+-- since, until.
 -- Inlined by the queries of this folder where they name it in double braces.
 SELECT TraceId AS trace_id,
        SpanId AS span_id,
@@ -24,4 +27,4 @@ SELECT TraceId AS trace_id,
        StatusCode = 'Error' OR ifNull(status_code >= 500, false) AS failed
 FROM otel_traces
 WHERE SpanKind = 'Server' AND Timestamp >= {since:DateTime64(6)} AND Timestamp < {until:DateTime64(6)}
-LIMIT 1 BY TraceId, SpanId
+LIMIT 1 BY SloscopeNode, SloscopeService, TraceId, SpanId
