@@ -56,6 +56,7 @@ CLEAR_CAUSE_FLOOR = 0.3
 CANDIDATES = 3  # shown when no cause is clear
 MIN_BASELINE_STEPS = 6  # fewer signal steps of history say nothing about a series' normal level
 IQR_TO_SIGMA = 1.349
+MIN_SCALE = 1e-12  # a series that never varied still has a scale to divide by
 STEP_COLUMNS = ["series", *SERIES, "step", "value"]  # the frame of signal_steps
 SERIES_KEY = ["series", "metric"]  # one series of that frame: a growth series shares its level's integer
 
@@ -117,14 +118,15 @@ class Window:
         return timedelta(seconds=2 * self.resolution_s)
 
 
-def signal_steps(store: Store, window: Window, known: Taxonomy = BUILT_IN,
-                 evidence_only: bool = False) -> pl.DataFrame:
-    """Every signal series of every node in the window, one value per step; with evidence_only, only the metrics
-    some cause of `known` reads (a quarter of the points of a fleet running sloscope's collector are not). Each
-    series is `series` (an integer) with its node, metric and attributes as categoricals; a growth series (see
-    _growth_series) shares the integer of the level it grows from, so (series, metric) is the key."""
+def signal_steps(store: Store, window: Window, known: Taxonomy = BUILT_IN, evidence_only: bool = False,
+                 node: str | None = None) -> pl.DataFrame:
+    """Every signal series of every node in the window (or of `node` alone), one value per step; with
+    evidence_only, only the metrics some cause of `known` reads (a quarter of the points of a fleet running
+    sloscope's collector are not). Each series is `series` (an integer) with its node, metric and attributes as
+    categoricals; a growth series (see _growth_series) shares the integer of the level it grows from, so (series,
+    metric) is the key."""
     params = {"since": window.baseline_start, "until": window.incident_end, "unknown_node": catalog.UNKNOWN_NODE,
-              "metrics": list(known.evidence_signals) if evidence_only else []}
+              "metrics": list(known.evidence_signals) if evidence_only else [], "node": node or ""}
     names = store.frame(store.sql("signal_series"), params).with_columns(pl.col(SERIES).cast(pl.Categorical))
     by_name = bool(names["series"].is_duplicated().any())
     steps = store.frame(store.sql("signal_steps"), {**params, "step_s": window.step_s, "by_name": by_name})
@@ -137,16 +139,21 @@ def signal_steps(store: Store, window: Window, known: Taxonomy = BUILT_IN,
     return pl.concat([steps, _growth_series(steps, window.step_s, known.growth_signals)])
 
 
+def _growth_lag(step_s: float) -> int:
+    """The steps over which growth is measured: GROWTH_WINDOW."""
+    return max(1, round(GROWTH_WINDOW.total_seconds() / step_s))
+
+
 def _growth_series(steps: pl.DataFrame, step_s: float, signals: tuple[str, ...]) -> pl.DataFrame:
     """Relative growth per minute of the signals read as growth (GPU memory in use: the leak signature,
     taxonomy.GPU_MEMORY_LEAK)."""
-    lag = max(1, round(GROWTH_WINDOW.total_seconds() / step_s))
+    lag = _growth_lag(step_s)
     levels = steps.filter(pl.col("metric").is_in(signals)).sort("series", "step")
     previous = pl.col("value").shift(lag).over("series")
     return levels.with_columns(
         metric=(pl.col("metric").cast(pl.String) + GROWTH_SUFFIX).cast(pl.Categorical),
         value=(pl.col("value") - previous) / previous * (60.0 / (lag * step_s)),
-    ).drop_nulls("value").select(STEP_COLUMNS)
+    ).filter(pl.col("value").is_finite()).select(STEP_COLUMNS)  # no growth from zero
 
 
 def _direction_and_floor(metric: str, known: Taxonomy) -> tuple[float, float]:
@@ -174,7 +181,7 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True,
                 .filter(pl.col("baseline_steps") >= MIN_BASELINE_STEPS)
                 .join(meta, on="metric")
                 .with_columns(scale=pl.max_horizontal((pl.col("q3") - pl.col("q1")) / IQR_TO_SIGMA,
-                                                      pl.col("floor") / THRESHOLD, pl.lit(1e-12))))
+                                                      pl.col("floor") / THRESHOLD, pl.lit(MIN_SCALE))))
     recent = steps.filter(pl.col("step") >= window.analysis_start).join(baseline, on=SERIES_KEY)
     deviation = (pl.col("value") - pl.col("median")) / pl.col("scale")
     z = deviation * pl.col("direction") if directional else deviation.abs()
@@ -206,15 +213,47 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True,
         consistency=pl.col("consistency").fill_null(0.0))
 
 
-def _fleet_share(scores: pl.DataFrame, node: str) -> dict[str, float]:
-    """Per metric: the share of other nodes on which it is anomalous during the incident."""
-    others = scores.filter(pl.col("node") != node)
-    if others.is_empty():
-        return {}
-    peers = others["node"].n_unique()
-    moved = (others.filter(pl.col("z_observed") > THRESHOLD).group_by("metric")
-             .agg(nodes=pl.col("node").n_unique()))
-    return {m: n / peers for m, n in moved.iter_rows()}
+@dataclass(frozen=True)
+class Fleet:
+    """What locality needs from the other nodes: on how many nodes some series could be judged (it has a baseline
+    and steps since analysis_start), and per metric on how many of them one moved (z_observed above THRESHOLD)."""
+
+    nodes: int
+    moved: dict[str, int]
+
+    @classmethod
+    def of(cls, scores: pl.DataFrame) -> "Fleet":
+        """The fleet of series_scores over every node."""
+        moved = (scores.filter(pl.col("z_observed") > THRESHOLD).group_by("metric")
+                 .agg(nodes=pl.col("node").n_unique()))
+        return cls(scores["node"].n_unique(), {str(m): n for m, n in moved.iter_rows()})
+
+    def share(self, scores: pl.DataFrame, node: str) -> dict[str, float]:
+        """Per metric: the share of the other nodes on which it moved during the incident; `scores` hold node's."""
+        own = scores.filter(pl.col("node") == node)
+        peers = self.nodes - (1 if own.height else 0)
+        own_moved = {str(m) for m in own.filter(pl.col("z_observed") > THRESHOLD)["metric"]}
+        others = {m: n - (m in own_moved) for m, n in self.moved.items()}
+        return {m: n / peers for m, n in others.items() if n > 0} if peers > 0 else {}
+
+
+def fleet_movement(store: Store, window: Window, known: Taxonomy = BUILT_IN) -> Fleet:
+    """The Fleet of every node's evidence signals in the window, judged in the store (fleet_movement.sql) as
+    series_scores judges them: only this much of the fleet leaves the engine."""
+    levels = list(known.evidence_signals)
+    metrics = levels + [m + GROWTH_SUFFIX for m in known.growth_signals]
+    readings = [_direction_and_floor(m, known) for m in metrics]
+    lag = _growth_lag(window.step_s)
+    params = {"since": window.baseline_start, "until": window.incident_end, "unknown_node": catalog.UNKNOWN_NODE,
+              "node": "", "metrics": levels, "step_s": window.step_s, "by_name": False,
+              "readings": metrics, "directions": [d for d, _ in readings], "floors": [f for _, f in readings],
+              "growth_metrics": list(known.growth_signals), "growth_suffix": GROWTH_SUFFIX, "growth_lag": lag,
+              "growth_per_min": 60.0 / (lag * window.step_s), "analysis_start": window.analysis_start,
+              "incident_start": window.incident_start, "min_baseline_steps": MIN_BASELINE_STEPS,
+              "threshold": THRESHOLD, "iqr_to_sigma": IQR_TO_SIGMA, "min_scale": MIN_SCALE}
+    movement = store.frame(store.sql("fleet_movement"), params)
+    moved = movement.filter("moved").group_by("metric").agg(nodes=pl.col("node_key").n_unique())
+    return Fleet(movement["node_key"].n_unique(), dict(moved.iter_rows()))
 
 
 def _magnitude(z: float) -> float:
@@ -233,9 +272,9 @@ def _evidence_signal(ev: taxonomy.Evidence) -> str:
     return ev.signal + GROWTH_SUFFIX if ev.feature == "growth" else ev.signal
 
 
-def _candidates(scores: pl.DataFrame, node: str, window: Window, known: Taxonomy) -> list[dict]:
+def _candidates(scores: pl.DataFrame, node: str, window: Window, known: Taxonomy, fleet: Fleet) -> list[dict]:
     """Every cause with a series on `node`, scored by its best series and explained away, best first."""
-    fleet_share = _fleet_share(scores, node)
+    fleet_share = fleet.share(scores, node)
     local: dict[str, list[tuple[dict, dict]]] = {}
     for row in scores.filter(pl.col("node") == node).iter_rows(named=True):
         local.setdefault(row["metric"], []).append((row, json.loads(row["attributes"])))
@@ -273,16 +312,17 @@ def _strongest(evidence: list[taxonomy.Evidence], local: dict) -> list[tuple]:
 
 def rank_causes(scores: pl.DataFrame, node: str, window: Window, top: int = 5,
                 known: Taxonomy = BUILT_IN) -> list[dict]:
-    """The causes worth a reader's attention (score at least MIN_SCORE), best first."""
+    """The causes worth a reader's attention (score at least MIN_SCORE), best first; `scores` of every node."""
     if node == catalog.UNKNOWN_NODE:
         return []
-    return [c for c in _candidates(scores, node, window, known) if c["score"] >= MIN_SCORE][:top]
+    return [c for c in _candidates(scores, node, window, known, Fleet.of(scores)) if c["score"] >= MIN_SCORE][:top]
 
 
-def diagnose(scores: pl.DataFrame, node: str, window: Window, top: int = 5,
-             known: Taxonomy = BUILT_IN) -> tuple[list[dict], dict]:
+def diagnose(scores: pl.DataFrame, node: str, window: Window, top: int = 5, known: Taxonomy = BUILT_IN,
+             fleet: Fleet | None = None) -> tuple[list[dict], dict]:
     """(causes, diagnosis): the ranking when its best cause reaches CLEAR_CAUSE_FLOOR; otherwise no causes and
-    a diagnosis that says why, with the strongest candidates and what each falls short on."""
+    a diagnosis that says why, with the strongest candidates and what each falls short on. `scores` hold node's
+    series and `fleet` the others' movement; without it, `scores` hold every node's."""
     floor = {"floor": CLEAR_CAUSE_FLOOR, "baseline": window.baseline_json()}
     if node == catalog.UNKNOWN_NODE:  # requests that named no node: their SLI counts, but no node is to blame
         return [], {"verdict": "no_node", **floor,
@@ -291,7 +331,7 @@ def diagnose(scores: pl.DataFrame, node: str, window: Window, top: int = 5,
         return [], {"verdict": "insufficient_baseline", **floor,
                     "reason": f"only {window.baseline_s:.0f} s of this node's signals precede the incident; "
                               f"at least {window.min_baseline_s:.0f} s are needed to know their normal level"}
-    candidates = _candidates(scores, node, window, known)
+    candidates = _candidates(scores, node, window, known, fleet or Fleet.of(scores))
     if not candidates:
         return [], {"verdict": "no_evidence", **floor,
                     "reason": "no signal of this node that is evidence for a cause has a baseline in the window"}

@@ -14,7 +14,6 @@ import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime
-from importlib import resources
 from pathlib import Path
 
 import polars as pl
@@ -22,19 +21,15 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from analytics import exporter_tables
-from analytics.store import Frames, Reader, StoreError
+from analytics.store import Frames, Reader, StoreError, sql_of
 
-# A relation of this folder named in double braces, inlined as a subquery: {{requests}} reads the range of the
-# query's since and until parameters, {{requests start end}} that of its start and end.
-RELATION = re.compile(r"\{\{(\w+)(?: (\w+) (\w+))?\}\}")
 META_TABLE, COUNTERS_TABLE = "sloscope_meta", "sloscope_counters"
 DERIVED_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+)\s+.+?\s+MATERIALIZED\s+(.+)", re.S)
 
 
 def clickhouse_sql(name: str) -> str:
     """The text of analytics/sql/clickhouse/NAME.sql with its {{relations}} inlined."""
-    text = resources.files("analytics").joinpath("sql", "clickhouse", f"{name}.sql").read_text()
-    return RELATION.sub(_inlined, text)
+    return sql_of(("clickhouse",), name, lambda parameter: "{" + parameter + ":")
 
 
 def statements(name: str) -> list[str]:
@@ -49,14 +44,6 @@ def derived_columns() -> dict[str, dict[str, str]]:
         table, column, expression = DERIVED_COLUMN.search(statement).groups()
         found.setdefault(table, {})[column] = expression.strip()
     return found
-
-
-def _inlined(match: re.Match) -> str:
-    relation, since, until = match.groups()
-    text = clickhouse_sql(relation)
-    if since:
-        text = text.replace("{since:", "{" + since + ":").replace("{until:", "{" + until + ":")
-    return f"(\n{text}\n)"
 
 
 def literal(value) -> str:

@@ -12,8 +12,8 @@ import polars as pl
 from sloscope.durations import parse_duration
 from sloscope.errors import ConfigError
 
-from analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, Window, diagnose,
-                                   evidence_still_moved, series_scores, signal_steps)
+from analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, Fleet, Window, diagnose,
+                                   evidence_still_moved, fleet_movement, series_scores, signal_steps)
 from analytics.slo import Incident, find_incidents
 from analytics.store import Store
 
@@ -120,9 +120,9 @@ def analyse(store: Store, spec, since: datetime | None = None, until: datetime |
     out = []
     for incident, (start, end) in zip(incidents, spans):
         window = analysis.window(incident.node, start, end)
-        scores = analysis.scores(window)
+        scores, fleet = analysis.scores(window, incident.node), analysis.fleet(window)
         with timed("attribution"):
-            causes, diagnosis = diagnose(scores, incident.node, window, top, spec.taxonomy)
+            causes, diagnosis = diagnose(scores, incident.node, window, top, spec.taxonomy, fleet)
         out.append(incident_json(incident, causes, diagnosis))
     return {"incidents": out}
 
@@ -155,13 +155,15 @@ def explain_moment(store: Store, spec, at: datetime, node: str | None = None, to
 
 
 class _Analysis:
-    """Signal scores per analysis window, computed once however many incidents share the window."""
+    """Signal scores per analysis window and node, and the fleet's movement per window, each computed once however
+    many incidents share them. An incident's own node is scored here; the rest of the fleet only as Fleet."""
 
     def __init__(self, store: Store, spec, baseline: timedelta, lookback: timedelta, timed: StageTimer | None = None):
         self.store, self.resolution_s, self.baseline, self.lookback = store, spec.resolution_s, baseline, lookback
         self.timed = timed or StageTimer()
         self.known = spec.taxonomy  # the causes to rank: the built-in ones and the spec's
-        self._scores: dict[Window, pl.DataFrame] = {}
+        self._scores: dict[tuple[Window, str | None], pl.DataFrame] = {}
+        self._fleets: dict[Window, Fleet] = {}
         self._history: dict[tuple[str, datetime], datetime | None] = {}
 
     def window(self, node: str, start: datetime, end: datetime) -> Window:
@@ -173,19 +175,26 @@ class _Analysis:
                                                        {"node": node, "since": window.baseline_start})[0][0]
         return window.fitted(self._history[asked])
 
-    def scores(self, window: Window) -> pl.DataFrame:
-        if window not in self._scores:
+    def scores(self, window: Window, node: str | None = None) -> pl.DataFrame:
+        """The series scores of `node`, or of every node."""
+        if (window, node) not in self._scores:
             with self.timed("signal_steps"):
-                steps = signal_steps(self.store, window, self.known, evidence_only=True)
+                steps = signal_steps(self.store, window, self.known, evidence_only=True, node=node)
             with self.timed("attribution"):
-                self._scores[window] = series_scores(steps, window, known=self.known)
-        return self._scores[window]
+                self._scores[window, node] = series_scores(steps, window, known=self.known)
+        return self._scores[window, node]
+
+    def fleet(self, window: Window) -> Fleet:
+        if window not in self._fleets:
+            with self.timed("signal_steps"):
+                self._fleets[window] = fleet_movement(self.store, window, self.known)
+        return self._fleets[window]
 
     def top_cause(self, node: str, start: datetime, end: datetime) -> dict | None:
         window = self.window(node, start, end)
-        scores = self.scores(window)
+        scores, fleet = self.scores(window, node), self.fleet(window)
         with self.timed("attribution"):
-            causes, _ = diagnose(scores, node, window, known=self.known)
+            causes, _ = diagnose(scores, node, window, known=self.known, fleet=fleet)
         return causes[0] if causes else None
 
     def continues(self, node: str, episode: tuple[datetime, datetime], incident: Incident) -> bool:
@@ -201,9 +210,9 @@ class _Analysis:
             return own["cause"] == ongoing["cause"]
         just_before = incident.start - timedelta(seconds=2 * self.resolution_s)
         recent = Window(just_before, just_before, just_before, incident.start, self.resolution_s)
-        scores = self.scores(self.window(node, *episode))
+        scores = self.scores(self.window(node, *episode), node)
         with self.timed("signal_steps"):
-            recent_steps = signal_steps(self.store, recent)
+            recent_steps = signal_steps(self.store, recent, node=node)
         with self.timed("attribution"):
             return evidence_still_moved(scores, recent_steps, node, ongoing, recent)
 

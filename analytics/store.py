@@ -8,6 +8,7 @@ their last stored point, so a point at or before it is recognised as already see
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import Counter
 from contextlib import contextmanager, suppress
@@ -32,9 +33,29 @@ class StoreError(RuntimeError):
     pass
 
 
+# A query of the same folder named in double braces, inlined as a subquery: {{signal_steps}} reads with the
+# query's own parameters; {{requests start end}} reads the range of its start and end instead of since and until.
+RELATION = re.compile(r"\{\{(\w+)(?: (\w+) (\w+))?\}\}")
+
+
+def sql_of(folder: tuple[str, ...], name: str, reference) -> str:
+    """The text of analytics/sql/FOLDER/NAME.sql with its {{relations}} inlined; reference(p) is how the dialect
+    writes parameter p in a query, for the renaming of since and until."""
+    text = resources.files("analytics").joinpath("sql", *folder, f"{name}.sql").read_text()
+
+    def inlined(match: re.Match) -> str:
+        relation, since, until = match.groups()
+        body = sql_of(folder, relation, reference)
+        if since:
+            body = body.replace(reference("since"), reference(since)).replace(reference("until"), reference(until))
+        return f"(\n{body}\n)"
+
+    return RELATION.sub(inlined, text)
+
+
 def sql(name: str) -> str:
-    """The text of analytics/sql/NAME.sql."""
-    return resources.files("analytics").joinpath("sql", f"{name}.sql").read_text()
+    """The text of analytics/sql/NAME.sql, its {{relations}} inlined."""
+    return sql_of((), name, lambda parameter: f"${parameter}")
 
 
 # Span fields as stored (times become start_time and duration_ms; ids are words, as sloscope/ids.py says).

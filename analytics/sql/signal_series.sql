@@ -1,4 +1,4 @@
--- The names of the series signal_steps.sql reads from the same range, with their fingerprints: the hash of
+-- The names of the series signal_steps.sql reads from the same range and node, with their fingerprints: the hash of
 -- (node, metric, attributes). A fingerprint that names two series makes signal_steps.sql group by names.
 SELECT DISTINCT hash(node, metric, attributes) AS series, node, metric, attributes
 FROM (
@@ -6,4 +6,4 @@ FROM (
     UNION ALL
     SELECT node, metric, attributes FROM histograms WHERE ts >= $since AND ts < $until
 )
-WHERE node <> $unknown_node AND (len($metrics) = 0 OR list_contains($metrics, metric))
+WHERE node <> $unknown_node AND ($node = '' OR node = $node) AND (len($metrics) = 0 OR list_contains($metrics, metric))

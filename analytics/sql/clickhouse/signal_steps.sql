@@ -1,14 +1,17 @@
 -- Every catalog signal as one number per step, as analytics/sql/signal_steps.sql computes it: gauges as measured,
 -- counters as a rate per second, histograms as their mean; only the metrics named in {metrics}, or all when it is
--- empty; the unknown node's signals left out; each series keyed by the fingerprint of signal_series.sql, with its
--- names only {by_name}.
+-- empty; for every node, or only node {node} when it is not empty; the unknown node's signals left out; each
+-- series keyed by the fingerprint of signal_series.sql, with its names only {by_name}, and the hashes of its node
+-- and metric (node_key, metric_key) for fleet_movement.sql.
 -- The points are read from the exporter's tables by the rules of samples.sql and histograms.sql, but only what a
 -- step's mean needs (no histogram slots). A point stored twice counts once, found more cheaply than there: delta
--- and gauge points are grouped by (series, time), a fixed-width key, and a cumulative point is dropped where its
+-- and gauge points are grouped by (series, time), fixed-width keys, and a cumulative point is dropped where its
 -- series' previous point has the same time (they sort together).
 WITH raw AS (
     SELECT SloscopeNode AS node, MetricName AS metric, SloscopeAttributes AS attributes,
            reinterpretAsInt64(cityHash64(node, metric, attributes)) AS series,
+           reinterpretAsInt64(cityHash64(node)) AS node_key,
+           reinterpretAsInt64(cityHash64(metric)) AS metric_key,
            if({by_name:Bool}, node, NULL) AS name_node,
            if({by_name:Bool}, metric, NULL) AS name_metric,
            if({by_name:Bool}, attributes, NULL) AS name_attributes,
@@ -18,12 +21,15 @@ WITH raw AS (
            AggregationTemporality AS temporality
     FROM otel_metrics_sum
     WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
+      AND ({node:String} = '' OR SloscopeNode = {node:String})
       AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
       AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
 ),
 raw_histograms AS (
     SELECT SloscopeNode AS node, MetricName AS metric, SloscopeAttributes AS attributes,
            reinterpretAsInt64(cityHash64(node, metric, attributes)) AS series,
+           reinterpretAsInt64(cityHash64(node)) AS node_key,
+           reinterpretAsInt64(cityHash64(metric)) AS metric_key,
            if({by_name:Bool}, node, NULL) AS name_node,
            if({by_name:Bool}, metric, NULL) AS name_metric,
            if({by_name:Bool}, attributes, NULL) AS name_attributes,
@@ -37,36 +43,40 @@ raw_histograms AS (
            AggregationTemporality AS temporality
     FROM otel_metrics_exponential_histogram
     WHERE bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
+      AND ({node:String} = '' OR SloscopeNode = {node:String})
       AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
       AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
 ),
 -- Gauges, and delta sums and histograms, as one value per point (a delta without a usable start time as it is).
 single AS (
-    SELECT series, name_node, name_metric, name_attributes, time_ns, any(value) AS value
+    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns, any(value) AS value
     FROM (
         SELECT reinterpretAsInt64(cityHash64(SloscopeNode, MetricName, SloscopeAttributes)) AS series,
+               reinterpretAsInt64(cityHash64(SloscopeNode)) AS node_key,
+               reinterpretAsInt64(cityHash64(MetricName)) AS metric_key,
                if({by_name:Bool}, SloscopeNode, NULL) AS name_node,
                if({by_name:Bool}, MetricName, NULL) AS name_metric,
                if({by_name:Bool}, SloscopeAttributes, NULL) AS name_attributes,
                toUnixTimestamp64Nano(TimeUnix) AS time_ns, Value AS value
         FROM otel_metrics_gauge
         WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
+      AND ({node:String} = '' OR SloscopeNode = {node:String})
           AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
           AND TimeUnix >= {since:DateTime64(6)} AND TimeUnix < {until:DateTime64(6)}
         UNION ALL
-        SELECT series, name_node, name_metric, name_attributes, time_ns,
+        SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns,
                if(start_ns > 0 AND start_ns < time_ns, value / ((time_ns - start_ns) / 1e9), value)
         FROM raw
         WHERE temporality = 1 AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
         UNION ALL
-        SELECT series, name_node, name_metric, name_attributes, time_ns, sum / count
+        SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns, sum / count
         FROM raw_histograms
         WHERE temporality = 1 AND count > 0 AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
     )
-    GROUP BY series, name_node, name_metric, name_attributes, time_ns
+    GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns
 ),
 cumulative AS (
-    SELECT series, name_node, name_metric, name_attributes, start_ns, time_ns, value,
+    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, start_ns, time_ns, value,
            row_number() OVER points = 1 AS first,
            lagInFrame(start_ns) OVER points AS prev_start_ns,
            lagInFrame(time_ns) OVER points AS prev_time_ns,
@@ -80,7 +90,7 @@ cumulative AS (
                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ),
 cumulative_histograms AS (
-    SELECT series, name_node, name_metric, name_attributes, start_ns, time_ns, count, sum,
+    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, start_ns, time_ns, count, sum,
            row_number() OVER points = 1 AS first,
            lagInFrame(start_ns) OVER points AS prev_start_ns,
            lagInFrame(time_ns) OVER points AS prev_time_ns,
@@ -101,26 +111,26 @@ cumulative_histograms AS (
                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ),
 points AS (
-    SELECT series, name_node, name_metric, name_attributes, time_ns, value FROM single
+    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns, value FROM single
     UNION ALL
-    SELECT series, name_node, name_metric, name_attributes, time_ns,
+    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns,
            if(from_start OR went_down, value, value - prev_value)
                / if(from_start, (time_ns - start_ns) / 1e9, (time_ns - prev_time_ns) / 1e9)
     FROM cumulative
     WHERE (first OR time_ns != prev_time_ns) AND (from_start OR NOT restarted)
       AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
     UNION ALL
-    SELECT series, name_node, name_metric, name_attributes, time_ns,
+    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns,
            if(from_start OR went_down, sum / count, (sum - prev_sum) / (count - prev_count))
     FROM cumulative_histograms
     WHERE (first OR time_ns != prev_time_ns) AND (from_start OR NOT restarted)
       AND if(from_start OR went_down, count, count - prev_count) > 0
       AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
 )
-SELECT series, name_node AS node, name_metric AS metric, name_attributes AS attributes,
+SELECT series, node_key, metric_key, name_node AS node, name_metric AS metric, name_attributes AS attributes,
        fromUnixTimestamp64Micro(toInt64(946857600000000 + intDiv(intDiv(time_ns, 1000) - 946857600000000,
                                 toInt64(round({step_s:Float64} * 1e6))) * toInt64(round({step_s:Float64} * 1e6))),
                                 'UTC') AS step,
        avg(value) AS value
 FROM points
-GROUP BY series, name_node, name_metric, name_attributes, step
+GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes, step
