@@ -15,17 +15,20 @@ readings AS (
     SELECT unnest($readings) AS metric, unnest($directions) AS direction, unnest($floors) AS floor
 ),
 levels AS MATERIALIZED (
-    SELECT steps.series, steps.node_key, readings.metric, steps.step, steps.value,
-           lag(steps.value, $growth_lag) OVER (PARTITION BY steps.series ORDER BY steps.step) AS previous,
-           previous IS NOT NULL AND list_contains($growth_metrics, readings.metric) AS grows
+    SELECT steps.series, steps.node_key, readings.metric, steps.step, steps.value
     FROM steps JOIN readings ON steps.metric_key = hash(readings.metric)
 ),
+growth AS (
+    SELECT series, node_key, metric || $growth_suffix AS metric, step,
+           (value - previous) / previous * $growth_per_min AS value
+    FROM (SELECT *, lag(value, $growth_lag) OVER (PARTITION BY series ORDER BY step) AS previous
+          FROM levels WHERE list_contains($growth_metrics, metric))
+    WHERE previous IS NOT NULL
+),
 series_steps AS (
-    SELECT series, node_key, metric, step, value FROM levels
+    SELECT * FROM levels
     UNION ALL
-    SELECT series, node_key, metric || $growth_suffix, step, (value - previous) / previous * $growth_per_min
-    FROM levels
-    WHERE grows AND isfinite((value - previous) / previous)
+    SELECT * FROM growth WHERE isfinite(value)
 ),
 judged AS (
     SELECT series, node_key, metric,
