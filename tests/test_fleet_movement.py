@@ -1,6 +1,7 @@
 """Locality computed in the store: fleet_movement.sql judges every node's series as series_scores judges them, on
 DuckDB and on ClickHouse, so that an incident's analysis reads only its own node step by step."""
 
+import math
 import random
 from datetime import datetime, timedelta
 
@@ -42,6 +43,16 @@ def _quartile_probe(node: str, observed: float) -> dict:
     return metrics([gauge("DCGM_FI_DEV_GPU_TEMP", points, {"gpu": "0"})], node=node)
 
 
+def _growth_probe() -> dict:
+    """GPU memory on n4 that is flat, then from the first window's analysis start grows by 0.95 % a minute
+    (exponentially: the same at every step), just short of the growth noise floor of 1 %; its growth read over
+    one step more would pass it."""
+    rate = math.log(1.0095) / 60
+    start = FAULT_AT - 60
+    points = [(T0 + s * S, 4e9 * math.exp(rate * max(0, s - start))) for s in range(MINUTES * 60)]
+    return metrics([gauge(GPU_MEMORY, points, {"hw.id": "GPU-probe"})], node="n4")
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fleet")
@@ -50,7 +61,7 @@ def files(tmp_path_factory):
     for k, node in enumerate(NODES):
         lines += [_signals(node, rng, fault=node == "n1"), _gpu_memory(node, rng),
                   _requests(node, rng, fault=node == "n1", base=k * 1_000_000)]
-    return tmp, [write_lines(tmp / "fleet.jsonl", lines + [_quartile_probe("n3", 220.0), _quartile_probe("n4", 180.0)])]
+    return tmp, [write_lines(tmp / "fleet.jsonl", lines + [_quartile_probe("n3", 220.0), _quartile_probe("n4", 180.0), _growth_probe()])]
 
 
 def _windows() -> list[Window]:
@@ -74,8 +85,8 @@ def test_the_store_judges_the_fleet_as_series_scores_do(files, engine):
             steps = signal_steps(store, window, spec.taxonomy, evidence_only=True)
             expected = Fleet.of(series_scores(steps, window, known=spec.taxonomy))
             assert fleet_movement(store, window, spec.taxonomy) == expected, window
-        # What the comparison covers: the fleet-wide temperature, n2's leak as growth, a growth from zero, and
-        # quartiles at the nearest rank: 3.2 scales on n3 moved, 2.5 on n4 did not.
+        # What the comparison covers: the fleet-wide temperature, n2's leak as growth, a growth from zero, growth
+        # just short of its floor on n4, and quartiles at the nearest rank: 3.2 scales on n3 moved, 2.5 on n4 did not.
         fleet = fleet_movement(store, _windows()[0], spec.taxonomy)
         assert fleet.nodes == len(NODES)
         assert fleet.moved["hw.gpu.temperature"] == len(NODES)

@@ -7,33 +7,41 @@ readings AS (
     FROM (SELECT arrayJoin(arrayZip({readings:Array(String)}, {directions:Array(Float64)},
                                     {floors:Array(Float64)})) AS reading)
 ),
-levels AS (
-    SELECT steps.series AS series, steps.node_key AS node_key, readings.metric AS level_metric, steps.step AS step,
-           steps.value AS level,
-           lagInFrame(level, {growth_lag:UInt64}) OVER earlier AS previous,
-           row_number() OVER earlier > {growth_lag:UInt64} AND has({growth_metrics:Array(String)}, level_metric)
-               AS grows,
-           (level - previous) / previous * {growth_per_min:Float64} AS growth
+-- Each series' steps in time order, as one array: growth is read from it and the medians are taken of it, with no
+-- window over the fleet's steps (and the steps are read once: a CTE named twice would be computed twice).
+series_points AS (
+    SELECT steps.series AS series, steps.node_key AS node_key, readings.metric AS level_metric,
+           arraySort(point -> tupleElement(point, 1), groupArray((steps.step, steps.value))) AS level_points
     FROM steps INNER JOIN readings ON steps.metric_key = reinterpretAsInt64(cityHash64(readings.metric))
-    WINDOW earlier AS (PARTITION BY steps.series ORDER BY steps.step
-                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+    GROUP BY series, node_key, level_metric
 ),
--- Each step of a level, and of its growth where it has one: the steps are read once (a CTE named twice would be
--- computed twice).
-series_steps AS (
-    SELECT series, node_key, step, tupleElement(point, 1) AS metric, tupleElement(point, 2) AS value
-    FROM levels
-    ARRAY JOIN if(grows AND isFinite(growth),
-                  [(level_metric, level), (concat(level_metric, {growth_suffix:String}), growth)],
-                  [(level_metric, level)]) AS point
+-- A level, and its growth where it is read as growth: the relative change over growth_lag steps, per minute.
+judged_points AS (
+    SELECT series, node_key, tupleElement(variant, 1) AS metric, tupleElement(variant, 2) AS points
+    FROM series_points
+    ARRAY JOIN if(has({growth_metrics:Array(String)}, level_metric),
+                  [(level_metric, level_points),
+                   (concat(level_metric, {growth_suffix:String}),
+                    arrayFilter(point -> isFinite(tupleElement(point, 2)),
+                                arrayMap(i -> (tupleElement(level_points[i], 1),
+                                               (tupleElement(level_points[i], 2)
+                                                - tupleElement(level_points[i - {growth_lag:UInt64}], 2))
+                                               / tupleElement(level_points[i - {growth_lag:UInt64}], 2)
+                                               * {growth_per_min:Float64}),
+                                         range({growth_lag:UInt64} + 1, length(level_points) + 1))))],
+                  [(level_metric, level_points)]) AS variant
 ),
 judged AS (
     SELECT series, node_key, metric,
-           arraySort(groupArrayIf(value, step < {analysis_start:DateTime64(6)})) AS baseline,
-           arraySort(groupArrayIf(value, step >= {incident_start:DateTime64(6)})) AS during
-    FROM series_steps
-    GROUP BY series, node_key, metric
-    HAVING length(baseline) >= {min_baseline_steps:UInt64} AND countIf(step >= {analysis_start:DateTime64(6)}) > 0
+           arraySort(arrayMap(point -> tupleElement(point, 2),
+                              arrayFilter(point -> tupleElement(point, 1) < {analysis_start:DateTime64(6)}, points)))
+               AS baseline,
+           arraySort(arrayMap(point -> tupleElement(point, 2),
+                              arrayFilter(point -> tupleElement(point, 1) >= {incident_start:DateTime64(6)}, points)))
+               AS during
+    FROM judged_points
+    WHERE length(baseline) >= {min_baseline_steps:UInt64}
+      AND arrayExists(point -> tupleElement(point, 1) >= {analysis_start:DateTime64(6)}, points)
 ),
 levels_and_scales AS (
     SELECT judged.node_key AS node_key, judged.metric AS metric, readings.direction AS direction,
