@@ -94,9 +94,8 @@ def sli_windows(store: Store, spec: SloSpec, since: datetime, until: datetime) -
              .join(expected, on="tier"))
     tests = tests.with_columns(latency_p=_tails(tests["slow"], tests["requests"] * tests["allowance"]),
                                error_p=_tails(tests["failures"], tests["requests"] * tests["budget"]))
-    frame = frame.join(tests.select("block", "latency_p", "error_p"), on="block")
-    return {tier: frame.filter(pl.col("tier") == tier).drop("tier").sort("service", "node", "window_start")
-            for tier in tiers}
+    frame = frame.join(tests.select("block", "latency_p", "error_p"), on="block", maintain_order="left")
+    return {tier: frame.filter(pl.col("tier") == tier).drop("tier") for tier in tiers}
 
 
 def window_latencies(store: Store, spec: SloSpec, objective: TierObjective, since: datetime,
