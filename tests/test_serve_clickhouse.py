@@ -17,6 +17,7 @@ from alerts import metric_names as x  # noqa: E402
 from commands.cli import main  # noqa: E402
 from simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from tests.alerting_stack import free_port, wait_listening  # noqa: E402
+from tests.exporter_versions import create_tables  # noqa: E402
 from tests.store_parity import incident_summary  # noqa: E402
 
 COMPARED = {x.REQUESTS, x.REQUEST_ERRORS, x.REQUEST_DURATION, x.INCIDENT_CAUSE_SCORE,
@@ -25,11 +26,14 @@ COMPARED = {x.REQUESTS, x.REQUEST_ERRORS, x.REQUEST_DURATION, x.INCIDENT_CAUSE_S
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
-    """serve on DuckDB and serve on chDB, loaded from the same simulated fleet (a storage fault at the end)."""
+    """serve on DuckDB and serve on chDB, loaded from the same simulated fleet (a storage fault at the end); on
+    chDB twice: in the tables sloscope ingest makes, and in those a Collector of v0.160 or later made first."""
     tmp = tmp_path_factory.mktemp("both")
     simulate(SimulationConfig(out=tmp / "otlp", nodes=3, seed=4, fault="storage_queue", rate=4.0, duration_s=780))
     files = [str(f) for f in sorted((tmp / "otlp").glob("*.jsonl*"))]
-    stores = {"duckdb": f"duckdb:///{tmp}/db.duckdb", "chdb": f"chdb:///{tmp}/ch"}
+    stores = {"duckdb": f"duckdb:///{tmp}/db.duckdb", "chdb": f"chdb:///{tmp}/ch",
+              "chdb_collector_made": f"chdb:///{tmp}/ch_collector_made"}
+    create_tables(tmp / "ch_collector_made")
     for url in stores.values():
         assert main(["ingest", "--store", url, *files]) == 0
     procs, ports = {}, {}
@@ -60,9 +64,10 @@ def _samples(text: str) -> dict[tuple, float]:
             if family.name in COMPARED or family.name + "_total" in COMPARED for s in family.samples}
 
 
-def test_metrics_from_clickhouse_match_metrics_from_duckdb(both):
+@pytest.mark.parametrize("tables", ["chdb", "chdb_collector_made"])
+def test_metrics_from_clickhouse_match_metrics_from_duckdb(both, tables):
     urls, _ = both
-    duck, ch = (_samples(_get(urls[name] + "/metrics").decode()) for name in ("duckdb", "chdb"))
+    duck, ch = (_samples(_get(urls[name] + "/metrics").decode()) for name in ("duckdb", tables))
     assert any(name == x.REQUESTS + "_total" or name == x.REQUESTS for name, _ in duck)
     assert any(name.startswith(x.REQUEST_DURATION + "_bucket") for name, _ in duck)
     assert set(ch) == set(duck)
@@ -70,14 +75,15 @@ def test_metrics_from_clickhouse_match_metrics_from_duckdb(both):
         assert ch[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
 
 
-def test_rca_and_sampling_from_clickhouse_match_duckdb(both):
+@pytest.mark.parametrize("tables", ["chdb", "chdb_collector_made"])
+def test_rca_and_sampling_from_clickhouse_match_duckdb(both, tables):
     urls, _ = both
-    rca = {name: json.loads(_get(url + "/rca")) for name, url in urls.items()}
+    rca = {name: json.loads(_get(urls[name] + "/rca")) for name in ("duckdb", tables)}
     summary = {name: incident_summary(doc) for name, doc in rca.items()}
-    assert summary["duckdb"] and summary["chdb"] == summary["duckdb"]
-    sampling = {name: json.loads(_get(url + "/sampling")) for name, url in urls.items()}
-    assert sampling["chdb"].keys() == sampling["duckdb"].keys()
-    assert json.dumps(sampling["chdb"], sort_keys=True).count("probability") == \
+    assert summary["duckdb"] and summary[tables] == summary["duckdb"]
+    sampling = {name: json.loads(_get(urls[name] + "/sampling")) for name in ("duckdb", tables)}
+    assert sampling[tables].keys() == sampling["duckdb"].keys()
+    assert json.dumps(sampling[tables], sort_keys=True).count("probability") == \
         json.dumps(sampling["duckdb"], sort_keys=True).count("probability") > 0
 
 

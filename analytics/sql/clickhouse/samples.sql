@@ -14,8 +14,8 @@ WITH points AS (
     SELECT SloscopeNode AS node,
            MetricName AS metric,
            SloscopeAttributes AS attributes,
-           toUnixTimestamp64Nano(StartTimeUnix) AS start_ns,
-           toUnixTimestamp64Nano(TimeUnix) AS time_ns,
+           toUnixTimestamp64Nano(toDateTime64(StartTimeUnix, 9)) AS start_ns,
+           toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)) AS time_ns,
            Value AS value,
            AggregationTemporality AS temporality
     FROM otel_metrics_sum
@@ -36,7 +36,7 @@ cumulative AS (
                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 )
 SELECT * FROM (
-    SELECT fromUnixTimestamp64Micro(intDiv(toUnixTimestamp64Nano(TimeUnix), 1000), 'UTC') AS ts,
+    SELECT fromUnixTimestamp64Micro(intDiv(toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)), 1000), 'UTC') AS ts,
            SloscopeNode AS node,
            MetricName AS metric,
            SloscopeAttributes AS attributes,

@@ -15,8 +15,8 @@ WITH raw AS (
            if({by_name:Bool}, node, NULL) AS name_node,
            if({by_name:Bool}, metric, NULL) AS name_metric,
            if({by_name:Bool}, attributes, NULL) AS name_attributes,
-           toUnixTimestamp64Nano(StartTimeUnix) AS start_ns,
-           toUnixTimestamp64Nano(TimeUnix) AS time_ns,
+           toUnixTimestamp64Nano(toDateTime64(StartTimeUnix, 9)) AS start_ns,
+           toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)) AS time_ns,
            Value AS value,
            AggregationTemporality AS temporality
     FROM otel_metrics_sum
@@ -33,8 +33,8 @@ raw_histograms AS (
            if({by_name:Bool}, node, NULL) AS name_node,
            if({by_name:Bool}, metric, NULL) AS name_metric,
            if({by_name:Bool}, attributes, NULL) AS name_attributes,
-           toUnixTimestamp64Nano(StartTimeUnix) AS start_ns,
-           toUnixTimestamp64Nano(TimeUnix) AS time_ns,
+           toUnixTimestamp64Nano(toDateTime64(StartTimeUnix, 9)) AS start_ns,
+           toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)) AS time_ns,
            toInt64(Count) AS count,
            Sum AS sum,
            Scale AS scale,
@@ -57,7 +57,7 @@ single AS (
                if({by_name:Bool}, SloscopeNode, NULL) AS name_node,
                if({by_name:Bool}, MetricName, NULL) AS name_metric,
                if({by_name:Bool}, SloscopeAttributes, NULL) AS name_attributes,
-               toUnixTimestamp64Nano(TimeUnix) AS time_ns, Value AS value
+               toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)) AS time_ns, Value AS value
         FROM otel_metrics_gauge
         WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
       AND ({node:String} = '' OR SloscopeNode = {node:String})
