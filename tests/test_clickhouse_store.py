@@ -20,6 +20,7 @@ from analytics.stores import PASSWORD_ENV, open_store, parse_store_url, _passwor
 from commands.cli import main  # noqa: E402
 from enrich.tiers import MAX_HEADER_LENGTH, TierResolver  # noqa: E402
 from sloscope.slo_spec import load_spec  # noqa: E402
+from tests.exporter_versions import create_tables  # noqa: E402
 from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces, write_lines  # noqa: E402
 
 T0 = 1_764_410_400_000_000_000  # 2025-11-29T10:00:00Z
@@ -209,6 +210,27 @@ def test_both_engines_answer_the_analytics_queries_with_the_same_frames(tmp_path
     assert ch_steps.select("node", "metric", "attributes", "step").equals(
         duck_steps.select("node", "metric", "attributes", "step"))
     assert (ch_steps["value"] - duck_steps["value"]).abs().max() < 1e-9
+
+
+def test_a_counter_faster_than_once_a_second_keeps_its_rate_in_tables_of_whole_seconds(tmp_path):
+    """The exporter's tables since v0.160 keep metric times in whole seconds: a counter sent every 0.6 s has two
+    points in most seconds there. Every increase still counts once, as DuckDB counts it at full precision, and
+    copies of the points (the file loaded twice) still count once."""
+    points = [(T0 + k * 600_000_000 + 300_000_000, 6 * k) for k in range(1, 500)]  # 10 per second
+    line = metrics([counter("sloscope.tcp.retransmits", T0, points, attrs={"network.io.direction": "transmit"})],
+                   node="n1")
+    create_tables(tmp_path / "ch")
+    duck, ch = _load_both(tmp_path, [line, line])
+    window = Window(datetime(2025, 11, 29, 10, 0), datetime(2025, 11, 29, 10, 3),
+                    datetime(2025, 11, 29, 10, 4), datetime(2025, 11, 29, 10, 5), 10.0)
+    with duck, ch:
+        steps = [signal_steps(store, window).sort("step")["value"] for store in (duck, ch)]
+    assert len(steps[0]) == len(steps[1]) >= 28
+    assert np.allclose(steps[0][1:-1], 10.0)
+    # Per whole second, its last point: a step's 10 increases of 1 s are those of 16 or 18 points (of 6 each), and
+    # over the steps they add up to the counter's own increase.
+    assert np.abs(steps[1][1:-1] - 10.0).max() <= 1.2 + 1e-9
+    assert abs(steps[1][1:-1].mean() - 10.0) < 0.1
 
 
 def test_the_evidence_steps_leave_out_only_what_no_cause_reads_in_both_engines(tmp_path):

@@ -5,8 +5,10 @@
 -- and metric (node_key, metric_key) for fleet_movement.sql.
 -- The points are read from the exporter's tables by the rules of samples.sql and histograms.sql, but only what a
 -- step's mean needs (no histogram slots). A point stored twice counts once, found more cheaply than there: delta
--- and gauge points are grouped by (series, time), fixed-width keys, and a cumulative point is dropped where its
--- series' previous point has the same time (they sort together).
+-- and gauge points are grouped by (series, time), fixed-width keys, and of a cumulative series' points that share
+-- a time only the last in (time, value) order is kept, found by a window over the order the increases' window
+-- sorts by again, so ClickHouse sorts once. Sharing a time is not only a copy: the exporter's tables since v0.160
+-- keep whole seconds, and the later of two points in one second carries the increase of both.
 WITH raw AS (
     SELECT SloscopeNode AS node, MetricName AS metric, SloscopeAttributes AS attributes,
            reinterpretAsInt64(cityHash64(node, metric, attributes)) AS series,
@@ -84,9 +86,13 @@ cumulative AS (
            first OR start_ns != prev_start_ns AS restarted,
            NOT first AND value < prev_value AS went_down,
            restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
-    FROM raw
-    WHERE temporality = 2
-    WINDOW points AS (PARTITION BY series, name_node, name_metric, name_attributes ORDER BY time_ns
+    FROM (SELECT *, leadInFrame(time_ns) OVER (PARTITION BY series, name_node, name_metric, name_attributes
+                                               ORDER BY time_ns, value ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING)
+                    AS next_time_ns
+          FROM raw
+          WHERE temporality = 2)
+    WHERE next_time_ns != time_ns
+    WINDOW points AS (PARTITION BY series, name_node, name_metric, name_attributes ORDER BY time_ns, value
                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ),
 cumulative_histograms AS (
@@ -105,9 +111,13 @@ cumulative_histograms AS (
                arrayExists((now, before) -> now < before, arrayResize(buckets, width), arrayResize(prev_buckets, width))))
                AS went_down,
            restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
-    FROM raw_histograms
-    WHERE temporality = 2
-    WINDOW points AS (PARTITION BY series, name_node, name_metric, name_attributes ORDER BY time_ns
+    FROM (SELECT *, leadInFrame(time_ns) OVER (PARTITION BY series, name_node, name_metric, name_attributes
+                                               ORDER BY time_ns, count ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING)
+                    AS next_time_ns
+          FROM raw_histograms
+          WHERE temporality = 2)
+    WHERE next_time_ns != time_ns
+    WINDOW points AS (PARTITION BY series, name_node, name_metric, name_attributes ORDER BY time_ns, count
                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ),
 points AS (
@@ -117,13 +127,13 @@ points AS (
            if(from_start OR went_down, value, value - prev_value)
                / if(from_start, (time_ns - start_ns) / 1e9, (time_ns - prev_time_ns) / 1e9)
     FROM cumulative
-    WHERE (first OR time_ns != prev_time_ns) AND (from_start OR NOT restarted)
+    WHERE (from_start OR NOT restarted)
       AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
     UNION ALL
     SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns,
            if(from_start OR went_down, sum / count, (sum - prev_sum) / (count - prev_count))
     FROM cumulative_histograms
-    WHERE (first OR time_ns != prev_time_ns) AND (from_start OR NOT restarted)
+    WHERE (from_start OR NOT restarted)
       AND if(from_start OR went_down, count, count - prev_count) > 0
       AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
 )
