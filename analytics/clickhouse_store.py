@@ -8,6 +8,7 @@ back with DuckDB's column types: naive UTC datetimes, Int64 counts, Float64 valu
 
 from __future__ import annotations
 
+import math
 import re
 import tempfile
 import threading
@@ -22,8 +23,10 @@ import pyarrow.ipc as ipc
 
 from analytics import exporter_tables
 from analytics.store import Frames, Reader, StoreError, sql_of
+from sloscope import catalog
 
 META_TABLE, COUNTERS_TABLE = "sloscope_meta", "sloscope_counters"
+PARAMETER = re.compile(r"\{(\w+):[^{}]+\}")
 DERIVED_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+)\s+.+?\s+MATERIALIZED\s+(.+)", re.S)
 
 
@@ -37,10 +40,26 @@ def statements(name: str) -> list[str]:
     return clickhouse_sql(name).split("\n;\n")
 
 
+def catalog_rules() -> dict:
+    """The catalog signals' rules for reading a metric point (receiver/otlp_common.MetricRule), by metric name."""
+    return {"node_attributes": {s.name: s.node_attribute for s in catalog.SIGNALS if s.node_attribute},
+            "resource_attributes": {s.name: list(s.resource_attributes) for s in catalog.SIGNALS
+                                    if s.resource_attributes},
+            "blank_from": {s.name: s.blank_from for s in catalog.SIGNALS if math.isfinite(s.blank_from)},
+            "counters": [s.name for s in catalog.SIGNALS if s.instrument is catalog.Instrument.COUNTER]}
+
+
+def derived_column_statements() -> list[str]:
+    """The statements of derived_columns.sql with the catalog's rules written in as literals."""
+    rules = catalog_rules()
+    return [PARAMETER.sub(lambda m: sql_literal(rules[m.group(1)]), statement)
+            for statement in statements("derived_columns")]
+
+
 def derived_columns() -> dict[str, dict[str, str]]:
     """table -> {column: expression} of the columns derived_columns.sql adds to the exporter's tables."""
     found: dict[str, dict[str, str]] = {}
-    for statement in statements("derived_columns"):
+    for statement in derived_column_statements():
         table, column, expression = DERIVED_COLUMN.search(statement).groups()
         found.setdefault(table, {})[column] = expression.strip()
     return found
@@ -51,11 +70,16 @@ def literal(value) -> str:
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S.%f")
     if isinstance(value, (list, tuple, frozenset, set)):
-        return "[" + ",".join(_element(v) for v in value) + "]"
+        return sql_literal(list(value))
     return str(value)
 
 
-def _element(value) -> str:
+def sql_literal(value) -> str:
+    """A value as a ClickHouse SQL literal: numbers, quoted strings, arrays and maps of them."""
+    if isinstance(value, dict):
+        return "map(" + ", ".join(f"{sql_literal(k)}, {sql_literal(v)}" for k, v in value.items()) + ")"
+    if isinstance(value, (list, tuple, frozenset, set)):
+        return "[" + ",".join(sql_literal(v) for v in value) + "]"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return repr(value)
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -149,7 +173,7 @@ class ClickHouseStore(Reader):
         if read_only:
             self._check_tables()
         else:
-            for statement in statements("exporter_tables") + statements("derived_columns"):
+            for statement in statements("exporter_tables") + derived_column_statements():
                 self._execute(statement)
         self._sources = self._sources_lacking_columns()
 

@@ -20,8 +20,11 @@ from analytics.stores import PASSWORD_ENV, open_store, parse_store_url, _passwor
 from commands.cli import main  # noqa: E402
 from enrich.tiers import MAX_HEADER_LENGTH, TierResolver  # noqa: E402
 from sloscope.slo_spec import load_spec  # noqa: E402
+from tests.collector_exporter import rows  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402
-from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces, write_lines  # noqa: E402
+from tests.otlp_builders import attr, counter, exp_histogram, gauge, metrics, span, traces, write_lines  # noqa: E402
+from tests.receiver_otlp import cumulative, prometheus_scrape  # noqa: E402
+from tests.receiver_otlp import gauge as receiver_gauge  # noqa: E402
 
 T0 = 1_764_410_400_000_000_000  # 2025-11-29T10:00:00Z
 S = 1_000_000_000
@@ -231,6 +234,65 @@ def test_a_counter_faster_than_once_a_second_keeps_its_rate_in_tables_of_whole_s
     # over the steps they add up to the counter's own increase.
     assert np.abs(steps[1][1:-1] - 10.0).max() <= 1.2 + 1e-9
     assert abs(steps[1][1:-1].mean() - 10.0) < 0.1
+
+
+def _receivers_requests() -> list[dict]:
+    """What the Collector's receivers send: a dcgm-exporter scrape (no node but its Hostname label, and one of
+    DCGM's blank values), kubeletstats' two pods of one node (kept apart only by their resource), and hostmetrics'
+    TCP connections (a cumulative sum that is not monotonic: a level)."""
+    times = [T0 + k * S for k in range(1, 7)]
+    temperature = [(t, 2.0**48 if k == 3 else 60.0 + k) for k, t in enumerate(times)]
+    dcgm = prometheus_scrape("10.0.0.7:9400", [receiver_gauge(
+        "DCGM_FI_DEV_GPU_TEMP", "", temperature, {"gpu": "0", "UUID": "GPU-1", "Hostname": "n2"})], times=times)
+    pods = [{"resourceMetrics": [{"resource": {"attributes": [
+        attr("k8s.node.name", "n1"), attr("k8s.pod.name", pod), attr("k8s.namespace.name", "serving")]},
+        "scopeMetrics": [{"scope": {"name": "kubeletstats"}, "metrics": [receiver_gauge(
+            "k8s.pod.cpu.usage", "{cpu}", [(t, usage + 0.01 * k) for k, t in enumerate(times)])]}]}]}
+        for pod, usage in (("embedder-0", 1.5), ("embedder-1", 3.0))]
+    connections = metrics([cumulative("system.network.connections", "{connections}", T0, [
+        (t, 100 + (-1) ** k * 10 * k) for k, t in enumerate(times)], {"protocol": "tcp", "state": "ESTABLISHED"},
+        integer=True, monotonic=False)], node="n3")
+    return [dcgm, *pods, connections]
+
+
+STEPS_WINDOW = Window(datetime(2025, 11, 29, 9, 59), datetime(2025, 11, 29, 10, 0, 3),
+                      datetime(2025, 11, 29, 10, 0, 4), datetime(2025, 11, 29, 10, 1), 1.0)
+
+
+@pytest.mark.parametrize("collector_made_tables", [False, True])
+def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoders_read_them(tmp_path,
+                                                                                          collector_made_tables):
+    """The decoders apply the catalog's rules to what they keep; the exporter writes the points as they came, so
+    the queries apply the same rules: with sloscope's columns, and on a Collector's tables without them."""
+    requests = _receivers_requests()
+    assert main(["ingest", "--db", str(tmp_path / "x.duckdb"),
+                 str(write_lines(tmp_path / "in.jsonl", requests))]) == 0
+    if collector_made_tables:
+        create_tables(tmp_path / "ch")
+    else:
+        open_store(f"chdb:///{tmp_path}/ch").close()  # sloscope's own tables, with its columns
+    with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as ch:
+        for request in requests:
+            for table, data in rows(request).items():
+                ch.backend.insert(table, data)
+        assert bool(ch._sources) == collector_made_tables
+        key = ["node", "metric", "attributes", "ts"]
+        columns = "ts, node, metric, attributes, value, interval_s"
+        engine = _sorted(ch.frame(f"SELECT {columns} FROM ({ch.sql('samples')})", EVERYTHING), key)
+        engine_steps = signal_steps(ch, STEPS_WINDOW).sort("node", "metric", "attributes", "step")
+    with Store(tmp_path / "x.duckdb", read_only=True) as duck:
+        stored = _sorted(duck.frame(f"SELECT {columns} FROM samples"), key)
+        stored_steps = signal_steps(duck, STEPS_WINDOW).sort("node", "metric", "attributes", "step")
+    assert set(stored["node"]) == {"n1", "n2", "n3"}  # DCGM's on its Hostname
+    assert stored.filter(pl.col("metric") == "k8s.pod.cpu.usage")["attributes"].n_unique() == 2
+    assert stored.filter(pl.col("metric") == "DCGM_FI_DEV_GPU_TEMP").height == 5  # the blank one dropped
+    assert stored.filter(pl.col("metric") == "system.network.connections")["interval_s"].is_null().all()
+    assert_same(engine.filter(pl.col("metric").is_in(list(set(stored["metric"])))), stored)
+    # and what rca reads of them (the prometheus receiver's own series are on no node)
+    assert set(stored_steps["node"]) == {"n1", "n2", "n3"}
+    assert engine_steps.select("node", "metric", "attributes", "step").equals(
+        stored_steps.select("node", "metric", "attributes", "step"))
+    assert np.allclose(engine_steps["value"].to_numpy(), stored_steps["value"].to_numpy(), rtol=1e-12)
 
 
 def test_the_evidence_steps_leave_out_only_what_no_cause_reads_in_both_engines(tmp_path):

@@ -6,6 +6,12 @@
 -- Their values follow receiver/otlp_common.py: span attributes before the resource's, Istio's canonical service
 -- over Envoy's default names, names cut at 253 characters; a repeated tier header (a list, which the exporter
 -- writes as its JSON) is its single value. The tier rules of the spec are applied at query time, not here.
+-- A metric point is read by its catalog signal's rule, as the decoders read it (receiver/otlp_common.MetricRule):
+-- its node is the resource's, else the point attribute the rule names (dcgm-exporter's Hostname); the resource
+-- attributes the rule keeps (kubeletstats' pod and container) join its attributes; DCGM's blank values are not
+-- kept; a cumulative sum that is not monotonic is a level (SloscopeTemporality 0), unless the signal is a counter.
+-- The rules' parameters ({node_attributes:...} and the others) are filled from sloscope/catalog.py when the
+-- statements are run, since a column's expression takes no query parameters.
 -- Statements are separated by a line holding only ";".
 ALTER TABLE otel_traces ADD COLUMN IF NOT EXISTS SloscopeService LowCardinality(String) MATERIALIZED
     multiIf(SpanAttributes['istio.canonical_service'] = '',
@@ -46,20 +52,45 @@ ALTER TABLE otel_traces ADD COLUMN IF NOT EXISTS SloscopeStatusCode Nullable(Int
                           SpanAttributes['http.response.status_code'], SpanAttributes['http.status_code']))
 ;
 ALTER TABLE otel_metrics_gauge ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
-    coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''), 'unknown')
+    substringUTF8(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
+                           nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), 'unknown'),
+                  1, 253)
 ;
 ALTER TABLE otel_metrics_gauge ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String) MATERIALIZED
-    toJSONString(mapSort(Attributes))
+    toJSONString(mapSort(mapUpdate(Attributes, mapFilter(
+        (key, value) -> value != '' AND has({resource_attributes:Map(String, Array(String))}[MetricName], key),
+        ResourceAttributes))))
+;
+ALTER TABLE otel_metrics_gauge ADD COLUMN IF NOT EXISTS SloscopeKept Bool MATERIALIZED
+    isFinite(Value) AND bitAnd(Flags, 1) = 0
+        AND Value < if(mapContains({blank_from:Map(String, Float64)}, MetricName),
+                       {blank_from:Map(String, Float64)}[MetricName], inf)
 ;
 ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
-    coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''), 'unknown')
+    substringUTF8(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
+                           nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), 'unknown'),
+                  1, 253)
 ;
 ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String) MATERIALIZED
-    toJSONString(mapSort(Attributes))
+    toJSONString(mapSort(mapUpdate(Attributes, mapFilter(
+        (key, value) -> value != '' AND has({resource_attributes:Map(String, Array(String))}[MetricName], key),
+        ResourceAttributes))))
 ;
-ALTER TABLE otel_metrics_exponential_histogram ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String)
-    MATERIALIZED coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
-                          'unknown')
+ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeKept Bool MATERIALIZED
+    isFinite(Value) AND bitAnd(Flags, 1) = 0
+        AND Value < if(mapContains({blank_from:Map(String, Float64)}, MetricName),
+                       {blank_from:Map(String, Float64)}[MetricName], inf)
 ;
-ALTER TABLE otel_metrics_exponential_histogram ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String)
-    MATERIALIZED toJSONString(mapSort(Attributes))
+ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeTemporality Int32 MATERIALIZED
+    multiIf(AggregationTemporality = 2 AND NOT IsMonotonic AND NOT has({counters:Array(String)}, MetricName), 0,
+            AggregationTemporality IN (1, 2), AggregationTemporality, -1)
+;
+ALTER TABLE otel_metrics_exponential_histogram ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
+    substringUTF8(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
+                           nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), 'unknown'),
+                  1, 253)
+;
+ALTER TABLE otel_metrics_exponential_histogram ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String) MATERIALIZED
+    toJSONString(mapSort(mapUpdate(Attributes, mapFilter(
+        (key, value) -> value != '' AND has({resource_attributes:Map(String, Array(String))}[MetricName], key),
+        ResourceAttributes))))

@@ -4,9 +4,9 @@ SELECT argMax(SloscopeNode, TimeUnix) AS node,
        Attributes['hw.id'] AS gpu_id
 FROM (
     SELECT SloscopeNode, Attributes, TimeUnix FROM otel_metrics_gauge
-    WHERE MetricName LIKE 'hw.gpu.%' AND mapContains(Attributes, 'hw.id') AND isFinite(Value) AND bitAnd(Flags, 1) = 0
+    WHERE MetricName LIKE 'hw.gpu.%' AND mapContains(Attributes, 'hw.id') AND SloscopeKept
     UNION ALL
     SELECT SloscopeNode, Attributes, TimeUnix FROM otel_metrics_sum
-    WHERE MetricName LIKE 'hw.gpu.%' AND mapContains(Attributes, 'hw.id') AND isFinite(Value) AND bitAnd(Flags, 1) = 0
+    WHERE MetricName LIKE 'hw.gpu.%' AND mapContains(Attributes, 'hw.id') AND SloscopeKept
 )
 GROUP BY gpu_id

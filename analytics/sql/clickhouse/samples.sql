@@ -1,9 +1,9 @@
 -- The samples of analytics/sql/schema.sql in [since, until), read from the exporter's gauge and sum tables:
--- gauges as measured (interval_s NULL), delta sums as they are, cumulative sums as per-interval increases, computed
--- here with window functions by the rules of analytics/store.py: a new start time or a value that went down is a
--- reset, after which the increase is the value itself when the series' start time is known, and the point is
--- dropped when it is not. A point stored twice (a retried batch, a file loaded again) counts once, as the DuckDB
--- store keeps it once.
+-- gauges and levels (SloscopeTemporality 0) as measured (interval_s NULL), delta sums as they are, cumulative sums
+-- as per-interval increases, computed here with window functions by the rules of analytics/store.py: a new start
+-- time or a value that went down is a reset, after which the increase is the value itself when the series' start
+-- time is known, and the point is dropped when it is not. A point stored twice (a retried batch, a file loaded
+-- again) counts once, as the DuckDB store keeps it once.
 -- Only the range is read, so the work follows the range and not the table, plus up to 5 minutes before it for the
 -- point that each series' first increase is taken from (Prometheus's staleness: a series silent for longer has
 -- gone; its next point starts it again, as a first point does).
@@ -17,9 +17,9 @@ WITH points AS (
            toUnixTimestamp64Nano(toDateTime64(StartTimeUnix, 9)) AS start_ns,
            toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)) AS time_ns,
            Value AS value,
-           AggregationTemporality AS temporality
+           SloscopeTemporality AS temporality
     FROM otel_metrics_sum
-    WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0
+    WHERE SloscopeKept
       AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
 ),
 cumulative AS (
@@ -36,15 +36,22 @@ cumulative AS (
                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 )
 SELECT * FROM (
-    SELECT fromUnixTimestamp64Micro(intDiv(toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)), 1000), 'UTC') AS ts,
-           SloscopeNode AS node,
-           MetricName AS metric,
-           SloscopeAttributes AS attributes,
-           Value AS value,
+    SELECT fromUnixTimestamp64Micro(intDiv(time_ns, 1000), 'UTC') AS ts, node, metric, attributes, value,
            CAST(NULL AS Nullable(Float64)) AS interval_s
-    FROM otel_metrics_gauge
-    WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0
-      AND TimeUnix >= {since:DateTime64(6)} AND TimeUnix < {until:DateTime64(6)}
+    FROM (
+        SELECT SloscopeNode AS node,
+               MetricName AS metric,
+               SloscopeAttributes AS attributes,
+               toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)) AS time_ns,
+               Value AS value
+        FROM otel_metrics_gauge
+        WHERE SloscopeKept
+          AND TimeUnix >= {since:DateTime64(6)} AND TimeUnix < {until:DateTime64(6)}
+        UNION ALL
+        SELECT node, metric, attributes, time_ns, value
+        FROM points
+        WHERE temporality = 0 AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
+    )
     LIMIT 1 BY node, metric, attributes, ts
 )
 UNION ALL

@@ -4,9 +4,9 @@
 -- cumulative series' first point counts although it gives no increase of its own, one interval before the DuckDB
 -- store's first row.
 WITH points AS (
-    SELECT SloscopeNode, TimeUnix FROM otel_metrics_gauge WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0
+    SELECT SloscopeNode, TimeUnix FROM otel_metrics_gauge WHERE SloscopeKept
     UNION ALL
-    SELECT SloscopeNode, TimeUnix FROM otel_metrics_sum WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0
+    SELECT SloscopeNode, TimeUnix FROM otel_metrics_sum WHERE SloscopeKept
     UNION ALL
     SELECT SloscopeNode, TimeUnix FROM otel_metrics_exponential_histogram WHERE bitAnd(Flags, 1) = 0 AND Count > 0
 )

@@ -20,9 +20,9 @@ WITH raw AS (
            toUnixTimestamp64Nano(toDateTime64(StartTimeUnix, 9)) AS start_ns,
            toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)) AS time_ns,
            Value AS value,
-           AggregationTemporality AS temporality
+           SloscopeTemporality AS temporality
     FROM otel_metrics_sum
-    WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
+    WHERE SloscopeKept AND SloscopeNode != {unknown_node:String}
       AND ({node:String} = '' OR SloscopeNode = {node:String})
       AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
       AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
@@ -49,7 +49,8 @@ raw_histograms AS (
       AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
       AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
 ),
--- Gauges, and delta sums and histograms, as one value per point (a delta without a usable start time as it is).
+-- Gauges and levels, and delta sums and histograms, as one value per point (a delta without a usable start
+-- time as it is).
 single AS (
     SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns, any(value) AS value
     FROM (
@@ -61,15 +62,15 @@ single AS (
                if({by_name:Bool}, SloscopeAttributes, NULL) AS name_attributes,
                toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)) AS time_ns, Value AS value
         FROM otel_metrics_gauge
-        WHERE isFinite(Value) AND bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
+        WHERE SloscopeKept AND SloscopeNode != {unknown_node:String}
       AND ({node:String} = '' OR SloscopeNode = {node:String})
           AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
           AND TimeUnix >= {since:DateTime64(6)} AND TimeUnix < {until:DateTime64(6)}
         UNION ALL
         SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns,
-               if(start_ns > 0 AND start_ns < time_ns, value / ((time_ns - start_ns) / 1e9), value)
+               if(temporality = 1 AND start_ns > 0 AND start_ns < time_ns, value / ((time_ns - start_ns) / 1e9), value)
         FROM raw
-        WHERE temporality = 1 AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
+        WHERE temporality IN (0, 1) AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
         UNION ALL
         SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns, sum / count
         FROM raw_histograms
