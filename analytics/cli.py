@@ -1,4 +1,4 @@
-"""`sloscope ingest` and `sloscope rca`."""
+"""`sloscope ingest`, `sloscope rca`, `sloscope retention` and `sloscope clickhouse-columns`."""
 
 from __future__ import annotations
 
@@ -61,6 +61,20 @@ def register(subparsers) -> None:
     add_store_arguments(retention)
     retention.add_argument("--keep", required=True, metavar="DURATION", help="how much to keep, e.g. 7d")
     retention.set_defaults(func=run_retention)
+
+    columns = subparsers.add_parser(
+        "clickhouse-columns", help="print the statements that add sloscope's columns to the clickhouseexporter's tables",
+        description="Print the ALTER TABLE statements that add sloscope's columns to the tables a Collector's "
+        "clickhouseexporter made (each span's service, route, node, status and tier header; each metric point's "
+        "node and attributes by its catalog signal's rule, and whether it is kept), for clickhouse-client "
+        "--multiquery. ClickHouse then computes each value once, as its row is inserted. `sloscope ingest "
+        "--store` adds them itself; without them every query computes the same values as it reads.")
+    columns.add_argument("--on-cluster", metavar="CLUSTER", type=_cluster_name,
+                         help="add ON CLUSTER CLUSTER to each statement")
+    columns.add_argument("--modify", action="store_true",
+                         help="MODIFY the columns instead of adding them: for tables given them by an earlier "
+                         "release, whose expressions differ (rows inserted from then on take the new ones)")
+    columns.set_defaults(func=run_clickhouse_columns)
 
 
 def run_ingest(args) -> int:
@@ -126,4 +140,29 @@ def run_retention(args) -> int:
         return EXIT_USAGE
     print(f"deleted rows older than {args.keep}: " + ", ".join(f"{n} {t}" for t, n in deleted.items()),
           file=sys.stderr)
+    return EXIT_OK
+
+
+def _cluster_name(text: str) -> str:
+    import argparse
+    import re
+
+    if not re.fullmatch(r"[A-Za-z_][\w-]*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a cluster name (letters, digits, _ and -)")
+    return text
+
+
+def run_clickhouse_columns(args) -> int:
+    import re
+
+    from analytics.clickhouse_store import derived_column_statements
+
+    print("-- sloscope's columns on the clickhouseexporter's tables (analytics/sql/clickhouse/derived_columns.sql)")
+    for statement in derived_column_statements():
+        statement = "\n".join(line for line in statement.strip().splitlines() if not line.startswith("--"))
+        if args.modify:
+            statement = statement.replace(" ADD COLUMN IF NOT EXISTS ", " MODIFY COLUMN ", 1)
+        if args.on_cluster:
+            statement = re.sub(r"^ALTER TABLE (\w+) ", rf"ALTER TABLE \1 ON CLUSTER {args.on_cluster} ", statement)
+        print(statement + "\n;")
     return EXIT_OK

@@ -259,23 +259,37 @@ STEPS_WINDOW = Window(datetime(2025, 11, 29, 9, 59), datetime(2025, 11, 29, 10, 
                       datetime(2025, 11, 29, 10, 0, 4), datetime(2025, 11, 29, 10, 1), 1.0)
 
 
-@pytest.mark.parametrize("collector_made_tables", [False, True])
-def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoders_read_them(tmp_path,
-                                                                                          collector_made_tables):
+def _add_columns_as_printed(directory, capsys, *options) -> None:
+    """Run what `sloscope clickhouse-columns` prints, as clickhouse-client --multiquery would."""
+    capsys.readouterr()
+    assert main(["clickhouse-columns", *options]) == 0
+    with open_store(f"chdb:///{directory}", read_only=True) as store:
+        for statement in capsys.readouterr().out.split("\n;\n"):
+            if statement.strip():
+                store.backend.execute(statement)
+
+
+@pytest.mark.parametrize("tables", ["sloscope's", "the Collector's", "the Collector's with sloscope's columns"])
+def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoders_read_them(tmp_path, capsys,
+                                                                                          tables):
     """The decoders apply the catalog's rules to what they keep; the exporter writes the points as they came, so
-    the queries apply the same rules: with sloscope's columns, and on a Collector's tables without them."""
+    the queries apply the same rules: with sloscope's columns (made by ingest, or added to a Collector's tables
+    with what `sloscope clickhouse-columns` prints), and on a Collector's tables without them."""
     requests = _receivers_requests()
     assert main(["ingest", "--db", str(tmp_path / "x.duckdb"),
                  str(write_lines(tmp_path / "in.jsonl", requests))]) == 0
-    if collector_made_tables:
-        create_tables(tmp_path / "ch")
+    if tables == "sloscope's":
+        open_store(f"chdb:///{tmp_path}/ch").close()
     else:
-        open_store(f"chdb:///{tmp_path}/ch").close()  # sloscope's own tables, with its columns
+        create_tables(tmp_path / "ch")
+    if tables == "the Collector's with sloscope's columns":
+        _add_columns_as_printed(tmp_path / "ch", capsys)
+        _add_columns_as_printed(tmp_path / "ch", capsys, "--modify")  # as after an upgrade: the same columns
     with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as ch:
         for request in requests:
             for table, data in rows(request).items():
                 ch.backend.insert(table, data)
-        assert bool(ch._sources) == collector_made_tables
+        assert bool(ch._sources) == (tables == "the Collector's")
         key = ["node", "metric", "attributes", "ts"]
         columns = "ts, node, metric, attributes, value, interval_s"
         engine = _sorted(ch.frame(f"SELECT {columns} FROM ({ch.sql('samples')})", EVERYTHING), key)
