@@ -190,14 +190,17 @@ class ClickHouseStore(Reader):
             raise StoreError(f"{self.path}: insert into {table} failed: {exc}") from None
 
     def _sources_lacking_columns(self) -> dict[str, str]:
-        """table -> what queries read in its place: the table with the derived columns it lacks computed."""
+        """table -> what queries read in its place: the table with the derived columns it lacks computed (an
+        optional table that is absent: no rows)."""
         present = set(self.rows("SELECT table, name FROM system.columns WHERE database = currentDatabase()"))
+        tables = {table for table, _ in present}
         sources = {}
         for table, columns in derived_columns().items():
             lacking = [f"{expression} AS {column}" for column, expression in columns.items()
                        if (table, column) not in present]
             if lacking:
-                sources[table] = f"(SELECT *, {', '.join(lacking)} FROM {table})"
+                rows = table if table in tables else f"null({sql_literal(exporter_tables.OPTIONAL_TABLES[table])})"
+                sources[table] = f"(SELECT *, {', '.join(lacking)} FROM {rows})"
         return sources
 
     def _check_tables(self) -> None:

@@ -46,6 +46,15 @@ def cumulative(name, unit, start_ns, points, attrs=None, integer=False, monotoni
         "dataPoints": _points(points, attrs or {}, start_ns, integer)}}
 
 
+def explicit_histogram(name, start_ns, points, attrs=None):
+    """A Prometheus histogram as the prometheus receiver writes it: an explicit-bucket OTLP histogram, cumulative.
+    points: (time_ns, sum or None, bounds, bucket counts)."""
+    return {"name": name, "unit": "", "histogram": {"aggregationTemporality": 2, "dataPoints": [
+        {"attributes": [attr(k, v) for k, v in (attrs or {}).items()], "startTimeUnixNano": str(start_ns),
+         "timeUnixNano": str(t), "count": str(sum(counts)), **({"sum": total} if total is not None else {}),
+         "bucketCounts": [str(c) for c in counts], "explicitBounds": bounds} for t, total, bounds, counts in points]}}
+
+
 def _scope(name, metrics):
     return {"scope": {"name": name, "version": VERSION}, "metrics": metrics}
 

@@ -23,7 +23,8 @@ from sloscope.slo_spec import load_spec  # noqa: E402
 from tests.collector_exporter import rows  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402
 from tests.otlp_builders import attr, counter, exp_histogram, gauge, metrics, span, traces, write_lines  # noqa: E402
-from tests.receiver_otlp import cumulative, prometheus_scrape  # noqa: E402
+from tests.receiver_otlp import cumulative, explicit_histogram, prometheus_scrape  # noqa: E402
+from tests.test_declared_signals import BOUNDS, QUEUE_TIME  # noqa: E402
 from tests.receiver_otlp import gauge as receiver_gauge  # noqa: E402
 
 T0 = 1_764_410_400_000_000_000  # 2025-11-29T10:00:00Z
@@ -307,6 +308,52 @@ def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoder
     assert engine_steps.select("node", "metric", "attributes", "step").equals(
         stored_steps.select("node", "metric", "attributes", "step"))
     assert np.allclose(engine_steps["value"].to_numpy(), stored_steps["value"].to_numpy(), rtol=1e-12)
+
+
+def test_a_declared_explicit_histogram_the_collector_wrote_is_evidence_as_in_duckdb(tmp_path):
+    """A Prometheus histogram an SLO spec declares reaches ClickHouse as the exporter writes explicit-bucket
+    histograms (otel_metrics_histogram); rca reads its mean per step as DuckDB reads the same points, through a
+    reset (the server restarted: counts went down, the start time unchanged)."""
+    counts = [[k, 2 * k, k, 0, 0, 0, k // 10] for k in range(1, 40)]
+    counts[20:] = [[c - 20 if i < 3 else c for i, c in enumerate(row)] for row in counts[20:]]
+    points = [(T0 + k * 5 * S, 0.1 * sum(row) + 0.01 * k, BOUNDS, row) for k, row in enumerate(counts)]
+    scrape = prometheus_scrape("10.4.2.31:8000", [explicit_histogram(
+        "vllm:request_queue_time_seconds", T0 - 60 * S, points, {"model_name": "llama-3.1-8b"})], job="vllm")
+    scrape["resourceMetrics"][0]["resource"]["attributes"].append(attr("k8s.node.name", "n1"))
+    spec = tmp_path / "slo.yaml"
+    spec.write_text(QUEUE_TIME)
+    assert main(["ingest", "--db", str(tmp_path / "x.duckdb"), "--slo", str(spec),
+                 str(write_lines(tmp_path / "in.jsonl", [scrape]))]) == 0
+    open_store(f"chdb:///{tmp_path}/ch").close()
+    known = load_spec(spec).taxonomy
+    window = Window(datetime(2025, 11, 29, 9, 59), datetime(2025, 11, 29, 10, 2),
+                    datetime(2025, 11, 29, 10, 2, 30), datetime(2025, 11, 29, 10, 5), 10.0)
+    with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as ch:
+        for table, data in rows(scrape).items():
+            ch.backend.insert(table, data)
+        engine = signal_steps(ch, window, known, evidence_only=True).sort("step")
+    with Store(tmp_path / "x.duckdb", read_only=True) as duck:
+        stored = signal_steps(duck, window, known, evidence_only=True).sort("step")
+    assert set(stored["metric"]) == {"vllm:request_queue_time_seconds"} and stored.height >= 18
+    assert engine.select("node", "metric", "attributes", "step").equals(
+        stored.select("node", "metric", "attributes", "step"))
+    assert np.allclose(engine["value"].to_numpy(), stored["value"].to_numpy(), rtol=1e-12)
+
+
+def test_a_store_without_the_explicit_histogram_table_reads_as_without_its_rows(tmp_path):
+    """sloscope before 0.5.8 made no otel_metrics_histogram: such a store still opens and reads."""
+    duck, ch = _load_both(tmp_path, _metric_lines())
+    window = Window(datetime(2025, 11, 29, 9, 59), datetime(2025, 11, 29, 10, 0, 30),
+                    datetime(2025, 11, 29, 10, 0, 40), datetime(2025, 11, 29, 10, 5), 10.0)
+    with ch:
+        before = signal_steps(ch, window).sort("node", "metric", "attributes", "step")
+    with open_store(f"chdb:///{tmp_path}/ch") as store:
+        store.backend.execute("DROP TABLE otel_metrics_histogram")
+    with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as old:
+        assert "null(" in old._sources["otel_metrics_histogram"]
+        after = signal_steps(old, window).sort("node", "metric", "attributes", "step")
+    duck.close()
+    assert before.height > 0 and after.equals(before)
 
 
 def test_the_evidence_steps_leave_out_only_what_no_cause_reads_in_both_engines(tmp_path):

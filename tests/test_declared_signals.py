@@ -17,7 +17,7 @@ from sloscope.records import HISTOGRAM_OFFSET
 from sloscope.slo_spec import SpecError, parse_spec
 from tests.conftest import need
 from tests.otlp_builders import attr
-from tests.receiver_otlp import cumulative, gauge, prometheus_scrape
+from tests.receiver_otlp import cumulative, explicit_histogram, gauge, prometheus_scrape
 
 TIERS = """\
 default_tier: standard
@@ -166,14 +166,6 @@ def test_the_rules_alert_on_declared_causes_like_the_built_in_ones():
     assert rule["annotations"]["remediation"].startswith("Add inference replicas beside {{ $labels.node }}")
 
 
-def _explicit(name, points, attrs):
-    """A Prometheus histogram as the prometheus receiver writes it: an explicit-bucket OTLP histogram."""
-    return {"name": name, "unit": "", "histogram": {"aggregationTemporality": 2, "dataPoints": [
-        {"attributes": [attr(k, v) for k, v in attrs.items()], "startTimeUnixNano": str(T0 - 10**12),
-         "timeUnixNano": str(t), "count": str(sum(counts)), **({"sum": total} if total is not None else {}),
-         "bucketCounts": [str(c) for c in counts], "explicitBounds": bounds} for t, total, bounds, counts in points]}}
-
-
 QUEUE_TIME = TIERS + QUEUE + "evidence:\n  - {metric: 'vllm:request_queue_time_seconds', cause: inference_queue, " \
     "harmful: up}\n"
 BOUNDS = [0.3, 0.5, 0.8, 1.0, 2.5, 5.0]
@@ -182,10 +174,10 @@ BOUNDS = [0.3, 0.5, 0.8, 1.0, 2.5, 5.0]
 @pytest.mark.parametrize("encoding", ["json", "protobuf"])
 def test_a_declared_histogram_keeps_its_count_and_sum_with_its_buckets_on_the_stores_scale(encoding):
     request = prometheus_scrape("10.4.2.31:8000", [
-        _explicit("vllm:request_queue_time_seconds", [(T0, 19.5, BOUNDS, [3, 4, 0, 2, 0, 0, 1])],
-                  {"model_name": "llama-3.1-8b"}),
-        _explicit("vllm:request_queue_time_seconds", [(T0, None, BOUNDS, [1, 0, 0, 0, 0, 0, 0])],
-                  {"model_name": "other"}),
+        explicit_histogram("vllm:request_queue_time_seconds", T0 - 10**12,
+                           [(T0, 19.5, BOUNDS, [3, 4, 0, 2, 0, 0, 1])], {"model_name": "llama-3.1-8b"}),
+        explicit_histogram("vllm:request_queue_time_seconds", T0 - 10**12,
+                           [(T0, None, BOUNDS, [1, 0, 0, 0, 0, 0, 0])], {"model_name": "other"}),
     ], job="vllm")
     declared = parse_spec(QUEUE_TIME).taxonomy.declared_metrics
     if encoding == "json":
@@ -212,7 +204,7 @@ def test_a_declared_histogram_keeps_its_count_and_sum_with_its_buckets_on_the_st
 ])
 def test_an_explicit_histogram_point_that_does_not_add_up_is_refused_alone(bounds, counts, total, reason,
                                                                              complaint):
-    point = _explicit("vllm:request_queue_time_seconds", [(T0, 1.0, bounds, counts)], {})
+    point = explicit_histogram("vllm:request_queue_time_seconds", T0 - 10**12, [(T0, 1.0, bounds, counts)], {})
     point["histogram"]["dataPoints"][0]["count"] = str(total)
     decoder = Decoder(declared=parse_spec(QUEUE_TIME).taxonomy.declared_metrics)
     batch = decoder.decode(prometheus_scrape("10.4.2.31:8000", [point], job="vllm", times=[T0]))

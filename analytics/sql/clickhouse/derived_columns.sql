@@ -94,3 +94,13 @@ ALTER TABLE otel_metrics_exponential_histogram ADD COLUMN IF NOT EXISTS Sloscope
     toJSONString(mapSort(mapUpdate(Attributes, mapFilter(
         (key, value) -> value != '' AND has({resource_attributes:Map(String, Array(String))}[MetricName], key),
         ResourceAttributes))))
+;
+ALTER TABLE otel_metrics_histogram ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
+    substringUTF8(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
+                           nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), 'unknown'),
+                  1, 253)
+;
+ALTER TABLE otel_metrics_histogram ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String) MATERIALIZED
+    toJSONString(mapSort(mapUpdate(Attributes, mapFilter(
+        (key, value) -> value != '' AND has({resource_attributes:Map(String, Array(String))}[MetricName], key),
+        ResourceAttributes))))

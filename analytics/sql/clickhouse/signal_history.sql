@@ -9,6 +9,8 @@ WITH points AS (
     SELECT SloscopeNode, TimeUnix FROM otel_metrics_sum WHERE SloscopeKept
     UNION ALL
     SELECT SloscopeNode, TimeUnix FROM otel_metrics_exponential_histogram WHERE bitAnd(Flags, 1) = 0 AND Count > 0
+    UNION ALL
+    SELECT SloscopeNode, TimeUnix FROM otel_metrics_histogram WHERE bitAnd(Flags, 1) = 0 AND Count > 0
 )
 SELECT if((SELECT count() FROM (SELECT 1 FROM points
                                 WHERE SloscopeNode = {node:String} AND TimeUnix < {since:DateTime64(6)} LIMIT 1)) = 0,

@@ -23,4 +23,11 @@ FROM (
       AND SloscopeNode != {unknown_node:String} AND ({node:String} = '' OR SloscopeNode = {node:String})
       AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
     GROUP BY SloscopeNode, MetricName, SloscopeAttributes
+    UNION ALL
+    SELECT SloscopeNode, MetricName, SloscopeAttributes
+    FROM otel_metrics_histogram
+    WHERE TimeUnix >= {since:DateTime64(6)} AND TimeUnix < {until:DateTime64(6)}
+      AND SloscopeNode != {unknown_node:String} AND ({node:String} = '' OR SloscopeNode = {node:String})
+      AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
+    GROUP BY SloscopeNode, MetricName, SloscopeAttributes
 )

@@ -4,10 +4,11 @@
 -- series keyed by the fingerprint of signal_series.sql, with its names only {by_name}, and the hashes of its node
 -- and metric (node_key, metric_key) for fleet_movement.sql.
 -- The points are read from the exporter's tables by the rules of samples.sql and histograms.sql, but only what a
--- step's mean needs (no histogram slots). A point stored twice counts once, found more cheaply than there: delta
--- and gauge points are grouped by (series, time), fixed-width keys, and of a cumulative series' points that share
--- a time only the last in (time, value) order is kept, found by a window over the order the increases' window
--- sorts by again, so ClickHouse sorts once. Sharing a time is not only a copy: the exporter's tables since v0.160
+-- step's mean needs (no histogram slots), explicit-bucket histograms (metrics an SLO spec declares) beside the
+-- exponential ones. A point stored twice counts once, found more cheaply than there: delta and gauge points are
+-- grouped by (series, time), fixed-width keys, and of a cumulative series' points that share a time only the last
+-- in (time, value) order is kept, found by a window over the order the increases' window sorts by again, so
+-- ClickHouse sorts once. Sharing a time is not only a copy: the exporter's tables since v0.160
 -- keep whole seconds, and the later of two points in one second carries the increase of both.
 WITH raw AS (
     SELECT SloscopeNode AS node, MetricName AS metric, SloscopeAttributes AS attributes,
@@ -28,26 +29,41 @@ WITH raw AS (
       AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
 ),
 raw_histograms AS (
-    SELECT SloscopeNode AS node, MetricName AS metric, SloscopeAttributes AS attributes,
+    SELECT node, metric, attributes,
            reinterpretAsInt64(cityHash64(node, metric, attributes)) AS series,
            reinterpretAsInt64(cityHash64(node)) AS node_key,
            reinterpretAsInt64(cityHash64(metric)) AS metric_key,
            if({by_name:Bool}, node, NULL) AS name_node,
            if({by_name:Bool}, metric, NULL) AS name_metric,
            if({by_name:Bool}, attributes, NULL) AS name_attributes,
-           toUnixTimestamp64Nano(toDateTime64(StartTimeUnix, 9)) AS start_ns,
-           toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)) AS time_ns,
-           toInt64(Count) AS count,
-           Sum AS sum,
-           Scale AS scale,
-           PositiveOffset AS offset,
-           arrayConcat([ZeroCount], PositiveBucketCounts) AS buckets,
-           AggregationTemporality AS temporality
-    FROM otel_metrics_exponential_histogram
-    WHERE bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
-      AND ({node:String} = '' OR SloscopeNode = {node:String})
-      AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
-      AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
+           start_ns, time_ns, count, sum, layout, buckets, temporality
+    FROM (
+        -- Exponential and explicit-bucket histograms; a bucket that went down is a reset only where the point's
+        -- layout (scale and offset, or bounds) is its predecessor's.
+        SELECT SloscopeNode AS node, MetricName AS metric, SloscopeAttributes AS attributes,
+               toUnixTimestamp64Nano(toDateTime64(StartTimeUnix, 9)) AS start_ns,
+               toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)) AS time_ns,
+               toInt64(Count) AS count,
+               Sum AS sum,
+               cityHash64(Scale, PositiveOffset) AS layout,
+               arrayConcat([ZeroCount], PositiveBucketCounts) AS buckets,
+               AggregationTemporality AS temporality
+        FROM otel_metrics_exponential_histogram
+        WHERE bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
+          AND ({node:String} = '' OR SloscopeNode = {node:String})
+          AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
+          AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
+        UNION ALL
+        SELECT SloscopeNode, MetricName, SloscopeAttributes,
+               toUnixTimestamp64Nano(toDateTime64(StartTimeUnix, 9)),
+               toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)),
+               toInt64(Count), Sum, cityHash64(ExplicitBounds), BucketCounts, AggregationTemporality
+        FROM otel_metrics_histogram
+        WHERE bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
+          AND ({node:String} = '' OR SloscopeNode = {node:String})
+          AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
+          AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
+    )
 ),
 -- Gauges and levels, and delta sums and histograms, as one value per point (a delta without a usable start
 -- time as it is).
@@ -103,12 +119,11 @@ cumulative_histograms AS (
            lagInFrame(time_ns) OVER points AS prev_time_ns,
            lagInFrame(count) OVER points AS prev_count,
            lagInFrame(sum) OVER points AS prev_sum,
-           lagInFrame(scale) OVER points AS prev_scale,
-           lagInFrame(offset) OVER points AS prev_offset,
+           lagInFrame(layout) OVER points AS prev_layout,
            lagInFrame(buckets) OVER points AS prev_buckets,
            greatest(length(buckets), length(prev_buckets)) AS width,
            first OR start_ns != prev_start_ns AS restarted,
-           NOT first AND (count < prev_count OR (scale = prev_scale AND offset = prev_offset AND
+           NOT first AND (count < prev_count OR (layout = prev_layout AND
                arrayExists((now, before) -> now < before, arrayResize(buckets, width), arrayResize(prev_buckets, width))))
                AS went_down,
            restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
