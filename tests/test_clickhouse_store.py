@@ -356,6 +356,26 @@ def test_a_store_without_the_explicit_histogram_table_reads_as_without_its_rows(
     assert before.height > 0 and after.equals(before)
 
 
+def test_spans_in_the_exporters_earlier_spelling_are_the_same_requests(tmp_path):
+    """The exporter's earlier releases wrote SPAN_KIND_SERVER and STATUS_CODE_ERROR where later ones write Server
+    and Error; a table kept across an upgrade holds both, and both are requests (and failures)."""
+    spans = [span(f"{i:032x}", f"{i:016x}", T0 + i * S // 4, 50 + (i % 7) * 40, error=i % 9 == 0,
+                  tier=["standard"]) for i in range(200)]
+    duck, ch = _load_both(tmp_path, [traces(spans, node="n1")])
+    spec = load_spec(None)
+    since, until = datetime(2025, 11, 29, 9, 59), datetime(2025, 11, 29, 10, 5)
+    with duck:
+        stored = sli_windows(duck, spec, since, until)["standard"]
+    ch.backend.execute("ALTER TABLE otel_traces UPDATE SpanKind = 'SPAN_KIND_SERVER', StatusCode = "
+                       "if(StatusCode = 'Error', 'STATUS_CODE_ERROR', 'STATUS_CODE_UNSET') WHERE Timestamp < "
+                       "fromUnixTimestamp64Nano(toInt64(%d)) SETTINGS mutations_sync = 1" % (T0 + 25 * S))
+    with ch:
+        assert ch.rows("SELECT uniqExact(SpanKind) FROM otel_traces")[0][0] == 2
+        engine = sli_windows(ch, spec, since, until)["standard"]
+    assert stored["failures"].sum() == 23
+    assert_same(engine, stored)
+
+
 def test_the_evidence_steps_leave_out_only_what_no_cause_reads_in_both_engines(tmp_path):
     limit = gauge("hw.gpu.memory.limit", [(T0 + k * 5 * S, 8e10) for k in range(1, 15)], attrs={"hw.id": "GPU-1"})
     duck, ch = _load_both(tmp_path, _metric_lines() + [metrics([limit], node="n1")])

@@ -3,6 +3,8 @@
 -- untrusted tier header is resolved by the SLO spec's rules exactly as
 -- enrich/tiers.py does: the first tier attribute present, a repeated header only when it has a single value, empty
 -- or longer than 64 characters is the default tier, Unicode whitespace stripped, then the allow-list.
+-- The exporter's earlier releases wrote span kinds and status codes by their proto names (SPAN_KIND_SERVER,
+-- STATUS_CODE_ERROR), later ones as Server and Error: a table kept across an upgrade holds both.
 -- Only the spans started in [since, until) are read, and a span stored twice (a retried batch, a file loaded
 -- again) is one request, as the DuckDB store keeps it once. Its copies share their node and service, which lead
 -- the deduplication's key so that a query's filter on them is applied before it (ClickHouse moves a filter through
@@ -24,7 +26,7 @@ SELECT TraceId AS trace_id,
        if(tier_value != '' AND lengthUTF8(tier_value) <= 64 AND has({allowed_tiers:Array(String)}, tier_stripped),
           tier_stripped, {default_tier:String}) AS tier,
        SloscopeStatusCode AS status_code,
-       StatusCode = 'Error' OR ifNull(status_code >= 500, false) AS failed
+       StatusCode IN ('Error', 'STATUS_CODE_ERROR') OR ifNull(status_code >= 500, false) AS failed
 FROM otel_traces
-WHERE SpanKind = 'Server' AND Timestamp >= {since:DateTime64(6)} AND Timestamp < {until:DateTime64(6)}
+WHERE SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND Timestamp >= {since:DateTime64(6)} AND Timestamp < {until:DateTime64(6)}
 LIMIT 1 BY SloscopeNode, SloscopeService, TraceId, SpanId
