@@ -170,12 +170,23 @@ class ClickHouseStore(Reader):
         self.backend, self.path, self.read_only = backend, label, read_only
         self._recorded_spec = None
         self._turn = threading.Lock()
+        self._check_attribute_columns()
         if read_only:
             self._check_tables()
         else:
             for statement in statements("exporter_tables") + derived_column_statements():
                 self._execute(statement)
         self._sources = self._sources_lacking_columns()
+
+    def _check_attribute_columns(self) -> None:
+        """Refuse, in one line, tables whose attributes are of the JSON type (the exporter's `json` option), which
+        sloscope's queries, written for the exporter's default Map columns, cannot read."""
+        found = self.rows("SELECT table, name FROM system.columns WHERE database = currentDatabase() "
+                          "AND name LIKE '%Attributes' AND startsWith(type, 'JSON')")
+        if found:
+            columns = ", ".join(f"{table}.{name}" for table, name in found)
+            raise StoreError(f"{self.path}: {columns} of type JSON (the clickhouseexporter's json option): sloscope "
+                             "reads the exporter's default Map(String, String) attribute columns")
 
     def _execute(self, statement: str) -> None:
         try:

@@ -78,6 +78,21 @@ def test_a_chdb_store_read_before_anything_was_loaded_is_a_clear_error(tmp_path,
     assert "no such database" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["rca"], ["ingest", "/dev/null"]])
+def test_tables_made_with_the_exporters_json_option_are_refused_in_one_line(tmp_path, capsys, command):
+    """The exporter's `json` option types attributes as JSON, which the queries (written for its default Map
+    columns) cannot read: reading or writing says so, rather than failing in a query."""
+    ddl = tmp_path / "json.sql"
+    ddl.write_text("CREATE TABLE otel_traces (Timestamp DateTime64(9), TraceId String, SpanId String, "
+                   "ServiceName LowCardinality(String), ResourceAttributes JSON, SpanAttributes JSON) "
+                   "ENGINE = MergeTree ORDER BY (ServiceName, Timestamp)")
+    create_tables(tmp_path / "ch", ddl)
+    assert main([command[0], "--store", f"chdb:///{tmp_path}/ch", *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert "otel_traces.ResourceAttributes, otel_traces.SpanAttributes of type JSON" in err and "json option" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 # --- tiers: the query's rules are enrich/tiers.py's ----------------------------------------------------------
 
 WHITESPACE = "".join(c for c in map(chr, range(0x3001)) if c.isspace())
