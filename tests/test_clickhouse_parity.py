@@ -1,8 +1,11 @@
 """DuckDB and ClickHouse (chDB), loaded from the same OTLP files of a simulated fleet with a known fault (as
 benchmarks/rca_accuracy.py builds them), find the same incidents with the same ranked causes."""
 
+import gzip
+import json
 import math
 
+import pyarrow as pa
 import pytest
 
 pytest.importorskip("chdb")
@@ -14,6 +17,7 @@ from analytics.stores import open_store  # noqa: E402
 from enrich.tiers import TierResolver  # noqa: E402
 from simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from sloscope.slo_spec import load_spec  # noqa: E402
+from tests.collector_exporter import rows  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402
 from tests.store_parity import incident_summary  # noqa: E402
 
@@ -80,3 +84,41 @@ def _as_exported(result: dict) -> dict:
             for evidence in cause["evidence"]:
                 evidence["attributes"] = {k: attribute_text(v) for k, v in evidence["attributes"].items()}
     return result
+
+
+@pytest.mark.parametrize("cause, seed, collector_made_tables", [("storage_queue", 7, False), ("gpu_thermal", 8, True)])
+def test_a_fleet_the_collector_wrote_gives_the_incidents_and_causes_of_its_files(tmp_path, cause, seed,
+                                                                              collector_made_tables):
+    """The same simulated fleet's files, loaded into DuckDB by `sloscope ingest` and written to ClickHouse as the
+    clickhouseexporter writes them (tests/collector_exporter.py): raw attributes, sloscope's own histogram
+    layout, no catalog applied; into sloscope's tables, and into tables a Collector of v0.160 made (whole-second
+    metric times, none of sloscope's columns)."""
+    simulate(SimulationConfig(out=tmp_path / "otlp", nodes=NODES, seed=seed, fault=cause, rate=RATE,
+                              duration_s=DURATION_S))
+    files = sorted((tmp_path / "otlp").glob("*.jsonl*"))
+    spec = load_spec(None)
+    duck = _analysed(f"duckdb:///{tmp_path}/db.duckdb", files, spec)
+    if collector_made_tables:
+        create_tables(tmp_path / "ch")
+    else:
+        open_store(f"chdb:///{tmp_path}/ch").close()
+    with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as store:
+        assert bool(store._sources) == collector_made_tables
+        for table, data in _as_the_exporter_writes(files).items():
+            store.backend.insert(table, data)
+        ch = analyse(store, spec)
+    assert incident_summary(duck) and incident_summary(ch) == incident_summary(duck)
+    assert duck["incidents"][0]["causes"][0]["cause"] == cause
+    if collector_made_tables:
+        _baseline_from_whole_seconds(duck, ch)
+    assert _same(ch, _as_exported(duck))
+
+
+def _as_the_exporter_writes(files) -> dict[str, pa.Table]:
+    found: dict[str, list[pa.Table]] = {}
+    for path in files:
+        with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as lines:
+            for line in lines:
+                for table, data in rows(json.loads(line)).items():
+                    found.setdefault(table, []).append(data)
+    return {table: pa.concat_tables(parts, promote_options="default") for table, parts in found.items()}
