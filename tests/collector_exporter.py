@@ -3,6 +3,10 @@ and each data point one row, the resource's and the item's attributes as they ca
 and status codes by name, metric temporality and monotonicity as they came. Unlike `sloscope ingest`, nothing of
 sloscope's catalog is applied: what a Collector wrote is what sloscope's queries must read by its rules."""
 
+import gzip
+import json
+from pathlib import Path
+
 import pyarrow as pa
 
 from analytics.exporter_tables import EXP_HISTOGRAM, GAUGE, HISTOGRAM, MAP_TYPE, NS, SUM, TRACES, attribute_text
@@ -55,6 +59,17 @@ def rows(request: dict) -> dict[str, pa.Table]:
                 out.setdefault(KINDS[key], []).extend(
                     _point(resource, metric["name"], key, metric[key], point) for point in metric[key]["dataPoints"])
     return {table: _table(found) for table, found in out.items() if found}
+
+
+def rows_of_files(files: list[Path]) -> dict[str, pa.Table]:
+    """table -> the rows the exporter inserts for every request of these OTLP/JSON files (gzip recognised)."""
+    found: dict[str, list[pa.Table]] = {}
+    for path in files:
+        with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as lines:
+            for line in lines:
+                for table, data in rows(json.loads(line)).items():
+                    found.setdefault(table, []).append(data)
+    return {table: pa.concat_tables(parts, promote_options="default") for table, parts in found.items()}
 
 
 def _span(resource, span: dict) -> dict:

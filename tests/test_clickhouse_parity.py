@@ -1,11 +1,8 @@
 """DuckDB and ClickHouse (chDB), loaded from the same OTLP files of a simulated fleet with a known fault (as
 benchmarks/rca_accuracy.py builds them), find the same incidents with the same ranked causes."""
 
-import gzip
-import json
 import math
 
-import pyarrow as pa
 import pytest
 
 pytest.importorskip("chdb")
@@ -17,7 +14,7 @@ from analytics.stores import open_store  # noqa: E402
 from enrich.tiers import TierResolver  # noqa: E402
 from simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from sloscope.slo_spec import load_spec  # noqa: E402
-from tests.collector_exporter import rows  # noqa: E402
+from tests.collector_exporter import rows_of_files  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402
 from tests.store_parity import incident_summary  # noqa: E402
 
@@ -104,7 +101,7 @@ def test_a_fleet_the_collector_wrote_gives_the_incidents_and_causes_of_its_files
         open_store(f"chdb:///{tmp_path}/ch").close()
     with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as store:
         assert bool(store._sources) == collector_made_tables
-        for table, data in _as_the_exporter_writes(files).items():
+        for table, data in rows_of_files(files).items():
             store.backend.insert(table, data)
         ch = analyse(store, spec)
     assert incident_summary(duck) and incident_summary(ch) == incident_summary(duck)
@@ -112,13 +109,3 @@ def test_a_fleet_the_collector_wrote_gives_the_incidents_and_causes_of_its_files
     if collector_made_tables:
         _baseline_from_whole_seconds(duck, ch)
     assert _same(ch, _as_exported(duck))
-
-
-def _as_the_exporter_writes(files) -> dict[str, pa.Table]:
-    found: dict[str, list[pa.Table]] = {}
-    for path in files:
-        with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as lines:
-            for line in lines:
-                for table, data in rows(json.loads(line)).items():
-                    found.setdefault(table, []).append(data)
-    return {table: pa.concat_tables(parts, promote_options="default") for table, parts in found.items()}

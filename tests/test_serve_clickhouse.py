@@ -14,9 +14,11 @@ import pytest
 pytest.importorskip("chdb")
 
 from alerts import metric_names as x  # noqa: E402
+from analytics.stores import open_store  # noqa: E402
 from commands.cli import main  # noqa: E402
 from simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from tests.alerting_stack import free_port, wait_listening  # noqa: E402
+from tests.collector_exporter import rows_of_files  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402
 from tests.store_parity import incident_summary  # noqa: E402
 
@@ -27,7 +29,8 @@ COMPARED = {x.REQUESTS, x.REQUEST_ERRORS, x.REQUEST_DURATION, x.INCIDENT_CAUSE_S
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
     """serve on DuckDB and serve on chDB, loaded from the same simulated fleet (a storage fault at the end); on
-    chDB twice: in the tables sloscope ingest makes, and in those a Collector of v0.160 or later made first."""
+    chDB three times: in the tables sloscope ingest makes, in those a Collector of v0.160 or later made first, and
+    with the rows written as the clickhouseexporter writes them."""
     tmp = tmp_path_factory.mktemp("both")
     simulate(SimulationConfig(out=tmp / "otlp", nodes=3, seed=4, fault="storage_queue", rate=4.0, duration_s=780))
     files = [str(f) for f in sorted((tmp / "otlp").glob("*.jsonl*"))]
@@ -36,6 +39,10 @@ def both(tmp_path_factory):
     create_tables(tmp / "ch_collector_made")
     for url in stores.values():
         assert main(["ingest", "--store", url, *files]) == 0
+    stores["chdb_collector_wrote"] = f"chdb:///{tmp}/ch_collector_wrote"  # rows as the exporter writes them
+    with open_store(stores["chdb_collector_wrote"]) as store:
+        for table, data in rows_of_files(sorted((tmp / "otlp").glob("*.jsonl*"))).items():
+            store.backend.insert(table, data)
     procs, ports = {}, {}
     try:
         for name, url in stores.items():
@@ -64,7 +71,7 @@ def _samples(text: str) -> dict[tuple, float]:
             if family.name in COMPARED or family.name + "_total" in COMPARED for s in family.samples}
 
 
-@pytest.mark.parametrize("tables", ["chdb", "chdb_collector_made"])
+@pytest.mark.parametrize("tables", ["chdb", "chdb_collector_made", "chdb_collector_wrote"])
 def test_metrics_from_clickhouse_match_metrics_from_duckdb(both, tables):
     urls, _ = both
     duck, ch = (_samples(_get(urls[name] + "/metrics").decode()) for name in ("duckdb", tables))
@@ -75,7 +82,7 @@ def test_metrics_from_clickhouse_match_metrics_from_duckdb(both, tables):
         assert ch[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
 
 
-@pytest.mark.parametrize("tables", ["chdb", "chdb_collector_made"])
+@pytest.mark.parametrize("tables", ["chdb", "chdb_collector_made", "chdb_collector_wrote"])
 def test_rca_and_sampling_from_clickhouse_match_duckdb(both, tables):
     urls, _ = both
     rca = {name: json.loads(_get(urls[name] + "/rca")) for name in ("duckdb", tables)}
