@@ -182,7 +182,9 @@ class ClickHouseStore(Reader):
         """Refuse, in one line, tables whose attributes are of the JSON type (the exporter's `json` option), which
         sloscope's queries, written for the exporter's default Map columns, cannot read."""
         found = self.rows("SELECT table, name FROM system.columns WHERE database = currentDatabase() "
-                          "AND name LIKE '%Attributes' AND startsWith(type, 'JSON')")
+                          "AND has({tables:Array(String)}, table) AND name LIKE '%Attributes' "
+                          "AND startsWith(type, 'JSON')",
+                          {"tables": [*exporter_tables.READ_TABLES, *exporter_tables.OPTIONAL_TABLES]})
         if found:
             columns = ", ".join(f"{table}.{name}" for table, name in found)
             raise StoreError(f"{self.path}: {columns} of type JSON (the clickhouseexporter's json option): sloscope "
