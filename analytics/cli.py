@@ -63,7 +63,8 @@ def register(subparsers) -> None:
     retention.set_defaults(func=run_retention)
 
     columns = subparsers.add_parser(
-        "clickhouse-columns", help="print the statements that add sloscope's columns to the clickhouseexporter's tables",
+        "clickhouse-columns",
+        help="print the statements that add sloscope's columns to the clickhouseexporter's tables",
         description="Print the ALTER TABLE statements that add sloscope's columns to the tables a Collector's "
         "clickhouseexporter made (each span's service, route, node, status and tier header; each metric point's "
         "node and attributes by its catalog signal's rule, and whether it is kept), for clickhouse-client "
@@ -72,8 +73,8 @@ def register(subparsers) -> None:
     columns.add_argument("--on-cluster", metavar="CLUSTER", type=_cluster_name,
                          help="add ON CLUSTER CLUSTER to each statement")
     columns.add_argument("--modify", action="store_true",
-                         help="MODIFY the columns instead of adding them: for tables given them by an earlier "
-                         "release, whose expressions differ (rows inserted from then on take the new ones)")
+                         help="also MODIFY each column, for tables given them by an earlier release whose "
+                         "expressions differ (rows inserted from then on take the new ones)")
     columns.set_defaults(func=run_clickhouse_columns)
 
 
@@ -155,14 +156,15 @@ def _cluster_name(text: str) -> str:
 def run_clickhouse_columns(args) -> int:
     import re
 
-    from analytics.clickhouse_store import derived_column_statements
+    from analytics.clickhouse_store import derived_column_statements, modifying, sql_literal
 
     print("-- sloscope's columns on the clickhouseexporter's tables (analytics/sql/clickhouse/derived_columns.sql)")
     for statement in derived_column_statements():
         statement = "\n".join(line for line in statement.strip().splitlines() if not line.startswith("--"))
-        if args.modify:
-            statement = statement.replace(" ADD COLUMN IF NOT EXISTS ", " MODIFY COLUMN ", 1)
-        if args.on_cluster:
-            statement = re.sub(r"^ALTER TABLE (\w+) ", rf"ALTER TABLE \1 ON CLUSTER {args.on_cluster} ", statement)
-        print(statement + "\n;")
+        # --modify: a column an earlier release did not add must be added before it can be modified
+        for text in (statement, modifying(statement)) if args.modify else (statement,):
+            if args.on_cluster:
+                cluster = f"ON CLUSTER {sql_literal(args.on_cluster)} "
+                text = re.sub(r"^ALTER TABLE \w+ ", lambda m: m.group(0) + cluster, text)
+            print(text + "\n;")
     return EXIT_OK

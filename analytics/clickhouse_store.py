@@ -8,6 +8,7 @@ back with DuckDB's column types: naive UTC datetimes, Int64 counts, Float64 valu
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import tempfile
@@ -23,10 +24,11 @@ import pyarrow.ipc as ipc
 
 from analytics import exporter_tables
 from analytics.store import Frames, Reader, StoreError, sql_of
-from sloscope import catalog
+from receiver.otlp_common import kept_metrics
 
+log = logging.getLogger("sloscope.clickhouse_store")
 META_TABLE, COUNTERS_TABLE = "sloscope_meta", "sloscope_counters"
-PARAMETER = re.compile(r"\{(\w+):[^{}]+\}")
+PARAMETER = re.compile(r"\{(\w+):([^{}]+)\}")
 DERIVED_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+)\s+.+?\s+MATERIALIZED\s+(.+)", re.S)
 
 
@@ -41,19 +43,25 @@ def statements(name: str) -> list[str]:
 
 
 def catalog_rules() -> dict:
-    """The catalog signals' rules for reading a metric point (receiver/otlp_common.MetricRule), by metric name."""
-    return {"node_attributes": {s.name: s.node_attribute for s in catalog.SIGNALS if s.node_attribute},
-            "resource_attributes": {s.name: list(s.resource_attributes) for s in catalog.SIGNALS
-                                    if s.resource_attributes},
-            "blank_from": {s.name: s.blank_from for s in catalog.SIGNALS if math.isfinite(s.blank_from)},
-            "counters": [s.name for s in catalog.SIGNALS if s.instrument is catalog.Instrument.COUNTER]}
+    """The rules by which the decoders read a catalog signal's points (receiver/otlp_common.MetricRule), by name."""
+    rules = kept_metrics()
+    return {"node_attributes": {name: r.node_attribute for name, r in rules.items() if r.node_attribute},
+            "resource_attributes": {name: list(r.resource_attributes) for name, r in rules.items()
+                                    if r.resource_attributes},
+            "blank_from": {name: r.blank_from for name, r in rules.items() if math.isfinite(r.blank_from)},
+            "counters": [name for name, r in rules.items() if r.counter]}
 
 
 def derived_column_statements() -> list[str]:
-    """The statements of derived_columns.sql with the catalog's rules written in as literals."""
+    """The statements of derived_columns.sql with the catalog's rules written in, each a literal of its type."""
     rules = catalog_rules()
-    return [PARAMETER.sub(lambda m: sql_literal(rules[m.group(1)]), statement)
+    return [PARAMETER.sub(lambda m: f"CAST({sql_literal(rules[m.group(1)])}, {sql_literal(m.group(2))})", statement)
             for statement in statements("derived_columns")]
+
+
+def modifying(statement: str) -> str:
+    """A statement of derived_column_statements() that gives an existing column this release's expression."""
+    return statement.replace(" ADD COLUMN IF NOT EXISTS ", " MODIFY COLUMN ", 1)
 
 
 def derived_columns() -> dict[str, dict[str, str]]:
@@ -161,6 +169,12 @@ def _duckdb_types(table: pa.Table) -> pl.DataFrame:
     return frame.with_columns(casts) if casts else frame
 
 
+def _no_rows(columns: dict[str, str]) -> str:
+    """A relation of these columns (name -> type) and no rows, for a table that is absent."""
+    return "(SELECT " + ", ".join(f"defaultValueOfTypeName({sql_literal(kind)}) AS {name}"
+                                  for name, kind in columns.items()) + " FROM system.one WHERE 0)"
+
+
 class ClickHouseStore(Reader):
     """The exporter's tables in one database, as a sloscope store."""
 
@@ -176,6 +190,10 @@ class ClickHouseStore(Reader):
         else:
             for statement in statements("exporter_tables") + derived_column_statements():
                 self._execute(statement)
+            stale = self._stale_columns()
+            for statement in derived_column_statements():
+                if DERIVED_COLUMN.search(statement).groups()[:2] in stale:
+                    self._execute(modifying(statement))
         self._sources = self._sources_lacking_columns()
 
     def _check_attribute_columns(self) -> None:
@@ -202,17 +220,40 @@ class ClickHouseStore(Reader):
         except Exception as exc:
             raise StoreError(f"{self.path}: insert into {table} failed: {exc}") from None
 
+    def _stale_columns(self) -> set[tuple[str, str]]:
+        """(table, column) of sloscope's columns whose expression is not this release's (an earlier release added
+        them), compared as ClickHouse formats both. A server without formatQuerySingleLine (before 23.x) trusts
+        them."""
+        expected = [(table, column, expression) for table, columns in derived_columns().items()
+                    for column, expression in columns.items()]
+        try:
+            stored = {(table, column): formatted for table, column, formatted in self.rows(
+                "SELECT table, name, formatQuerySingleLine('SELECT ' || default_expression) FROM system.columns "
+                "WHERE database = currentDatabase() AND default_kind = 'MATERIALIZED'")}
+            ours = self.rows("SELECT " + ", ".join(
+                f"formatQuerySingleLine({sql_literal('SELECT ' + expression)}) AS c{i}"
+                for i, (_, _, expression) in enumerate(expected)))[0]
+        except StoreError:
+            return set()
+        return {(table, column) for (table, column, _), formatted in zip(expected, ours)
+                if stored.get((table, column), formatted) != formatted}
+
     def _sources_lacking_columns(self) -> dict[str, str]:
-        """table -> what queries read in its place: the table with the derived columns it lacks computed (an
-        optional table that is absent: no rows)."""
+        """table -> what queries read in its place: the table with the derived columns it lacks (or has with an
+        earlier release's expression) computed; an optional table that is absent: no rows."""
         present = set(self.rows("SELECT table, name FROM system.columns WHERE database = currentDatabase()"))
+        stale = self._stale_columns()
+        if stale:
+            log.warning("%s: %s added by an earlier release of sloscope, read as computed; give them this "
+                        "release's expressions with `sloscope clickhouse-columns --modify`", self.path,
+                        ", ".join(f"{table}.{column}" for table, column in sorted(stale)))
         tables = {table for table, _ in present}
         sources = {}
         for table, columns in derived_columns().items():
             lacking = [f"{expression} AS {column}" for column, expression in columns.items()
-                       if (table, column) not in present]
+                       if (table, column) not in present - stale]
             if lacking:
-                rows = table if table in tables else f"null({sql_literal(exporter_tables.OPTIONAL_TABLES[table])})"
+                rows = table if table in tables else _no_rows(exporter_tables.OPTIONAL_TABLES[table])
                 sources[table] = f"(SELECT *, {', '.join(lacking)} FROM {rows})"
         return sources
 

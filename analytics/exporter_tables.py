@@ -25,10 +25,11 @@ TRACES, GAUGE, SUM, EXP_HISTOGRAM, HISTOGRAM = ("otel_traces", "otel_metrics_gau
 READ_TABLES = (TRACES, GAUGE, SUM, EXP_HISTOGRAM)
 # Read where present: sloscope before 0.5.8 made no explicit-bucket histogram table. Where it is absent, its
 # queries read no rows of these columns instead.
-OPTIONAL_TABLES = {HISTOGRAM: "ResourceAttributes Map(LowCardinality(String), String), MetricName String, "
-                              "Attributes Map(LowCardinality(String), String), StartTimeUnix DateTime64(9), "
-                              "TimeUnix DateTime64(9), Count UInt64, Sum Float64, BucketCounts Array(UInt64), "
-                              "ExplicitBounds Array(Float64), Flags UInt32, AggregationTemporality Int32"}
+OPTIONAL_TABLES = {HISTOGRAM: {
+    "ResourceAttributes": "Map(LowCardinality(String), String)", "MetricName": "String",
+    "Attributes": "Map(LowCardinality(String), String)", "StartTimeUnix": "DateTime64(9)", "TimeUnix": "DateTime64(9)",
+    "Count": "UInt64", "Sum": "Float64", "BucketCounts": "Array(UInt64)", "ExplicitBounds": "Array(Float64)",
+    "Flags": "UInt32", "AggregationTemporality": "Int32"}}
 TEMPORALITY = {False: 1, True: 2}  # OTLP's AggregationTemporality: delta, cumulative
 MAP_TYPE = pa.map_(pa.string(), pa.string())
 NS = pa.timestamp("ns")

@@ -1,5 +1,6 @@
 """The clickhouseexporter's tables as a Collector of another release creates them, for tests of tables that a
-Collector made before sloscope first wrote to them (sloscope's own DDL is analytics/sql/clickhouse/exporter_tables.sql)."""
+Collector made before sloscope first wrote to them (sloscope's own DDL is
+analytics/sql/clickhouse/exporter_tables.sql)."""
 
 from pathlib import Path
 

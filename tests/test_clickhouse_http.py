@@ -26,7 +26,7 @@ from sloscope.slo_spec import load_spec  # noqa: E402
 from tests import clickhouse_http  # noqa: E402
 from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces, write_lines  # noqa: E402
 from tests.store_parity import incident_summary  # noqa: E402
-from tests.test_clickhouse_parity import _same  # noqa: E402
+from tests.test_clickhouse_parity import _differences  # noqa: E402
 
 USER, PASSWORD = "sloscope", "pw-" + secrets.token_hex(8)
 T0 = 1_764_410_400_000_000_000  # 2025-11-29T10:00:00Z
@@ -70,7 +70,7 @@ def test_rca_over_http_finds_what_chdb_finds_in_the_same_files(server, password,
     # the known answer, so that agreeing means something
     assert on_node and on_node[0]["causes"][0]["cause"] == "storage_queue"
     assert incident_summary(over_http) == incident_summary(in_process)
-    assert _same(over_http, in_process)  # the whole document: SLIs, scores, evidence, diagnoses
+    assert not _differences(over_http, in_process)  # the whole document: SLIs, scores, evidence, diagnoses
 
 
 def _unit_lines():

@@ -13,7 +13,7 @@ pytest.importorskip("chdb")
 
 from analytics.attribution import Window, signal_steps  # noqa: E402
 from analytics.clickhouse_store import derived_columns  # noqa: E402
-from analytics.exporter_tables import MAP_TYPE, TRACES, attribute_text  # noqa: E402
+from analytics.exporter_tables import EXP_HISTOGRAM, GAUGE, MAP_TYPE, SUM, TRACES, attribute_text  # noqa: E402
 from analytics.slo import sli_windows, window_latencies  # noqa: E402
 from analytics.store import Store, StoreError  # noqa: E402
 from analytics.stores import PASSWORD_ENV, open_store, parse_store_url, _password  # noqa: E402
@@ -255,7 +255,8 @@ def test_a_counter_faster_than_once_a_second_keeps_its_rate_in_tables_of_whole_s
 def _receivers_requests() -> list[dict]:
     """What the Collector's receivers send: a dcgm-exporter scrape (no node but its Hostname label, and one of
     DCGM's blank values), kubeletstats' two pods of one node (kept apart only by their resource), and hostmetrics'
-    TCP connections (a cumulative sum that is not monotonic: a level)."""
+    TCP connections (a cumulative sum that is not monotonic: a level), and its interface errors (a catalog
+    counter: a counter, monotonic or not)."""
     times = [T0 + k * S for k in range(1, 7)]
     temperature = [(t, 2.0**48 if k == 3 else 60.0 + k) for k, t in enumerate(times)]
     dcgm = prometheus_scrape("10.0.0.7:9400", [receiver_gauge(
@@ -267,8 +268,17 @@ def _receivers_requests() -> list[dict]:
         for pod, usage in (("embedder-0", 1.5), ("embedder-1", 3.0))]
     connections = metrics([cumulative("system.network.connections", "{connections}", T0, [
         (t, 100 + (-1) ** k * 10 * k) for k, t in enumerate(times)], {"protocol": "tcp", "state": "ESTABLISHED"},
-        integer=True, monotonic=False)], node="n3")
+        integer=True, monotonic=False),
+        cumulative("system.network.errors", "{errors}", T0, [(t, 3 * k) for k, t in enumerate(times)],
+                   {"device": "eth0", "direction": "receive"}, integer=True, monotonic=False)], node="n3")
     return [dcgm, *pods, connections]
+
+
+# The metric tables' columns as sloscope 0.5.7 added them: no catalog rules.
+EARLIER_COLUMNS = {
+    "SloscopeNode": "coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), "
+                    "nullIf(ResourceAttributes['host.name'], ''), 'unknown')",
+    "SloscopeAttributes": "toJSONString(mapSort(Attributes))"}
 
 
 STEPS_WINDOW = Window(datetime(2025, 11, 29, 9, 59), datetime(2025, 11, 29, 10, 0, 3),
@@ -285,12 +295,23 @@ def _add_columns_as_printed(directory, capsys, *options) -> None:
                 store.backend.execute(statement)
 
 
-@pytest.mark.parametrize("tables", ["sloscope's", "the Collector's", "the Collector's with sloscope's columns"])
+def _add_earlier_columns(directory) -> None:
+    with open_store(f"chdb:///{directory}", read_only=True) as store:
+        for table in (GAUGE, SUM, EXP_HISTOGRAM):
+            for column, expression in EARLIER_COLUMNS.items():
+                store.backend.execute(f"ALTER TABLE {table} ADD COLUMN {column} LowCardinality(String) "
+                                      f"MATERIALIZED {expression}")
+
+
+@pytest.mark.parametrize("tables", ["sloscope's", "the Collector's", "the Collector's with sloscope's columns",
+                                    "the Collector's with an earlier release's columns",
+                                    "the Collector's with an earlier release's columns, modified"])
 def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoders_read_them(tmp_path, capsys,
                                                                                           tables):
     """The decoders apply the catalog's rules to what they keep; the exporter writes the points as they came, so
     the queries apply the same rules: with sloscope's columns (made by ingest, or added to a Collector's tables
-    with what `sloscope clickhouse-columns` prints), and on a Collector's tables without them."""
+    with what `sloscope clickhouse-columns` prints), on a Collector's tables without them, and where an earlier
+    release added them with other expressions (read as computed until `--modify` gives them this release's)."""
     requests = _receivers_requests()
     assert main(["ingest", "--db", str(tmp_path / "x.duckdb"),
                  str(write_lines(tmp_path / "in.jsonl", requests))]) == 0
@@ -300,12 +321,18 @@ def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoder
         create_tables(tmp_path / "ch")
     if tables == "the Collector's with sloscope's columns":
         _add_columns_as_printed(tmp_path / "ch", capsys)
-        _add_columns_as_printed(tmp_path / "ch", capsys, "--modify")  # as after an upgrade: the same columns
+    if "earlier release" in tables:
+        _add_earlier_columns(tmp_path / "ch")
+    if tables.endswith("modified"):
+        _add_columns_as_printed(tmp_path / "ch", capsys, "--modify")
     with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as ch:
         for request in requests:
             for table, data in rows(request).items():
                 ch.backend.insert(table, data)
-        assert bool(ch._sources) == (tables == "the Collector's")
+        stale_or_lacking = tables in ("the Collector's", "the Collector's with an earlier release's columns")
+        assert set(ch._sources) == (set(derived_columns()) if stale_or_lacking else set())
+        warned = "added by an earlier release of sloscope, read as computed" in capsys.readouterr().err
+        assert warned == tables.endswith("earlier release's columns")
         key = ["node", "metric", "attributes", "ts"]
         columns = "ts, node, metric, attributes, value, interval_s"
         engine = _sorted(ch.frame(f"SELECT {columns} FROM ({ch.sql('samples')})", EVERYTHING), key)
@@ -317,6 +344,8 @@ def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoder
     assert stored.filter(pl.col("metric") == "k8s.pod.cpu.usage")["attributes"].n_unique() == 2
     assert stored.filter(pl.col("metric") == "DCGM_FI_DEV_GPU_TEMP").height == 5  # the blank one dropped
     assert stored.filter(pl.col("metric") == "system.network.connections")["interval_s"].is_null().all()
+    errors = stored.filter(pl.col("metric") == "system.network.errors")
+    assert errors["value"].to_list() == [0, 3, 3, 3, 3, 3] and errors["interval_s"].is_not_null().all()
     assert_same(engine.filter(pl.col("metric").is_in(list(set(stored["metric"])))), stored)
     # and what rca reads of them (the prometheus receiver's own series are on no node)
     assert set(stored_steps["node"]) == {"n1", "n2", "n3"}
@@ -325,12 +354,34 @@ def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoder
     assert np.allclose(engine_steps["value"].to_numpy(), stored_steps["value"].to_numpy(), rtol=1e-12)
 
 
+def test_writing_gives_an_earlier_releases_columns_this_releases_expressions(tmp_path):
+    create_tables(tmp_path / "ch")
+    _add_earlier_columns(tmp_path / "ch")
+    with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as before:
+        assert {table for table, _ in before._stale_columns()} == {GAUGE, SUM, EXP_HISTOGRAM}
+    open_store(f"chdb:///{tmp_path}/ch").close()  # as ingest opens it
+    with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as after:
+        assert not after._stale_columns() and not after._sources
+
+
+def test_the_printed_columns_name_a_cluster_quoted_and_refuse_what_is_not_a_cluster_name(capsys):
+    assert main(["clickhouse-columns", "--on-cluster", "gpu-fleet", "--modify"]) == 0
+    statements = [t for t in capsys.readouterr().out.split("\n;\n") if "ALTER TABLE" in t]
+    assert statements and all("ALTER TABLE " in t and " ON CLUSTER 'gpu-fleet' " in t for t in statements)
+    assert len([t for t in statements if " MODIFY COLUMN " in t]) * 2 == len(statements)
+    with pytest.raises(SystemExit) as refused:
+        main(["clickhouse-columns", "--on-cluster", "x' ADD COLUMN y"])
+    assert refused.value.code == 2 and "is not a cluster name" in capsys.readouterr().err
+
+
 def test_a_declared_explicit_histogram_the_collector_wrote_is_evidence_as_in_duckdb(tmp_path):
     """A Prometheus histogram an SLO spec declares reaches ClickHouse as the exporter writes explicit-bucket
     histograms (otel_metrics_histogram); rca reads its mean per step as DuckDB reads the same points, through a
-    reset (the server restarted: counts went down, the start time unchanged)."""
+    reset (the server restarted: counts went down, the start time unchanged), and one only a bucket shows."""
     counts = [[k, 2 * k, k, 0, 0, 0, k // 10] for k in range(1, 40)]
     counts[20:] = [[c - 20 if i < 3 else c for i, c in enumerate(row)] for row in counts[20:]]
+    # and later a reset only a bucket shows: the first went down, the count did not
+    counts[30:] = [[row[0], row[1] - 15, row[2] + 30, *row[3:]] for row in counts[30:]]
     points = [(T0 + k * 5 * S, 0.1 * sum(row) + 0.01 * k, BOUNDS, row) for k, row in enumerate(counts)]
     scrape = prometheus_scrape("10.4.2.31:8000", [explicit_histogram(
         "vllm:request_queue_time_seconds", T0 - 60 * S, points, {"model_name": "llama-3.1-8b"})], job="vllm")
@@ -365,7 +416,7 @@ def test_a_store_without_the_explicit_histogram_table_reads_as_without_its_rows(
     with open_store(f"chdb:///{tmp_path}/ch") as store:
         store.backend.execute("DROP TABLE otel_metrics_histogram")
     with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as old:
-        assert "null(" in old._sources["otel_metrics_histogram"]
+        assert "system.one WHERE 0" in old._sources["otel_metrics_histogram"]
         after = signal_steps(old, window).sort("node", "metric", "attributes", "step")
     duck.close()
     assert before.height > 0 and after.equals(before)
@@ -387,6 +438,7 @@ def test_spans_in_the_exporters_earlier_spelling_are_the_same_requests(tmp_path)
     with ch:
         assert ch.rows("SELECT uniqExact(SpanKind) FROM otel_traces")[0][0] == 2
         engine = sli_windows(ch, spec, since, until)["standard"]
+        assert ch.rows(ch.sql("data_range")) == [(datetime(2025, 11, 29, 10), datetime(2025, 11, 29, 10, 0, 49, 750000))]
     assert stored["failures"].sum() == 23
     assert_same(engine, stored)
 

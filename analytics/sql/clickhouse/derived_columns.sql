@@ -53,7 +53,9 @@ ALTER TABLE otel_traces ADD COLUMN IF NOT EXISTS SloscopeStatusCode Nullable(Int
 ;
 ALTER TABLE otel_metrics_gauge ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
     substringUTF8(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
-                           nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), 'unknown'),
+                           if(mapContains({node_attributes:Map(String, String)}, MetricName),
+                              nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), NULL),
+                           'unknown'),
                   1, 253)
 ;
 ALTER TABLE otel_metrics_gauge ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String) MATERIALIZED
@@ -68,7 +70,9 @@ ALTER TABLE otel_metrics_gauge ADD COLUMN IF NOT EXISTS SloscopeKept Bool MATERI
 ;
 ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
     substringUTF8(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
-                           nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), 'unknown'),
+                           if(mapContains({node_attributes:Map(String, String)}, MetricName),
+                              nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), NULL),
+                           'unknown'),
                   1, 253)
 ;
 ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String) MATERIALIZED
@@ -85,19 +89,25 @@ ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeTemporality Int32 
     multiIf(AggregationTemporality = 2 AND NOT IsMonotonic AND NOT has({counters:Array(String)}, MetricName), 0,
             AggregationTemporality IN (1, 2), AggregationTemporality, -1)
 ;
-ALTER TABLE otel_metrics_exponential_histogram ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
+ALTER TABLE otel_metrics_exponential_histogram ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String)
+    MATERIALIZED
     substringUTF8(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
-                           nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), 'unknown'),
+                           if(mapContains({node_attributes:Map(String, String)}, MetricName),
+                              nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), NULL),
+                           'unknown'),
                   1, 253)
 ;
-ALTER TABLE otel_metrics_exponential_histogram ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String) MATERIALIZED
+ALTER TABLE otel_metrics_exponential_histogram ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String)
+    MATERIALIZED
     toJSONString(mapSort(mapUpdate(Attributes, mapFilter(
         (key, value) -> value != '' AND has({resource_attributes:Map(String, Array(String))}[MetricName], key),
         ResourceAttributes))))
 ;
 ALTER TABLE otel_metrics_histogram ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
     substringUTF8(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
-                           nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), 'unknown'),
+                           if(mapContains({node_attributes:Map(String, String)}, MetricName),
+                              nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), NULL),
+                           'unknown'),
                   1, 253)
 ;
 ALTER TABLE otel_metrics_histogram ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String) MATERIALIZED

@@ -28,5 +28,6 @@ SELECT TraceId AS trace_id,
        SloscopeStatusCode AS status_code,
        StatusCode IN ('Error', 'STATUS_CODE_ERROR') OR ifNull(status_code >= 500, false) AS failed
 FROM otel_traces
-WHERE SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND Timestamp >= {since:DateTime64(6)} AND Timestamp < {until:DateTime64(6)}
+WHERE SpanKind IN ('Server', 'SPAN_KIND_SERVER')
+  AND Timestamp >= {since:DateTime64(6)} AND Timestamp < {until:DateTime64(6)}
 LIMIT 1 BY SloscopeNode, SloscopeService, TraceId, SpanId

@@ -14,6 +14,7 @@ WITH points AS (
 )
 SELECT if((SELECT count() FROM (SELECT 1 FROM points
                                 WHERE SloscopeNode = {node:String} AND TimeUnix < {since:DateTime64(6)} LIMIT 1)) = 0,
-          (SELECT fromUnixTimestamp64Micro(toUnixTimestamp64Micro(toDateTime64(minOrNull(TimeUnix), 6)), 'UTC') FROM points
+          (SELECT fromUnixTimestamp64Micro(toUnixTimestamp64Micro(toDateTime64(minOrNull(TimeUnix), 6)), 'UTC')
+           FROM points
            WHERE SloscopeNode = {node:String} AND TimeUnix >= {since:DateTime64(6)}),
           NULL) AS first
