@@ -23,8 +23,8 @@ from sloscope.slo_spec import load_spec  # noqa: E402
 from tests.collector_exporter import rows  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402
 from tests.otlp_builders import attr, counter, exp_histogram, gauge, metrics, span, traces, write_lines  # noqa: E402
+from tests.declared_specs import BOUNDS, QUEUE_TIME  # noqa: E402
 from tests.receiver_otlp import cumulative, explicit_histogram, prometheus_scrape  # noqa: E402
-from tests.test_declared_signals import BOUNDS, QUEUE_TIME  # noqa: E402
 from tests.receiver_otlp import gauge as receiver_gauge  # noqa: E402
 
 T0 = 1_764_410_400_000_000_000  # 2025-11-29T10:00:00Z

@@ -16,16 +16,10 @@ from sloscope import catalog, taxonomy
 from sloscope.records import HISTOGRAM_OFFSET
 from sloscope.slo_spec import SpecError, parse_spec
 from tests.conftest import need
+from tests.declared_specs import BOUNDS, QUEUE, QUEUE_TIME, TIERS
 from tests.otlp_builders import attr
 from tests.receiver_otlp import cumulative, explicit_histogram, gauge, prometheus_scrape
 
-TIERS = """\
-default_tier: standard
-tiers:
-  standard:
-    latency: {percentile: 95, threshold_ms: 200}
-    availability: 99.5
-"""
 DECLARED = TIERS + """\
 causes:
   inference_queue:
@@ -83,9 +77,6 @@ def _error(text: str) -> str:
     with pytest.raises(SpecError) as exc:
         parse_spec(text, "slo.yaml")
     return str(exc.value)
-
-
-QUEUE = "causes:\n  inference_queue: {layer: runtime, physical: queued, remediation: 'scale {node}'}\n"
 
 
 @pytest.mark.parametrize("evidence, line, complaint", [
@@ -164,11 +155,6 @@ def test_the_rules_alert_on_declared_causes_like_the_built_in_ones():
     assert 'cause="inference_queue"' in rule["expr"]
     assert rule["annotations"]["runbook_url"].endswith("runbooks.md#declared-causes")
     assert rule["annotations"]["remediation"].startswith("Add inference replicas beside {{ $labels.node }}")
-
-
-QUEUE_TIME = TIERS + QUEUE + "evidence:\n  - {metric: 'vllm:request_queue_time_seconds', cause: inference_queue, " \
-    "harmful: up}\n"
-BOUNDS = [0.3, 0.5, 0.8, 1.0, 2.5, 5.0]
 
 
 @pytest.mark.parametrize("encoding", ["json", "protobuf"])
