@@ -184,10 +184,14 @@ class ClickHouseStore(Reader):
         self.backend, self.path, self.read_only = backend, label, read_only
         self._recorded_spec = None
         self._turn = threading.Lock()
-        self._check_attribute_columns()
-        if read_only:
-            self._check_tables()
-        else:
+        try:
+            self._check_attribute_columns()
+            if read_only:
+                self._check_tables()
+        except StoreError:
+            backend.close()  # a refused store holds nothing open
+            raise
+        if not read_only:
             for statement in statements("exporter_tables") + derived_column_statements():
                 self._execute(statement)
             stale = self._stale_columns()

@@ -39,8 +39,11 @@ class RawClient:
         return status, headers, self.file.read(int(headers.get("content-length", 0)))
 
     def silent_for(self, seconds: float) -> bool:
-        """True when the server sends nothing (and does not close) for that long."""
-        return not select.select([self.sock], [], [], seconds)[0]
+        """True when the server sends nothing (and does not close) for that long. poll, not select: a process
+        that has used chDB holds descriptors past select's limit of 1024."""
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        return not poller.poll(seconds * 1000)
 
     def closed_by_server(self, within_s: float = 5.0) -> bool:
         """True when the server closes the connection (EOF or reset) within the time, sending nothing more."""
