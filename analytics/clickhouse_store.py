@@ -8,6 +8,7 @@ back with DuckDB's column types: naive UTC datetimes, Int64 counts, Float64 valu
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -52,11 +53,12 @@ def catalog_rules() -> dict:
             "counters": [name for name, r in rules.items() if r.counter]}
 
 
-def derived_column_statements() -> list[str]:
+@functools.cache
+def derived_column_statements() -> tuple[str, ...]:
     """The statements of derived_columns.sql with the catalog's rules written in, each a literal of its type."""
     rules = catalog_rules()
-    return [PARAMETER.sub(lambda m: f"CAST({sql_literal(rules[m.group(1)])}, {sql_literal(m.group(2))})", statement)
-            for statement in statements("derived_columns")]
+    return tuple(PARAMETER.sub(lambda m: f"CAST({sql_literal(rules[m.group(1)])}, {sql_literal(m.group(2))})", s)
+                 for s in statements("derived_columns"))
 
 
 def modifying(statement: str) -> str:
@@ -192,7 +194,7 @@ class ClickHouseStore(Reader):
             backend.close()  # a refused store holds nothing open
             raise
         if not read_only:
-            for statement in statements("exporter_tables") + derived_column_statements():
+            for statement in (*statements("exporter_tables"), *derived_column_statements()):
                 self._execute(statement)
             stale = self._stale_columns()
             for statement in derived_column_statements():

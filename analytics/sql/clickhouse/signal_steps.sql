@@ -8,8 +8,8 @@
 -- exponential ones. A point stored twice counts once, found more cheaply than there: delta and gauge points are
 -- grouped by (series, time), fixed-width keys, and of a cumulative series' points that share a time only the last
 -- in (time, value) order is kept, found by a window over the order the increases' window sorts by again, so
--- ClickHouse sorts once. Sharing a time is not only a copy: the exporter's tables since v0.160
--- keep whole seconds, and the later of two points in one second carries the increase of both.
+-- ClickHouse sorts once. Sharing a time is not only a copy: the exporter's tables since v0.160 keep whole seconds,
+-- and the later of two points in one second carries the increase of both.
 WITH raw AS (
     SELECT SloscopeNode AS node, MetricName AS metric, SloscopeAttributes AS attributes,
            reinterpretAsInt64(cityHash64(node, metric, attributes)) AS series,
