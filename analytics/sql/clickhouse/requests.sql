@@ -1,33 +1,9 @@
--- The requests of analytics/sql/schema.sql, read from the exporter's otel_traces: one row per SERVER span. Service,
--- route, node, status and the tier header's value are sloscope's columns of the table (derived_columns.sql); the
--- untrusted tier header is resolved by the SLO spec's rules exactly as
--- enrich/tiers.py does: the first tier attribute present, a repeated header only when it has a single value, empty
--- or longer than 64 characters is the default tier, Unicode whitespace stripped, then the allow-list.
--- The exporter's earlier releases wrote span kinds and status codes by their proto names (SPAN_KIND_SERVER,
--- STATUS_CODE_ERROR), later ones as Server and Error: a table kept across an upgrade holds both.
--- Only the spans started in [since, until) are read, and a span stored twice (a retried batch, a file loaded
--- again) is one request, as the DuckDB store keeps it once. Its copies share their node and service, which lead
--- the deduplication's key so that a query's filter on them is applied before it (ClickHouse moves a filter through
--- LIMIT BY only on its key): one node's incident reads one node's spans. Parameters: allowed_tiers, default_tier,
--- since, until.
+-- The requests of analytics/sql/schema.sql, read from the exporter's otel_traces: server_spans.sql's spans started in
+-- [since, until), a span stored twice (a retried batch, a file loaded again) once, as the DuckDB store keeps it
+-- once. Its copies share their node and service, which lead the deduplication's key so that a query's filter on
+-- them is applied before it (ClickHouse moves a filter through LIMIT BY only on its key): one node's incident reads
+-- one node's spans. Parameters: allowed_tiers, default_tier, since, until.
 -- Inlined by the queries of this folder where they name it in double braces.
-SELECT TraceId AS trace_id,
-       SpanId AS span_id,
-       fromUnixTimestamp64Micro(toUnixTimestamp64Micro(Timestamp), 'UTC') AS start_time,
-       Duration / 1e6 AS duration_ms,
-       SloscopeService AS service,
-       SloscopeRoute AS route,
-       SloscopeNode AS node,
-       SloscopeTierValue AS tier_value,
-       -- An allowed value needs no stripping: the regular expression runs only for the others.
-       if(has({allowed_tiers:Array(String)}, tier_value), tier_value, replaceRegexpAll(tier_value,
-           '^[\\t\\n\\x0B\\x0C\\r\\x1C-\\x1F \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}]+|[\\t\\n\\x0B\\x0C\\r\\x1C-\\x1F \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}]+$',
-           '')) AS tier_stripped,
-       if(tier_value != '' AND lengthUTF8(tier_value) <= 64 AND has({allowed_tiers:Array(String)}, tier_stripped),
-          tier_stripped, {default_tier:String}) AS tier,
-       SloscopeStatusCode AS status_code,
-       StatusCode IN ('Error', 'STATUS_CODE_ERROR') OR ifNull(status_code >= 500, false) AS failed
-FROM otel_traces
-WHERE SpanKind IN ('Server', 'SPAN_KIND_SERVER')
-  AND Timestamp >= {since:DateTime64(6)} AND Timestamp < {until:DateTime64(6)}
-LIMIT 1 BY SloscopeNode, SloscopeService, TraceId, SpanId
+SELECT *
+FROM {{server_spans}}
+LIMIT 1 BY node, service, trace_id, span_id

@@ -7,8 +7,7 @@
 -- step's mean needs (no histogram slots), explicit-bucket histograms (metrics an SLO spec declares) beside the
 -- exponential ones. A point stored twice counts once, found more cheaply than there: delta and gauge points are
 -- grouped by (series, time), fixed-width keys, and of a cumulative series' points that share a time only the last
--- in (time, value) order is kept, found by a window over the order the increases' window sorts by again, so
--- ClickHouse sorts once. Sharing a time is not only a copy: the exporter's tables since v0.160 keep whole seconds,
+-- in (time, value) order is kept. Sharing a time is not only a copy: the exporter's tables since v0.160 keep whole seconds,
 -- and the later of two points in one second carries the increase of both.
 WITH raw AS (
     SELECT SloscopeNode AS node, MetricName AS metric, SloscopeAttributes AS attributes,
@@ -94,47 +93,59 @@ single AS (
     )
     GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns
 ),
+-- Each cumulative series' points in (time, value) order as one array, of which each point is read beside its
+-- predecessor: the grouping sorts each series on its own, where a window would sort the fleet's points. Of the
+-- points that share a time only the last is kept (its successor's time differs).
 cumulative AS (
-    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, start_ns, time_ns, value,
-           row_number() OVER points = 1 AS first,
-           lagInFrame(start_ns) OVER points AS prev_start_ns,
-           lagInFrame(time_ns) OVER points AS prev_time_ns,
-           lagInFrame(value) OVER points AS prev_value,
+    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+           tupleElement(point, 1) AS time_ns, tupleElement(point, 2) AS value, tupleElement(point, 3) AS start_ns,
+           tupleElement(previous, 1) AS prev_time_ns, tupleElement(previous, 2) AS prev_value,
+           tupleElement(previous, 3) AS prev_start_ns,
+           position = 1 AS first,
            first OR start_ns != prev_start_ns AS restarted,
            NOT first AND value < prev_value AS went_down,
            restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
-    FROM (SELECT *, leadInFrame(time_ns) OVER (PARTITION BY series, name_node, name_metric, name_attributes
-                                               ORDER BY time_ns, value ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING)
-                    AS next_time_ns
-          FROM raw
-          WHERE temporality = 2)
-    WHERE next_time_ns != time_ns
-    WINDOW points AS (PARTITION BY series, name_node, name_metric, name_attributes ORDER BY time_ns, value
-                      ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+    FROM (
+        SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+               arraySort(groupArray((time_ns, value, start_ns))) AS sorted,
+               arrayFilter((point, next) -> tupleElement(point, 1) != next, sorted,
+                           arrayPushBack(arrayPopFront(arrayMap(point -> tupleElement(point, 1), sorted)), toInt64(-1)))
+                   AS kept
+        FROM raw
+        WHERE temporality = 2
+        GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes
+    )
+    ARRAY JOIN kept AS point, arrayPushFront(arrayPopBack(kept), kept[1]) AS previous,
+               arrayEnumerate(kept) AS position
 ),
+-- The same for cumulative histograms, in (time, count) order.
 cumulative_histograms AS (
-    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, start_ns, time_ns, count, sum,
-           row_number() OVER points = 1 AS first,
-           lagInFrame(start_ns) OVER points AS prev_start_ns,
-           lagInFrame(time_ns) OVER points AS prev_time_ns,
-           lagInFrame(count) OVER points AS prev_count,
-           lagInFrame(sum) OVER points AS prev_sum,
-           lagInFrame(layout) OVER points AS prev_layout,
-           lagInFrame(buckets) OVER points AS prev_buckets,
+    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+           tupleElement(point, 1) AS time_ns, tupleElement(point, 2) AS count, tupleElement(point, 3) AS start_ns,
+           tupleElement(point, 4) AS sum, tupleElement(point, 5) AS layout, tupleElement(point, 6) AS buckets,
+           tupleElement(previous, 1) AS prev_time_ns, tupleElement(previous, 2) AS prev_count,
+           tupleElement(previous, 3) AS prev_start_ns, tupleElement(previous, 4) AS prev_sum,
+           tupleElement(previous, 5) AS prev_layout, tupleElement(previous, 6) AS prev_buckets,
+           position = 1 AS first,
            greatest(length(buckets), length(prev_buckets)) AS width,
            first OR start_ns != prev_start_ns AS restarted,
            NOT first AND (count < prev_count OR (layout = prev_layout AND
                arrayExists((now, before) -> now < before, arrayResize(buckets, width), arrayResize(prev_buckets, width))))
                AS went_down,
            restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
-    FROM (SELECT *, leadInFrame(time_ns) OVER (PARTITION BY series, name_node, name_metric, name_attributes
-                                               ORDER BY time_ns, count ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING)
-                    AS next_time_ns
-          FROM raw_histograms
-          WHERE temporality = 2)
-    WHERE next_time_ns != time_ns
-    WINDOW points AS (PARTITION BY series, name_node, name_metric, name_attributes ORDER BY time_ns, count
-                      ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+    FROM (
+        SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+               arraySort(point -> (tupleElement(point, 1), tupleElement(point, 2)),
+                         groupArray((time_ns, count, start_ns, sum, layout, buckets))) AS sorted,
+               arrayFilter((point, next) -> tupleElement(point, 1) != next, sorted,
+                           arrayPushBack(arrayPopFront(arrayMap(point -> tupleElement(point, 1), sorted)), toInt64(-1)))
+                   AS kept
+        FROM raw_histograms
+        WHERE temporality = 2
+        GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes
+    )
+    ARRAY JOIN kept AS point, arrayPushFront(arrayPopBack(kept), kept[1]) AS previous,
+               arrayEnumerate(kept) AS position
 ),
 points AS (
     SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns, value FROM single

@@ -1,15 +1,18 @@
 -- Every tier's SLI per (service, node) and step in one pass over the requests, as analytics/sql/sli_windows.sql
--- computes it: windows aligned as DuckDB's time_bucket aligns them (from 2000-01-03); the requests relation reads
--- only [since, until).
+-- computes it: windows aligned as DuckDB's time_bucket aligns them (from 2000-01-03); only [since, until) is read.
+-- A span stored twice counts once: its copies fall in one group (they share tier, service, node and start), so each
+-- group counts its distinct span keys, small sets, where requests.sql would deduplicate the whole range at once.
+-- Two spans of one group whose keys collide (a chance of about n^2 / 2^65 for n spans) would count once.
 SELECT tier,
        service,
        node,
        fromUnixTimestamp64Micro(toInt64(946857600000000 + intDiv(toUnixTimestamp64Micro(start_time) - 946857600000000,
                                 toInt64(round({step_s:Float64} * 1e6))) * toInt64(round({step_s:Float64} * 1e6))),
                                 'UTC') AS window_start,
-       toInt64(count()) AS requests,
-       toInt64(countIf(failed)) AS failures,
-       toInt64(countIf(duration_ms > {thresholds_ms:Array(Float64)}[indexOf({tiers:Array(String)}, tier)])) AS slow
-FROM {{requests}}
+       toInt64(uniqExact(span_key)) AS requests,
+       toInt64(uniqExactIf(span_key, failed)) AS failures,
+       toInt64(uniqExactIf(span_key,
+                           duration_ms > {thresholds_ms:Array(Float64)}[indexOf({tiers:Array(String)}, tier)])) AS slow
+FROM {{server_spans}}
 WHERE has({tiers:Array(String)}, tier)
 GROUP BY tier, service, node, window_start
