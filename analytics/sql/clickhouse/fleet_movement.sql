@@ -1,19 +1,17 @@
 -- What locality needs from the whole fleet, as analytics/sql/fleet_movement.sql computes it, on the steps of
--- signal_steps.sql. Arrays are 1-based; an empty array has no median.
-WITH steps AS {{signal_steps}},
-readings AS (
+-- signal_series_steps.sql, each series' steps in time order as one array: growth is read from it and the medians
+-- are taken of it, with no window over the fleet's steps. Arrays are 1-based; an empty array has no median.
+WITH readings AS (
     SELECT tupleElement(reading, 1) AS metric, tupleElement(reading, 2) AS direction,
            tupleElement(reading, 3) AS floor
     FROM (SELECT arrayJoin(arrayZip({readings:Array(String)}, {directions:Array(Float64)},
                                     {floors:Array(Float64)})) AS reading)
 ),
--- Each series' steps in time order, as one array: growth is read from it and the medians are taken of it, with no
--- window over the fleet's steps (and the steps are read once: a CTE named twice would be computed twice).
 series_points AS (
-    SELECT steps.series AS series, steps.node_key AS node_key, readings.metric AS level_metric,
-           arraySort(point -> tupleElement(point, 1), groupArray((steps.step, steps.value))) AS level_points
-    FROM steps INNER JOIN readings ON steps.metric_key = reinterpretAsInt64(cityHash64(readings.metric))
-    GROUP BY series, node_key, level_metric
+    SELECT series_steps.series AS series, series_steps.node_key AS node_key, readings.metric AS level_metric,
+           series_steps.steps AS level_points
+    FROM {{signal_series_steps}} AS series_steps
+    INNER JOIN readings ON series_steps.metric_key = reinterpretAsInt64(cityHash64(readings.metric))
 ),
 -- A level, and its growth where it is read as growth: the relative change over growth_lag steps, per minute.
 judged_points AS (
