@@ -253,14 +253,16 @@ class ClickHouseStore(Reader):
             log.warning("%s: %s added by an earlier release of sloscope, read as computed; give them this "
                         "release's expressions with `sloscope clickhouse-columns --modify`", self.path,
                         ", ".join(f"{table}.{column}" for table, column in sorted(stale)))
-        tables = {table for table, _ in present}
+        tables, usable = {table for table, _ in present}, present - stale
         sources = {}
         for table, columns in derived_columns().items():
             lacking = [f"{expression} AS {column}" for column, expression in columns.items()
-                       if (table, column) not in present - stale]
+                       if (table, column) not in usable]
             if lacking:
+                # `*` leaves out materialized columns: the usable ones are named.
+                kept = [column for column in columns if (table, column) in usable]
                 rows = table if table in tables else _no_rows(exporter_tables.OPTIONAL_TABLES[table])
-                sources[table] = f"(SELECT *, {', '.join(lacking)} FROM {rows})"
+                sources[table] = f"(SELECT *, {', '.join([*kept, *lacking])} FROM {rows})"
         return sources
 
     def _check_tables(self) -> None:

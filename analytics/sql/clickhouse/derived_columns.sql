@@ -22,6 +22,9 @@ ALTER TABLE otel_traces ADD COLUMN IF NOT EXISTS SloscopeService LowCardinality(
                 substringUTF8(SpanAttributes['istio.canonical_service'], 1, 253),
             substringUTF8(ServiceName, 1, 253))
 ;
+ALTER TABLE otel_traces ADD COLUMN IF NOT EXISTS SloscopeSpanKey Int64 MATERIALIZED
+    reinterpretAsInt64(cityHash64(TraceId, SpanId))
+;
 ALTER TABLE otel_traces ADD COLUMN IF NOT EXISTS SloscopeRoute LowCardinality(String) MATERIALIZED
     substringUTF8(if(mapContains(SpanAttributes, 'http.route'), SpanAttributes['http.route'], SpanName), 1, 253)
 ;

@@ -10,7 +10,7 @@
 -- Parameters: allowed_tiers, default_tier, since, until.
 SELECT TraceId AS trace_id,
        SpanId AS span_id,
-       reinterpretAsInt64(cityHash64(TraceId, SpanId)) AS span_key,
+       SloscopeSpanKey AS span_key,
        fromUnixTimestamp64Micro(toUnixTimestamp64Micro(Timestamp), 'UTC') AS start_time,
        Duration / 1e6 AS duration_ms,
        SloscopeService AS service,
