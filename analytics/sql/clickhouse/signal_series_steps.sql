@@ -50,7 +50,7 @@ raw_histograms AS (
         FROM otel_metrics_exponential_histogram
         WHERE bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
           AND ({node:String} = '' OR SloscopeNode = {node:String})
-      AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
+          AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
           AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
         UNION ALL
         SELECT SloscopeNode, MetricName, SloscopeAttributes,
@@ -60,7 +60,7 @@ raw_histograms AS (
         FROM otel_metrics_histogram
         WHERE bitAnd(Flags, 1) = 0 AND SloscopeNode != {unknown_node:String}
           AND ({node:String} = '' OR SloscopeNode = {node:String})
-      AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
+          AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
           AND TimeUnix >= {since:DateTime64(6)} - INTERVAL 5 MINUTE AND TimeUnix < {until:DateTime64(6)}
     )
 ),
@@ -114,7 +114,8 @@ cumulative AS (
     ARRAY JOIN kept AS point, arrayPushFront(arrayPopBack(kept), kept[1]) AS previous,
                arrayEnumerate(kept) AS position
 ),
--- The same for cumulative histograms, in (time, count) order.
+-- The same for cumulative histograms, in (time, count) order. Apart from the sums: a sum's points carried in
+-- one array with bucket arrays beside them made the whole query slower and larger.
 cumulative_histograms AS (
     SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
            tupleElement(point, 1) AS time_ns, tupleElement(point, 2) AS count, tupleElement(point, 3) AS start_ns,
