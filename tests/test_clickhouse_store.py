@@ -2,7 +2,7 @@
 deltas computed in the engine, each held to what the DuckDB store does with the same input."""
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import polars as pl
 import numpy as np
@@ -226,6 +226,25 @@ def test_both_engines_answer_the_analytics_queries_with_the_same_frames(tmp_path
     assert_same(ch_latency, duck_latency)
     # Each engine keys a series by its own fingerprint: the same series, different integers.
     assert ch_steps.drop("series").schema == duck_steps.drop("series").schema
+    assert ch_steps.select("node", "metric", "attributes", "step").equals(
+        duck_steps.select("node", "metric", "attributes", "step"))
+    assert (ch_steps["value"] - duck_steps["value"]).abs().max() < 1e-9
+
+
+@pytest.mark.parametrize("cut_s", [35, 55, 75])
+def test_a_window_that_begins_inside_a_cumulative_series_takes_its_first_increase_from_the_point_before(
+        tmp_path, cut_s):
+    # The last point before the window is stored twice in chDB: its copies are one predecessor.
+    lines = _metric_lines()
+    duck, ch = _load_both(tmp_path, lines + lines[:1])
+    since = datetime(2025, 11, 29, 10) + timedelta(seconds=cut_s)
+    window = Window(since, datetime(2025, 11, 29, 10, 1), datetime(2025, 11, 29, 10, 1, 10),
+                    datetime(2025, 11, 29, 10, 3), 10.0)
+    with duck, ch:
+        duck_steps, ch_steps = (signal_steps(s, window).sort("node", "metric", "attributes", "step")
+                                for s in (duck, ch))
+    cumulative = duck_steps.filter(pl.col("metric").is_in(["sloscope.tcp.retransmits", "sloscope.syscall.duration"]))
+    assert cumulative.height >= 2 and duck_steps["step"].min() >= since
     assert ch_steps.select("node", "metric", "attributes", "step").equals(
         duck_steps.select("node", "metric", "attributes", "step"))
     assert (ch_steps["value"] - duck_steps["value"]).abs().max() < 1e-9
