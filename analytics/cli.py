@@ -10,7 +10,8 @@ from enrich.tiers import TierResolver
 from sloscope.slo_spec import SpecError
 
 from analytics.store import StoreError
-from analytics.stores import add_store_arguments, open_from_args
+from analytics import exporter_tables
+from analytics.stores import add_store_arguments, open_from_args, parse_store_url
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
 
@@ -72,6 +73,9 @@ def register(subparsers) -> None:
         "--store` adds them itself; without them every query computes the same values as it reads.")
     columns.add_argument("--on-cluster", metavar="CLUSTER", type=_cluster_name,
                          help="add ON CLUSTER CLUSTER to each statement")
+    columns.add_argument("--store", metavar="URL",
+                         help="name the tables as this ClickHouse store URL's query does (the exporter's "
+                         "traces_table_name, metrics_tables.*.name or metrics_table_name); nothing is connected")
     columns.add_argument("--modify", action="store_true",
                          help="also MODIFY each column, for tables given them by an earlier release whose "
                          "expressions differ (rows inserted from then on take the new ones)")
@@ -158,9 +162,15 @@ def run_clickhouse_columns(args) -> int:
 
     from analytics.clickhouse_store import derived_column_statements, modifying, sql_literal
 
+    try:
+        settings = parse_store_url(args.store).table_settings if args.store else ()
+    except StoreError as exc:
+        print(f"sloscope clickhouse-columns: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    named = exporter_tables.renaming(exporter_tables.table_names(dict(settings)))
     print("-- sloscope's columns on the clickhouseexporter's tables (analytics/sql/clickhouse/derived_columns.sql)")
     for statement in derived_column_statements():
-        statement = "\n".join(line for line in statement.strip().splitlines() if not line.startswith("--"))
+        statement = named("\n".join(line for line in statement.strip().splitlines() if not line.startswith("--")))
         # --modify: a column an earlier release did not add must be added before it can be modified
         for text in (statement, modifying(statement)) if args.modify else (statement,):
             if args.on_cluster:

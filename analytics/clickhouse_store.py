@@ -178,12 +178,16 @@ def _no_rows(columns: dict[str, str]) -> str:
 
 
 class ClickHouseStore(Reader):
-    """The exporter's tables in one database, as a sloscope store."""
+    """The exporter's tables in one database, as a sloscope store. `names` maps each table's default name to the
+    one the exporter's settings gave it (exporter_tables.table_names): queries and statements are written with
+    the default names, and every one sent names the tables as they are."""
 
     dialect = "clickhouse"
 
-    def __init__(self, backend, label: str, read_only: bool = False):
+    def __init__(self, backend, label: str, read_only: bool = False, names: dict[str, str] | None = None):
         self.backend, self.path, self.read_only = backend, label, read_only
+        self._named = exporter_tables.renaming(names or {})
+        self._defaults = {name: default for default, name in (names or {}).items()}
         self._recorded_spec = None
         self._turn = threading.Lock()
         try:
@@ -208,23 +212,28 @@ class ClickHouseStore(Reader):
         found = self.rows("SELECT table, name FROM system.columns WHERE database = currentDatabase() "
                           "AND has({tables:Array(String)}, table) AND name LIKE '%Attributes' "
                           "AND startsWith(type, 'JSON')",
-                          {"tables": [*exporter_tables.READ_TABLES, *exporter_tables.OPTIONAL_TABLES]})
+                          {"tables": [self._named(t) for t in (*exporter_tables.READ_TABLES,
+                                                              *exporter_tables.OPTIONAL_TABLES)]})
         if found:
             columns = ", ".join(f"{table}.{name}" for table, name in found)
             raise StoreError(f"{self.path}: {columns} of type JSON (the clickhouseexporter's json option): sloscope "
                              "reads the exporter's default Map(String, String) attribute columns")
 
+    def _by_default_name(self, query: str) -> list[tuple]:
+        """Rows of a query of system tables whose first field is a table, that table by its default name."""
+        return [(self._defaults.get(table, table), *rest) for table, *rest in self.rows(query)]
+
     def _execute(self, statement: str) -> None:
         try:
-            self.backend.execute(statement)
+            self.backend.execute(self._named(statement))
         except Exception as exc:  # a refused grant, a server gone: the driver's errors have no common base
             raise StoreError(f"{self.path}: statement failed: {exc}") from None
 
     def _insert(self, table: str, data: pa.Table) -> None:
         try:
-            self.backend.insert(table, data)
+            self.backend.insert(self._named(table), data)
         except Exception as exc:
-            raise StoreError(f"{self.path}: insert into {table} failed: {exc}") from None
+            raise StoreError(f"{self.path}: insert into {self._named(table)} failed: {exc}") from None
 
     def _stale_columns(self) -> set[tuple[str, str]]:
         """(table, column) of sloscope's columns whose expression is not this release's (an earlier release added
@@ -233,7 +242,7 @@ class ClickHouseStore(Reader):
         expected = [(table, column, expression) for table, columns in derived_columns().items()
                     for column, expression in columns.items()]
         try:
-            stored = {(table, column): formatted for table, column, formatted in self.rows(
+            stored = {(table, column): formatted for table, column, formatted in self._by_default_name(
                 "SELECT table, name, formatQuerySingleLine('SELECT ' || default_expression) FROM system.columns "
                 "WHERE database = currentDatabase() AND default_kind = 'MATERIALIZED'")}
             ours = self.rows("SELECT " + ", ".join(
@@ -247,7 +256,7 @@ class ClickHouseStore(Reader):
     def _sources_lacking_columns(self) -> dict[str, str]:
         """table -> what queries read in its place: the table with the derived columns it lacks (or has with an
         earlier release's expression) computed; an optional table that is absent: no rows."""
-        present = set(self.rows("SELECT table, name FROM system.columns WHERE database = currentDatabase()"))
+        present = set(self._by_default_name("SELECT table, name FROM system.columns WHERE database = currentDatabase()"))
         stale = self._stale_columns()
         if stale:
             log.warning("%s: %s added by an earlier release of sloscope, read as computed; give them this "
@@ -269,8 +278,8 @@ class ClickHouseStore(Reader):
         found = self.tables()
         missing = [t for t in exporter_tables.READ_TABLES if t not in found]
         if missing:
-            raise StoreError(f"{self.path}: no {', '.join(missing)} table (the clickhouseexporter creates them; "
-                             "or load something with sloscope ingest)")
+            raise StoreError(f"{self.path}: no {', '.join(map(self._named, missing))} table (the clickhouseexporter "
+                             "creates them; or load something with sloscope ingest)")
 
     def sql(self, name: str) -> str:
         text = clickhouse_sql(name)
@@ -279,7 +288,8 @@ class ClickHouseStore(Reader):
         return text
 
     def tables(self) -> set[str]:
-        return {name for (name,) in self.rows("SELECT name FROM system.tables WHERE database = currentDatabase()")}
+        return {table for (table,) in self._by_default_name(
+            "SELECT name FROM system.tables WHERE database = currentDatabase()")}
 
     @contextmanager
     def reading(self):
@@ -296,7 +306,7 @@ class ClickHouseStore(Reader):
             params = {**self.tier_params(self._spec()), **(params or {})}
         try:
             with self._turn:  # neither chDB's session nor a clickhouse-connect client runs two queries at once
-                table = self.backend.arrow(query, params)
+                table = self.backend.arrow(self._named(query), params)
             return _duckdb_types(table)
         except StoreError:
             raise

@@ -9,6 +9,7 @@ the same answer), the node in the resource's k8s.node.name, and their route as t
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import orjson
@@ -30,9 +31,48 @@ OPTIONAL_TABLES = {HISTOGRAM: {
     "Attributes": "Map(LowCardinality(String), String)", "StartTimeUnix": "DateTime64(9)", "TimeUnix": "DateTime64(9)",
     "Count": "UInt64", "Sum": "Float64", "BucketCounts": "Array(UInt64)", "ExplicitBounds": "Array(Float64)",
     "Flags": "UInt32", "AggregationTemporality": "Int32"}}
+# The exporter's settings that name its tables (its config.go), as a store URL's query takes them: each table by
+# its own setting, or the metric tables by the older `metrics_table_name` prefix, which the exporter refuses beside
+# `metrics_tables`.
+TABLE_SETTINGS = {"traces_table_name": TRACES, "metrics_tables.gauge.name": GAUGE, "metrics_tables.sum.name": SUM,
+                  "metrics_tables.histogram.name": HISTOGRAM,
+                  "metrics_tables.exponential_histogram.name": EXP_HISTOGRAM}
+METRICS_PREFIX_SETTING, DEFAULT_METRICS_PREFIX = "metrics_table_name", "otel_metrics"
+TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}")
 TEMPORALITY = {False: 1, True: 2}  # OTLP's AggregationTemporality: delta, cumulative
 MAP_TYPE = pa.map_(pa.string(), pa.string())
 NS = pa.timestamp("ns")
+
+
+def table_names(settings: dict[str, str]) -> dict[str, str]:
+    """Default table name -> the name the exporter's settings give it; ValueError says which setting is wrong."""
+    unknown = sorted(set(settings) - set(TABLE_SETTINGS) - {METRICS_PREFIX_SETTING})
+    if unknown:
+        raise ValueError(f"unknown setting {', '.join(unknown)} (the exporter's table settings: "
+                         f"{', '.join([*TABLE_SETTINGS, METRICS_PREFIX_SETTING])})")
+    for key, name in settings.items():
+        if not TABLE_NAME.fullmatch(name):
+            raise ValueError(f"{key}={name!r}: a table name is a letter or _, then letters, digits and _")
+    prefix = settings.get(METRICS_PREFIX_SETTING)
+    if prefix is not None and any(key.startswith("metrics_tables.") for key in settings):
+        raise ValueError(f"{METRICS_PREFIX_SETTING} is the exporter's older setting: give it or metrics_tables.*, "
+                         "not both")
+    names = {default: settings.get(key, default) for key, default in TABLE_SETTINGS.items()}
+    if prefix is not None:
+        names.update({default: prefix + default.removeprefix(DEFAULT_METRICS_PREFIX) for default in names
+                      if default != TRACES})
+    if len(set(names.values())) < len(names):
+        raise ValueError("two of the exporter's tables are given one name")
+    return names
+
+
+def renaming(names: dict[str, str]):
+    """A function of SQL text written with the default table names that gives it with `names` (table_names)."""
+    changed = {default: name for default, name in names.items() if name != default}
+    if not changed:
+        return lambda text: text
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, changed)) + r")\b")
+    return lambda text: pattern.sub(lambda m: changed[m.group(1)], text)
 
 
 def attribute_text(value) -> str:

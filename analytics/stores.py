@@ -5,6 +5,9 @@
     clickhouse://USER@HOST:8123/DATABASE       a ClickHouse server over HTTP, the password read from
                                                --store-password-file or $SLOSCOPE_CLICKHOUSE_PASSWORD
 
+A ClickHouse URL's query names tables the exporter was told to name otherwise, by the exporter's own settings:
+`clickhouse://reader@ch:8123/otel?traces_table_name=spans&metrics_tables.sum.name=sums`.
+
 As in SQLAlchemy's file URLs, three slashes start a relative path and four an absolute one. A password in the URL
 is refused: it would sit in the process list and the shell history.
 """
@@ -14,8 +17,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from analytics import exporter_tables
 from analytics.store import DEFAULT_DB, Store, StoreError
 
 DEFAULT_STORE = f"duckdb:///{DEFAULT_DB}"
@@ -33,11 +37,13 @@ class StoreURL:
     host: str = ""
     port: int = HTTP_PORT
     database: str = ""
+    table_settings: tuple[tuple[str, str], ...] = ()  # the exporter's settings that name its tables
 
     def __str__(self) -> str:
+        query = f"?{urlencode(self.table_settings, safe='.')}" if self.table_settings else ""
         if self.scheme == "clickhouse":
-            return f"clickhouse://{self.user}@{self.host}:{self.port}/{self.database}"
-        return f"{self.scheme}:///{self.path}"
+            return f"clickhouse://{self.user}@{self.host}:{self.port}/{self.database}{query}"
+        return f"{self.scheme}:///{self.path}{query}"
 
 
 def parse_store_url(text: str) -> StoreURL:
@@ -47,9 +53,12 @@ def parse_store_url(text: str) -> StoreURL:
         raise StoreError(f"--store {text!r}: expected duckdb:///PATH, chdb:///PATH or "
                          "clickhouse://USER@HOST:PORT/DATABASE")
     if scheme in ("duckdb", "chdb"):
+        rest, _, query = rest.partition("?")
         if not rest.startswith("/") or rest == "/":
             raise StoreError(f"--store {text!r}: expected {scheme}:///PATH (three slashes, then the path)")
-        return StoreURL(scheme, Path(rest[1:]))
+        if query and scheme == "duckdb":
+            raise StoreError(f"--store {text!r}: a DuckDB store takes no settings")
+        return StoreURL(scheme, Path(rest[1:]), table_settings=_table_settings(text, query))
     parts = urlsplit(text)
     if parts.password is not None:
         raise StoreError(f"--store: the URL holds a password; give it in --store-password-file or ${PASSWORD_ENV}")
@@ -58,9 +67,26 @@ def parse_store_url(text: str) -> StoreURL:
     except ValueError:
         raise StoreError(f"--store {text!r}: the port is not a number in 1..65535") from None
     database = parts.path.strip("/")
-    if not parts.hostname or not database or "/" in database or parts.query:
+    if not parts.hostname or not database or "/" in database:
         raise StoreError(f"--store {text!r}: expected clickhouse://USER@HOST:PORT/DATABASE")
-    return StoreURL(scheme, user=parts.username or "default", host=parts.hostname, port=port, database=database)
+    return StoreURL(scheme, user=parts.username or "default", host=parts.hostname, port=port, database=database,
+                    table_settings=_table_settings(text, parts.query))
+
+
+def _table_settings(text: str, query: str) -> tuple[tuple[str, str], ...]:
+    """The exporter's table settings a URL's query gives, checked as the store will use them."""
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise StoreError(f"--store {text!r}: expected ?SETTING=NAME&... after the URL") from None
+    settings = dict(pairs)
+    if len(settings) < len(pairs):
+        raise StoreError(f"--store {text!r}: a setting is given twice")
+    try:
+        exporter_tables.table_names(settings)
+    except ValueError as exc:
+        raise StoreError(f"--store {text!r}: {exc}") from None
+    return tuple(sorted(settings.items()))
 
 
 def _password(password_file: Path | None) -> str:
@@ -79,12 +105,13 @@ def open_store(text: str, *, read_only: bool = False, password_file: Path | None
         return Store(url.path, read_only=read_only)
     from analytics.clickhouse_store import ChdbBackend, ClickHouseStore, HttpBackend
 
+    names = exporter_tables.table_names(dict(url.table_settings))
     if url.scheme == "chdb":
         if read_only and not url.path.exists():
             raise StoreError(f"{url}: no such database (ingest something first)")
-        return ClickHouseStore(ChdbBackend(url.path, CHDB_DATABASE), str(url), read_only)
+        return ClickHouseStore(ChdbBackend(url.path, CHDB_DATABASE), str(url), read_only, names)
     backend = HttpBackend(url.host, url.port, url.user, _password(password_file), url.database)
-    return ClickHouseStore(backend, str(url), read_only)
+    return ClickHouseStore(backend, str(url), read_only, names)
 
 
 def add_store_arguments(parser) -> None:

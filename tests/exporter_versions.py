@@ -10,11 +10,11 @@ from analytics.stores import CHDB_DATABASE
 SINCE_V0160 = Path(__file__).parent / "data" / "clickhouse" / "exporter_tables_v0160.sql"
 
 
-def create_tables(directory: Path, ddl: Path = SINCE_V0160) -> None:
-    """Make the tables of `ddl` in the chDB database that chdb:///DIRECTORY opens."""
+def create_tables(directory: Path, ddl: Path = SINCE_V0160, named=lambda text: text) -> None:
+    """Make the tables of `ddl` in the chDB database that chdb:///DIRECTORY opens, their names `named`."""
     backend = ChdbBackend(directory, CHDB_DATABASE)
     try:
         for statement in ddl.read_text().split("\n;\n"):
-            backend.execute(statement)
+            backend.execute(named(statement))
     finally:
         backend.close()

@@ -14,6 +14,7 @@ pytest.importorskip("chdb")
 from analytics.attribution import Window, signal_steps  # noqa: E402
 from analytics.clickhouse_store import derived_columns  # noqa: E402
 from analytics.exporter_tables import EXP_HISTOGRAM, GAUGE, MAP_TYPE, SUM, TRACES, attribute_text  # noqa: E402
+from analytics.exporter_tables import renaming, table_names  # noqa: E402
 from analytics.slo import sli_windows, window_latencies  # noqa: E402
 from analytics.store import Store, StoreError  # noqa: E402
 from analytics.stores import PASSWORD_ENV, open_store, parse_store_url, _password  # noqa: E402
@@ -58,10 +59,52 @@ def test_a_clickhouse_url_names_user_host_port_and_database():
     ("clickhouse://u:secret@h:8123/otel", "holds a password"),
     ("clickhouse://u@h:99999/otel", "port"),
     ("clickhouse://u@h:8123/", "USER@HOST:PORT/DATABASE"),
+    ("duckdb:///x.duckdb?traces_table_name=spans", "takes no settings"),
+    ("clickhouse://u@h/otel?traces_table=spans", "unknown setting traces_table"),
+    ("chdb:///ch?traces_table_name=spans;DROP%20TABLE%20x", "a table name is"),
+    ("chdb:///ch?traces_table_name=a&traces_table_name=b", "given twice"),
+    ("chdb:///ch?metrics_table_name=m&metrics_tables.sum.name=s", "not both"),
+    ("chdb:///ch?metrics_tables.sum.name=otel_traces", "one name"),
 ])
 def test_a_bad_url_is_refused_with_what_was_expected(text, says):
     with pytest.raises(StoreError, match=says):
         parse_store_url(text)
+
+
+def test_a_url_names_the_tables_by_the_exporters_settings():
+    url = parse_store_url("clickhouse://r@ch:8123/otel?traces_table_name=spans&metrics_tables.sum.name=sums")
+    assert parse_store_url(str(url)) == url
+    names = table_names(dict(url.table_settings))
+    assert (names[TRACES], names[SUM], names[GAUGE]) == ("spans", "sums", GAUGE)
+    older = table_names({"metrics_table_name": "fleet"})  # the exporter's prefix: fleet_gauge, fleet_sum, ...
+    assert (older[TRACES], older[GAUGE], older[EXP_HISTOGRAM]) == (TRACES, "fleet_gauge", "fleet_exponential_histogram")
+
+
+def test_a_store_ingested_under_other_names_reads_the_same_and_only_by_them(tmp_path, capsys):
+    path = write_lines(tmp_path / "in.jsonl", _metric_lines() + [traces(
+        [span(f"{i:032x}", f"{i:016x}", T0 + i * S // 4, 50 + (i % 7) * 40, tier=["standard"]) for i in range(40)],
+        node="n1")])
+    other = f"chdb:///{tmp_path}/other?traces_table_name=spans&metrics_table_name=fleet"
+    for url in (f"chdb:///{tmp_path}/default", other):
+        assert main(["ingest", "--store", url, str(path)]) == 0
+    spec, since, until = load_spec(None), datetime(2025, 11, 29, 9, 59), datetime(2025, 11, 29, 10, 5)
+    window = Window(since, datetime(2025, 11, 29, 10, 0, 30), datetime(2025, 11, 29, 10, 0, 40), until, 10.0)
+    frames = []
+    for url in (f"chdb:///{tmp_path}/default", other):
+        with open_store(url, read_only=True) as store:
+            frames.append((sli_windows(store, spec, since, until)["standard"],
+                           signal_steps(store, window).drop("series").cast({pl.Categorical: pl.String})
+                           .sort("node", "metric", "attributes", "step")))
+            if url == other:
+                made = set(store.backend.arrow("SELECT name FROM system.tables WHERE database = currentDatabase()")
+                           ["name"].to_pylist())
+    assert {"spans", "fleet_gauge", "fleet_sum", "fleet_exponential_histogram"} <= made
+    assert not made & {TRACES, GAUGE, SUM, EXP_HISTOGRAM}
+    assert frames[0][0]["requests"].sum() == 40 and frames[0][1].height > 0
+    assert frames[0][0].equals(frames[1][0]) and frames[0][1].equals(frames[1][1])
+    capsys.readouterr()
+    assert main(["rca", "--store", other.partition("?")[0]]) == 2  # the default names are not there
+    assert "no otel_traces, otel_metrics_gauge" in capsys.readouterr().err
 
 
 def test_the_password_comes_from_its_file_else_the_environment(tmp_path, monkeypatch):
@@ -304,11 +347,12 @@ STEPS_WINDOW = Window(datetime(2025, 11, 29, 9, 59), datetime(2025, 11, 29, 10, 
                       datetime(2025, 11, 29, 10, 0, 4), datetime(2025, 11, 29, 10, 1), 1.0)
 
 
-def _add_columns_as_printed(directory, capsys, *options) -> None:
+def _add_columns_as_printed(directory, capsys, *options, settings="") -> None:
     """Run what `sloscope clickhouse-columns` prints, as clickhouse-client --multiquery would."""
     capsys.readouterr()
-    assert main(["clickhouse-columns", *options]) == 0
-    with open_store(f"chdb:///{directory}", read_only=True) as store:
+    url = f"chdb:///{directory}{settings}"
+    assert main(["clickhouse-columns", *options, *(["--store", url] if settings else [])]) == 0
+    with open_store(url, read_only=True) as store:
         for statement in capsys.readouterr().out.split("\n;\n"):
             if statement.strip():
                 store.backend.execute(statement)
@@ -324,7 +368,8 @@ def _add_earlier_columns(directory) -> None:
 
 @pytest.mark.parametrize("tables", ["sloscope's", "the Collector's", "the Collector's with sloscope's columns",
                                     "the Collector's with an earlier release's columns",
-                                    "the Collector's with an earlier release's columns, modified"])
+                                    "the Collector's with an earlier release's columns, modified",
+                                    "the Collector's under other names, with sloscope's columns"])
 def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoders_read_them(tmp_path, capsys,
                                                                                           tables):
     """The decoders apply the catalog's rules to what they keep; the exporter writes the points as they came, so
@@ -334,20 +379,27 @@ def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoder
     requests = _receivers_requests()
     assert main(["ingest", "--db", str(tmp_path / "x.duckdb"),
                  str(write_lines(tmp_path / "in.jsonl", requests))]) == 0
+    # The exporter's settings traces_table_name and metrics_table_name, as the store URL's query gives them.
+    settings = "?traces_table_name=spans&metrics_table_name=fleet" if "other names" in tables else ""
+    named = renaming(table_names(dict(parse_store_url(f"chdb:///ch{settings}").table_settings)))
     if tables == "sloscope's":
         open_store(f"chdb:///{tmp_path}/ch").close()
     else:
-        create_tables(tmp_path / "ch")
-    if tables == "the Collector's with sloscope's columns":
-        _add_columns_as_printed(tmp_path / "ch", capsys)
+        create_tables(tmp_path / "ch", named=named)
+    if tables.endswith("with sloscope's columns"):
+        _add_columns_as_printed(tmp_path / "ch", capsys, settings=settings)
     if "earlier release" in tables:
         _add_earlier_columns(tmp_path / "ch")
     if tables.endswith("modified"):
         _add_columns_as_printed(tmp_path / "ch", capsys, "--modify")
-    with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as ch:
+    with open_store(f"chdb:///{tmp_path}/ch{settings}", read_only=True) as ch:
+        made = set(ch.backend.arrow("SELECT name FROM system.tables WHERE database = currentDatabase()")["name"]
+                   .to_pylist())
+        assert settings == "" or {"spans", "fleet_sum", "fleet_exponential_histogram"} <= made and not made & {
+            TRACES, SUM, EXP_HISTOGRAM}
         for request in requests:
             for table, data in rows(request).items():
-                ch.backend.insert(table, data)
+                ch.backend.insert(named(table), data)
         stale_or_lacking = tables in ("the Collector's", "the Collector's with an earlier release's columns")
         assert set(ch._sources) == (set(derived_columns()) if stale_or_lacking else set())
         warned = "added by an earlier release of sloscope, read as computed" in capsys.readouterr().err
