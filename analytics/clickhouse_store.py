@@ -256,7 +256,8 @@ class ClickHouseStore(Reader):
     def _sources_lacking_columns(self) -> dict[str, str]:
         """table -> what queries read in its place: the table with the derived columns it lacks (or has with an
         earlier release's expression) computed; an optional table that is absent: no rows."""
-        present = set(self._by_default_name("SELECT table, name FROM system.columns WHERE database = currentDatabase()"))
+        present = set(self._by_default_name(
+            "SELECT table, name FROM system.columns WHERE database = currentDatabase()"))
         stale = self._stale_columns()
         if stale:
             log.warning("%s: %s added by an earlier release of sloscope, read as computed; give them this "
