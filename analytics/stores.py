@@ -117,8 +117,9 @@ def open_store(text: str, *, read_only: bool = False, password_file: Path | None
 def add_store_arguments(parser) -> None:
     """--store, its alias --db, and --store-password-file."""
     parser.add_argument("--store", metavar="URL",
-                        help=f"the store: duckdb:///PATH, chdb:///PATH or clickhouse://USER@HOST:PORT/DATABASE "
-                        f"(default: {DEFAULT_STORE})")
+                        help=f"the store: duckdb:///PATH, chdb:///PATH or clickhouse://USER@HOST:PORT/DATABASE, a "
+                        "ClickHouse one with ?traces_table_name=NAME&... where the exporter's settings renamed its "
+                        f"tables (default: {DEFAULT_STORE})")
     parser.add_argument("--db", type=Path, help="DuckDB file: the same as --store duckdb:///DB")
     parser.add_argument("--store-password-file", type=Path, metavar="FILE",
                         help=f"the ClickHouse password (default: ${PASSWORD_ENV})")

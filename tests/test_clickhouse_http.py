@@ -18,7 +18,7 @@ pytest.importorskip("chdb")
 pytest.importorskip("clickhouse_connect")
 
 from analytics.clickhouse_store import COUNTERS_TABLE, META_TABLE  # noqa: E402
-from analytics.exporter_tables import READ_TABLES  # noqa: E402
+from analytics.exporter_tables import READ_TABLES, TRACES  # noqa: E402
 from analytics.stores import PASSWORD_ENV, open_store  # noqa: E402
 from commands.cli import main  # noqa: E402
 from simulator.fleet import SimulationConfig, simulate  # noqa: E402
@@ -35,8 +35,10 @@ S = 1_000_000_000
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """The stand-in server, its databases otel (the simulated fleet) and units (the hand-built files)."""
-    with clickhouse_http.running(tmp_path_factory.mktemp("server"), USER, PASSWORD, ("otel", "units")) as port:
+    """The stand-in server, its databases otel (the simulated fleet), units (the hand-built files) and renamed
+    (the same, the exporter's tables under other names)."""
+    with clickhouse_http.running(tmp_path_factory.mktemp("server"), USER, PASSWORD,
+                                 ("otel", "units", "renamed")) as port:
         yield port
 
 
@@ -103,7 +105,8 @@ def units(server, tmp_path_factory):
         "default_tier: standard\ntiers:\n  standard:\n    latency: {percentile: 90, threshold_ms: 200}\n"
         "    availability: 99\n  p99-latency-critical:\n    latency: {percentile: 99, threshold_ms: 150}\n"
         "    availability: 99.9\n")
-    urls = {"http": _url(server, "units"), "chdb": f"chdb:///{tmp}/ch"}
+    urls = {"http": _url(server, "units"), "chdb": f"chdb:///{tmp}/ch",
+            "http, other names": _url(server, "renamed") + "?traces_table_name=spans&metrics_table_name=fleet"}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(PASSWORD_ENV, PASSWORD)
         for url in urls.values():
@@ -129,8 +132,12 @@ def _everything_in(url: str) -> dict:
         return {"tables": tables, "counters": store.counters(), "meta": keys, "tiers": list(store.slo_spec().tiers)}
 
 
-def test_ingest_over_http_writes_the_rows_chdb_writes(units, password):
-    over_http, in_process = _everything_in(units["http"]), _everything_in(units["chdb"])
+@pytest.mark.parametrize("where", ["http", "http, other names"])
+def test_ingest_over_http_writes_the_rows_chdb_writes(units, password, where):
+    over_http, in_process = _everything_in(units[where]), _everything_in(units["chdb"])
+    with open_store(units[where], read_only=True) as store:
+        made = set(store.frame("SELECT name FROM system.tables WHERE database = currentDatabase()")["name"])
+    assert (TRACES in made) == (where == "http") and ("spans" in made) == (where != "http")
     assert over_http["counters"] == in_process["counters"]
     assert over_http["counters"]["requests_loaded"] == 127 and over_http["counters"]["tier_invalid"] > 0
     assert over_http["tiers"] == in_process["tiers"] == ["standard", "p99-latency-critical"]  # the recorded spec
@@ -154,7 +161,7 @@ def test_bounds_with_fractions_of_a_second_select_the_same_rows_over_http(units,
             frame = store.frame(f"SELECT * FROM ({store.sql(name)})", params)
             found[where] = frame.sort(frame.columns)
     assert found["chdb"].height > 0
-    assert found["http"].equals(found["chdb"])
+    assert found["http"].equals(found["chdb"]) and found["http, other names"].equals(found["chdb"])
 
 
 # --- what goes wrong is said plainly --------------------------------------------------------------------------
