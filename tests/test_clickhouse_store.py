@@ -293,6 +293,30 @@ def test_a_window_that_begins_inside_a_cumulative_series_takes_its_first_increas
     assert (ch_steps["value"] - duck_steps["value"]).abs().max() < 1e-9
 
 
+def test_a_histogram_reset_that_only_a_bucket_shows_is_found_in_the_collectors_compact_buckets(tmp_path):
+    """The Collector writes an exponential histogram's buckets as its producer sent them: from the first bucket
+    that holds something, with empty ones inside. A bucket that went down while the count grew is a reset, in
+    whatever part of the point's buckets it lies, as the DuckDB store finds it."""
+    points = [(T0 + 10 * S, 4, 1.0, -20, [1, 3]), (T0 + 20 * S, 8, 2.0, -20, [2, 6]),
+              (T0 + 30 * S, 9, 2.5, -20, [0, 9]),  # the first bucket went from 2 to 0: a reset
+              (T0 + 40 * S, 12, 3.0, -21, [1, 2, 9]), (T0 + 50 * S, 13, 3.5, -21, [1, 2, 10]),
+              (T0 + 60 * S, 14, 4.0, -21, [3, 0, 11])]  # a bucket went from 2 to 0 inside the run: a reset
+    line = metrics([exp_histogram("sloscope.syscall.duration", T0, points)], node="n1")
+    assert main(["ingest", "--db", str(tmp_path / "x.duckdb"), str(write_lines(tmp_path / "in.jsonl", [line]))]) == 0
+    create_tables(tmp_path / "ch")
+    window = Window(datetime(2025, 11, 29, 10), datetime(2025, 11, 29, 10, 0, 30), datetime(2025, 11, 29, 10, 0, 40),
+                    datetime(2025, 11, 29, 10, 2), 10.0)
+    with open_store(f"chdb:///{tmp_path}/ch", read_only=True) as ch:
+        for table, data in rows(line).items():
+            ch.backend.insert(table, data)
+        ch_steps = signal_steps(ch, window).sort("step")
+    with Store(tmp_path / "x.duckdb", read_only=True) as duck:
+        duck_steps = signal_steps(duck, window).sort("step")
+    # each interval's mean: 1/4, 1/4, then 2.5/9 (a reset), 0.5/3, 0.5/1, then 4/14 (a reset)
+    assert np.allclose(duck_steps["value"].to_numpy(), [0.25, 0.25, 2.5 / 9, 0.5 / 3, 0.5, 4 / 14])
+    assert np.allclose(ch_steps["value"].to_numpy(), duck_steps["value"].to_numpy())
+
+
 def test_a_counter_faster_than_once_a_second_keeps_its_rate_in_tables_of_whole_seconds(tmp_path):
     """The exporter's tables since v0.160 keep metric times in whole seconds: a counter sent every 0.6 s has two
     points in most seconds there. Every increase still counts once, as DuckDB counts it at full precision, and

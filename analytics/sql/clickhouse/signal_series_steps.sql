@@ -35,7 +35,13 @@ raw_histograms AS (
            if({by_name:Bool}, node, NULL) AS name_node,
            if({by_name:Bool}, metric, NULL) AS name_metric,
            if({by_name:Bool}, attributes, NULL) AS name_attributes,
-           start_ns, time_ns, count, sum, layout, buckets, temporality
+           start_ns, time_ns, count, sum, layout, temporality,
+           -- Only a bucket that held something can go down: each point carries the run of buckets from its first
+           -- to its last that is not empty, and where that run begins (0: none). Fixed layouts (sloscope's own
+           -- 48 slots) are mostly empty buckets, which made the fleet's arrays several times larger.
+           arrayFirstIndex(n -> n != 0, buckets) AS held_from,
+           arraySlice(buckets, held_from, length(buckets) - arrayFirstIndex(n -> n != 0, arrayReverse(buckets)) + 2
+                                          - held_from) AS held
     FROM (
         -- Exponential and explicit-bucket histograms; a bucket that went down is a reset only where the point's
         -- layout (scale and offset, or bounds) is its predecessor's.
@@ -125,21 +131,25 @@ cumulative AS (
 cumulative_histograms AS (
     SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
            tupleElement(point, 1) AS time_ns, tupleElement(point, 2) AS count, tupleElement(point, 3) AS start_ns,
-           tupleElement(point, 4) AS sum, tupleElement(point, 5) AS layout, tupleElement(point, 6) AS buckets,
+           tupleElement(point, 4) AS sum, tupleElement(point, 5) AS layout,
+           toInt64(tupleElement(point, 6)) AS held_from, tupleElement(point, 7) AS held,
            tupleElement(previous, 1) AS prev_time_ns, tupleElement(previous, 2) AS prev_count,
            tupleElement(previous, 3) AS prev_start_ns, tupleElement(previous, 4) AS prev_sum,
-           tupleElement(previous, 5) AS prev_layout, tupleElement(previous, 6) AS prev_buckets,
+           tupleElement(previous, 5) AS prev_layout, toInt64(tupleElement(previous, 6)) AS prev_held_from,
+           tupleElement(previous, 7) AS prev_held,
            position = 1 AS first,
-           greatest(length(buckets), length(prev_buckets)) AS width,
            first OR start_ns != prev_start_ns AS restarted,
+           -- A bucket went down where the predecessor held more than the point holds in that bucket.
            NOT first AND (count < prev_count OR (layout = prev_layout AND
-               arrayExists((now, before) -> now < before, arrayResize(buckets, width), arrayResize(prev_buckets, width))))
+               arrayExists((before, i) -> before > if(prev_held_from + i - held_from BETWEEN 1 AND length(held),
+                                                      held[prev_held_from + i - held_from], 0),
+                           prev_held, arrayEnumerate(prev_held))))
                AS went_down,
            restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
     FROM (
         SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
                arraySort(point -> (tupleElement(point, 1), tupleElement(point, 2)),
-                         groupArray((time_ns, count, start_ns, sum, layout, buckets))) AS sorted,
+                         groupArray((time_ns, count, start_ns, sum, layout, held_from, held))) AS sorted,
                arrayFilter((point, next) -> tupleElement(point, 1) != next, sorted,
                            arrayPushBack(arrayPopFront(arrayMap(point -> tupleElement(point, 1), sorted)), toInt64(-1)))
                    AS kept
