@@ -280,7 +280,8 @@ class ClickHouseStore(Reader):
         missing = [t for t in exporter_tables.READ_TABLES if t not in found]
         if missing:
             raise StoreError(f"{self.path}: no {', '.join(map(self._named, missing))} table (the clickhouseexporter "
-                             "creates them; or load something with sloscope ingest)")
+                             "creates them, or sloscope ingest; where the exporter's settings name them otherwise, "
+                             "give those in the URL's query: ?traces_table_name=NAME&...)")
 
     def sql(self, name: str) -> str:
         text = clickhouse_sql(name)
