@@ -163,11 +163,10 @@ def run_clickhouse_columns(args) -> int:
     from analytics.clickhouse_store import derived_column_statements, modifying, sql_literal
 
     try:
-        settings = parse_store_url(args.store).table_settings if args.store else ()
+        named = exporter_tables.renaming(parse_store_url(args.store).table_names() if args.store else {})
     except StoreError as exc:
         print(f"sloscope clickhouse-columns: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    named = exporter_tables.renaming(exporter_tables.table_names(dict(settings)))
     print("-- sloscope's columns on the clickhouseexporter's tables (analytics/sql/clickhouse/derived_columns.sql)")
     for statement in derived_column_statements():
         statement = named("\n".join(line for line in statement.strip().splitlines() if not line.startswith("--")))

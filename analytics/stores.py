@@ -45,6 +45,10 @@ class StoreURL:
             return f"clickhouse://{self.user}@{self.host}:{self.port}/{self.database}{query}"
         return f"{self.scheme}:///{self.path}{query}"
 
+    def table_names(self) -> dict[str, str]:
+        """Each exporter table's default name -> the name this URL's settings give it."""
+        return exporter_tables.table_names(dict(self.table_settings))
+
 
 def parse_store_url(text: str) -> StoreURL:
     """A StoreURL, or StoreError saying what is wrong with `text`."""
@@ -105,7 +109,7 @@ def open_store(text: str, *, read_only: bool = False, password_file: Path | None
         return Store(url.path, read_only=read_only)
     from analytics.clickhouse_store import ChdbBackend, ClickHouseStore, HttpBackend
 
-    names = exporter_tables.table_names(dict(url.table_settings))
+    names = url.table_names()
     if url.scheme == "chdb":
         if read_only and not url.path.exists():
             raise StoreError(f"{url}: no such database (ingest something first)")

@@ -74,7 +74,7 @@ def test_a_bad_url_is_refused_with_what_was_expected(text, says):
 def test_a_url_names_the_tables_by_the_exporters_settings():
     url = parse_store_url("clickhouse://r@ch:8123/otel?traces_table_name=spans&metrics_tables.sum.name=sums")
     assert parse_store_url(str(url)) == url
-    names = table_names(dict(url.table_settings))
+    names = url.table_names()
     assert (names[TRACES], names[SUM], names[GAUGE]) == ("spans", "sums", GAUGE)
     older = table_names({"metrics_table_name": "fleet"})  # the exporter's prefix: fleet_gauge, fleet_sum, ...
     assert (older[TRACES], older[GAUGE], older[EXP_HISTOGRAM]) == (TRACES, "fleet_gauge", "fleet_exponential_histogram")
@@ -96,8 +96,7 @@ def test_a_store_ingested_under_other_names_reads_the_same_and_only_by_them(tmp_
                            signal_steps(store, window).drop("series").cast({pl.Categorical: pl.String})
                            .sort("node", "metric", "attributes", "step")))
             if url == other:
-                made = set(store.backend.arrow("SELECT name FROM system.tables WHERE database = currentDatabase()")
-                           ["name"].to_pylist())
+                made = _made(store)
     assert {"spans", "fleet_gauge", "fleet_sum", "fleet_exponential_histogram"} <= made
     assert not made & {TRACES, GAUGE, SUM, EXP_HISTOGRAM}
     assert frames[0][0]["requests"].sum() == 40 and frames[0][1].height > 0
@@ -105,6 +104,12 @@ def test_a_store_ingested_under_other_names_reads_the_same_and_only_by_them(tmp_
     capsys.readouterr()
     assert main(["rca", "--store", other.partition("?")[0]]) == 2  # the default names are not there
     assert "no otel_traces, otel_metrics_gauge" in capsys.readouterr().err
+
+
+def _made(store) -> set[str]:
+    """The tables the store's database holds, by the names they have."""
+    return set(store.backend.arrow("SELECT name FROM system.tables WHERE database = currentDatabase()")["name"]
+               .to_pylist())
 
 
 def test_the_password_comes_from_its_file_else_the_environment(tmp_path, monkeypatch):
@@ -405,7 +410,7 @@ def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoder
                  str(write_lines(tmp_path / "in.jsonl", requests))]) == 0
     # The exporter's settings traces_table_name and metrics_table_name, as the store URL's query gives them.
     settings = "?traces_table_name=spans&metrics_table_name=fleet" if "other names" in tables else ""
-    named = renaming(table_names(dict(parse_store_url(f"chdb:///ch{settings}").table_settings)))
+    named = renaming(parse_store_url(f"chdb:///ch{settings}").table_names())
     if tables == "sloscope's":
         open_store(f"chdb:///{tmp_path}/ch").close()
     else:
@@ -417,8 +422,7 @@ def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoder
     if tables.endswith("modified"):
         _add_columns_as_printed(tmp_path / "ch", capsys, "--modify")
     with open_store(f"chdb:///{tmp_path}/ch{settings}", read_only=True) as ch:
-        made = set(ch.backend.arrow("SELECT name FROM system.tables WHERE database = currentDatabase()")["name"]
-                   .to_pylist())
+        made = _made(ch)
         assert settings == "" or {"spans", "fleet_sum", "fleet_exponential_histogram"} <= made and not made & {
             TRACES, SUM, EXP_HISTOGRAM}
         for request in requests:
