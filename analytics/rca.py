@@ -56,6 +56,12 @@ class Query:
 
     def answer(self, store: Store, spec) -> dict:
         """The JSON document; ValueError (a ConfigError among them) names what the query got wrong."""
+        try:
+            return self._answer(store, spec)
+        except OverflowError:  # times and durations are parsed first: only they can leave datetime's range
+            raise ValueError("a time or duration of the query reaches outside the years 1 to 9999") from None
+
+    def _answer(self, store: Store, spec) -> dict:
         if self.node and not self.at:
             raise ValueError("--node goes with --at (on GET /rca: node with at)")
         newest = store.rows(store.sql("data_range"))[0][1]

@@ -24,9 +24,11 @@ import pyarrow as pa
 from sloscope.ids import SPAN_WORDS, TRACE_WORDS, words_of_hex
 from sloscope.records import Batch, SpanColumns, SpanTable
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_DB = Path(os.environ.get("SLOSCOPE_DB", "var/sloscope.duckdb"))
 SERIES = ["node", "metric", "attributes"]
+# What the cumulative state of each kind of series keeps of its last point, besides its start and time.
+STATE_FIELDS = {"sum": ["value"], "histogram": ["count", "sum", "buckets"]}
 
 
 class StoreError(RuntimeError):
@@ -373,7 +375,7 @@ class Store(Reader):
         direct = frame.filter(~pl.col("cumulative")).with_columns(
             interval_s=pl.when(pl.col("is_sum") & (pl.col("start_ns") > 0) & (pl.col("start_ns") < pl.col("time_ns")))
             .then((pl.col("time_ns") - pl.col("start_ns")) / 1e9))
-        deltas, stale, no_baseline = self._cumulative_to_delta(frame.filter(pl.col("cumulative")), ["value"])
+        deltas, stale, no_baseline = self._cumulative_to_delta(frame.filter(pl.col("cumulative")), "sum")
         rows = pl.concat([
             direct.select(SERIES + ["time_ns", "value", "interval_s"]),
             deltas.select(SERIES + ["time_ns", "value", "interval_s"]),
@@ -386,8 +388,7 @@ class Store(Reader):
         direct = frame.filter(~pl.col("cumulative")).with_columns(
             interval_s=pl.when((pl.col("start_ns") > 0) & (pl.col("start_ns") < pl.col("time_ns")))
             .then((pl.col("time_ns") - pl.col("start_ns")) / 1e9))
-        deltas, stale, no_baseline = self._cumulative_to_delta(
-            frame.filter(pl.col("cumulative")), ["count", "sum", "buckets"])
+        deltas, stale, no_baseline = self._cumulative_to_delta(frame.filter(pl.col("cumulative")), "histogram")
         # Cumulative min/max cover the whole life of the series, not the interval: not kept for deltas.
         deltas = deltas.with_columns(min=pl.lit(None, pl.Float64), max=pl.lit(None, pl.Float64))
         columns = SERIES + ["time_ns", "interval_s", "count", "sum", "min", "max", "buckets"]
@@ -397,15 +398,17 @@ class Store(Reader):
         return {"histograms_loaded": added, "histograms_duplicate": stale + len(rows) - added,
                 "points_without_baseline": no_baseline}
 
-    def _cumulative_to_delta(self, frame: pl.DataFrame, fields: list[str]) -> tuple[pl.DataFrame, int, int]:
-        """Turn cumulative points into per-interval deltas, continuing from the stored state of each series.
+    def _cumulative_to_delta(self, frame: pl.DataFrame, kind: str) -> tuple[pl.DataFrame, int, int]:
+        """Turn cumulative points of a kind of STATE_FIELDS into per-interval deltas, continuing from the stored
+        state of each series.
 
         A reset is a new start time (the producer restarted) or a value that went down; the delta after a
         reset is the value itself. A series' first point ever counts from its start time when it has one.
         """
         if frame.is_empty():
             return frame.with_columns(interval_s=pl.lit(None, pl.Float64)), 0, 0
-        state = self._load_state(frame, fields)
+        fields = STATE_FIELDS[kind]
+        state = self._load_state(frame, kind)
         data = frame.select(SERIES + ["start_ns", "time_ns"] + fields).with_columns(is_state=pl.lit(False))
         data = data.join(state.select(SERIES + [pl.col("time_ns").alias("state_ns")]), on=SERIES, how="left")
         stale = data.filter(pl.col("time_ns") <= pl.col("state_ns").fill_null(-1))
@@ -438,25 +441,27 @@ class Store(Reader):
         merged = merged.with_columns(interval_s=interval, **{f"_delta_{c}": d for c, d in deltas.items()})
         new_state = merged.group_by(SERIES).agg(pl.all().sort_by("time_ns").last()).select(
             SERIES + ["start_ns", "time_ns"] + fields)
-        self._save_state(new_state, fields)
+        self._save_state(new_state, kind)
         fresh = merged.filter(~pl.col("is_state"))
         out = fresh.filter(pl.col("interval_s").is_not_null()).with_columns(
             **{c: pl.col(f"_delta_{c}") for c in fields})
         return out, len(stale), len(fresh) - len(out)
 
-    def _load_state(self, frame: pl.DataFrame, fields: list[str]) -> pl.DataFrame:
+    def _load_state(self, frame: pl.DataFrame, kind: str) -> pl.DataFrame:
+        fields = STATE_FIELDS[kind]
         keys = frame.select(SERIES).unique()
         with self._registered("batch_series", keys):
             state = self.frame(
                 f"SELECT s.node, s.metric, s.attributes, s.start_ns, s.time_ns, {', '.join('s.' + f for f in fields)} "
-                "FROM cumulative_state s JOIN batch_series USING (node, metric, attributes)")
+                "FROM cumulative_state s JOIN batch_series USING (node, metric, attributes) WHERE s.kind = ?",
+                [kind])
         casts = {"start_ns": pl.Int64, "time_ns": pl.Int64, "value": pl.Float64, "count": pl.Int64,
                  "sum": pl.Float64, "buckets": pl.List(pl.Int64)}
         return state.with_columns(*(pl.col(c).cast(casts[c]) for c in ["start_ns", "time_ns"] + fields))
 
-    def _save_state(self, state: pl.DataFrame, fields: list[str]) -> None:
-        with self._registered("new_state", state):
-            cols = ", ".join(SERIES + ["start_ns", "time_ns"] + fields)
+    def _save_state(self, state: pl.DataFrame, kind: str) -> None:
+        with self._registered("new_state", state.with_columns(kind=pl.lit(kind))):
+            cols = ", ".join(SERIES + ["kind", "start_ns", "time_ns"] + STATE_FIELDS[kind])
             self.con.execute(f"INSERT OR REPLACE INTO cumulative_state ({cols}) SELECT {cols} FROM new_state")
 
 

@@ -114,6 +114,19 @@ def test_cumulative_histograms_become_bucket_deltas(tmp_path):
     assert b2[-11 - offset] == 1 and b2[-10 - offset] == 1 and b2[-9 - offset] == 2 and sum(b2) == 4
 
 
+def test_a_sum_and_a_histogram_of_one_name_keep_their_own_cumulative_state(tmp_path):
+    # A producer's two instruments of one name, node and attributes, each loaded after the other has a state.
+    name, start = "sloscope.syscall.duration", T0 - S
+    for i, (t, total, count) in enumerate([(T0, 100, 3), (T0 + S, 130, 7), (T0 + 2 * S, 160, 12)]):
+        hist = exp_histogram(name, start, [(t, count, count / 1000, 0, [count])])
+        total_point = counter(name, start, [(t + S // 2, total)])
+        ingest(tmp_path, write_lines(tmp_path / f"h{i}.jsonl", [metrics([hist])]))
+        assert ingest(tmp_path, write_lines(tmp_path / f"s{i}.jsonl", [metrics([total_point])])) == EXIT_OK
+    assert query(tmp_path, "SELECT value, interval_s FROM samples ORDER BY ts") == [
+        (100.0, 1.5), (30.0, 1.0), (30.0, 1.0)]
+    assert query(tmp_path, "SELECT count, interval_s FROM histograms ORDER BY ts") == [(3, 1.0), (4, 1.0), (5, 1.0)]
+
+
 def test_node_is_k8s_node_name_else_host_name(tmp_path):
     a = metrics([gauge("hw.gpu.temperature", [(T0, 50.0)])], node="ip-10-0-0-1", k8s_node="gpu-node-7")
     b = metrics([gauge("hw.gpu.temperature", [(T0, 51.0)])], node="gpu-node-8")

@@ -51,6 +51,14 @@ def test_rca_page_analyses_in_process_with_its_query_parameters(store):  # noqa:
         page(top="-1")
 
 
+@pytest.mark.parametrize("query", [{"baseline": "1e300s"}, {"lookback": "99999999999d"}, {"since": "99999999999h"},
+                                   {"at": "0001-01-01T00:00:00Z"}, {"since": "0001-01-01T00:00:00+01:00"},
+                                   {"at": "9999-12-31T23:59:59Z", "lookback": "1s"}])
+def test_rca_page_refuses_times_and_durations_outside_the_calendar(store, query):  # noqa: F811
+    with pytest.raises(ValueError, match="outside the years 1 to 9999"):
+        rca_page(store, SPEC)(**query)
+
+
 def test_rca_page_explains_a_moment_as_the_command_does(store):  # noqa: F811
     moment = json.loads(rca_page(store, SPEC)(at="2025-11-29T10:12:00Z", node="n1")[0])
     assert moment["incidents"] == [] and moment["moment"]["causes"][0]["cause"] == "cpu_contention"

@@ -1,5 +1,6 @@
 """A store written by an older version is brought to the current schema when it is opened for writing, its rows
-kept: version 1 had no requests.pod_ip, versions 1 and 2 kept the ids as hex text."""
+kept: version 1 had no requests.pod_ip, versions 1 and 2 kept the ids as hex text, versions 1 to 3 kept one
+cumulative state per (node, metric, attributes) whatever its kind."""
 
 from __future__ import annotations
 
@@ -14,10 +15,20 @@ VERSION_2_REQUESTS = """CREATE TABLE requests (trace_id VARCHAR NOT NULL, span_i
     start_time TIMESTAMP NOT NULL, duration_ms DOUBLE NOT NULL, service VARCHAR NOT NULL, node VARCHAR NOT NULL,
     tier VARCHAR NOT NULL, pod VARCHAR, namespace VARCHAR, pod_ip VARCHAR, gpu_id VARCHAR, route VARCHAR,
     status_code SMALLINT, failed BOOLEAN NOT NULL)"""
+VERSION_3_STATE = """CREATE TABLE cumulative_state (node VARCHAR NOT NULL, metric VARCHAR NOT NULL,
+    attributes VARCHAR NOT NULL, start_ns BIGINT NOT NULL, time_ns BIGINT NOT NULL, value DOUBLE, count UBIGINT,
+    sum DOUBLE, buckets UBIGINT[], PRIMARY KEY (node, metric, attributes))"""
 
 
 def _older_store(db, version: int) -> None:
     with Store(db) as store:
+        store.con.execute("DROP TABLE cumulative_state")
+        store.con.execute(VERSION_3_STATE)
+        store.con.execute("INSERT INTO cumulative_state VALUES ('n1', 'a.counter', '{}', 1, 2, 7.5, NULL, NULL, NULL), "
+                          "('n1', 'a.histogram', '{}', 1, 2, NULL, 3, 4.5, [1, 2])")
+        store.con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])
+        if version == 3:
+            return
         store.con.execute("DROP TABLE requests")
         store.con.execute(VERSION_2_REQUESTS)
         store.con.execute("INSERT INTO requests (trace_id, span_id, start_time, duration_ms, service, node, tier, "
@@ -28,20 +39,24 @@ def _older_store(db, version: int) -> None:
         store.con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_an_older_store_is_migrated_with_its_rows(tmp_path, version):
     db = tmp_path / f"v{version}.duckdb"
     _older_store(db, version)
     with pytest.raises(StoreError, match=f"schema version {version}, .* migrates it"):
         Store(db, read_only=True)  # a reader does not migrate: it says why it cannot read
     with Store(db) as store:
-        assert store.meta("schema_version") == str(SCHEMA_VERSION) == "3"
-        pod_ip = None if version == 1 else "10.0.0.7"
-        assert store.rows(f"SELECT {TRACE_ID}, {SPAN_ID}, node, pod_ip FROM requests") == [(TRACE, SPAN, "n1", pod_ip)]
+        assert store.meta("schema_version") == str(SCHEMA_VERSION) == "4"
+        assert store.rows("SELECT metric, kind, value, count, buckets FROM cumulative_state ORDER BY metric") == [
+            ("a.counter", "sum", 7.5, None, None), ("a.histogram", "histogram", None, 3, [1, 2])]
+        if version < 3:
+            pod_ip = None if version == 1 else "10.0.0.7"
+            assert store.rows(f"SELECT {TRACE_ID}, {SPAN_ID}, node, pod_ip FROM requests") == [
+                (TRACE, SPAN, "n1", pod_ip)]
         types = dict(store.rows("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'requests'"))
         assert types["trace_hi"] == types["trace_lo"] == types["span_id"] == "UBIGINT" and "trace_id" not in types
     with Store(db) as store:  # migrated once: opening again changes nothing
-        assert store.rows(f"SELECT {TRACE_ID} FROM requests") == [(TRACE,)]
+        assert store.rows("SELECT count(*) FROM cumulative_state") == [(2,)]
 
 
 def test_a_migration_that_fails_leaves_the_store_as_it_was(tmp_path):

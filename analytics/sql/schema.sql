@@ -49,18 +49,21 @@ CREATE TABLE IF NOT EXISTS histograms (
     buckets    UBIGINT[] NOT NULL
 );
 
--- Last cumulative point per series, so that deltas continue across batches, files and ingest runs.
+-- Last cumulative point per series, so that deltas continue across batches, files and ingest runs. A sum and a
+-- histogram may share a name, node and attributes (a producer's two instruments): `kind` ('sum' or 'histogram')
+-- keeps their states apart.
 CREATE TABLE IF NOT EXISTS cumulative_state (
     node       VARCHAR NOT NULL,
     metric     VARCHAR NOT NULL,
     attributes VARCHAR NOT NULL,
+    kind       VARCHAR NOT NULL,
     start_ns   BIGINT NOT NULL,
     time_ns    BIGINT NOT NULL,
     value      DOUBLE,
     count      UBIGINT,
     sum        DOUBLE,
     buckets    UBIGINT[],
-    PRIMARY KEY (node, metric, attributes)
+    PRIMARY KEY (node, metric, attributes, kind)
 );
 
 -- Ingest and rejection counters, kept across runs (what was loaded, skipped, rejected, and why).
