@@ -267,7 +267,10 @@ def parse_rfc3339(text: str) -> datetime:
     date, clock, frac, zone = m.groups()
     frac = (frac or "").ljust(6, "0")[:6]
     t = datetime.fromisoformat(f"{date}T{clock}.{frac}{'+00:00' if zone in 'Zz' else zone}")
-    return t.astimezone(timezone.utc).replace(tzinfo=None)
+    try:
+        return t.astimezone(timezone.utc).replace(tzinfo=None)
+    except OverflowError:  # 0001-01-01T00:00:00+01:00 is in year 0 in UTC
+        raise ValueError(f"{text[:40]!r} is outside the years 1 to 9999 in UTC") from None
 
 
 class Engine:

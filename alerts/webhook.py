@@ -209,8 +209,8 @@ class WebhookApp:
             return 400, close, {"error": "body shorter than Content-Length"}
         try:
             doc = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return 400, {}, {"error": f"body is not JSON: {exc}"}
+        except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, bad JSON, an integer of 4,300+ digits
+            return 400, {}, {"error": f"body is not JSON that can be read: {str(exc)[:200]}"}
         try:
             alerts = validate_payload(doc)
         except PayloadError as exc:

@@ -46,7 +46,7 @@ def server(tmp_path):
     runner = FakeRunner()
     engine = Engine(parse_config(CONFIG), AuditStore.at(tmp_path / "audit.duckdb"), load_spec(None).tiers,
                     runner=runner)
-    srv = WebhookServer(("127.0.0.1", 0), WebhookApp(engine, TOKEN, max_body=4096))
+    srv = WebhookServer(("127.0.0.1", 0), WebhookApp(engine, TOKEN, max_body=8192))
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     srv.runner = runner
@@ -120,10 +120,10 @@ def test_401_comes_before_the_body_is_read(server):
 
 def test_too_large_413_without_reading(server):
     head = (b"POST /alerts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer "
-            + TOKEN + b"\r\nContent-Length: 5000\r\n\r\n")
+            + TOKEN + b"\r\nContent-Length: 10000\r\n\r\n")
     assert raw(server, head).startswith(b"HTTP/1.1 413")
     big = payload()
-    big["alerts"][0]["annotations"]["description"] = "x" * 5000
+    big["alerts"][0]["annotations"]["description"] = "x" * 10000
     assert post(server, big)[0] == 413
 
 
@@ -144,6 +144,8 @@ def _broken(mutate):
 BAD = [
     (b"{not json", "body is not JSON"),
     (b"\xff\xfe", "body is not JSON"),
+    (b"[" * 3000 + b"]" * 3000, "body is not JSON"),  # deeper than Python's recursion limit
+    (b'{"version": ' + b"9" * 5000 + b"}", "body is not JSON"),  # more digits than Python converts
     ([], "expected a JSON object"),
     (_broken(lambda d: d.update(version="3")), 'version: expected "4"'),
     (_broken(lambda d: d.update(version=4)), 'version: expected "4"'),
@@ -153,6 +155,8 @@ BAD = [
     (_broken(lambda d: d["alerts"][0].pop("endsAt")), "alerts[0]: missing endsAt"),
     (_broken(lambda d: d["alerts"][0].update(status="unknown")), "alerts[0].status"),
     (_broken(lambda d: d["alerts"][0].update(startsAt="yesterday")), "alerts[0].startsAt: not an RFC 3339"),
+    (_broken(lambda d: d["alerts"][0].update(startsAt="0001-01-01T00:00:00+01:00")),
+     "alerts[0].startsAt: '0001-01-01T00:00:00+01:00' is outside the years 1 to 9999 in UTC"),
     (_broken(lambda d: d["alerts"][0].update(fingerprint="../../x")), "alerts[0].fingerprint"),
     (_broken(lambda d: d["alerts"][0]["labels"].update(node=3)), "alerts[0].labels.node: expected a string"),
     (_broken(lambda d: d["alerts"][0]["labels"].pop("alertname")), "alerts[0].labels: missing alertname"),
