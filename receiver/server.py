@@ -267,9 +267,11 @@ class _HttpHandler(KeepAliveHandler):
         if self.receiver is None:
             return self._plain(404, f"no OTLP intake here; GET serves {', '.join(sorted(self.pages))}")
         if signal is None:
+            self.receiver.count("requests_unknown_path")
             return self._plain(404, "unknown path: OTLP/HTTP serves /v1/traces, /v1/metrics and /v1/logs")
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         if content_type not in ("application/x-protobuf", "application/json"):
+            self.receiver.count("requests_bad_content_type")
             return self._plain(415, "Content-Type must be application/x-protobuf or application/json")
         is_json = content_type == "application/json"
         with Reservation(self.receiver.inflight) as held:  # the body is held until it is answered

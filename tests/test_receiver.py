@@ -63,16 +63,17 @@ def test_grpc_export_lands_in_the_store(server):
     assert server.rows("SELECT count(*) FROM requests") == [(5,)]
 
 
-@pytest.mark.parametrize("path,body,content_type,code", [
-    ("/v1/traces", b"\xff\xff\xff not protobuf", "application/x-protobuf", 400),
-    ("/v1/traces", b"{nope", "application/json", 400),
-    ("/v1/traces", b'{"resourceSpans": "x"}', "application/json", 400),
-    ("/v1/other", b"", "application/x-protobuf", 404),
-    ("/v1/traces", b"x", "text/plain", 415),
+@pytest.mark.parametrize("path,body,content_type,code,counter", [
+    ("/v1/traces", b"\xff\xff\xff not protobuf", "application/x-protobuf", 400, "traces_invalid"),
+    ("/v1/traces", b"{nope", "application/json", 400, "traces_invalid"),
+    ("/v1/traces", b'{"resourceSpans": "x"}', "application/json", 400, "traces_invalid"),
+    ("/v1/other", b"", "application/x-protobuf", 404, "requests_unknown_path"),
+    ("/v1/traces", b"x", "text/plain", 415, "requests_bad_content_type"),
+    ("/v1/traces", b"x", "", 415, "requests_bad_content_type"),
 ])
-def test_bad_requests_get_client_errors_and_are_counted(server, path, body, content_type, code):
+def test_bad_requests_get_client_errors_and_are_counted(server, path, body, content_type, code, counter):
     status, _, _ = server.post(path, body, content_type)
-    assert status == code
+    assert status == code and server.receiver.counts[counter] == 1
     assert server.post("/v1/traces", _proto_traces(1).SerializeToString())[0] == 200  # still serving
 
 
