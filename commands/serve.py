@@ -197,6 +197,9 @@ def _run(args) -> int:
     except (SpecError, StoreError, ValueError) as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    # Read before the writer starts: from then on the store's connection is the writer thread's (retention runs
+    # there at once), and a second thread on one DuckDB connection fails or aborts the process.
+    topology = GpuTopology(store.gpu_nodes())
     writer = Writer(store, max_queued_rows=args.queue_rows, max_queued_bytes=args.queue_bytes,
                     intake_log=intake_log, linger_s=0.0 if args.ack == "commit" else LINGER_S).start()
     retention = RetentionSchedule(store, writer, args.retention).start() if args.retention else None
@@ -204,7 +207,7 @@ def _run(args) -> int:
     pods = PodDirectory()
     watch = PodWatch(kube_api, pods).start() if kube_api else None
     late = LatePlacement(store, writer, pods).start() if kube_api else None
-    intake = Intake(writer, resolver, GpuTopology(store.gpu_nodes()), args.ack, pods=pods)
+    intake = Intake(writer, resolver, topology, args.ack, pods=pods)
     declared = spec.taxonomy.declared_metrics  # kept beside the catalog's metrics
     pool = DecodePool(args.decode_workers, resolver.allowed, resolver.default_tier, declared) \
         if args.decode_workers else None

@@ -95,3 +95,27 @@ def test_a_failed_retention_run_is_counted_and_the_next_one_tries_again(tmp_path
         assert schedule.run_once() is None
         assert store.counters()["retention_failures"] == 1
         assert store.scalar("SELECT count(*) FROM requests") == 2  # rolled back with the failure
+
+
+def test_serve_with_retention_starts_cleanly_every_time(tmp_path):
+    # The run at start is on the writer's thread while serve still starts up: serve must not read its store from
+    # the main thread meanwhile (one DuckDB connection, two threads: a failed run, or an aborted process).
+    from tests.alerting_stack import free_port, wait_listening
+    from tests.test_serve_operable import _scrape, _serve, _stop
+
+    _load(tmp_path)
+    for attempt in range(3):
+        port = free_port()
+        proc = _serve(tmp_path / "x.duckdb", "--retention", "7d", http_port=port)
+        try:
+            wait_listening(port, proc, "sloscope serve")
+            deadline = time.monotonic() + 20
+            while not (scraped := _scrape(port)).get(("sloscope_ingest_retention_runs_total", ())):
+                assert time.monotonic() < deadline, "no retention run at start"
+                time.sleep(0.1)
+        finally:
+            stderr = _stop(proc)
+        assert proc.returncode == 0, stderr
+        assert scraped.get(("sloscope_ingest_retention_failures_total", ()), 0) == 0, stderr
+        assert "Traceback" not in stderr
+    assert _count(tmp_path, "requests") == 1
