@@ -135,6 +135,18 @@ def test_length_required_method_path_and_content_type(server):
     assert post(server, payload(), headers={"Content-Type": "text/plain"})[0] == 415
 
 
+@pytest.mark.parametrize("length", ["+{n}", "{n0}_{rest}", "{n}.0", "0x{n:x}"])
+def test_a_content_length_that_is_not_plain_digits_is_400(server, length):
+    # A proxy in front may read such a length otherwise, and the two would part ways on a kept-alive connection.
+    body = json.dumps(payload()).encode()
+    n = len(body)
+    length = length.format(n=n, n0=str(n)[0], rest=str(n)[1:]).encode()
+    head = (b"POST /alerts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer "
+            + TOKEN + b"\r\nContent-Length: " + length + b"\r\n\r\n" + body)
+    assert raw(server, head).startswith(b"HTTP/1.1 400")
+    assert server.runner.calls == []
+
+
 def _broken(mutate):
     doc = payload()
     mutate(doc)
@@ -146,6 +158,7 @@ BAD = [
     (b"\xff\xfe", "body is not JSON"),
     (b"[" * 3000 + b"]" * 3000, "body is not JSON"),  # deeper than Python's recursion limit
     (b'{"version": ' + b"9" * 5000 + b"}", "body is not JSON"),  # more digits than Python converts
+    (payload(alertname="Bad\ud800"), "body is not JSON"),  # a lone surrogate: it decodes, but encodes nowhere
     ([], "expected a JSON object"),
     (_broken(lambda d: d.update(version="3")), 'version: expected "4"'),
     (_broken(lambda d: d.update(version=4)), 'version: expected "4"'),
