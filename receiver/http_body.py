@@ -36,6 +36,10 @@ def declared_length(headers) -> int | None:
         if lengths:
             raise BodyError(400, "requests_bad_framing", "Content-Length and Transfer-Encoding together")
         codings = [c.strip().lower() for value in encodings for c in value.split(",")]
+        # RFC 9112: without chunked last (and once) the body has no length: 400. A coding before it (gzip,
+        # chunked) is well-formed, and not implemented here: 501.
+        if codings.count("chunked") != 1 or codings[-1] != "chunked":
+            raise BodyError(400, "requests_bad_framing", "Transfer-Encoding must end with chunked, once")
         if codings != ["chunked"]:
             raise BodyError(501, "requests_bad_framing", "Transfer-Encoding must be chunked alone")
         return None

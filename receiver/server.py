@@ -329,6 +329,14 @@ class _HttpHandler(KeepAliveHandler):
             content_type = "application/x-protobuf"
         self._send(code, body, content_type, headers)
 
+    def _method_not_allowed(self):
+        if self.receiver is not None:
+            self.receiver.count("requests_bad_method")
+        body = b"" if self.command == "HEAD" else b"method not allowed: GET for the pages, POST for OTLP\n"
+        self._send(405, body, "text/plain; charset=utf-8", {"Allow": "GET, POST"})
+
+    do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _method_not_allowed  # http.server would answer 501
+
     def _plain(self, code: int, message: str):
         self._send(code, message.encode() + b"\n", "text/plain; charset=utf-8")
 

@@ -59,6 +59,7 @@ def body(n=2, first=1) -> bytes:
     "Content-Length: -1", "Content-Length: 12abc", "Content-Length: +5", "Content-Length: 0x10",
     "Content-Length: 5\r\nContent-Length: 5", "Content-Length: 5, 5",
     "Content-Length: 5\r\nTransfer-Encoding: chunked",
+    "Transfer-Encoding: chunked, chunked", "Transfer-Encoding: identity", "Transfer-Encoding: chunked, gzip",
 ])
 def test_bad_content_length_is_a_400_that_closes(serve, framing):
     s = serve()
@@ -70,6 +71,23 @@ def test_bad_content_length_is_a_400_that_closes(serve, framing):
         assert c.closed_by_server()
     assert s.receiver.counts["requests_bad_framing"] == 1
     with RawClient(s.port) as c:  # and the server goes on serving
+        c.send(request("/v1/traces", body(), JSON))
+        assert c.response()[0] == 200
+
+
+def test_a_transfer_coding_before_chunked_is_501_and_other_methods_are_405(serve):
+    s = serve()
+    with RawClient(s.port) as c:
+        c.send(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+        assert c.response()[0] == 501  # well-formed, not implemented (RFC 9112)
+    for method in ("PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"):
+        with RawClient(s.port) as c:
+            c.send(f"{method} /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello".encode())
+            status, headers, answer = c.response()
+            assert (status, headers["allow"]) == (405, "GET, POST") and (method != "HEAD" or answer == b"")
+    assert s.receiver.counts["requests_bad_method"] == 5
+    with RawClient(s.port) as c:
         c.send(request("/v1/traces", body(), JSON))
         assert c.response()[0] == 200
 
