@@ -49,8 +49,8 @@ def add_limit_arguments(parser) -> None:
                        help="OTLP/gRPC calls in progress at once, over all connections; more are "
                        "RESOURCE_EXHAUSTED (default: %(default)s)")
     group.add_argument("--grpc-max-concurrent-streams", type=count, default=d.grpc_max_concurrent_streams,
-                       metavar="N", help="OTLP/gRPC calls in progress on one connection; more wait at the client "
-                       "(HTTP/2 streams; default: %(default)s)")
+                       metavar="N", help="OTLP/gRPC calls in progress on one connection (HTTP/2 streams); gRPC "
+                       "refuses more with REFUSED_STREAM, a retryable UNAVAILABLE (default: %(default)s)")
 
 
 def add_edge_arguments(parser) -> None:
