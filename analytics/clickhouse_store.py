@@ -188,6 +188,8 @@ class ClickHouseStore(Reader):
         self.backend, self.path, self.read_only = backend, label, read_only
         self._named = exporter_tables.renaming(names or {})
         self._defaults = {name: default for default, name in (names or {}).items()}
+        # A table under a default name that the settings gave another is not the one sloscope reads.
+        self._shadowed = {default for default, name in (names or {}).items() if name != default} - set(self._defaults)
         self._recorded_spec = None
         self._turn = threading.Lock()
         try:
@@ -220,8 +222,10 @@ class ClickHouseStore(Reader):
                              "reads the exporter's default Map(String, String) attribute columns")
 
     def _by_default_name(self, query: str) -> list[tuple]:
-        """Rows of a query of system tables whose first field is a table, that table by its default name."""
-        return [(self._defaults.get(table, table), *rest) for table, *rest in self.rows(query)]
+        """Rows of a query of system tables whose first field is a table, that table by its default name; rows of
+        a table that only shares a default name the settings gave another table are left out."""
+        return [(self._defaults.get(table, table), *rest) for table, *rest in self.rows(query)
+                if table not in self._shadowed]
 
     def _execute(self, statement: str) -> None:
         try:

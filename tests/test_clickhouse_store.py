@@ -104,6 +104,9 @@ def test_a_store_ingested_under_other_names_reads_the_same_and_only_by_them(tmp_
     capsys.readouterr()
     assert main(["rca", "--store", other.partition("?")[0]]) == 2  # the default names are not there
     assert "no otel_traces, otel_metrics_gauge" in capsys.readouterr().err
+    # Named otherwise where the tables have the default names: those are not the tables the settings name.
+    assert main(["rca", "--store", f"chdb:///{tmp_path}/default?traces_table_name=spans"]) == 2
+    assert "default?traces_table_name=spans: no spans table (" in capsys.readouterr().err
 
 
 def _made(store) -> set[str]:
