@@ -38,6 +38,7 @@ that window (as Sloth's `sloth_slo_info` and `slo:*` series do), so dashboards c
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import yaml
@@ -321,7 +322,16 @@ def _leak_expr(growth: str) -> str:
     return "and\n".join(steps)
 
 
+def _spoken(duration: str) -> str:
+    """A Prometheus duration as --hold takes it (15s, 2m) in words, as the descriptions say how long."""
+    number, unit = re.fullmatch(r"(\d+)(ms|s|m|h)", duration).groups()
+    one, many = {"ms": ("a millisecond", "milliseconds"), "s": ("a second", "seconds"), "m": ("a minute", "minutes"),
+                 "h": ("an hour", "hours")}[unit]
+    return one if number == "1" else f"{number} {many}"
+
+
 def physical_group(hold: str | None = None) -> dict:
+    long_hold, short_hold = hold or "2m", hold or "1m"
     growth = gpu_memory_growth_record()
     mem = x.GPU_MEMORY_USED
     step = _duration(LEAK.step_s)
@@ -329,11 +339,11 @@ def physical_group(hold: str | None = None) -> dict:
     rules = [
         {"record": growth,
          "expr": f"({mem} - {mem} offset {step})\n/\n({mem} offset {step} > 0)\n"},
-        {"alert": GPU_SATURATED, "expr": f"{x.GPU_UTILIZATION} > {_num(GPU_UTILIZATION_MAX)}\n", "for": hold or "2m",
+        {"alert": GPU_SATURATED, "expr": f"{x.GPU_UTILIZATION} > {_num(GPU_UTILIZATION_MAX)}\n", "for": long_hold,
          "labels": {"severity": "warning", "cause": "gpu_sm_contention", "action": DRAIN},
          "annotations": {
              "summary": "GPU {{ $labels.gpu }} on {{ $labels.node }} is {{ $value | humanizePercentage }} busy",
-             "description": f"GPU utilization has been above {_pct(GPU_UTILIZATION_MAX)} for 2 minutes on node "
+             "description": f"GPU utilization has been above {_pct(GPU_UTILIZATION_MAX)} for {_spoken(long_hold)} on node "
                             "{{ $labels.node }}: new requests queue behind running kernels (SM contention).",
              "remediation": "Shift new requests away from {{ $labels.node }}. " + ACTION_TEXT[DRAIN]}},
         {"alert": GPU_MEMORY_LEAK,
@@ -346,42 +356,43 @@ def physical_group(hold: str | None = None) -> dict:
                             f"{_pct(LEAK.per_step)} over each of {LEAK.in_a_row} consecutive {step} steps: a leak "
                             "that ends in out-of-memory failures.",
              "remediation": "Restart the leaking inference workload on {{ $labels.node }}. " + ACTION_TEXT[RESTART]}},
-        {"alert": NVME_HOT, "expr": f"{x.NVME_TEMPERATURE} > {_num(NVME_TEMPERATURE_MAX_C)}\n", "for": hold or "1m",
+        {"alert": NVME_HOT, "expr": f"{x.NVME_TEMPERATURE} > {_num(NVME_TEMPERATURE_MAX_C)}\n", "for": short_hold,
          "labels": {"severity": "warning", "cause": "storage_thermal", "action": QOS},
          "annotations": {
              "summary": "NVMe {{ $labels.bdev }}{{ $labels.device }} on {{ $labels.node }} is at "
                         "{{ $value | humanize }} C",
-             "description": f"The NVMe drive has been above {_num(NVME_TEMPERATURE_MAX_C)} C for a minute on node "
+             "description": f"The NVMe drive has been above {_num(NVME_TEMPERATURE_MAX_C)} C for {_spoken(short_hold)} on node "
                             "{{ $labels.node }}; it throttles itself and I/O latency rises.",
              "remediation": "Throttle the bdev until the drive cools. " + ACTION_TEXT[QOS]}},
         {"alert": SPDK_BDEV_WAIT_HIGH,
-         "expr": f"max by (node, bdev) ({x.SPDK_BDEV_IO_WAIT}) > {_num(SPDK_BDEV_WAIT_MAX_S)}\n", "for": hold or "1m",
+         "expr": f"max by (node, bdev) ({x.SPDK_BDEV_IO_WAIT}) > {_num(SPDK_BDEV_WAIT_MAX_S)}\n", "for": short_hold,
          "labels": {"severity": "warning", "cause": "storage_queue", "action": QOS},
          "annotations": {
              "summary": "SPDK bdev {{ $labels.bdev }} on {{ $labels.node }} waits "
                         "{{ $value | humanizeDuration }} per I/O",
-             "description": f"Mean SPDK bdev I/O wait has been above {_ms(SPDK_BDEV_WAIT_MAX_S)} for a minute on "
+             "description": f"Mean SPDK bdev I/O wait has been above {_ms(SPDK_BDEV_WAIT_MAX_S)} for {_spoken(short_hold)} on "
                             "node {{ $labels.node }}: the NVMe queues are congested.",
              "remediation": "Throttle background I/O on the bdev. " + ACTION_TEXT[QOS]}},
         {"alert": SPDK_REACTOR_BUSY,
-         "expr": f"{x.SPDK_REACTOR_BUSY} > {_num(SPDK_REACTOR_BUSY_MAX)}\n", "for": hold or "2m",
+         "expr": f"{x.SPDK_REACTOR_BUSY} > {_num(SPDK_REACTOR_BUSY_MAX)}\n", "for": long_hold,
          "labels": {"severity": "warning", "cause": "storage_queue", "action": NOTIFY},
          "annotations": {
              "summary": "SPDK reactor {{ $labels.lcore }} on {{ $labels.node }} is "
                         "{{ $value | humanizePercentage }} busy",
-             "description": f"An SPDK reactor has been busier than {_pct(SPDK_REACTOR_BUSY_MAX)} for 2 minutes on "
+             "description": f"An SPDK reactor has been busier than {_pct(SPDK_REACTOR_BUSY_MAX)} for {_spoken(long_hold)} on "
                             "node {{ $labels.node }}: storage requests wait for CPU in spdk_tgt.",
              "remediation": "Give spdk_tgt more cores (its -m mask) or move I/O-heavy work. " + ACTION_TEXT[NOTIFY]}},
         {"alert": NODE_ERROR_RATIO_HIGH,
          "expr": (f"sum by (node) (rate({x.REQUEST_ERRORS}[1m]))\n/\n{requests_1m}\n"
                   f"> {_num(NODE_ERROR_RATIO_MAX)}\n"
                   f"and on (node)\n{requests_1m} * 60 >= {MIN_REQUESTS_PER_MINUTE}\n"),
-         "for": hold or "1m",
+         "for": short_hold,
          "labels": {"severity": "warning", "cause": UNATTRIBUTED, "action": DRAIN},
          "annotations": {
              "summary": "{{ $value | humanizePercentage }} of requests on {{ $labels.node }} fail",
              "description": f"More than {_pct(NODE_ERROR_RATIO_MAX)} of the requests served by node "
-                            "{{ $labels.node }} failed over the last minute, for a minute (at least "
+                            "{{ $labels.node }} failed over the last minute, for "
+                            f"{_spoken(short_hold)} (at least "
                             f"{MIN_REQUESTS_PER_MINUTE} requests a minute).",
              "remediation": "Take the node out of rotation and look at sloscope rca for its cause. "
                         + ACTION_TEXT[DRAIN]}},
