@@ -11,7 +11,7 @@ from sloscope.slo_spec import SpecError
 
 from analytics.store import StoreError
 from analytics import exporter_tables
-from analytics.stores import add_store_arguments, open_from_args, parse_store_url
+from analytics.stores import add_store_arguments, open_from_args, parse_store_url, store_url
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
 
@@ -138,6 +138,9 @@ def run_retention(args) -> int:
 
     try:
         keep = timedelta(seconds=parse_duration(args.keep, "--keep"))
+        url = parse_store_url(store_url(args))
+        if url.scheme == "duckdb" and not url.path.exists():  # opening it for writing would make an empty one
+            raise StoreError(f"{url.path}: no such database")
         with open_from_args(args) as store:
             deleted = apply_retention(store, keep, datetime.now(timezone.utc).replace(tzinfo=None))
     except (ValueError, StoreError) as exc:  # a bad duration is a ValueError

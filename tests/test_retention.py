@@ -49,6 +49,9 @@ def test_retention_needs_a_duration_and_a_duckdb_store(tmp_path, capsys):
     assert main(["retention", "--db", str(tmp_path / "x.duckdb"), "--keep", "a week"]) == 2
     assert "--keep" in capsys.readouterr().err
     assert _count(tmp_path, "requests") == 2
+    assert main(["retention", "--db", str(tmp_path / "typo.duckdb"), "--keep", "7d"]) == 2
+    assert "typo.duckdb: no such database" in capsys.readouterr().err
+    assert not (tmp_path / "typo.duckdb").exists()
 
 
 # --- serve --retention: the schedule on the writer's thread ------------------------------------------------------
