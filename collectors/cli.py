@@ -93,8 +93,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--protocol", metavar="P", help="grpc (default) or http/protobuf")
     parser.add_argument("--header", action="append", default=[], metavar="K=V",
                         help="an export request header (repeatable)")
-    parser.add_argument("--timeout", metavar="S", help="timeout of one export attempt (default 10s)")
-    parser.add_argument("--interval", metavar="S", help="collect and export every S (default 5s)")
+    parser.add_argument("--timeout", metavar="DURATION", help="timeout of one export attempt (default 10s)")
+    parser.add_argument("--interval", metavar="DURATION", help="collect and export every DURATION (default 5s)")
     parser.add_argument("--probe", action="append", default=[], metavar="NAME",
                         help="probe to run (repeatable; auto, node, all or a probe name; default auto)")
     parser.add_argument("--cgroup", action="append", default=[], metavar="CGROUP",
@@ -105,7 +105,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--temporality", choices=("cumulative", "delta"),
                         help="of counters and histograms (default cumulative)")
     parser.add_argument("--node-name", metavar="NAME", help="k8s.node.name (default $NODE_NAME)")
-    parser.add_argument("--health-interval", metavar="S", help="log a health line every S (default 60s)")
+    parser.add_argument("--health-interval", metavar="DURATION",
+                        help="log a health line every DURATION (default 60s)")
     parser.add_argument("--compression", choices=config_mod.COMPRESSIONS, help="of export requests (default none)")
     parser.add_argument("--certificate", metavar="PEM", help="CA bundle to verify the endpoint with")
     parser.add_argument("--client-key", metavar="PEM", help="private key for mutual TLS (with --client-certificate)")
@@ -116,7 +117,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help=f"serve /healthz and /metrics here (default {config_mod.DEFAULT_LISTEN}; off to disable)")
     logs.add_arguments(parser)
     bounded = parser.add_mutually_exclusive_group()
-    bounded.add_argument("--duration", metavar="S", help="stop after S (default: run until SIGTERM/SIGINT)")
+    bounded.add_argument("--duration", metavar="DURATION",
+                         help="stop after DURATION (default: run until SIGTERM/SIGINT)")
     bounded.add_argument("--once", action="store_true", help="collect one interval, export it, stop")
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved configuration as JSON (with where each value came from) and exit")

@@ -38,7 +38,8 @@ def register(subparsers) -> None:
         "OpenTelemetry Collector clickhouseexporter's tables instead: the GET pages only, computed in ClickHouse.")
     from analytics.stores import add_store_arguments
     from sloscope import logs
-    from commands.serve_ops import add_edge_arguments, add_limit_arguments
+    from commands.serve_ops import above_zero, add_edge_arguments, add_limit_arguments
+    from receiver.limits import parse_size
 
     add_store_arguments(serve)
     serve.add_argument("--slo", type=Path, metavar="SLO.yaml",
@@ -47,11 +48,11 @@ def register(subparsers) -> None:
                        help="OTLP/HTTP address (default: %(default)s; 'off' to disable)")
     serve.add_argument("--grpc", metavar="HOST:PORT",
                        help=f"OTLP/gRPC address (default: {DEFAULT_GRPC}; 'off' to disable)")
-    serve.add_argument("--queue-rows", type=int, default=1_000_000,
+    serve.add_argument("--queue-rows", type=above_zero(int), default=1_000_000, metavar="N",
                        help="rows accepted but not yet written before requests are refused (default: %(default)s)")
-    serve.add_argument("--queue-bytes", type=int, default=256 * 2**20,
+    serve.add_argument("--queue-bytes", type=above_zero(parse_size), default=256 * 2**20, metavar="SIZE",
                        help="bytes accepted but not yet committed (with --ack log: of the intake log) before "
-                       "requests are refused (default: %(default)s)")
+                       "requests are refused, in bytes or with KiB, MiB, GiB (default: 256MiB)")
     serve.add_argument("--ack", choices=tuple(ACKS), default="log",
                        help="when a request is answered: " + "; ".join(f"{k}: {v}" for k, v in ACKS.items()))
     serve.add_argument("--intake-log", type=Path, metavar="DIR",

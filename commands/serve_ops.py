@@ -23,7 +23,7 @@ def add_limit_arguments(parser) -> None:
     d = Limits()
     group = parser.add_argument_group("limits", "what one client, and all together, may hold of serve's memory "
                                       "and time (sizes in bytes, or with KiB, MiB, GiB; times in seconds)")
-    size, seconds, count = _checked(parse_size), _checked(float), _checked(int)
+    size, seconds, count = above_zero(parse_size), above_zero(float), above_zero(int)
     group.add_argument("--max-request-body-size", type=size, default=d.max_body_bytes, metavar="SIZE",
                        help="largest OTLP/HTTP body, compressed and after gzip; larger is a 413 "
                        "(default: %(default)s)")
@@ -105,7 +105,7 @@ def edge_of(args, env: dict | None = None) -> Edge:
     return Edge(tls, auth)
 
 
-def _checked(parse):
+def above_zero(parse):
     """An argparse type: `parse`, and above zero."""
 
     def positive(text: str):

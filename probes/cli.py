@@ -10,6 +10,7 @@ import time
 from contextlib import contextmanager
 
 from sloscope import catalog
+from sloscope.durations import duration_argument
 
 from .ebpf.syscall_latency import DEFAULT_SYSCALLS
 from .gpu.dcgm_exporter import DEFAULT_URL as DCGM_URL
@@ -55,9 +56,10 @@ def register(subparsers) -> argparse.ArgumentParser:
         epilog=EPILOG.format(probes=_probe_lines(), node=" ".join(NODE_PROBES)),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="+", metavar="NAME", help="probe names (see below), or 'node' or 'all'")
-    parser.add_argument("--duration", type=_positive, default=5.0, metavar="S", help="run this long (default 5)")
-    parser.add_argument("--interval", type=_positive, default=1.0, metavar="S",
-                        help="collect every S seconds (default 1)")
+    parser.add_argument("--duration", type=duration_argument, default=5.0, metavar="DURATION",
+                        help="run this long: 10, 10s, 2m (default 5s)")
+    parser.add_argument("--interval", type=duration_argument, default=1.0, metavar="DURATION",
+                        help="collect every DURATION: 1, 500ms (default 1s)")
     parser.add_argument("--format", choices=("table", "json"), default="table", help="output format (default table)")
     parser.add_argument("--syscalls", metavar="LIST",
                         help="syscall probe: comma-separated syscalls (default: %s)" % ",".join(DEFAULT_SYSCALLS))
@@ -76,13 +78,6 @@ def register(subparsers) -> argparse.ArgumentParser:
                              "(bdev_set_qd_sampling_period; one poller per bdev; 0, the default, changes nothing)")
     parser.set_defaults(func=run)
     return parser
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
 
 
 def expand_names(names: list[str]) -> list[str]:

@@ -8,17 +8,13 @@ import time
 from pathlib import Path
 
 from sloscope import taxonomy
-from sloscope.durations import parse_duration
-from sloscope.errors import ConfigError
+from sloscope.durations import duration_argument
 
 DEFAULT_SERVICES = ("llm-gateway", "embedder", "reranker")  # = simulator.traffic.DEFAULT_SERVICES
 
 
 def _seconds(text: str) -> int:
-    try:
-        value = parse_duration(text, allow_zero=True)  # a fault may begin at 0
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    value = duration_argument(text)
     if value != int(value):
         raise argparse.ArgumentTypeError(f"{text!r}: whole seconds only")
     return int(value)
@@ -56,7 +52,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--fault-node", default=None,
                    help="node for the fault: name or 1-based number (default: drawn by seed)")
     p.add_argument("--fault-at", type=_seconds, default=None,
-                   help="fault onset as an offset into the run (default: mid-run, >= 10 min of baseline)")
+                   help="fault onset as an offset into the run, 30 s to the run's length less 30 s (default: 60 %% "
+                   "into a run shorter than 1000 s, else 10 min in or half-way, whichever is later)")
     p.add_argument("--fault-duration", type=_seconds, default=300, help="how long the fault lasts (default: 5m)")
     p.add_argument("--flush-interval", type=_seconds, default=10,
                    help="collector batching: one line per node per interval (default: 10s)")

@@ -11,6 +11,7 @@ above zero unless the caller allows zero.
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 
@@ -26,17 +27,24 @@ _TERM = re.compile(_TERM_TEXT, re.IGNORECASE)
 _TERMS = re.compile(rf"(?:{_TERM_TEXT})+", re.IGNORECASE)
 
 
-def parse_duration(value, where: str = "", *, allow_zero: bool = False) -> float:
+def parse_duration(value, where: str = "") -> float:
     """Seconds from a duration of the grammar above. `where` names the value in the error (a file and key, a
     flag); empty where the caller adds its own (argparse names the option)."""
     seconds = _seconds(value)
     prefix = f"{where}: " if where else ""
     if seconds is None or not math.isfinite(seconds):
         raise ConfigError(f"{prefix}expected a duration like {EXAMPLES}; {value!r} is not a duration")
-    if seconds < 0 or (seconds == 0 and not allow_zero):
-        bound = "zero or more" if allow_zero else "above zero"
-        raise ConfigError(f"{prefix}expected a duration {bound}; got {value!r}")
+    if seconds <= 0:
+        raise ConfigError(f"{prefix}expected a duration above zero; got {value!r}")
     return seconds
+
+
+def duration_argument(text: str) -> float:
+    """parse_duration as an argparse type: a flag's value, its error said as argparse says it (naming the flag)."""
+    try:
+        return parse_duration(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _seconds(value) -> float | None:

@@ -31,12 +31,11 @@ def test_what_is_not_a_duration_is_named_with_where_it_was(value):
     assert f"{value!r} is not a duration" in message
 
 
-def test_zero_is_refused_unless_the_caller_allows_it():
+def test_zero_and_below_are_refused():
     with pytest.raises(ConfigError, match="--every: expected a duration above zero; got '0s'"):
         parse_duration("0s", "--every")
-    assert parse_duration("0", allow_zero=True) == 0
-    with pytest.raises(ConfigError, match=r"^expected a duration zero or more; got -1$"):
-        parse_duration(-1, allow_zero=True)
+    with pytest.raises(ConfigError, match=r"^expected a duration above zero; got -1$"):
+        parse_duration(-1)
 
 
 def test_the_spec_reads_the_same_grammar_and_says_spec_error():

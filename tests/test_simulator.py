@@ -336,5 +336,8 @@ def test_cli_simulate(tmp_path, capsys):
     assert (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "metrics.jsonl.gz").exists()
     with pytest.raises(SystemExit):
         parser.parse_args(["simulate", "--out", str(tmp_path), "--fault", "nonsense"])
-    assert cli.parse_duration("1h30m") == 5400 and cli.parse_duration("90") == 90
+    with pytest.raises(SystemExit):
+        parser.parse_args(["simulate", "--out", str(tmp_path), "--flush-interval", "0"])
+    assert "--flush-interval: expected a duration above zero" in capsys.readouterr().err
+    assert parser.parse_args(["simulate", "--out", str(tmp_path), "--duration", "1h30m"]).duration == 5400
     assert cli.DEFAULT_SERVICES == traffic.DEFAULT_SERVICES
