@@ -82,7 +82,8 @@ def register(subparsers) -> None:
     hook.add_argument("--listen", default="127.0.0.1:9095", metavar="HOST:PORT",
                       help="address to listen on (default: %(default)s)")
     hook.add_argument("--token-file", type=Path, metavar="FILE",
-                      help="file whose first line is the bearer token (default: $SLOSCOPE_WEBHOOK_TOKEN)")
+                      help="file whose first line is the bearer token, 16 characters or more (default: "
+                      "$SLOSCOPE_WEBHOOK_TOKEN)")
     hook.add_argument("--path", default="/alerts", help="URL path of the webhook (default: %(default)s)")
     hook.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
                       help="largest accepted body (default: %(default)s)")

@@ -67,8 +67,8 @@ def register(subparsers) -> None:
         "clickhouse-columns",
         help="print the statements that add sloscope's columns to the clickhouseexporter's tables",
         description="Print the ALTER TABLE statements that add sloscope's columns to the tables a Collector's "
-        "clickhouseexporter made (each span's service, route, node, status and tier header; each metric point's "
-        "node and attributes by its catalog signal's rule, and whether it is kept), for clickhouse-client "
+        "clickhouseexporter made (each span's service, route, node, status, tier header and key; each metric "
+        "point's node and attributes by its catalog signal's rule, and whether it is kept), for clickhouse-client "
         "--multiquery. ClickHouse then computes each value once, as its row is inserted. `sloscope ingest "
         "--store` adds them itself; without them every query computes the same values as it reads.")
     columns.add_argument("--on-cluster", metavar="CLUSTER", type=_cluster_name,

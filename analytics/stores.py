@@ -124,7 +124,8 @@ def add_store_arguments(parser) -> None:
                         help=f"the store: duckdb:///PATH, chdb:///PATH or clickhouse://USER@HOST:PORT/DATABASE, a "
                         "ClickHouse one with ?traces_table_name=NAME&... where the exporter's settings renamed its "
                         f"tables (default: {DEFAULT_STORE})")
-    parser.add_argument("--db", type=Path, help="DuckDB file: the same as --store duckdb:///DB")
+    parser.add_argument("--db", type=Path, help="DuckDB file: the same as --store duckdb:///DB (default: "
+                        "$SLOSCOPE_DB, else var/sloscope.duckdb)")
     parser.add_argument("--store-password-file", type=Path, metavar="FILE",
                         help=f"the ClickHouse password (default: ${PASSWORD_ENV})")
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 STAGE_COMMANDS = (
@@ -53,9 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(next((w for w in words if not w.startswith("-")), None)).parse_args(argv)
     logs.configure_from(args)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's exit
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `sloscope rca | head`: the reader has what it wanted; no traceback for that
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that exit's flush does not fail again
+        return 141  # as a shell reports a command ended by SIGPIPE
 
 
 if __name__ == "__main__":

@@ -38,18 +38,19 @@ def register(subparsers) -> None:
     demo.add_argument("--dir", type=Path, help=f"working directory (default: {DEFAULT_DIR}, live: {LIVE_DIR})")
     demo.add_argument("--fault", default="gpu_sm_contention", help="taxonomy cause to inject (default: %(default)s)")
     demo.add_argument("--nodes", type=int, default=4, help="fleet size (default: %(default)s)")
-    demo.add_argument("--seed", type=int, default=1)
+    demo.add_argument("--seed", type=int, default=1,
+                      help="random seed of the simulated fleet (default: %(default)s)")
     live = demo.add_argument_group("live demo")
     live.add_argument("--faults", default=",".join(FAULT_NAMES), metavar="LIST",
                       help="faults to inject, in order (default: %(default)s)")
     live.add_argument("--fault-seconds", type=float, default=40.0,
-                      help="each fault lasts this long (default: %(default)s)")
+                      help="each fault lasts this long, in seconds (default: %(default)s)")
     live.add_argument("--recovery-seconds", type=float, default=90.0,
-                      help="quiet time after each fault (default: %(default)s)")
-    live.add_argument("--warmup-seconds", type=float, default=100.0, help="quiet time before the first fault "
-                      "(default: %(default)s)")
+                      help="quiet time after each fault, in seconds (default: %(default)s)")
+    live.add_argument("--warmup-seconds", type=float, default=100.0, help="quiet time before the first fault, in "
+                      "seconds (default: %(default)s)")
     live.add_argument("--baseline-seconds", type=float, default=60.0,
-                      help="rca baseline before each incident (default: %(default)s)")
+                      help="rca baseline before each incident, in seconds (default: %(default)s)")
     live.add_argument("--rate", type=float, default=10.0, help="steady requests per second (default: %(default)s)")
     live.add_argument("--json", action="store_true", help="print the results as one JSON document")
     demo.set_defaults(func=run)

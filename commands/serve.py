@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     from analytics.intake import ACKS
 
     serve = subparsers.add_parser(
-        "serve", help="receive OTLP (HTTP and gRPC) into the DuckDB store",
+        "serve", help="receive OTLP (HTTP and gRPC) into the DuckDB store; or answer /metrics, /rca and "
+        "/sampling from a ClickHouse one",
         description="Receive OTLP/HTTP (/v1/traces, /v1/metrics, /v1/logs; protobuf or JSON, optionally gzip) and "
         "OTLP/gRPC, resolve request tiers against the SLO spec, and write everything through one writer into "
         "the DuckDB store. When the writer's queue is full, requests get the OTLP retryable answer (HTTP 503 "
@@ -67,7 +68,8 @@ def register(subparsers) -> None:
     serve.add_argument("--remediation", type=Path, metavar="REMEDIATION.yaml",
                        help="allow-list of alert -> action for the webhook (see alerts/remediation.example.yaml)")
     serve.add_argument("--webhook-token-file", type=Path, metavar="FILE",
-                       help="file holding the webhook's bearer token (default: $SLOSCOPE_WEBHOOK_TOKEN)")
+                       help="file holding the webhook's bearer token, 16 characters or more (default: "
+                       "$SLOSCOPE_WEBHOOK_TOKEN)")
     serve.add_argument("--sampling", type=Path, metavar="SAMPLING.yaml",
                        help="adaptive sampling config for GET /sampling (budget_spans_per_s, dwell, ...; "
                        "default: 100 spans/s, see sampling/policy.py)")

@@ -67,8 +67,8 @@ def add_edge_arguments(parser) -> None:
     group.add_argument("--tls-client-ca-file", type=Path, metavar="FILE",
                        help="PEM CA bundle: clients must present a certificate it signed (mutual TLS)")
     group.add_argument("--bearer-token-file", type=Path, metavar="FILE",
-                       help=f"file whose first line is the token OTLP clients must present (default: "
-                       f"${BEARER_TOKEN_ENV} where set; else none is asked for)")
+                       help=f"file whose first line is the token OTLP clients must present, 16 characters or "
+                       f"more (default: ${BEARER_TOKEN_ENV} where set; else none is asked for)")
 
 
 @dataclass(frozen=True)

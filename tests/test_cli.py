@@ -1,0 +1,15 @@
+"""The `sloscope` command as a shell uses it: output cut short by the reader is no error worth a traceback."""
+
+import fcntl
+import subprocess
+import sys
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "clickhouse-columns"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    fcntl.fcntl(proc.stdout, fcntl.F_SETPIPE_SZ, 4096)  # smaller than the output: it cannot all be written ahead
+    assert proc.stdout.readline().startswith(b"-- ")  # then the reader goes, as `| head -1` does
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and "Traceback" not in stderr, stderr
