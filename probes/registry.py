@@ -90,6 +90,8 @@ class Decision:
         text = f"{self.requested}: unavailable: " + "; ".join(self.missing)
         if self.running:
             text += f" -> falling back to {', '.join(self.running)}"
+        elif FALLBACKS.get(self.requested):
+            text += f" -> its fallback {', '.join(FALLBACKS[self.requested])} is unavailable too"
         else:
             text += " -> no fallback"
         if self.lost_signals:

@@ -16,7 +16,7 @@ from probes.ebpf.block_io import BlockIoProbe
 from probes.ebpf.runqueue import RunqueueProbe
 from probes.ebpf.syscall_latency import SyscallLatencyProbe
 from probes.ebpf.tcp import TcpProbe
-from probes.registry import ProbeSet
+from probes.registry import Decision, ProbeSet
 from tests.conftest import need
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,6 +137,7 @@ def test_probe_set_falls_back_to_procfs_and_keeps_going():
         assert decisions["pressure"].missing == ()
         assert "falling back to netstat" in decisions["tcp"].explain()
         assert "privilege" in decisions["tcp"].explain()
+        assert decisions["syscall"].explain().endswith("-> no fallback (not produced: sloscope.syscall.duration)")
         names = {s.name for s in probes.collect()}
         assert "sloscope.tcp.retransmits" in names and "system.disk.io_time" in names
         assert ("sloscope.cpu.runqueue.delay" in names) == expect_sched
@@ -144,6 +145,12 @@ def test_probe_set_falls_back_to_procfs_and_keeps_going():
         assert health["tcp"] == (0.0, "netstat") and health["syscall"] == (0.0, "none")
         assert health["pressure"] == (1.0, "pressure")
     assert probes.probes == {}
+
+
+def test_a_probe_whose_fallback_cannot_run_either_says_so():
+    decision = Decision("spdk", running=(), missing=("SPDK socket /var/tmp/spdk.sock: not found",))
+    assert decision.explain() == ("spdk: unavailable: SPDK socket /var/tmp/spdk.sock: not found -> its fallback nvme "
+                                  "is unavailable too")
 
 
 def test_probe_set_survives_a_probe_that_breaks_while_collecting():
