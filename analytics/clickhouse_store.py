@@ -129,6 +129,20 @@ class ChdbBackend:
         self.session.close()
 
 
+@contextmanager
+def _quiet_drivers():
+    """The HTTP drivers' own warnings held back: a failed connect is said once, in the StoreError that names it."""
+    loggers = [logging.getLogger(name) for name in ("urllib3", "clickhouse_connect")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 class HttpBackend:
     """A ClickHouse server over HTTP (clickhouse-connect)."""
 
@@ -138,8 +152,9 @@ class HttpBackend:
         except ImportError:
             raise StoreError("clickhouse:// needs clickhouse-connect: pip install 'sloscope[clickhouse]'") from None
         try:
-            self.client = clickhouse_connect.get_client(host=host, port=port, username=user, password=password,
-                                                        database=database, settings={"session_timezone": "UTC"})
+            with _quiet_drivers():
+                self.client = clickhouse_connect.get_client(host=host, port=port, username=user, password=password,
+                                                            database=database, settings={"session_timezone": "UTC"})
         except Exception as exc:  # the driver's errors have no common base worth naming
             raise StoreError(f"clickhouse://{user}@{host}:{port}/{database}: cannot connect: {exc}") from None
 

@@ -6,7 +6,10 @@ import base64
 import gzip
 import http.client
 import json
+import os
 import secrets
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from datetime import datetime
@@ -184,6 +187,16 @@ def test_an_unknown_user_or_a_missing_database_is_a_clear_error(server, password
     assert main(["rca", "--store", _url(server, "nowhere")]) == 2
     err = capsys.readouterr().err
     assert f"{_url(server, 'nowhere')}: cannot connect" in err and "nowhere does not exist" in err
+
+
+def test_a_server_that_is_not_there_is_one_line():
+    from tests.alerting_stack import free_port
+
+    url = f"clickhouse://{USER}@127.0.0.1:{free_port()}/otel"  # nothing listens there
+    proc = subprocess.run([sys.executable, "-m", "commands.cli", "rca", "--store", url], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, PASSWORD_ENV: PASSWORD})
+    assert proc.returncode == 2
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(f"sloscope rca: {url}: cannot connect")
 
 
 # --- the stand-in keeps the interface's contract --------------------------------------------------------------
