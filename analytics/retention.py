@@ -17,6 +17,8 @@ from datetime import datetime, timedelta, timezone
 
 import duckdb
 
+from sloscope.durations import format_duration
+
 from analytics.store import Store, StoreError
 
 log = logging.getLogger("sloscope.retention")
@@ -80,5 +82,5 @@ class RetentionSchedule:
                 pass
             return None
         if any(deleted.values()):
-            log.info("retention: deleted rows older than %s: %s", self.keep, deleted)
+            log.info("retention: deleted rows older than %s: %s", format_duration(self.keep.total_seconds()), deleted)
         return deleted

@@ -39,6 +39,17 @@ def parse_duration(value, where: str = "") -> float:
     return seconds
 
 
+def format_duration(seconds: float) -> str:
+    """A duration in the grammar's own words, largest units first: 600 -> 10m, 5400 -> 1h30m, 0.25 -> 250ms."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    text, rest = "", round(seconds)
+    for unit in ("w", "d", "h", "m", "s"):
+        count, rest = divmod(rest, UNIT_SECONDS[unit])
+        text += f"{count}{unit}" if count else ""
+    return text
+
+
 def duration_argument(text: str) -> float:
     """parse_duration as an argparse type: a flag's value, its error said as argparse says it (naming the flag)."""
     try:

@@ -6,7 +6,7 @@ import pytest
 from alerts.actions import ConfigError as RemediationConfigError
 from collectors.config import ConfigError as CollectorConfigError
 from sampling.policy import ConfigError as SamplingConfigError
-from sloscope.durations import parse_duration
+from sloscope.durations import format_duration, parse_duration
 from sloscope.errors import ConfigError
 from sloscope.slo_spec import SpecError, parse_spec
 
@@ -50,3 +50,9 @@ def test_the_spec_reads_the_same_grammar_and_says_spec_error():
 def test_each_configuration_error_is_caught_as_one():
     assert issubclass(SpecError, ConfigError) and issubclass(ConfigError, ValueError)
     assert CollectorConfigError is SamplingConfigError is RemediationConfigError is ConfigError
+
+
+@pytest.mark.parametrize("seconds, text", [(600, "10m"), (5400, "1h30m"), (7 * 86400, "1w"), (90061, "1d1h1m1s"),
+                                           (0.25, "250ms")])
+def test_a_duration_is_written_in_the_grammar_and_reads_back(seconds, text):
+    assert format_duration(seconds) == text and parse_duration(text) == seconds
