@@ -22,8 +22,8 @@ from receiver.otlp_common import (
     TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips, SpanResource,
     TextCache, append_span, explicit_buckets, histogram_totals, kept_metrics, point_times, scale0_buckets)
 
-_HEX_TRACE = re.compile(r"^[0-9a-fA-F]{32}$")
-_HEX_SPAN = re.compile(r"^[0-9a-fA-F]{16}$")
+_HEX_TRACE = re.compile(r"[0-9a-fA-F]{32}")
+_HEX_SPAN = re.compile(r"[0-9a-fA-F]{16}")
 _INTEGER = re.compile(r"-?[0-9]{1,20}")  # ASCII digits only, and no more than a 64-bit integer has
 
 
@@ -244,9 +244,9 @@ class Decoder(Skips):
             self._skip("spans_not_server")
             return
         trace_id, span_id = _get(span, "traceId", "trace_id", ""), _get(span, "spanId", "span_id", "")
-        if not isinstance(trace_id, str) or not _HEX_TRACE.match(trace_id):
+        if not isinstance(trace_id, str) or not _HEX_TRACE.fullmatch(trace_id):
             raise DecodeError(f"traceId: expected 32 hex digits, got {str(trace_id)[:40]!r}", "spans_invalid_id")
-        if not isinstance(span_id, str) or not _HEX_SPAN.match(span_id):
+        if not isinstance(span_id, str) or not _HEX_SPAN.fullmatch(span_id):
             raise DecodeError(f"spanId: expected 16 hex digits, got {str(span_id)[:40]!r}", "spans_invalid_id")
         try:
             start = _int(_get(span, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano")

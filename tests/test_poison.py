@@ -94,6 +94,8 @@ def _span_request(*mutations):
 
 POISON_SPANS = [
     (lambda s: s.update(traceId="abc"), "spans_invalid_id"),
+    (lambda s: s.update(traceId=s["traceId"] + "\n"), "spans_invalid_id"),
+    (lambda s: s.update(spanId=s["spanId"] + "\n"), "spans_invalid_id"),
     (lambda s: s.update(endTimeUnixNano=str(T0 - 1)), "spans_invalid_time"),
     (lambda s: s.update(startTimeUnixNano="0"), "spans_invalid_time"),
     (lambda s: s.update(endTimeUnixNano=str(2**63)), "spans_invalid_time"),
