@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -46,6 +47,20 @@ def _warm() -> None:
     import receiver.server  # noqa: F401
 
 
+def _end_with_the_server(server_pid: int) -> None:
+    """A worker's initializer: a thread that ends the worker once serve has gone. A worker holds its own end of
+    the request queue, so a serve that is killed (SIGKILL, the OOM killer) would otherwise leave it waiting
+    for requests for good."""
+    import time
+
+    def watch():
+        while os.getppid() == server_pid:
+            time.sleep(1)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="server-watch", daemon=True).start()
+
+
 class DecodePool:
     """Worker processes that decode request bodies. A pool that breaks (a worker killed) is replaced; the
     requests it held are answered as retryable."""
@@ -59,7 +74,8 @@ class DecodePool:
 
     def _start(self) -> ProcessPoolExecutor:
         # spawn: the server has threads (gRPC, HTTP, the writer), which fork would copy in whatever state.
-        pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_end_with_the_server, initargs=(os.getpid(),))
         for future in [pool.submit(_warm) for _ in range(self.workers)]:
             future.result()
         return pool

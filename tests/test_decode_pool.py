@@ -1,11 +1,14 @@
 """serve's decode workers: what they store is what the server process would have stored, a bad body is still
-the client's 400, and a worker that dies costs a retry, never an accepted request."""
+the client's 400, a worker that dies costs a retry, never an accepted request, and workers do not outlive serve."""
 
 import gzip
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +130,26 @@ def test_a_request_after_the_pool_closed_is_retryable(tmp_path, body, content_ty
         assert server.receiver.counts["traces_refused_full"] == 1
     finally:
         server.close()
+
+
+def test_workers_end_when_serve_is_killed():
+    code = ("import time; from commands.decode_pool import DecodePool; "
+            "pool = DecodePool(2, frozenset({'standard'}), 'standard'); "
+            "print(*pool._pool._processes, flush=True); time.sleep(60)")
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    workers = [int(pid) for pid in server.stdout.readline().split()]
+    assert len(workers) == 2 and all(_alive(pid) for pid in workers)
+    server.kill()  # as the OOM killer would: no shutdown of the pool
+    server.wait(10)
+    deadline = time.monotonic() + 15
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie waiting for its new parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
