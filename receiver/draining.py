@@ -81,6 +81,9 @@ class KeepAliveHandler(BaseHTTPRequestHandler):
 
     server: DrainingServer
     protocol_version = "HTTP/1.1"
+    # What an answer to a request line it refuses speaks: http.server's own default (HTTP/0.9) sends the refusal
+    # of an HTTP/2 client (a gRPC exporter pointed at the HTTP port) without a status line.
+    default_request_version = "HTTP/1.1"
 
     def setup(self):
         super().setup()

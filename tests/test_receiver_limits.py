@@ -92,6 +92,13 @@ def test_a_transfer_coding_before_chunked_is_501_and_other_methods_are_405(serve
         assert c.response()[0] == 200
 
 
+def test_an_http2_client_on_the_http_port_gets_an_http_505(serve):
+    s = serve()
+    with RawClient(s.port) as c:  # the HTTP/2 connection preface, as a gRPC exporter sent to :4318 opens with
+        c.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        assert c.response()[0] == 505
+
+
 def test_chunked_gzip_bodies_are_taken_within_the_same_limit(serve):
     s = serve(max_body_bytes=64 * 1024)
     with RawClient(s.port) as c:
