@@ -16,10 +16,13 @@ Charts are inline SVG drawn here (dashboards/svg.py); styles are inline; there i
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from html import escape
+from urllib.parse import quote
 
 import polars as pl
 
@@ -55,7 +58,11 @@ class Episode:
 
     @property
     def anchor(self) -> str:
-        return f"episode-{self.node}-{self.start:%Y%m%dT%H%M%S}".replace(".", "-")
+        """An id for the episode's section: the node's name is untrusted (any OTLP client sends it), so only its
+        letters, digits and dashes stand in the id, and a hash of the whole name keeps two nodes apart."""
+        readable = re.sub(r"[^A-Za-z0-9-]+", "-", self.node)[:64]
+        digest = hashlib.blake2b(self.node.encode(), digest_size=4).hexdigest()
+        return f"episode-{readable}-{digest}-{self.start:%Y%m%dT%H%M%S}"
 
 
 def episodes(incidents: list[dict]) -> list[Episode]:
@@ -178,7 +185,7 @@ def _grafana_link(grafana_url: str | None, ep: Episode, t0: datetime, t1: dateti
     if not grafana_url:
         return ""
     ms = lambda t: int(t.replace(tzinfo=timezone.utc).timestamp() * 1000)  # noqa: E731
-    url = (f"{grafana_url.rstrip('/')}/d/{grafana.NODE_UID}/sloscope-node?var-node={ep.node}"
+    url = (f"{grafana_url.rstrip('/')}/d/{grafana.NODE_UID}/sloscope-node?var-node={quote(ep.node, safe='')}"
            f"&from={ms(t0)}&to={ms(t1)}")
     return f' · <a href="{escape(url)}">node dashboard in Grafana</a>'
 

@@ -9,7 +9,7 @@ import shutil
 import struct
 import subprocess
 import zlib
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from analytics.ingest import Ingestor
 from analytics.rca import analyse, parse_time
 from analytics.store import Store, sql
 from dashboards import grafana as g
-from dashboards.report import episodes, render, signal_unit
+from dashboards.report import Episode, _grafana_link, episodes, render, signal_unit
 from enrich.tiers import TierResolver
 from simulator.fleet import SimulationConfig, simulate
 from commands.cli import main
@@ -362,6 +362,15 @@ def test_report_structure(sim_db, tmp_path, capsys):
         assert f"<code>{ev['signal']}</code>" in html
     assert "has no remediation audit" in html
     assert '&quot;incidents&quot;' in html  # the rca JSON is embedded for reference
+
+
+def test_a_node_name_cannot_write_markup_or_links_into_the_report():
+    t0 = datetime(2026, 1, 1, 12, 0)
+    hostile = Episode("n'><script>alert(1)</script>", t0, t0 + timedelta(minutes=1))
+    assert re.fullmatch(r"episode-[A-Za-z0-9-]+", hostile.anchor)
+    assert Episode("a b", t0, t0).anchor != Episode("a-b", t0, t0).anchor  # names apart, ids apart
+    link = _grafana_link("http://grafana:3000", Episode("a&from=0#x", t0, t0), t0, t0 + timedelta(minutes=1))
+    assert "var-node=a%26from%3D0%23x&amp;from=" in link
 
 
 def test_report_shows_the_remediation_taken(sim_db, tmp_path):
