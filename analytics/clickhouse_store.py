@@ -76,12 +76,13 @@ def derived_columns() -> dict[str, dict[str, str]]:
 
 
 def literal(value) -> str:
-    """A query parameter in ClickHouse's text form (how chDB takes them)."""
+    """A query parameter in ClickHouse's text form (how chDB takes them): as in TSV, a backslash, tab or newline of
+    a string is escaped (a node name may hold any of them), and an array is a quoted literal."""
     if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+        return value.isoformat(" ", "microseconds")
     if isinstance(value, (list, tuple, frozenset, set)):
         return sql_literal(list(value))
-    return str(value)
+    return str(value).replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
 
 
 def sql_literal(value) -> str:
@@ -103,7 +104,10 @@ class ChdbBackend:
             from chdb import session
         except ImportError:
             raise StoreError("chdb:// needs chDB: pip install 'sloscope[clickhouse]'") from None
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"chdb:///{path}: cannot make the database directory: {exc.strerror}") from None
         self.session = session.Session(str(path))
         self.execute(f"CREATE DATABASE IF NOT EXISTS {database}")
         self.execute(f"USE {database}")
@@ -184,6 +188,17 @@ def _duckdb_types(table: pa.Table) -> pl.DataFrame:
         elif dtype in (pl.Categorical, pl.Binary):
             casts.append(pl.col(name).cast(pl.String))
     return frame.with_columns(casts) if casts else frame
+
+
+# The times a DateTime64(9) column holds (the exporter's): a bound outside them overflows in the comparison.
+FIRST_TIME, LAST_TIME = datetime(1900, 1, 1), datetime(2262, 4, 11, 23, 47, 16)
+
+
+def _within_range(params: dict | None) -> dict | None:
+    """Time parameters moved into FIRST_TIME..LAST_TIME: a bound beyond them selects the same rows."""
+    if not params:
+        return params
+    return {k: min(max(v, FIRST_TIME), LAST_TIME) if isinstance(v, datetime) else v for k, v in params.items()}
 
 
 def _no_rows(columns: dict[str, str]) -> str:
@@ -327,7 +342,7 @@ class ClickHouseStore(Reader):
             params = {**self.tier_params(self._spec()), **(params or {})}
         try:
             with self._turn:  # neither chDB's session nor a clickhouse-connect client runs two queries at once
-                table = self.backend.arrow(self._named(query), params)
+                table = self.backend.arrow(self._named(query), _within_range(params))
             return _duckdb_types(table)
         except StoreError:
             raise

@@ -62,6 +62,8 @@ class Query:
             raise ValueError("a time or duration of the query reaches outside the years 1 to 9999") from None
 
     def _answer(self, store: Store, spec) -> dict:
+        if self.top < 1:
+            raise ValueError(f"top: expected 1 or more causes per incident, got {self.top}")
         if self.node and not self.at:
             raise ValueError("--node goes with --at (on GET /rca: node with at)")
         newest = store.rows(store.sql("data_range"))[0][1]

@@ -17,6 +17,7 @@ an incident.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -153,12 +154,17 @@ def _runs(windows: pl.DataFrame, step_s: float) -> pl.DataFrame:
             .filter(pl.col("tests") >= MIN_BLOCKS).sort("start", "service", "node"))
 
 
+def _rounded(ms) -> float | None:
+    """A latency for the JSON, None where there is none (a percentile of no requests is NaN, which JSON lacks)."""
+    return round(float(ms), 1) if ms is not None and math.isfinite(ms) else None
+
+
 def _incident_sli(store: Store, spec: SloSpec, objective: TierObjective, run: dict, end: datetime) -> dict:
     requests, failures, slow, latency_ms = store.rows(store.sql("incident_sli"), {**store.tier_params(spec),
         "tier": objective.name, "service": run["service"], "node": run["node"], "quantile": objective.percentile / 100,
         "threshold_ms": objective.threshold_ms, "start": run["start"], "end": end})[0]
     if run["latency_windows"] >= run["error_windows"]:
-        return {"kind": "latency", "percentile": objective.percentile, "observed_ms": round(float(latency_ms), 1),
+        return {"kind": "latency", "percentile": objective.percentile, "observed_ms": _rounded(latency_ms),
                 "objective_ms": objective.threshold_ms,
                 "observed_slow_ratio": round(slow / requests, 5) if requests else None,
                 "objective_slow_ratio": round(slow_allowance(objective), 5)}

@@ -428,7 +428,7 @@ class Store(Reader):
             _first=prev["time_ns"].is_null(), _has_start=has_start,
             **{f"_prev_{c}": prev[c] for c in ["time_ns"] + fields})
         from_start = pl.col("_restarted") & pl.col("_has_start") & (
-            pl.col("_first") | (pl.col("start_ns") > pl.col("_prev_time_ns")))
+            pl.col("_first") | (pl.col("start_ns") >= pl.col("_prev_time_ns")))
         restarted_unknown_start = pl.col("_restarted") & ~from_start
         deltas = {}
         for c in fields:

@@ -111,7 +111,9 @@ def open_store(text: str, *, read_only: bool = False, password_file: Path | None
 
     names = url.table_names()
     if url.scheme == "chdb":
-        if read_only and not url.path.exists():
+        if url.path.exists() and not url.path.is_dir():
+            raise StoreError(f"{url}: not a directory (chDB keeps a database in a directory of its own)")
+        if read_only and not (url.path / "metadata").is_dir():  # what chDB writes first; a reader writes nothing
             raise StoreError(f"{url}: no such database (ingest something first)")
         return ClickHouseStore(ChdbBackend(url.path, CHDB_DATABASE), str(url), read_only, names)
     backend = HttpBackend(url.host, url.port, url.user, _password(password_file), url.database)

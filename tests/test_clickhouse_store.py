@@ -127,6 +127,36 @@ def test_the_password_comes_from_its_file_else_the_environment(tmp_path, monkeyp
 def test_a_chdb_store_read_before_anything_was_loaded_is_a_clear_error(tmp_path, capsys):
     assert main(["rca", "--store", f"chdb:///{tmp_path}/none"]) == 2
     assert "no such database" in capsys.readouterr().err
+    (tmp_path / "other").mkdir()  # a directory, but no database: a reader leaves it as it was
+    assert main(["rca", "--store", f"chdb:///{tmp_path}/other"]) == 2
+    assert "no such database" in capsys.readouterr().err and not any((tmp_path / "other").iterdir())
+    (tmp_path / "file").write_text("x")
+    for command in (["rca"], ["ingest", "/dev/null"]):
+        assert main([command[0], "--store", f"chdb:///{tmp_path}/file", *command[1:]]) == 2
+        err = capsys.readouterr().err
+        assert "file: not a directory" in err and len(err.splitlines()) == 1
+
+
+def test_times_beyond_what_clickhouse_holds_select_as_duckdb_selects(tmp_path, capsys):
+    lines = [traces([span(f"{i:032x}", f"{i:016x}", T0 + i * S // 4, 50, tier=["standard"]) for i in range(40)],
+                    node="n1")]
+    duck, ch = _load_both(tmp_path, lines)
+    duck.close(), ch.close()
+    answers = []
+    for store in (f"duckdb:///{tmp_path}/x.duckdb", f"chdb:///{tmp_path}/ch"):
+        capsys.readouterr()
+        assert main(["rca", "--store", store, "--since", "0999-01-01T00:00:00Z", "--until",
+                     "2400-01-01T00:00:00Z", "--baseline", "100000w", "--format", "json"]) == 0
+        answers.append(capsys.readouterr().out)
+    assert json.loads(answers[0]) == json.loads(answers[1]) == {"incidents": []}
+
+
+def test_text_parameters_reach_chdb_as_they_are(tmp_path):
+    # Names come from any OTLP client: a tab, newline or backslash in one must not change the query's answer.
+    values = ["gpu\tnode", "gpu\nnode", "gpu\\node", "q'uote\"d", "\\t", "a\rb"]
+    with open_store(f"chdb:///{tmp_path}/p") as store:
+        for value in values:
+            assert store.rows("SELECT {v:String}, {a:Array(String)}", {"v": value, "a": [value]}) == [(value, [value])]
 
 
 @pytest.mark.parametrize("command", [["rca"], ["ingest", "/dev/null"]])
@@ -256,6 +286,19 @@ def test_cumulative_sums_and_histograms_become_the_same_deltas_in_the_engine(tmp
                                   EVERYTHING), h_key)
         stored = _sorted(duck.frame("SELECT node, metric, ts, buckets FROM histograms"), h_key)
         assert engine["buckets"].to_list() == stored["buckets"].to_list()  # resets and all, slot by slot
+
+
+def test_a_counter_that_starts_again_at_each_points_predecessor_keeps_every_point(tmp_path):
+    # Each point counts from where the last one ended (a restart every interval, as a delta would say it): the
+    # value is the increase since its start, the predecessor's time.
+    points = [(T0 + k * 10 * S, 2 + k, T0 + (k - 1) * 10 * S) for k in range(1, 7)]
+    duck, ch = _load_both(tmp_path, [metrics([counter("sloscope.tcp.retransmits", T0, points)], node="n1")])
+    with duck, ch:
+        columns = "ts, node, metric, attributes, value, interval_s"
+        stored = duck.frame(f"SELECT {columns} FROM samples").sort("ts")
+        engine = ch.frame(f"SELECT {columns} FROM ({ch.sql('samples')})", EVERYTHING).sort("ts")
+    assert stored["value"].to_list() == [3, 4, 5, 6, 7, 8] and stored["interval_s"].to_list() == [10.0] * 6
+    assert_same(engine, stored)
 
 
 def test_both_engines_answer_the_analytics_queries_with_the_same_frames(tmp_path):

@@ -49,6 +49,8 @@ def test_rca_page_analyses_in_process_with_its_query_parameters(store):  # noqa:
         page(baseline="ten minutes")
     with pytest.raises(ValueError):
         page(top="-1")
+    with pytest.raises(ValueError, match="top: expected 1 or more"):
+        page(top="0")
 
 
 @pytest.mark.parametrize("query", [{"baseline": "1e300s"}, {"lookback": "99999999999d"}, {"since": "99999999999h"},

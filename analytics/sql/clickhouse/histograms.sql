@@ -41,7 +41,7 @@ cumulative AS (
            NOT first AND (count < prev_count OR (scale = prev_scale AND offset = prev_offset AND
                arrayExists((now, before) -> now < before, arrayResize(buckets, width), arrayResize(prev_buckets, width))))
                AS went_down,
-           restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
+           restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns >= prev_time_ns) AS from_start
     FROM (SELECT * FROM points WHERE temporality = 2 LIMIT 1 BY node, metric, attributes, time_ns)
     WINDOW series AS (PARTITION BY node, metric, attributes ORDER BY time_ns
                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)

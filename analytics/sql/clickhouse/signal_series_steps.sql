@@ -108,7 +108,7 @@ cumulative AS (
            position = 1 AS first,
            first OR start_ns != prev_start_ns AS restarted,
            NOT first AND value < prev_value AS went_down,
-           restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
+           restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns >= prev_time_ns) AS from_start
     FROM (
         SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
                arraySort(groupArray((time_ns, value, start_ns))) AS sorted,
@@ -145,7 +145,7 @@ cumulative_histograms AS (
                                                       held[prev_held_from + i - held_from], 0),
                            prev_held, arrayEnumerate(prev_held))))
                AS went_down,
-           restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns > prev_time_ns) AS from_start
+           restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns >= prev_time_ns) AS from_start
     FROM (
         SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
                arraySort(point -> (tupleElement(point, 1), tupleElement(point, 2)),
