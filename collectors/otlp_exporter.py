@@ -42,6 +42,7 @@ GRPC_METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
 USER_AGENT = "sloscope-collector"
 DETAIL_MAX = 200
+ANSWER_MAX = 64 * 2**10  # an OTLP answer is a partial success or a google.rpc.Status: a few hundred bytes
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")
 
 
@@ -124,30 +125,47 @@ class HttpExporter:
     def send(self, body: bytes) -> Answer:
         if self._gzip:
             body = gzip.compress(body, GZIP_LEVEL, mtime=0)
+        deadline = time.monotonic() + self.timeout_s
         try:
-            response = self._session.post(self.endpoint, data=body, timeout=self.timeout_s, allow_redirects=False,
-                                          **self._tls)
+            with self._session.post(self.endpoint, data=body, timeout=self.timeout_s, allow_redirects=False,
+                                    stream=True, **self._tls) as response:
+                content = self._answer_body(response, deadline)
         except self._requests.RequestException as exc:  # no answer: refused, reset, timed out, closed
             return Answer(RETRY, printable(f"no answer: {type(exc).__name__}: {exc}"))
         code = response.status_code
+        if content is None:  # the status says what happened; the body is left unread
+            what = f"HTTP {code}, its body longer than {ANSWER_MAX} bytes or {self.timeout_s:g} s, not read"
+            return (Answer(DELIVERED, what) if 200 <= code < 300 else
+                    Answer(RETRY if code in RETRYABLE_HTTP else REFUSED, what))
         if 200 <= code < 300:
-            return _delivered(response.content, f"HTTP {code}")
-        detail = printable(f"HTTP {code}: {self._message(response)}")
+            return _delivered(content, f"HTTP {code}")
+        detail = printable(f"HTTP {code}: {self._message(response, content)}")
         if code in RETRYABLE_HTTP:
             return Answer(RETRY, detail, parse_retry_after(response.headers.get("Retry-After")))
         return Answer(REFUSED, detail)
 
     @staticmethod
-    def _message(response) -> str:
+    def _answer_body(response, deadline: float) -> bytes | None:
+        """The answer's body, read as it comes; None past ANSWER_MAX bytes or the deadline (each read waits at
+        most the timeout, so an endpoint that trickles or never ends its body costs at most twice it)."""
+        content = b""
+        for chunk in response.iter_content(4096):
+            content += chunk
+            if len(content) > ANSWER_MAX or time.monotonic() > deadline:
+                return None
+        return content
+
+    @staticmethod
+    def _message(response, content: bytes) -> str:
         """The google.rpc.Status message the specification puts in a failure's body, else the body as text."""
         from google.rpc.status_pb2 import Status
 
         if (response.headers.get("Content-Type") or "").startswith("application/x-protobuf"):
             try:
-                return Status.FromString(response.content).message
+                return Status.FromString(content).message
             except Exception:
                 pass
-        return response.content[:DETAIL_MAX].decode("utf-8", "replace")
+        return content[:DETAIL_MAX].decode("utf-8", "replace")
 
     def shutdown(self) -> None:
         self._session.close()

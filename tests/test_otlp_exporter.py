@@ -2,6 +2,9 @@
 Retry-After / RetryInfo, partial success), against a stand-in receiver over real HTTP and gRPC."""
 
 import email.utils
+import re
+import socket
+import threading
 import time
 
 import grpc
@@ -121,3 +124,44 @@ def test_retry_after_forms():
     assert parse_retry_after(email.utils.formatdate(now - 30, usegmt=True), now) == 0.0
     for bad in (None, "", "soon", "-1", "1.5", "nan"):
         assert parse_retry_after(bad) is None
+
+
+class _EndlessAnswer:
+    """An endpoint that answers `code` with a chunked body that never ends: a byte every `pause_s`, or as fast as
+    it can when pause_s is 0."""
+
+    def __init__(self, code: int, pause_s: float):
+        self.code, self.pause_s = code, pause_s
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1/metrics"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        conn, _ = self.listener.accept()
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(65536)
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+            body = head.split(b"\r\n\r\n", 1)[1]
+            while len(body) < length:
+                body += conn.recv(65536)
+            conn.sendall(f"HTTP/1.1 {self.code} X\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+            chunk = b"1\r\nx\r\n" if self.pause_s else b"4000\r\n" + b"x" * 0x4000 + b"\r\n"
+            deadline = time.monotonic() + 30
+            try:
+                while time.monotonic() < deadline:
+                    conn.sendall(chunk)
+                    time.sleep(self.pause_s)
+            except OSError:  # the client went: done
+                pass
+
+
+@pytest.mark.parametrize("pause_s", [0.05, 0.0], ids=["trickle", "flood"])
+@pytest.mark.parametrize("code, outcome", [(200, DELIVERED), (503, RETRY), (400, REFUSED)])
+def test_an_answer_whose_body_never_ends_is_judged_by_its_status_within_the_timeout(code, outcome, pause_s):
+    endpoint = _EndlessAnswer(code, pause_s)
+    started = time.monotonic()
+    answer = HttpExporter(endpoint.endpoint, {}, timeout_s=0.5).send(BODY)
+    assert time.monotonic() - started < 2 * 0.5 + 1.0  # the bound: twice the timeout
+    assert answer.outcome == outcome and "not read" in answer.detail
