@@ -90,10 +90,23 @@ class Spool:
         self._sizes: dict[int, int] = self._scan()
         self._order = deque(sorted(self._sizes))
         self._bytes = sum(self._sizes.values())
-        self._next = (self._order[-1] + 1) if self._order else 0
+        # Numbers go on from the highest ever given, set-aside batches' too: a new batch must not take the name of
+        # one in rejected/ or corrupt/, which would replace it there and unsettle what "the last files" are.
+        self._next = max([*self._order, *self._set_aside()], default=-1) + 1
         if self._order:
             log.info("spool %s: resuming %d batches (%d bytes)", self.directory, len(self), self._bytes)
         self._enforce_bound()
+
+    def _set_aside(self) -> list[int]:
+        """The numbers of the batches in rejected/ and corrupt/."""
+        numbers = []
+        for sub in ("rejected", "corrupt"):
+            try:
+                numbers += [int(m.group(1)) for m in map(NAME.match, os.listdir(os.path.join(self.directory, sub)))
+                            if m]
+            except OSError:  # not there (yet): nothing set aside
+                pass
+        return numbers
 
     def _scan(self) -> dict[int, int]:
         sizes, unfinished = {}, []

@@ -195,6 +195,11 @@ def test_reject_moves_a_batch_aside(tmp_path):
     assert spool.sequence_numbers() == [1]
     assert spool.rejected_batches == 1 and spool.dropped_points == 3
     assert (tmp_path / "rejected" / f"{0:020d}.pb").exists()
+    spool.reject(1, "that one too")
+    again = Spool(str(tmp_path))  # a restart, its spool empty: new batches do not take set-aside names
+    again.append(request(2, 2))
+    again.reject(again.sequence_numbers()[0], "and the next run's")
+    assert sorted(os.listdir(tmp_path / "rejected")) == [f"{n:020d}.pb" for n in (0, 1, 2)]
 
 
 def test_bounds_must_be_positive(tmp_path):
