@@ -195,6 +195,14 @@ def parse_listen(value: Any, what: str) -> str | None:
     return f"{host.strip('[]') or '0.0.0.0'}:{int(port)}"
 
 
+def _text(value: Any, what: str) -> str:
+    """A setting that is one word or name: text, or a number YAML read as one (node_name: 7); a list or a mapping
+    is a mistake, not its printed form."""
+    if isinstance(value, (list, tuple, dict, set)) or value is None:
+        raise ConfigError(f"{what}: expected text, got {type(value).__name__}")
+    return str(value)
+
+
 def _readable_file(value: Any, what: str) -> str:
     path = str(value)
     try:
@@ -238,11 +246,15 @@ def resolve_endpoint(value: str | None, protocol: str, *, as_is: bool = False, i
     a scheme-less gRPC endpoint (else it takes TLS, as the specification's default)."""
     if not value:
         value = DEFAULT_GRPC_ENDPOINT if protocol == "grpc" else DEFAULT_HTTP_ENDPOINT
-    value = value.strip()
+    value = _text(value, "endpoint").strip()
     if "://" not in value:
         value = ("https://" if protocol == "grpc" and not insecure else "http://") + value
-    parsed = urlparse(value)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+    try:
+        parsed = urlparse(value)
+        parsed.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError as exc:  # a bracketed host that is no IP address, a port out of range or not a number
+        raise ConfigError(f"endpoint: {value!r} is not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or any(c.isspace() for c in value):
         raise ConfigError(f"endpoint: {value!r} is not an http:// or https:// URL")
     if protocol == "grpc" or as_is:
         return value
@@ -309,7 +321,7 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
         take("probe_options", {str(k): _mapping(v, f"{where}: probe_options.{k}") for k, v in opts.items()}, "file")
     spool = _mapping(data.get("spool"), f"{where}: spool")
     if "dir" in spool:
-        take("spool_dir", str(spool["dir"]), "file")
+        take("spool_dir", _text(spool["dir"], f"{where}: spool.dir"), "file")
     if "max_bytes" in spool:
         take("spool_max_bytes", parse_size(spool["max_bytes"], f"{where}: spool.max_bytes"), "file")
     if "max_batches" in spool:
@@ -374,7 +386,7 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
     elif env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         endpoint, src["endpoint"] = env["OTEL_EXPORTER_OTLP_ENDPOINT"], "OTEL_EXPORTER_OTLP_ENDPOINT"
     elif "endpoint" in data:
-        endpoint, src["endpoint"] = str(data["endpoint"]), "file"
+        endpoint, src["endpoint"] = _text(data["endpoint"], f"{where}: endpoint"), "file"
     cfg.endpoint = resolve_endpoint(endpoint, cfg.protocol, as_is=as_is, insecure=cfg.insecure)
     if (cfg.client_key is None) != (cfg.client_certificate is None):
         raise ConfigError("client_key and client_certificate go together (mutual TLS needs both); got only "
@@ -402,7 +414,7 @@ FILE_SETTINGS = (
     ("probes", "probes", _str_list),
     ("cgroups", "cgroups", _str_list),
     ("temporality", "temporality", _temporality),
-    ("node_name", "node_name", lambda value, where: str(value)),
+    ("node_name", "node_name", _text),
     ("health_interval", "health_interval_s", parse_duration),
     ("compression", "compression", parse_compression),
     ("insecure", "insecure", parse_bool),

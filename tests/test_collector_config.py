@@ -81,6 +81,12 @@ def test_grpc_endpoints():
     ("spool: {size: 3}\n", "unknown spool keys size"),
     ("temporality: sometimes\n", "not cumulative or delta"),
     ("- a list\n", "expected a mapping"),
+    ("endpoint: not a url\n", "is not an http:// or https:// URL"),
+    ("endpoint: http://127.0.0.1:notaport\n", "is not a URL: Port could not be cast"),
+    ("endpoint: '[x]'\n", "is not a URL"),
+    ("endpoint: [x]\n", "endpoint: expected text, got list"),
+    ("node_name: [a]\n", "node_name: expected text, got list"),
+    ("spool: {dir: [a, b]}\n", "spool.dir: expected text, got list"),
 ])
 def test_bad_config_files_are_clear_errors(tmp_path, text, message):
     with pytest.raises(cfgmod.ConfigError, match=message):
