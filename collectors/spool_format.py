@@ -39,6 +39,8 @@ def encode_record(payload: bytes) -> bytes:
 def decode_record(raw: bytes) -> bytes:
     """The payload of a file's bytes; CorruptRecord when they cannot be trusted. Version 0 files are returned
     whole (whether they parse is for the caller to find out)."""
+    if not raw:  # no batch is empty: a file cut to nothing (a crash between create and write)
+        raise CorruptRecord("empty file")
     if not raw.startswith(MAGIC[:1]):
         return raw  # version 0: no header
     if len(raw) < HEADER.size:

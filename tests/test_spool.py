@@ -137,6 +137,7 @@ def flip(path: str, offset: int) -> None:
     (lambda p: flip(p, 4), "format version 65281"),
     (lambda p: os.truncate(p, os.path.getsize(p) - 7), "header says"),  # a torn write
     (lambda p: os.truncate(p, 20), "shorter than the 46-byte header"),
+    (lambda p: os.truncate(p, 0), "empty file"),
     (lambda p: Path(p).write_bytes(b"\x0a\xff\xff\xff not protobuf"), "request does not parse"),  # version 0
 ])
 def test_a_corrupt_file_is_set_aside_and_counted(tmp_path, caplog, damage, reason):
