@@ -33,44 +33,35 @@ Per tier, a metadata group records the objective, its error budget, the SLO wind
 that window (as Sloth's `sloth_slo_info` and `slo:*` series do), so dashboards can show the SLO without data.
 
 `prometheus_rule()` wraps the groups in a prometheus-operator `monitoring.coreos.com/v1` PrometheusRule.
+
+This module writes the tier groups and the file; alerts/node_rules.py the physical and cause groups, and
+alerts/rule_text.py what they all say the same way.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 
 import yaml
 
-from sloscope import taxonomy
 from sloscope.slo_spec import SloSpec, TierObjective
 
 from analytics.significance import z_for
 from analytics.slo import FLEET_FDR, slow_allowance
 
 from alerts import metric_names as x
-from alerts.actions import (DRAIN, NOTIFY, QOS, RAISE_SAMPLING, RESTART)
+from alerts.actions import NOTIFY, RAISE_SAMPLING
 from alerts.burn import (DAY_S, PAGE, TICKET, budget_spent_in, burn_windows, promql_duration, sli_windows,
                          window_days)
+from alerts.node_rules import cause_group, physical_group
+from alerts.rule_text import ACTION_TEXT, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED, ms, num, pct, q
 
-UNATTRIBUTED = "unattributed"
-DEFAULT_RUNBOOK_BASE_URL = "https://github.com/sloscope/sloscope/blob/main/docs/runbooks.md"
 PROMETHEUS_RULE_API = "monitoring.coreos.com/v1"
-MIN_REQUESTS_PER_MINUTE = 10  # below this, a minute's error ratio is noise
 # The rules judge each (tier, service, node) minute alone: at the level the analysis applies to the first
 # violation among ALERT_FLEET_TESTS tests (about an hour of a 10-node fleet's windows), as they cannot see the
 # fleet's other windows.
 ALERT_FLEET_TESTS = 10_000
 ALERT_ALPHA = FLEET_FDR / ALERT_FLEET_TESTS
-
-# Field thresholds.
-GPU_UTILIZATION_MAX = 0.8
-NVME_TEMPERATURE_MAX_C = 65
-SPDK_BDEV_WAIT_MAX_S = 0.005
-SPDK_REACTOR_BUSY_MAX = 0.7
-NODE_ERROR_RATIO_MAX = 0.05
-CAUSE_SCORE_MIN = 0.5
 
 # Alert names (the keys of the remediation config).
 LATENCY_BURN = "SloscopeLatencyBudgetBurn"
@@ -78,42 +69,6 @@ LATENCY_SLOW_BURN = "SloscopeLatencyBudgetSlowBurn"
 ERROR_BURN = "SloscopeErrorBudgetBurn"
 ERROR_SLOW_BURN = "SloscopeErrorBudgetSlowBurn"
 TIER_LATENCY_HIGH = "SloscopeTierLatencyHigh"
-NODE_ERROR_RATIO_HIGH = "SloscopeNodeErrorRatioHigh"
-GPU_SATURATED = "SloscopeGpuSaturated"
-GPU_MEMORY_LEAK = "SloscopeGpuMemoryLeak"
-NVME_HOT = "SloscopeNvmeHot"
-SPDK_BDEV_WAIT_HIGH = "SloscopeSpdkBdevWaitHigh"
-SPDK_REACTOR_BUSY = "SloscopeSpdkReactorBusy"
-
-# What each taxonomy cause maps to when it is the top cause of an open incident.
-CAUSE_ACTIONS = {
-    "gpu_sm_contention": DRAIN,
-    "gpu_memory_bandwidth": DRAIN,
-    "gpu_memory_leak": RESTART,
-    "gpu_interconnect": NOTIFY,
-    "gpu_thermal": DRAIN,
-    "storage_queue": QOS,
-    "storage_thermal": QOS,
-    "disk_io": NOTIFY,
-    "network_loss": DRAIN,
-    "connection_churn": NOTIFY,
-    "cpu_contention": NOTIFY,
-    "memory_pressure": NOTIFY,
-    "syscall_overhead": NOTIFY,
-}
-assert set(CAUSE_ACTIONS) == set(taxonomy.CAUSE_IDS), "every taxonomy cause needs a remediation action"
-
-ACTION_TEXT = {
-    DRAIN: "Remediation nft_drain_backend removes the node's address from the load balancer's backend set "
-           "(new requests go elsewhere); it is put back when the alert resolves.",
-    QOS: "Remediation spdk_qos_limit sets an SPDK bdev_set_qos_limit rate limit on the bdev; the configured "
-         "limits are restored when the alert resolves.",
-    RESTART: "Remediation restart_workload restarts the inference workload on the node (kubectl, crictl or "
-             "docker, as configured).",
-    RAISE_SAMPLING: "Remediation raise_sampling keeps 100% of the tier's traces until the alert resolves (or "
-                    "the override expires), so the analysis sees every slow or failed request.",
-    NOTIFY: "Remediation notify_only: no automatic action; a person decides.",
-}
 
 RECORD_SLOW = "tier:sloscope_request_slow:ratio_rate{window}"
 RECORD_ERRORS = "tier:sloscope_request_errors:ratio_rate{window}"
@@ -124,44 +79,13 @@ RECORD_OBJECTIVE = "tier:sloscope_slo_objective:ratio"
 RECORD_BUDGET = "tier:sloscope_slo_error_budget:ratio"
 RECORD_WINDOW_DAYS = "tier:sloscope_slo_window:days"
 RECORD_BUDGET_LEFT = "tier:sloscope_slo_error_budget_remaining:ratio"
-LEAK = taxonomy.GPU_MEMORY_LEAK  # the one definition of the GPU memory-leak rule
-DECLARED_CAUSES = "declared-causes"  # docs/runbooks.md's section on the causes an SLO spec declares
-
-
-def camel(cause_id: str) -> str:
-    return "".join(part.capitalize() for part in cause_id.split("_"))
-
-
-def cause_alert_name(cause_id: str) -> str:
-    return "SloscopeCause" + camel(cause_id)
-
-
-def _q(value: str) -> str:
-    """A PromQL string literal (PromQL strings use Go's escapes, which JSON's are a subset of)."""
-    return json.dumps(value)
-
-
-def _num(value: float) -> str:
-    return format(value, ".12g")
-
-
-def _pct(value: float) -> str:
-    return format(value * 100, ".6g") + "%"
-
-
-def _sentence(text: str) -> str:
-    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
-
-
-def _ms(seconds: float) -> str:
-    return format(seconds * 1000, ".6g") + " ms"
 
 
 # --- per tier ------------------------------------------------------------------------------------------------------
 
 def _slow_ratio(t: TierObjective, window: str) -> str:
-    tier = _q(t.name)
-    le = _q(x.le_label(x.le_seconds(t.threshold_ms)))
+    tier = q(t.name)
+    le = q(x.le_label(x.le_seconds(t.threshold_ms)))
     return (f"1 - (\n"
             f"  sum by (tier) (rate({x.REQUEST_DURATION}_bucket{{tier={tier}, le={le}}}[{window}]))\n"
             f"/\n"
@@ -170,7 +94,7 @@ def _slow_ratio(t: TierObjective, window: str) -> str:
 
 
 def _error_ratio(t: TierObjective, window: str) -> str:
-    tier = _q(t.name)
+    tier = q(t.name)
     return (f"sum by (tier) (rate({x.REQUEST_ERRORS}{{tier={tier}}}[{window}]))\n"
             f"/\n"
             f"sum by (tier) (rate({x.REQUESTS}{{tier={tier}}}[{window}]))\n")
@@ -187,12 +111,12 @@ def _sli_rules(t: TierObjective, window_s: float) -> list[dict]:
 def _burn_expr(record: str, tier: str, budget: float, burns) -> str:
     parts = []
     for b in burns:
-        limit = f"({_num(b.factor)} * {_num(budget)})"
+        limit = f"({num(b.factor)} * {num(budget)})"
         parts.append(
             f"(\n"
-            f"  {record.format(window=b.long)}{{tier={_q(tier)}}} > {limit}\n"
+            f"  {record.format(window=b.long)}{{tier={q(tier)}}} > {limit}\n"
             f"and\n"
-            f"  {record.format(window=b.short)}{{tier={_q(tier)}}} > {limit}\n"
+            f"  {record.format(window=b.short)}{{tier={q(tier)}}} > {limit}\n"
             f")")
     return "\nor\n".join(parts) + "\n"
 
@@ -204,9 +128,9 @@ def _windows_text(burns) -> str:
 def _slos(t: TierObjective):
     """(slo label, its SLI record, its error budget, what the SLI counts) per objective of the tier."""
     allowance = 1.0 - t.percentile / 100.0
-    latency_what = (f"requests slower than {_ms(x.le_seconds(t.threshold_ms))} (p{_num(t.percentile)} objective: "
-                    f"at most {_pct(allowance)} of requests may be slower)")
-    error_what = f"failed requests (availability objective {_num(t.availability)}%: error budget {_pct(t.error_budget)})"
+    latency_what = (f"requests slower than {ms(x.le_seconds(t.threshold_ms))} (p{num(t.percentile)} objective: "
+                    f"at most {pct(allowance)} of requests may be slower)")
+    error_what = f"failed requests (availability objective {num(t.availability)}%: error budget {pct(t.error_budget)})"
     return (("latency", RECORD_SLOW, allowance, latency_what),
             ("availability", RECORD_ERRORS, t.error_budget, error_what))
 
@@ -248,7 +172,7 @@ def _ticket_outlook(ticket, window_s: float) -> str:
     days = window_days(window_s)
     if ticket.factor >= 1:
         return f"the {days} budget will run out before the period ends."
-    return f"at that rate {_pct(ticket.budget_share)} of the {days} budget is spent in {ticket.long}."
+    return f"at that rate {pct(ticket.budget_share)} of the {days} budget is spent in {ticket.long}."
 
 
 def _tier_latency_alert(t: TierObjective) -> dict:
@@ -256,25 +180,25 @@ def _tier_latency_alert(t: TierObjective) -> dict:
     a service at exactly the percentile's allowance (Poisson tail in closed form, at ALERT_ALPHA)."""
     allowance = slow_allowance(t)
     threshold_s = x.le_seconds(t.threshold_ms)
-    matcher = f"{{tier={_q(t.name)}}}"
-    bucket = f"{{tier={_q(t.name)}, le={_q(x.le_label(threshold_s))}}}"
+    matcher = f"{{tier={q(t.name)}}}"
+    bucket = f"{{tier={q(t.name)}, le={q(x.le_label(threshold_s))}}}"
     by = "sum by (tier, service, node)"
     total = f"{by} (increase({x.REQUEST_DURATION}_count{matcher}[1m]))"
     fast = f"{by} (increase({x.REQUEST_DURATION}_bucket{bucket}[1m]))"
-    expected = f"{total} * {_num(allowance)}"
+    expected = f"{total} * {num(allowance)}"
     z = z_for(ALERT_ALPHA)
     return {
         "alert": TIER_LATENCY_HIGH,
-        "expr": (f"({total}\n-\n{fast})\n>=\n{expected}\n+ {_num(round(z, 4))} * sqrt({expected})\n"
-                 f"+ {_num(round((z * z + 2) / 6, 4))}\n"),
+        "expr": (f"({total}\n-\n{fast})\n>=\n{expected}\n+ {num(round(z, 4))} * sqrt({expected})\n"
+                 f"+ {num(round((z * z + 2) / 6, 4))}\n"),
         "labels": {"severity": "warning", "tier": t.name, "slo": "latency", "cause": UNATTRIBUTED,
                    "action": RAISE_SAMPLING},
         "annotations": {
             "summary": f"Tier {t.name}: {{{{ $value | printf \"%.0f\" }}}} requests of {{{{ $labels.service }}}} on "
-                       f"{{{{ $labels.node }}}} slower than {_ms(threshold_s)} in the last minute",
-            "description": f"More requests of tier {t.name} were slower than {_ms(threshold_s)} over the last minute "
-                           f"than a service meeting its p{_num(t.percentile)} objective (at most {_pct(allowance)} "
-                           f"slower) would produce with probability {_num(ALERT_ALPHA)}: the test sloscope rca "
+                       f"{{{{ $labels.node }}}} slower than {ms(threshold_s)} in the last minute",
+            "description": f"More requests of tier {t.name} were slower than {ms(threshold_s)} over the last minute "
+                           f"than a service meeting its p{num(t.percentile)} objective (at most {pct(allowance)} "
+                           f"slower) would produce with probability {num(ALERT_ALPHA)}: the test sloscope rca "
                            f"applies to its SLI windows.",
             "remediation": ACTION_TEXT[RAISE_SAMPLING] + " Then see sloscope rca for the node and physical cause."}}
 
@@ -294,140 +218,15 @@ def meta_group(t: TierObjective, window_s: float) -> dict:
         labels = {"tier": t.name, "slo": slo}
         sli = _slow_ratio(t, window) if record == RECORD_SLOW else _error_ratio(t, window)
         rules += [
-            {"record": RECORD_INFO, "labels": {**labels, "objective": _num(objectives[slo]), "window": window},
+            {"record": RECORD_INFO, "labels": {**labels, "objective": num(objectives[slo]), "window": window},
              "expr": "vector(1)\n"},
-            {"record": RECORD_OBJECTIVE, "labels": labels, "expr": f"vector({_num(1 - budget)})\n"},
-            {"record": RECORD_BUDGET, "labels": labels, "expr": f"vector({_num(budget)})\n"},
-            {"record": RECORD_WINDOW_DAYS, "labels": labels, "expr": f"vector({_num(window_s / DAY_S)})\n"},
+            {"record": RECORD_OBJECTIVE, "labels": labels, "expr": f"vector({num(1 - budget)})\n"},
+            {"record": RECORD_BUDGET, "labels": labels, "expr": f"vector({num(budget)})\n"},
+            {"record": RECORD_WINDOW_DAYS, "labels": labels, "expr": f"vector({num(window_s / DAY_S)})\n"},
             {"record": RECORD_BUDGET_LEFT, "labels": labels,
-             "expr": f"1 - (\n{sli}) / {_num(budget)}\n"},
+             "expr": f"1 - (\n{sli}) / {num(budget)}\n"},
         ]
     return {"name": f"sloscope-slo-meta-{t.name}", "rules": rules}
-
-
-# --- physical layer ------------------------------------------------------------------------------------------------
-
-def _duration(seconds: int) -> str:
-    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
-
-
-def gpu_memory_growth_record() -> str:
-    return f"node_gpu:{x.GPU_MEMORY_USED}:growth_ratio_{_duration(LEAK.step_s)}"
-
-
-def _leak_expr(growth: str) -> str:
-    limit = _num(LEAK.per_step)
-    steps = [growth + (f" offset {_duration(i * LEAK.step_s)}" if i else "") + f" > {limit}\n"
-             for i in range(LEAK.in_a_row)]
-    return "and\n".join(steps)
-
-
-def _spoken(duration: str) -> str:
-    """A Prometheus duration as --hold takes it (15s, 2m) in words, as the descriptions say how long."""
-    number, unit = re.fullmatch(r"(\d+)(ms|s|m|h)", duration).groups()
-    one, many = {"ms": ("a millisecond", "milliseconds"), "s": ("a second", "seconds"), "m": ("a minute", "minutes"),
-                 "h": ("an hour", "hours")}[unit]
-    return one if number == "1" else f"{number} {many}"
-
-
-def physical_group(hold: str | None = None) -> dict:
-    long_hold, short_hold = hold or "2m", hold or "1m"
-    growth = gpu_memory_growth_record()
-    mem = x.GPU_MEMORY_USED
-    step = _duration(LEAK.step_s)
-    requests_1m = f"sum by (node) (rate({x.REQUESTS}[1m]))"
-    rules = [
-        {"record": growth,
-         "expr": f"({mem} - {mem} offset {step})\n/\n({mem} offset {step} > 0)\n"},
-        {"alert": GPU_SATURATED, "expr": f"{x.GPU_UTILIZATION} > {_num(GPU_UTILIZATION_MAX)}\n", "for": long_hold,
-         "labels": {"severity": "warning", "cause": "gpu_sm_contention", "action": DRAIN},
-         "annotations": {
-             "summary": "GPU {{ $labels.gpu }} on {{ $labels.node }} is {{ $value | humanizePercentage }} busy",
-             "description": f"GPU utilization has been above {_pct(GPU_UTILIZATION_MAX)} for {_spoken(long_hold)} on node "
-                            "{{ $labels.node }}: new requests queue behind running kernels (SM contention).",
-             "remediation": "Shift new requests away from {{ $labels.node }}. " + ACTION_TEXT[DRAIN]}},
-        {"alert": GPU_MEMORY_LEAK,
-         "expr": _leak_expr(growth),
-         "labels": {"severity": "warning", "cause": "gpu_memory_leak", "action": RESTART},
-         "annotations": {
-             "summary": "GPU {{ $labels.gpu }} memory on {{ $labels.node }} grows "
-                        f"{{{{ $value | humanizePercentage }}}} per {step}",
-             "description": f"GPU framebuffer use on node {{{{ $labels.node }}}} grew more than "
-                            f"{_pct(LEAK.per_step)} over each of {LEAK.in_a_row} consecutive {step} steps: a leak "
-                            "that ends in out-of-memory failures.",
-             "remediation": "Restart the leaking inference workload on {{ $labels.node }}. " + ACTION_TEXT[RESTART]}},
-        {"alert": NVME_HOT, "expr": f"{x.NVME_TEMPERATURE} > {_num(NVME_TEMPERATURE_MAX_C)}\n", "for": short_hold,
-         "labels": {"severity": "warning", "cause": "storage_thermal", "action": QOS},
-         "annotations": {
-             "summary": "NVMe {{ $labels.bdev }}{{ $labels.device }} on {{ $labels.node }} is at "
-                        "{{ $value | humanize }} C",
-             "description": f"The NVMe drive has been above {_num(NVME_TEMPERATURE_MAX_C)} C for {_spoken(short_hold)} on node "
-                            "{{ $labels.node }}; it throttles itself and I/O latency rises.",
-             "remediation": "Throttle the bdev until the drive cools. " + ACTION_TEXT[QOS]}},
-        {"alert": SPDK_BDEV_WAIT_HIGH,
-         "expr": f"max by (node, bdev) ({x.SPDK_BDEV_IO_WAIT}) > {_num(SPDK_BDEV_WAIT_MAX_S)}\n", "for": short_hold,
-         "labels": {"severity": "warning", "cause": "storage_queue", "action": QOS},
-         "annotations": {
-             "summary": "SPDK bdev {{ $labels.bdev }} on {{ $labels.node }} waits "
-                        "{{ $value | humanizeDuration }} per I/O",
-             "description": f"Mean SPDK bdev I/O wait has been above {_ms(SPDK_BDEV_WAIT_MAX_S)} for {_spoken(short_hold)} on "
-                            "node {{ $labels.node }}: the NVMe queues are congested.",
-             "remediation": "Throttle background I/O on the bdev. " + ACTION_TEXT[QOS]}},
-        {"alert": SPDK_REACTOR_BUSY,
-         "expr": f"{x.SPDK_REACTOR_BUSY} > {_num(SPDK_REACTOR_BUSY_MAX)}\n", "for": long_hold,
-         "labels": {"severity": "warning", "cause": "storage_queue", "action": NOTIFY},
-         "annotations": {
-             "summary": "SPDK reactor {{ $labels.lcore }} on {{ $labels.node }} is "
-                        "{{ $value | humanizePercentage }} busy",
-             "description": f"An SPDK reactor has been busier than {_pct(SPDK_REACTOR_BUSY_MAX)} for {_spoken(long_hold)} on "
-                            "node {{ $labels.node }}: storage requests wait for CPU in spdk_tgt.",
-             "remediation": "Give spdk_tgt more cores (its -m mask) or move I/O-heavy work. " + ACTION_TEXT[NOTIFY]}},
-        {"alert": NODE_ERROR_RATIO_HIGH,
-         "expr": (f"sum by (node) (rate({x.REQUEST_ERRORS}[1m]))\n/\n{requests_1m}\n"
-                  f"> {_num(NODE_ERROR_RATIO_MAX)}\n"
-                  f"and on (node)\n{requests_1m} * 60 >= {MIN_REQUESTS_PER_MINUTE}\n"),
-         "for": short_hold,
-         "labels": {"severity": "warning", "cause": UNATTRIBUTED, "action": DRAIN},
-         "annotations": {
-             "summary": "{{ $value | humanizePercentage }} of requests on {{ $labels.node }} fail",
-             "description": f"More than {_pct(NODE_ERROR_RATIO_MAX)} of the requests served by node "
-                            "{{ $labels.node }} failed over the last minute, for "
-                            f"{_spoken(short_hold)} (at least "
-                            f"{MIN_REQUESTS_PER_MINUTE} requests a minute).",
-             "remediation": "Take the node out of rotation and look at sloscope rca for its cause. "
-                        + ACTION_TEXT[DRAIN]}},
-    ]
-    return {"name": "sloscope-physical", "rules": rules}
-
-
-# --- RCA causes ----------------------------------------------------------------------------------------------------
-
-def cause_group(hold: str | None = None, causes: tuple[taxonomy.Cause, ...] = taxonomy.CAUSES,
-                runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL) -> dict:
-    """One alert per cause: the taxonomy's, and those the SLO spec declares (which map to notify_only and link to
-    the runbooks' section on declared causes)."""
-    score = x.INCIDENT_CAUSE_SCORE
-    rules = []
-    for cause in causes:
-        action = CAUSE_ACTIONS.get(cause.id, NOTIFY)
-        declared = {} if cause.id in CAUSE_ACTIONS else {"runbook_url": f"{runbook_base_url}#{DECLARED_CAUSES}"}
-        rules.append({
-            "alert": cause_alert_name(cause.id),
-            "expr": (f"(\n  {score}{{cause={_q(cause.id)}}}\n"
-                     f"  == on (tier, service, node) group_left ()\n"
-                     f"  max by (tier, service, node) ({score})\n"
-                     f") >= {_num(CAUSE_SCORE_MIN)}\n"),
-            "for": hold or "1m",
-            "labels": {"severity": "warning", "cause": cause.id, "action": action},
-            "annotations": {
-                "summary": f"{cause.id} is the top cause of the {{{{ $labels.tier }}}} incident on "
-                           "{{ $labels.node }} (score {{ $value | printf \"%.2f\" }})",
-                "description": f"sloscope's analysis ranks {cause.id} ({cause.layer}: {cause.physical}) first for "
-                               "the open SLO incident of tier {{ $labels.tier }}, service {{ $labels.service }} "
-                               "on node {{ $labels.node }}.",
-                "remediation": _sentence(cause.remediation.format(node="{{ $labels.node }}")) + " "
-                               + ACTION_TEXT[action], **declared}})
-    return {"name": "sloscope-causes", "rules": rules}
 
 
 # --- the file ------------------------------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ import yaml
 from alerts import metric_names as exposition
 from alerts.actions import ACTIONS
 from alerts.burn import UnsupportedWindow, burn_windows, sli_windows
-from alerts.rules import (ALERT_ALPHA, CAUSE_ACTIONS, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED, RuleOptions,
-                          alert_names, cause_alert_name, render_rules, rules_dict)
+from alerts.node_rules import CAUSE_ACTIONS, cause_alert_name
+from alerts.rule_text import DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED
+from alerts.rules import ALERT_ALPHA, RuleOptions, alert_names, render_rules, rules_dict
 from analytics.significance import poisson_tail
 from sloscope import taxonomy
 from commands.cli import main
