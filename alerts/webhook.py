@@ -31,6 +31,7 @@ from typing import Callable
 
 from alerts.remediation import Engine, Transient, parse_rfc3339
 from receiver.draining import DrainingServer, KeepAliveHandler
+from receiver.http_body import plain_length
 
 log = logging.getLogger("sloscope.webhook")
 
@@ -193,9 +194,9 @@ class WebhookApp:
         length_text = headers.get("Content-Length")
         if length_text is None:
             return 411, close, {"error": "Content-Length required"}
-        if not re.fullmatch(r"[0-9]{1,19}", length_text):  # int() would also take "+16" and "1_6"
+        length = plain_length(length_text)
+        if length is None:
             return 400, close, {"error": "invalid Content-Length"}
-        length = int(length_text)
         if length > self.max_body:
             return 413, close, {"error": f"body larger than {self.max_body} bytes"}
         ctype = (headers.get("Content-Type") or "application/json").split(";", 1)[0].strip().lower()

@@ -47,10 +47,17 @@ def declared_length(headers) -> int | None:
         raise BodyError(411, "requests_bad_framing", "Content-Length or Transfer-Encoding: chunked required")
     if len(lengths) > 1 or "," in lengths[0]:
         raise BodyError(400, "requests_bad_framing", "Content-Length given more than once")
-    value = lengths[0].strip().encode("latin-1", "replace")
-    if not _DECIMAL.fullmatch(value):
+    length = plain_length(lengths[0])
+    if length is None:
         raise BodyError(400, "requests_bad_framing", "Content-Length must be one non-negative decimal number")
-    return int(value)
+    return length
+
+
+def plain_length(text: str) -> int | None:
+    """A Content-Length value as RFC 9112 writes it, one plain decimal number; None for anything else (a sign, a
+    `_`, a fraction), which int() would take or read otherwise than a proxy in front."""
+    value = text.strip().encode("latin-1", "replace")
+    return int(value) if _DECIMAL.fullmatch(value) else None
 
 
 def too_large(limit: int, what: str = "body") -> BodyError:

@@ -6,7 +6,7 @@ remediation's configs, and every command-line duration read it.
     unit     := ms | s | m | min | h | d | w   (any case)
 
 Whitespace may stand around the whole and between a number and its unit, as in `10 s`. The value must be
-above zero unless the caller allows zero.
+above zero.
 """
 
 from __future__ import annotations
