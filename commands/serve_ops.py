@@ -25,7 +25,7 @@ def add_limit_arguments(parser) -> None:
                                       "and time (sizes in bytes, or with KiB, MiB, GiB; times in seconds)")
     size, seconds, count = above_zero(parse_size), above_zero(float), above_zero(int)
     group.add_argument("--max-request-body-size", type=size, default=d.max_body_bytes, metavar="SIZE",
-                       help="largest OTLP/HTTP body, compressed and after gzip; larger is a 413 "
+                       help="largest OTLP/HTTP body, as sent and decompressed; larger is a 413 "
                        "(default: %(default)s)")
     group.add_argument("--max-inflight-bytes", type=size, default=d.max_inflight_bytes, metavar="SIZE",
                        help="request bodies being read or decoded at once, over HTTP and gRPC; past it, a "

@@ -1,5 +1,5 @@
-"""Reading an OTLP/HTTP request body within limits: framed by Content-Length or chunked transfer coding, then
-optionally gzip, bounded in bytes throughout and reserved against the receiver's in-flight budget.
+"""Reading an OTLP/HTTP request body within limits: framed by Content-Length or chunked transfer coding, bounded
+in bytes throughout and reserved against the receiver's in-flight budget (receiver/content_coding.py decodes it).
 
 Framing is checked as strictly as RFC 9112 lets a server be, since a body whose end two parties see differently
 is how requests get smuggled past a proxy: a Content-Length that is not one plain decimal number, or one beside a
@@ -9,7 +9,6 @@ Transfer-Encoding, is refused.
 from __future__ import annotations
 
 import re
-import zlib
 
 from receiver.limits import Reservation
 
@@ -17,7 +16,6 @@ _DECIMAL = re.compile(rb"[0-9]{1,18}")
 _HEX = re.compile(rb"[0-9a-fA-F]{1,15}")
 MAX_CHUNK_LINE = 4096  # a chunk size with its extensions
 MAX_TRAILER_LINES = 64
-INFLATE_STEP = 2**20  # decompressed bytes reserved at a time
 
 
 class BodyError(Exception):
@@ -110,27 +108,3 @@ def _chunk_size(line: bytes) -> int:
     if not _HEX.fullmatch(size):
         raise BodyError(400, "requests_bad_framing", "chunked body: chunk size is not a hexadecimal number")
     return int(size, 16)
-
-
-def gunzip(data: bytes, limit: int, held: Reservation) -> bytes:
-    """Inflate a gzip body (members one after another, as gzip writes them) to at most `limit` bytes, reserving
-    the output as it grows, so that a small bomb never inflates past the limit; a cut-off stream is a 400."""
-    parts, total = [], 0
-    inflater, pending = zlib.decompressobj(16 + zlib.MAX_WBITS), data
-    while True:
-        try:
-            chunk = inflater.decompress(pending, INFLATE_STEP)
-        except zlib.error as exc:
-            raise BodyError(400, "requests_bad_gzip", f"bad gzip body: {exc}") from None
-        total += len(chunk)
-        if total > limit:
-            raise too_large(limit, "decompressed body")
-        held.reserve(len(chunk))
-        parts.append(chunk)
-        pending = inflater.unconsumed_tail
-        if inflater.eof:
-            if not inflater.unused_data:
-                return b"".join(parts)
-            inflater, pending = zlib.decompressobj(16 + zlib.MAX_WBITS), inflater.unused_data
-        elif not pending and not chunk:
-            raise BodyError(400, "requests_bad_gzip", "gzip body cut off before its end")

@@ -16,7 +16,7 @@ MiB = 2**20
 
 @dataclass(frozen=True)
 class Limits:
-    max_body_bytes: int = 32 * MiB  # one request body, before and after gzip
+    max_body_bytes: int = 32 * MiB  # one request body, as sent and decompressed
     max_inflight_bytes: int = 256 * MiB  # request bodies being read or decoded, all clients together
     max_header_bytes: int = 1 * MiB  # a request line and headers (Go's net/http default)
     read_header_timeout_s: float = 10.0  # from a request's first byte to the end of its headers

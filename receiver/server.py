@@ -33,7 +33,8 @@ from sloscope.records import Batch
 from receiver import otlp_proto, otlp_spans
 from receiver.auth import BearerAuth, BearerInterceptor
 from receiver.draining import KeepAliveHandler
-from receiver.http_body import BodyError, declared_length, gunzip, read_body
+from receiver import content_coding
+from receiver.http_body import BodyError, declared_length, read_body
 from receiver.http_conn import DeadlineReader, LimitedHTTPServer
 from receiver.limits import ByteBudget, Exhausted, Limits, Reservation
 from receiver.otlp_common import REFUSAL_REASONS, UNKEPT_REASONS, DecodeError, refusal_message
@@ -301,11 +302,12 @@ class _HttpHandler(KeepAliveHandler):
         self.reader.expect("body", self.limits.read_timeout_s)
         try:
             encoding = (self.headers.get("Content-Encoding") or "").strip().lower()
-            if encoding not in ("", "identity", "gzip"):
-                raise BodyError(415, "requests_bad_encoding", f"unsupported Content-Encoding {encoding!r} (gzip or none)")
+            if encoding not in ("", "identity", *content_coding.CODINGS):
+                raise BodyError(415, "requests_bad_encoding", f"unsupported Content-Encoding {encoding!r} "
+                                f"({', '.join(content_coding.CODINGS)} or none)")
             body = read_body(self.rfile, declared_length(self.headers), limit, held)
             self.body_unread = False
-            return gunzip(body, limit, held) if encoding == "gzip" else body
+            return content_coding.decode(encoding, body, limit, held) if encoding not in ("", "identity") else body
         except BodyError as exc:
             self._count(exc.counter)
             self._plain(exc.status, str(exc))
