@@ -20,7 +20,8 @@ def register(subparsers) -> None:
     ingest = subparsers.add_parser(
         "ingest", help="load OTLP-JSON files into the store (DuckDB, or ClickHouse tables as the clickhouseexporter writes them)",
         description="Load OTLP-JSON files (one Export{Traces,Metrics,Logs}ServiceRequest per line, as the "
-        "OpenTelemetry Collector's file exporter writes them; gzip recognised) into the store. Malformed lines "
+        "OpenTelemetry Collector's file exporter writes them with format: json; gzip and its zstd compression "
+        "recognised) into the store. Malformed lines "
         "are reported as FILE:LINE: reason, counted and skipped; the rest loads. Loading the same data twice "
         "adds nothing. Exit status: 0 all loaded, 1 some lines rejected, 2 usage or spec error.")
     ingest.add_argument("files", nargs="+", type=Path, metavar="FILE")

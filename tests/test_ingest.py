@@ -188,3 +188,47 @@ def test_the_spec_given_at_ingest_is_remembered_for_later_commands(tmp_path):
     g = write_lines(tmp_path / "u.jsonl", [traces([span(trace_id(3), span_id(3), T0, 100, tier="gold")])])
     assert ingest(tmp_path, g) == EXIT_OK  # no --slo: the remembered spec still allows "gold"
     assert query(tmp_path, f"SELECT tier FROM requests WHERE {TRACE_ID} = '{trace_id(3)}'") == [("gold",)]
+
+
+def _exporter_files(tmp_path) -> tuple[list[dict], dict]:
+    """The same requests in each layout the Collector's file exporter writes with format: json."""
+    from receiver.content_coding import zstd
+
+    docs = [traces([span(trace_id(i), span_id(i), T0 + i * S, 100) for i in range(n, n + 20)]) for n in (0, 20)]
+    docs.append(metrics([gauge("hw.gpu.temperature", [(T0 + i * S, 60.0 + i) for i in range(5)], {"hw.id": "G"})]))
+    encoded = [json.dumps(d).encode() for d in docs]
+    native = zstd.ZstdCompressor()
+    layouts = {
+        "native.zst": b"".join(native.compress(e + b"\n", native.FLUSH_FRAME) for e in encoded),
+        "prefixed.zst": b"".join(len(z).to_bytes(4, "big") + z for z in map(zstd.compress, encoded)),
+    }
+    for name, data in layouts.items():
+        (tmp_path / name).write_bytes(data)
+    return docs, layouts
+
+
+@pytest.mark.parametrize("layout", ["native.zst", "prefixed.zst"])
+def test_the_file_exporters_zstd_layouts_load_as_its_lines_do(tmp_path, layout):
+    docs, _ = _exporter_files(tmp_path)
+    assert ingest(tmp_path, tmp_path / layout, db=f"{layout}.duckdb") == EXIT_OK
+    assert ingest(tmp_path, write_lines(tmp_path / "plain.jsonl", docs), db="plain.duckdb") == EXIT_OK
+    counted = "SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM samples)"
+    assert query(tmp_path, counted, db=f"{layout}.duckdb") == query(tmp_path, counted, db="plain.duckdb") == [(40, 5)]
+
+
+def test_the_file_exporters_protobuf_is_refused_with_what_to_set(tmp_path, capsys):
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    from receiver.content_coding import zstd
+
+    request = trace_service_pb2.ExportTraceServiceRequest(resource_spans=[{}]).SerializeToString()
+    proto = tmp_path / "spans.proto"
+    proto.write_bytes(len(request).to_bytes(4, "big") + request)
+    native = tmp_path / "spans.proto.zst"
+    native.write_bytes(zstd.compress(len(request).to_bytes(4, "big") + request))
+    cut = tmp_path / "cut.zst"
+    z = zstd.compress(json.dumps(traces([span(trace_id(1), span_id(1), T0, 100)])).encode())
+    cut.write_bytes(len(z).to_bytes(4, "big") + z[:-2])
+    assert ingest(tmp_path, proto, native, cut) == EXIT_REJECTED
+    err = capsys.readouterr().err
+    assert err.count("set format: json") == 2 and "cut.zst:1: request cut off" in err
