@@ -230,7 +230,9 @@ class Shipper:
         self.stats.exported_batches += 1
         self.stats.exported_points += points
         if answer.rejected_points:
-            self.stats.partially_rejected_points += answer.rejected_points
+            # A receiver that claims more than the batch held is believed for the batch, not past it.
+            rejected = min(answer.rejected_points, points)
+            self.stats.partially_rejected_points += rejected
             log.warning("the endpoint kept a batch but rejected %d of its %d data points (%s)",
                         answer.rejected_points, points, answer.detail)
         self._mark_up()

@@ -75,6 +75,9 @@ def _shipper_families(shipper) -> list[Family]:
         .add(st.exported_batches),
         Family("sloscope_collector_points_exported_total", "counter", "Data points the endpoint took.")
         .add(st.exported_points),
+        Family("sloscope_collector_points_rejected_total", "counter",
+               "Data points of batches the endpoint took that it said it did not keep (OTLP partial success).")
+        .add(st.partially_rejected_points),
         Family("sloscope_collector_batches_spooled_total", "counter", "Batches written to the spool.")
         .add(st.spooled_batches),
         Family("sloscope_collector_batches_replayed_total", "counter", "Spooled batches delivered later.")

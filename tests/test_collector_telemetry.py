@@ -125,3 +125,29 @@ def test_ebpf_probes_load_in_a_fresh_mount_namespace_without_tracefs(tmp_path):
               for sm in rm.scope_metrics for m in sm.metrics if m.name == "sloscope.probe.health"
               for p in m.gauge.data_points}
     assert health == {"syscall": 1.0, "runqueue": 1.0}
+
+
+def test_partial_successes_are_counted_at_most_the_batch(tmp_path, counting_probe):  # noqa: F811
+    port = free_port()
+    sink = OtlpSink("http").start()
+    sink.partially_rejected = 10**9  # more than any batch holds
+    agent = Agent(make_config(tmp_path, sink, listen=f"127.0.0.1:{port}"), retry_initial_s=0.1, retry_max_s=0.2)
+    thread, result = run_in_thread(agent)
+    try:
+        assert wait_for(lambda: len(sink.requests) >= 2)
+        assert metric(get(port, "/metrics")[1], "sloscope_collector_points_rejected_total") > 0
+        agent.request_stop()
+        thread.join(30)
+    finally:
+        sink.stop()
+    assert result["rc"] == 0
+    sent = sum(1 for request in sink.requests for _ in _points(request))
+    assert agent.shipper.stats.partially_rejected_points == sent > 0
+    assert agent.shipper.spool.dropped_batches == 0  # a partial success is delivered: nothing retried or kept
+
+
+def _points(request: ExportMetricsServiceRequest):
+    for resource in request.resource_metrics:
+        for scope in resource.scope_metrics:
+            for m in scope.metrics:
+                yield from getattr(m, m.WhichOneof("data")).data_points
