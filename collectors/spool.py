@@ -197,8 +197,10 @@ class Spool:
     def _write(self, seq: int, record: bytes) -> None:
         final = self.path(seq)
         tmp = os.path.join(self.directory, f".{seq:020d}.tmp")
+        made = None  # the file this write put on disk so far: not stored means not there, whatever step failed
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            made = tmp
             try:
                 view = memoryview(record)
                 while view:
@@ -208,16 +210,15 @@ class Spool:
             finally:
                 os.close(fd)
             os.replace(tmp, final)
+            made = final
             if self.fsync:
                 fsync_directory(self.directory)
         except BaseException:
-            for leftover in (tmp, final):  # not stored means not there, whatever step failed
+            if made is not None:
                 try:
-                    os.unlink(leftover)
-                except FileNotFoundError:
-                    pass
+                    os.unlink(made)
                 except OSError as exc:
-                    log.error("spool: could not remove %s after a failed write: %s", leftover, exc)
+                    log.error("spool: could not remove %s after a failed write: %s", made, exc)
             raise
 
     def _make_room(self, size: int) -> bool:

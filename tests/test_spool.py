@@ -206,3 +206,24 @@ def test_reject_moves_a_batch_aside(tmp_path):
 def test_bounds_must_be_positive(tmp_path):
     with pytest.raises(ValueError):
         Spool(str(tmp_path), max_bytes=0)
+
+
+@pytest.mark.parametrize("failing", ["open", "replace"])
+def test_a_failed_write_leaves_nothing_and_says_only_why(tmp_path, monkeypatch, caplog, failing):
+    """A write that fails (a read-only directory at open, or a rename refused) is one drop, logged once: nothing
+    of it stays on disk, and no removal of a file it never made is reported."""
+    spool = Spool(str(tmp_path))
+    real = getattr(os, failing)
+
+    def refused(*args, **kwargs):
+        if failing == "open" or str(args[0]).endswith(".tmp"):
+            raise OSError(30, "Read-only file system")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, failing, refused)
+    if failing == "open":  # on a read-only file system every removal is refused too, of files there or not
+        monkeypatch.setattr(os, "unlink", lambda path: refused(path))
+    assert spool.append(request(3)) is None
+    monkeypatch.undo()
+    assert spool.dropped_batches == 1 and not os.listdir(tmp_path)
+    assert "could not remove" not in caplog.text and caplog.text.count("Read-only file system") == 1
