@@ -403,7 +403,10 @@ class Store(Reader):
         state of each series.
 
         A reset is a new start time (the producer restarted) or a value that went down; the delta after a
-        reset is the value itself. A series' first point ever counts from its start time when it has one.
+        reset is the value itself. A series' first point ever counts from its start time when it has one. A new
+        start time that cannot be used (none, or not before the point) leaves the interval unknown, since the
+        reporter may have restarted and not the counter; unless the value went down, when the counter restarted
+        after the previous point, as the Collector's prometheus receiver marks an exporter's restart.
         """
         if frame.is_empty():
             return frame.with_columns(interval_s=pl.lit(None, pl.Float64)), 0, 0
@@ -429,7 +432,7 @@ class Store(Reader):
             **{f"_prev_{c}": prev[c] for c in ["time_ns"] + fields})
         from_start = pl.col("_restarted") & pl.col("_has_start") & (
             pl.col("_first") | (pl.col("start_ns") >= pl.col("_prev_time_ns")))
-        restarted_unknown_start = pl.col("_restarted") & ~from_start
+        restarted_unknown_start = pl.col("_restarted") & ~from_start & ~pl.col("_went_down")
         deltas = {}
         for c in fields:
             deltas[c] = (pl.when(from_start | pl.col("_went_down")).then(pl.col(c))

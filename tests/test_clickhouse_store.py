@@ -301,6 +301,23 @@ def test_a_counter_that_starts_again_at_each_points_predecessor_keeps_every_poin
     assert_same(engine, stored)
 
 
+def test_an_exporters_restart_marked_with_a_start_at_the_point_keeps_its_increase(tmp_path):
+    # The Collector's prometheus receiver (metrics adjuster, before v0.139) marks a scraped counter's reset with a
+    # start time at the point itself: unusable as an interval, but the value went down, so the counter restarted
+    # after the previous point. A new start time with a value that did not go down (the Collector restarted, not
+    # the exporter) stays unknown: its value is the exporter's whole life, not an interval's increase.
+    points = [(T0 + 10 * S, 100, T0), (T0 + 20 * S, 130, T0), (T0 + 30 * S, 5, T0 + 30 * S),
+              (T0 + 40 * S, 25, T0 + 30 * S), (T0 + 50 * S, 900, T0 + 50 * S), (T0 + 60 * S, 910, T0 + 50 * S)]
+    duck, ch = _load_both(tmp_path, [metrics([counter("sloscope.tcp.retransmits", T0, points)], node="n1")])
+    with duck, ch:
+        columns = "ts, node, metric, attributes, value, interval_s"
+        stored = duck.frame(f"SELECT {columns} FROM samples").sort("ts")
+        engine = ch.frame(f"SELECT {columns} FROM ({ch.sql('samples')})", EVERYTHING).sort("ts")
+    assert stored["value"].to_list() == [100, 30, 5, 20, 10]
+    assert stored["interval_s"].to_list() == [10.0] * 5
+    assert_same(engine, stored)
+
+
 def test_both_engines_answer_the_analytics_queries_with_the_same_frames(tmp_path):
     spans = [span(f"{i:032x}", f"{i:016x}", T0 + i * S // 4, 50 + (i % 7) * 40, status=500 if i % 11 == 0 else 200,
                   tier=["standard"]) for i in range(300)]

@@ -62,6 +62,6 @@ SELECT * FROM (
            if(from_start OR went_down, arrayMap(n -> toInt64(n), buckets),
               arrayConcat(arrayMap(n -> toInt64(n), buckets), arrayMap(n -> -toInt64(n), prev_buckets)))
     FROM cumulative
-    WHERE from_start OR NOT restarted
+    WHERE from_start OR went_down OR NOT restarted
 )
 WHERE count > 0 AND ts >= {since:DateTime64(6)}

@@ -65,4 +65,4 @@ SELECT fromUnixTimestamp64Micro(intDiv(time_ns, 1000), 'UTC'), node, metric, att
        if(from_start OR went_down, value, value - prev_value),
        if(from_start, (time_ns - start_ns) / 1e9, (time_ns - prev_time_ns) / 1e9)
 FROM cumulative
-WHERE (from_start OR NOT restarted) AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
+WHERE (from_start OR went_down OR NOT restarted) AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})

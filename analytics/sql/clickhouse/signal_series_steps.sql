@@ -171,13 +171,13 @@ points AS (
            if(from_start OR went_down, value, value - prev_value)
                / if(from_start, (time_ns - start_ns) / 1e9, (time_ns - prev_time_ns) / 1e9)
     FROM cumulative
-    WHERE (from_start OR NOT restarted)
+    WHERE (from_start OR went_down OR NOT restarted)
       AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
     UNION ALL
     SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns,
            if(from_start OR went_down, sum / count, (sum - prev_sum) / (count - prev_count))
     FROM cumulative_histograms
-    WHERE (from_start OR NOT restarted)
+    WHERE (from_start OR went_down OR NOT restarted)
       AND if(from_start OR went_down, count, count - prev_count) > 0
       AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
 ),
