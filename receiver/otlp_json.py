@@ -281,8 +281,9 @@ class Decoder(Skips):
         kind = "exponential_histogram" if data is not None else "gauge" if "gauge" in metric else \
             "histogram" if "histogram" in metric and rule.explicit_histograms else "sum"
         data = data if data is not None else metric.get(kind)
-        if data is None:
-            self._skip("points_unsupported_type")
+        if data is None:  # reported back point by point, as the points it holds are what is not kept
+            self._skip("points_unsupported_type", max([_items_in(metric[key], "dataPoints")
+                                                       for key in ("summary", "histogram") if key in metric], default=1))
             return
         try:
             if not isinstance(data, dict):

@@ -134,7 +134,8 @@ class ProtoDecoder(Skips):
         kind = metric.WhichOneof("data")
         if kind not in ("gauge", "sum", "exponential_histogram") and not (kind == "histogram" and
                                                                         rule.explicit_histograms):
-            self._skip("points_unsupported_type")
+            # reported back point by point, as the points it holds are what is not kept
+            self._skip("points_unsupported_type", max(1, len(getattr(metric, kind).data_points) if kind else 1))
             return
         data = getattr(metric, kind)
         try:

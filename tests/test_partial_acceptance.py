@@ -152,3 +152,22 @@ def test_attribution_skips_the_unknown_node_while_the_tier_sli_counts_it(tmp_pat
         window = Window.around(start + timedelta(minutes=11), start + timedelta(minutes=12), spec.resolution_s)
         assert store.scalar("SELECT count(*) FROM samples WHERE node = ?", [UNKNOWN_NODE]) == 720
         assert signal_steps(store, window).is_empty()
+
+
+def test_a_declared_summary_is_reported_back_point_by_point():
+    """A summary (Prometheus's, through the prometheus receiver) under a name the spec declares is not kept: each
+    of its data points is reported back, not one per metric."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from receiver.otlp_json import Decoder
+    from receiver.otlp_proto import ProtoDecoder
+
+    summary = {"name": "go_gc_duration_seconds", "summary": {"dataPoints": [
+        {"timeUnixNano": str(T0), "count": "3", "sum": 0.5,
+         "attributes": [{"key": "instance", "value": {"stringValue": f"n{i}:9100"}}]} for i in range(3)]}}
+    doc = metrics([summary], node="gpu-node-1")
+    declared = frozenset({"go_gc_duration_seconds"})
+    for decoder, request in ((Decoder(declared=declared), doc),
+                             (ProtoDecoder(declared=declared), ParseDict(doc, ExportMetricsServiceRequest()))):
+        decoder.decode(request)
+        assert decoder.skipped["points_unsupported_type"] == 3
