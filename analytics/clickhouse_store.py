@@ -25,7 +25,7 @@ import pyarrow.ipc as ipc
 
 from analytics import exporter_tables
 from analytics.store import Frames, Reader, StoreError, sql_of
-from receiver.otlp_common import kept_metrics
+from receiver.otlp_common import FAMILY_PREFIX, FAMILY_RULE, kept_metrics
 
 log = logging.getLogger("sloscope.clickhouse_store")
 META_TABLE, COUNTERS_TABLE = "sloscope_meta", "sloscope_counters"
@@ -50,7 +50,12 @@ def catalog_rules() -> dict:
             "resource_attributes": {name: list(r.resource_attributes) for name, r in rules.items()
                                     if r.resource_attributes},
             "blank_from": {name: r.blank_from for name, r in rules.items() if math.isfinite(r.blank_from)},
-            "counters": [name for name, r in rules.items() if r.counter]}
+            "dropped_attributes": {name: sorted(r.dropped_attributes) for name, r in rules.items()
+                                   if r.dropped_attributes},
+            "counters": [name for name, r in rules.items() if r.counter],
+            "family_prefix": FAMILY_PREFIX, "family_node_attribute": FAMILY_RULE.node_attribute,
+            "family_blank_from": FAMILY_RULE.blank_from,
+            "family_dropped_attributes": sorted(FAMILY_RULE.dropped_attributes)}
 
 
 @functools.cache

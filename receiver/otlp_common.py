@@ -292,13 +292,15 @@ class TextCache:
     def get(self, key: bytes) -> str | None:
         return self._texts.get(key)
 
-    def canonical(self, key: bytes, attributes_of: Callable[[], dict], resource_part: dict) -> str:
+    def canonical(self, key: bytes, attributes_of: Callable[[], dict], rule: MetricRule, resource_part: dict) -> str:
         """The canonical JSON text (sorted keys) of a data point's attributes, `attributes_of()` made into text
-        with the resource attributes its rule keeps, only when `key` (their raw form) is not cached."""
+        with the resource attributes its rule keeps, less those it drops, only when `key` (their raw form and
+        the rule's) is not cached."""
         text = self.get(key)
         if text is None:
             try:
-                text = orjson.dumps({**attributes_of(), **resource_part}, option=orjson.OPT_SORT_KEYS).decode()
+                kept = {k: v for k, v in attributes_of().items() if k not in rule.dropped_attributes}
+                text = orjson.dumps({**kept, **resource_part}, option=orjson.OPT_SORT_KEYS).decode()
             except DecodeError as exc:
                 raise DecodeError(str(exc), "points_invalid_attribute") from None
             self.put(key, text)
@@ -323,6 +325,7 @@ class MetricRule:
     resource_attributes: tuple[str, ...] = ()  # resource attributes kept among each point's attributes
     node_attribute: str = ""  # a point attribute naming the node where the resource names none
     blank_from: float = math.inf  # values from here up are no measurement
+    dropped_attributes: frozenset[str] = frozenset()  # point attributes not kept (catalog.Signal says why)
     # Explicit-bucket histograms are kept only for declared metrics: the catalog's histograms are exponential.
     explicit_histograms: bool = False
 
@@ -336,7 +339,13 @@ class MetricRule:
 
 
 _CATALOG_RULES = {s.name: MetricRule(s.instrument is catalog.Instrument.COUNTER, s.resource_attributes,
-                                     s.node_attribute, s.blank_from) for s in catalog.SIGNALS}
+                                     s.node_attribute, s.blank_from, frozenset(s.dropped_attributes))
+                  for s in catalog.SIGNALS}
+# The family of metrics named by a prefix whose every member a spec may declare, read by one rule:
+# dcgm-exporter's fields, placed, filtered and keyed as the catalog's DCGM fields are.
+FAMILY_PREFIX = catalog.DCGM_PREFIX
+FAMILY_RULE = MetricRule(node_attribute=catalog.DCGM_NODE_LABEL, blank_from=catalog.DCGM_BLANK_FROM,
+                         dropped_attributes=frozenset(catalog.DCGM_TENANT_LABELS), explicit_histograms=True)
 
 
 def kept_metrics(declared: Iterable[str] = ()) -> dict[str, MetricRule]:
@@ -344,7 +353,7 @@ def kept_metrics(declared: Iterable[str] = ()) -> dict[str, MetricRule]:
     spec declares as evidence); every other metric is skipped (points_not_in_catalog)."""
     rules = dict(_CATALOG_RULES)
     for name in declared:
-        rules.setdefault(name, MetricRule(explicit_histograms=True))
+        rules.setdefault(name, FAMILY_RULE if name.startswith(FAMILY_PREFIX) else MetricRule(explicit_histograms=True))
     return rules
 
 
@@ -366,6 +375,18 @@ class MetricSeries(NamedTuple):
     rule: MetricRule
     resource: MetricResource
     resource_part: dict  # the resource attributes kept among each point's attributes
+    # What, beside a point's raw attributes, its canonical text depends on: the cache key's other part.
+    text_key: bytes
+
+    @classmethod
+    def of(cls, name: str, rule: MetricRule, resource: MetricResource) -> MetricSeries:
+        part = rule.resource_part(resource.attributes)
+        dropped = "\0".join(sorted(rule.dropped_attributes))
+        return cls(name, rule, resource, part, (orjson.dumps(part) if part else b"") + b"\0" + dropped.encode())
+
+    def canonical(self, cache: TextCache, raw_key: bytes, attributes_of: Callable[[], dict]) -> str:
+        """The canonical text of a data point's attributes, from the cache when its raw form is there."""
+        return cache.canonical(raw_key + self.text_key, attributes_of, self.rule, self.resource_part)
 
 
 class Skips:

@@ -169,11 +169,11 @@ class Decoder(Skips):
         self.attribute_texts = TextCache(cache_bytes)
         self.kept = kept_metrics(declared)
 
-    def _canonical(self, raw, resource_part: dict) -> str:
-        """Canonical JSON text (sorted keys) of a data point's raw attribute list with the resource attributes
-        its rule keeps, cached by their raw form."""
-        key = (orjson.dumps(raw) if raw else b"") + (orjson.dumps(resource_part) if resource_part else b"")
-        return self.attribute_texts.canonical(key, lambda: attributes(raw or []), resource_part)
+    def _canonical(self, raw, series: MetricSeries) -> str:
+        """Canonical JSON text (sorted keys) of a data point's raw attribute list as its series' rule keeps it,
+        cached by their raw form."""
+        return series.canonical(self.attribute_texts, orjson.dumps(raw) if raw else b"",
+                                lambda: attributes(raw or []))
 
     def _node(self, series: MetricSeries, raw) -> str:
         """The node of a data point: its resource's, else the point attribute its rule names."""
@@ -297,7 +297,7 @@ class Decoder(Skips):
             is_sum = cumulative = False
         read = self._histogram_point if kind == "exponential_histogram" else \
             partial(self._histogram_point, explicit=True) if kind == "histogram" else self._number_point
-        series = MetricSeries(name, rule, resource, rule.resource_part(resource.attributes))
+        series = MetricSeries.of(name, rule, resource)
         for point in points:
             try:
                 read(point, series, batch, is_sum, cumulative)
@@ -324,7 +324,7 @@ class Decoder(Skips):
         if self._unkept_value(value, series):
             return
         start, time = self._times(point, name)
-        attrs = self._canonical(point.get("attributes"), series.resource_part)
+        attrs = self._canonical(point.get("attributes"), series)
         batch.points.add(self._node(series, point.get("attributes")), name, attrs, is_sum, cumulative, start, time, value)
 
     def _histogram_point(self, point, series: MetricSeries, batch: Batch, _is_sum: bool, cumulative: bool,
@@ -351,7 +351,7 @@ class Decoder(Skips):
             raise _refusable("points_invalid_sum", exc) from None
         histogram_totals(name, count, total, low, high)
         buckets = self._explicit_buckets(point, name, count) if explicit else self._buckets(point, name, count)
-        attrs = self._canonical(point.get("attributes"), series.resource_part)
+        attrs = self._canonical(point.get("attributes"), series)
         batch.histograms.add(self._node(series, point.get("attributes")), name, attrs, cumulative, start, time, count,
                              total, low, high, buckets)
 

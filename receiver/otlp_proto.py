@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-import orjson
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -76,9 +75,9 @@ class ProtoDecoder(Skips):
         self._check_something_good(batch)
         return batch  # logs carry no SLI or catalog signal
 
-    def _canonical(self, items, resource_part: dict) -> str:
-        key = b"".join(kv.SerializeToString() for kv in items) + (orjson.dumps(resource_part) if resource_part else b"")
-        return self.attribute_texts.canonical(key, lambda: attributes(items), resource_part)
+    def _canonical(self, items, series: MetricSeries) -> str:
+        return series.canonical(self.attribute_texts, b"".join(kv.SerializeToString() for kv in items),
+                                lambda: attributes(items))
 
     def _node(self, series: MetricSeries, items) -> str:
         """The node of a data point: its resource's, else the point attribute its rule names."""
@@ -148,7 +147,7 @@ class ProtoDecoder(Skips):
             is_sum = cumulative = False
         read = self._histogram_point if kind == "exponential_histogram" else \
             self._explicit_point if kind == "histogram" else self._number_point
-        series = MetricSeries(metric.name, rule, resource, rule.resource_part(resource.attributes))
+        series = MetricSeries.of(metric.name, rule, resource)
         for point in data.data_points:
             if point.flags & FLAG_NO_RECORDED_VALUE:
                 self._skip("points_no_recorded_value")
@@ -164,7 +163,7 @@ class ProtoDecoder(Skips):
         if self._unkept_value(value, series):
             return
         start, time = point_times(name, p.start_time_unix_nano, p.time_unix_nano)
-        attrs = self._canonical(p.attributes, series.resource_part)
+        attrs = self._canonical(p.attributes, series)
         batch.points.add(self._node(series, p.attributes), name, attrs, is_sum, cumulative, start, time, value)
 
     def _histogram_point(self, p, series: MetricSeries, batch: Batch, _is_sum: bool, cumulative: bool) -> None:
@@ -186,7 +185,7 @@ class ProtoDecoder(Skips):
         low, high = (p.min if p.HasField("min") else None), (p.max if p.HasField("max") else None)
         histogram_totals(name, p.count, p.sum, low, high)
         buckets = buckets_of()
-        attrs = self._canonical(p.attributes, series.resource_part)
+        attrs = self._canonical(p.attributes, series)
         batch.histograms.add(self._node(series, p.attributes), name, attrs, cumulative, start, time, p.count, p.sum,
                              low, high, buckets)
 

@@ -62,6 +62,9 @@ class Signal:
     node_attribute: str = ""
     # Values from here up are no measurement (DCGM's blank sentinels: a field with no value); not kept.
     blank_from: float = math.inf
+    # Data point attributes that name what uses the measured thing at the moment, not the thing: not kept, so
+    # that the series goes on when its user changes (dcgm-exporter's pod mapping, at every rollout).
+    dropped_attributes: tuple[str, ...] = ()
 
     @property
     def attributes(self) -> tuple[str, ...]:
@@ -111,16 +114,22 @@ def _kubeletstats(name, unit, resource, noise_floor, description):
 
 
 # dcgm-exporter's labels, which the prometheus receiver turns into data point attributes (job and instance
-# become resource attributes). Kubernetes adds container, namespace and pod where a GPU is assigned.
+# become resource attributes). Kubernetes adds container, namespace and pod where a GPU is assigned: the GPU's
+# tenant of the moment, not kept (a GPU's series would start again, without a baseline, whenever a new pod takes
+# it, as a rollout does).
+DCGM_TENANT_LABELS = ("container", "namespace", "pod")
 DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION",
-               "GPU_I_PROFILE", "GPU_I_ID", "container", "namespace", "pod")
+               "GPU_I_PROFILE", "GPU_I_ID")
 DCGM_BLANK_FROM = 2.0**47  # DCGM's blank fp64 value; its int64 blanks are larger still
+DCGM_NODE_LABEL = "Hostname"
+# dcgm-exporter's fields all begin so: a field an SLO spec declares is read by the same rules as the catalog's.
+DCGM_PREFIX = "DCGM_"
 
 
 def _dcgm(name, unit, noise_floor, description):
     return _signal(name, "gauge", unit, DCGM_LABELS, "dcgm-exporter through the prometheus receiver (a gauge)",
                    noise_floor=noise_floor, description=description, producer=PROMETHEUS,
-                   node_attribute="Hostname", blank_from=DCGM_BLANK_FROM)
+                   node_attribute=DCGM_NODE_LABEL, blank_from=DCGM_BLANK_FROM, dropped_attributes=DCGM_TENANT_LABELS)
 
 
 SIGNALS: tuple[Signal, ...] = (

@@ -24,7 +24,7 @@ from sloscope.slo_spec import load_spec  # noqa: E402
 from tests.collector_exporter import rows  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402
 from tests.otlp_builders import attr, counter, exp_histogram, gauge, metrics, span, traces, write_lines  # noqa: E402
-from tests.declared_specs import BOUNDS, QUEUE_TIME  # noqa: E402
+from tests.declared_specs import BOUNDS, QUEUE_TIME, TIERS  # noqa: E402
 from tests.receiver_otlp import cumulative, explicit_histogram, prometheus_scrape  # noqa: E402
 from tests.receiver_otlp import gauge as receiver_gauge  # noqa: E402
 
@@ -655,3 +655,38 @@ def test_ingest_records_its_counters_and_the_spec_in_the_clickhouse_store(tmp_pa
         assert store.counters()["tier_invalid"] == 5  # standard is not a tier of this spec
         assert list(store.slo_spec().tiers) == ["bulk"]
         assert json.loads(json.dumps(store.rows(store.sql("data_range"))[0], default=str))[0].startswith("2025-11-29")
+
+
+def test_dcgm_fields_go_on_when_a_new_pod_takes_the_gpu_and_a_declared_one_is_read_as_the_catalogs(tmp_path):
+    """dcgm-exporter's pod mapping labels a GPU's fields with its pod of the moment: the GPU's series goes on through
+    a rollout, on both stores. A field the spec declares (the PCIe replay counter) is placed by its Hostname label
+    and its blank sentinel dropped, as the catalog's DCGM fields are."""
+    from tests.receiver_otlp import dcgm_labels
+
+    def labels(k):
+        pod = "vllm-7f9c-a" if k < 6 else "vllm-8d2e-b"  # a rollout halfway
+        return {**dcgm_labels("n1"), "pod": pod, "namespace": "serving", "container": "vllm"}
+
+    times = [T0 + k * 10 * S for k in range(12)]
+    sm = [receiver_gauge("DCGM_FI_PROF_SM_ACTIVE", "1", [(t, 0.4 + 0.01 * k)], labels(k))
+          for k, t in enumerate(times)]
+    replays = [cumulative("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "", T0 - 60 * S,
+                          [(t, 2.0**47 if k == 3 else float(5 * k))], labels(k)) for k, t in enumerate(times)]
+    scrape = prometheus_scrape("10.4.2.31:9400", sm + replays)
+    spec = tmp_path / "slo.yaml"
+    spec.write_text(TIERS + "causes:\n  pcie_replays: {layer: hardware, physical: link, remediation: 'drain {node}'}\n"
+                    "evidence:\n  - {metric: DCGM_FI_DEV_PCIE_REPLAY_COUNTER, cause: pcie_replays, harmful: up}\n")
+    path = write_lines(tmp_path / "in.jsonl", [scrape])
+    assert main(["ingest", "--db", str(tmp_path / "x.duckdb"), "--slo", str(spec), str(path)]) in (0, 1)
+    assert main(["ingest", "--store", f"chdb:///{tmp_path}/ch", "--slo", str(spec), str(path)]) in (0, 1)
+    columns = "ts, node, metric, attributes, value"
+    with Store(tmp_path / "x.duckdb", read_only=True) as duck, \
+            open_store(f"chdb:///{tmp_path}/ch", read_only=True) as ch:
+        stored = duck.frame(f"SELECT {columns} FROM samples").sort("metric", "ts")
+        engine = ch.frame(f"SELECT {columns} FROM ({ch.sql('samples')}) WHERE metric LIKE 'DCGM%'",
+                          EVERYTHING).sort("metric", "ts")
+    assert set(stored["node"]) == {"n1"} and stored["attributes"].n_unique() == 1
+    assert "pod" not in json.loads(stored["attributes"][0]) and json.loads(stored["attributes"][0])["UUID"]
+    assert stored.filter(pl.col("metric") == "DCGM_FI_PROF_SM_ACTIVE").height == 12
+    assert stored.filter(pl.col("metric") == "DCGM_FI_DEV_PCIE_REPLAY_COUNTER")["value"].max() < 2.0**47
+    assert_same(engine, stored)

@@ -8,8 +8,10 @@
 -- writes as its JSON) is its single value. The tier rules of the spec are applied at query time, not here.
 -- A metric point is read by its catalog signal's rule, as the decoders read it (receiver/otlp_common.MetricRule):
 -- its node is the resource's, else the point attribute the rule names (dcgm-exporter's Hostname); the resource
--- attributes the rule keeps (kubeletstats' pod and container) join its attributes; DCGM's blank values are not
--- kept; a cumulative sum that is not monotonic is a level (SloscopeTemporality 0), unless the signal is a counter.
+-- attributes the rule keeps (kubeletstats' pod and container) join its attributes, and those it drops (the pod
+-- dcgm-exporter maps a GPU to) leave them; DCGM's blank values are not kept; a metric the catalog does not name is
+-- read by its family's rule where its name begins with the family's prefix (dcgm-exporter's DCGM_); a cumulative
+-- sum that is not monotonic is a level (SloscopeTemporality 0), unless the signal is a counter.
 -- The rules' parameters ({node_attributes:...} and the others) are filled from sloscope/catalog.py when the
 -- statements are run, since a column's expression takes no query parameters.
 -- Statements are separated by a line holding only ";".
@@ -56,37 +58,53 @@ ALTER TABLE otel_traces ADD COLUMN IF NOT EXISTS SloscopeStatusCode Nullable(Int
 ;
 ALTER TABLE otel_metrics_gauge ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
     substringUTF8(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
-                           if(mapContains({node_attributes:Map(String, String)}, MetricName),
-                              nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), NULL),
+                           nullIf(Attributes[multiIf(mapContains({node_attributes:Map(String, String)}, MetricName),
+                                                     {node_attributes:Map(String, String)}[MetricName],
+                                                     startsWith(MetricName, {family_prefix:String}),
+                                                     {family_node_attribute:String}, '')], ''),
                            'unknown'),
                   1, 253)
 ;
 ALTER TABLE otel_metrics_gauge ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String) MATERIALIZED
-    toJSONString(mapSort(mapUpdate(Attributes, mapFilter(
+    toJSONString(mapSort(mapUpdate(mapFilter(
+        (key, value) -> NOT has(multiIf(mapContains({dropped_attributes:Map(String, Array(String))}, MetricName),
+                                        {dropped_attributes:Map(String, Array(String))}[MetricName],
+                                        startsWith(MetricName, {family_prefix:String}),
+                                        {family_dropped_attributes:Array(String)}, []), key),
+        Attributes), mapFilter(
         (key, value) -> value != '' AND has({resource_attributes:Map(String, Array(String))}[MetricName], key),
         ResourceAttributes))))
 ;
 ALTER TABLE otel_metrics_gauge ADD COLUMN IF NOT EXISTS SloscopeKept Bool MATERIALIZED
     isFinite(Value) AND bitAnd(Flags, 1) = 0
-        AND Value < if(mapContains({blank_from:Map(String, Float64)}, MetricName),
-                       {blank_from:Map(String, Float64)}[MetricName], inf)
+        AND Value < multiIf(mapContains({blank_from:Map(String, Float64)}, MetricName),
+                            {blank_from:Map(String, Float64)}[MetricName],
+                            startsWith(MetricName, {family_prefix:String}), {family_blank_from:Float64}, inf)
 ;
 ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
     substringUTF8(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
-                           if(mapContains({node_attributes:Map(String, String)}, MetricName),
-                              nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), NULL),
+                           nullIf(Attributes[multiIf(mapContains({node_attributes:Map(String, String)}, MetricName),
+                                                     {node_attributes:Map(String, String)}[MetricName],
+                                                     startsWith(MetricName, {family_prefix:String}),
+                                                     {family_node_attribute:String}, '')], ''),
                            'unknown'),
                   1, 253)
 ;
 ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String) MATERIALIZED
-    toJSONString(mapSort(mapUpdate(Attributes, mapFilter(
+    toJSONString(mapSort(mapUpdate(mapFilter(
+        (key, value) -> NOT has(multiIf(mapContains({dropped_attributes:Map(String, Array(String))}, MetricName),
+                                        {dropped_attributes:Map(String, Array(String))}[MetricName],
+                                        startsWith(MetricName, {family_prefix:String}),
+                                        {family_dropped_attributes:Array(String)}, []), key),
+        Attributes), mapFilter(
         (key, value) -> value != '' AND has({resource_attributes:Map(String, Array(String))}[MetricName], key),
         ResourceAttributes))))
 ;
 ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeKept Bool MATERIALIZED
     isFinite(Value) AND bitAnd(Flags, 1) = 0
-        AND Value < if(mapContains({blank_from:Map(String, Float64)}, MetricName),
-                       {blank_from:Map(String, Float64)}[MetricName], inf)
+        AND Value < multiIf(mapContains({blank_from:Map(String, Float64)}, MetricName),
+                            {blank_from:Map(String, Float64)}[MetricName],
+                            startsWith(MetricName, {family_prefix:String}), {family_blank_from:Float64}, inf)
 ;
 ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeTemporality Int32 MATERIALIZED
     multiIf(AggregationTemporality = 2 AND NOT IsMonotonic AND NOT has({counters:Array(String)}, MetricName), 0,
@@ -95,25 +113,39 @@ ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeTemporality Int32 
 ALTER TABLE otel_metrics_exponential_histogram ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String)
     MATERIALIZED
     substringUTF8(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
-                           if(mapContains({node_attributes:Map(String, String)}, MetricName),
-                              nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), NULL),
+                           nullIf(Attributes[multiIf(mapContains({node_attributes:Map(String, String)}, MetricName),
+                                                     {node_attributes:Map(String, String)}[MetricName],
+                                                     startsWith(MetricName, {family_prefix:String}),
+                                                     {family_node_attribute:String}, '')], ''),
                            'unknown'),
                   1, 253)
 ;
 ALTER TABLE otel_metrics_exponential_histogram ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String)
     MATERIALIZED
-    toJSONString(mapSort(mapUpdate(Attributes, mapFilter(
+    toJSONString(mapSort(mapUpdate(mapFilter(
+        (key, value) -> NOT has(multiIf(mapContains({dropped_attributes:Map(String, Array(String))}, MetricName),
+                                        {dropped_attributes:Map(String, Array(String))}[MetricName],
+                                        startsWith(MetricName, {family_prefix:String}),
+                                        {family_dropped_attributes:Array(String)}, []), key),
+        Attributes), mapFilter(
         (key, value) -> value != '' AND has({resource_attributes:Map(String, Array(String))}[MetricName], key),
         ResourceAttributes))))
 ;
 ALTER TABLE otel_metrics_histogram ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
     substringUTF8(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
-                           if(mapContains({node_attributes:Map(String, String)}, MetricName),
-                              nullIf(Attributes[{node_attributes:Map(String, String)}[MetricName]], ''), NULL),
+                           nullIf(Attributes[multiIf(mapContains({node_attributes:Map(String, String)}, MetricName),
+                                                     {node_attributes:Map(String, String)}[MetricName],
+                                                     startsWith(MetricName, {family_prefix:String}),
+                                                     {family_node_attribute:String}, '')], ''),
                            'unknown'),
                   1, 253)
 ;
 ALTER TABLE otel_metrics_histogram ADD COLUMN IF NOT EXISTS SloscopeAttributes LowCardinality(String) MATERIALIZED
-    toJSONString(mapSort(mapUpdate(Attributes, mapFilter(
+    toJSONString(mapSort(mapUpdate(mapFilter(
+        (key, value) -> NOT has(multiIf(mapContains({dropped_attributes:Map(String, Array(String))}, MetricName),
+                                        {dropped_attributes:Map(String, Array(String))}[MetricName],
+                                        startsWith(MetricName, {family_prefix:String}),
+                                        {family_dropped_attributes:Array(String)}, []), key),
+        Attributes), mapFilter(
         (key, value) -> value != '' AND has({resource_attributes:Map(String, Array(String))}[MetricName], key),
         ResourceAttributes))))
