@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -117,11 +118,15 @@ class StoreCollector(Collector):
         bounds_ms = [round(b * 1000, 6) for b in self.buckets_s]
         rows = reader.rows(reader.sql("request_totals"),
                            {**reader.tier_params(self.spec), "bounds_ms": bounds_ms, **ALL_TIME})
-        kept = self._capped(x.REQUEST_DURATION, [tuple(r[:3]) for r in rows])
-        per_labels: dict[tuple, list] = {}
+        retired_rows = reader.rows(reader.sql("retired_request_totals"))
+        kept = self._capped(x.REQUEST_DURATION, [tuple(r[:3]) for r in rows + retired_rows])
+        per_labels: dict[tuple, list] = {labels: [] for labels in kept}
         for tier, service, node, bucket, n, seconds, failed in rows:
             if (tier, service, node) in kept:
-                per_labels.setdefault((tier, service, node), []).append((bucket, n, seconds, failed))
+                per_labels[tier, service, node].append((bucket, n, seconds, failed))
+        retired: dict[tuple, list] = {}
+        for tier, service, node, *counts in retired_rows:
+            retired.setdefault((tier, service, node), []).append(counts)
         hist = HistogramMetricFamily(x.REQUEST_DURATION, "Duration of requests (SERVER spans) ingested into the "
                                      "store, by SLO tier, service and node; cumulative over the store.",
                                      labels=x.REQUEST_LABELS)
@@ -131,12 +136,15 @@ class StoreCollector(Collector):
                                    "store, by SLO tier, service and node.", labels=x.REQUEST_LABELS)
         les = [x.le_label(b) for b in self.buckets_s]
         for labels, buckets in sorted(per_labels.items()):
-            n = sum(b[1] for b in buckets)
-            cumulative = [sum(count for bucket, count, _, _ in buckets if bucket <= i) for i in range(len(les))]
+            gone = retired.get(labels, [])
+            n, seconds, failed = _retired_at(gone, math.inf)
+            n += sum(b[1] for b in buckets)
+            cumulative = [sum(count for bucket, count, _, _ in buckets if bucket <= i) + _retired_at(gone, bound)[0]
+                          for i, bound in enumerate(bounds_ms)]
             hist.add_metric(list(labels), buckets=[*zip(les, cumulative), ("+Inf", n)],
-                            sum_value=sum(b[2] for b in buckets))
+                            sum_value=seconds + sum(b[2] for b in buckets))
             reqs.add_metric(list(labels), n)
-            errs.add_metric(list(labels), sum(b[3] for b in buckets))
+            errs.add_metric(list(labels), failed + sum(b[3] for b in buckets))
         return [hist, reqs, errs]
 
     def _series(self, reader, query: str, families, since: datetime | None = None):
@@ -290,3 +298,11 @@ def render(store, spec=None, intake: Collector | None = None, **options) -> tupl
             entry = (collector, registry_for(collector, *([intake] if intake else [])))
             _collectors[store] = entry
     return generate_latest(entry[1]), CONTENT_TYPE
+
+
+def _retired_at(retired: list, bound_ms: float) -> tuple[int, float, int]:
+    """(requests, seconds, failed) that retention deleted at or under `bound_ms`, of one label set's
+    retired_request_totals rows [(bound_ms, requests, seconds, failed)]: those of the highest bound under it,
+    as the retirement counts a bound it has no row for yet (analytics/sql/retire_requests.sql)."""
+    under = [counts for bound, *counts in retired if bound <= bound_ms]
+    return tuple(max(c[i] for c in under) for i in range(3)) if under else (0, 0.0, 0)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from prometheus_client.utils import floatToGoString
 
+from sloscope.latency_buckets import buckets_for, le_seconds  # noqa: F401 (the request families' bounds)
+
 NAMESPACE = "sloscope"
 
 # --- requests (from ingested SERVER spans, cumulative over the store) ---------------------------------------------
@@ -24,9 +26,6 @@ REQUEST_DURATION = "sloscope_request_duration_seconds"  # histogram: _bucket{le}
 REQUESTS = "sloscope_requests_total"
 REQUEST_ERRORS = "sloscope_request_errors_total"
 REQUEST_LABELS = ("tier", "service", "node")
-
-# Default latency bucket upper bounds (seconds); every tier threshold of the spec is added to these.
-DEFAULT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 # --- current RCA result ------------------------------------------------------------------------------------------
 INCIDENT_CAUSE_SCORE = "sloscope_incident_cause_score"
@@ -163,18 +162,7 @@ def exported_series() -> frozenset[str]:
     return frozenset(names)
 
 
-def le_seconds(threshold_ms: float) -> float:
-    return threshold_ms / 1000.0
-
-
 def le_label(seconds: float) -> str:
     """The `le` label value the exporter writes for a bucket bound, so that rules select exactly that bucket."""
     return floatToGoString(seconds)
 
-
-def buckets_for(spec) -> tuple[float, ...]:
-    """Latency bucket bounds (seconds): the defaults plus every tier's latency threshold, so that each tier's
-    "slower than the objective" count is an exact bucket, not an interpolation."""
-    bounds = set(DEFAULT_BUCKETS_S)
-    bounds.update(le_seconds(t.threshold_ms) for t in spec.tiers.values())
-    return tuple(sorted(bounds))

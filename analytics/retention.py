@@ -1,7 +1,8 @@
 """Retention for the DuckDB store: rows older than the kept period go, in one transaction.
 
 Requests, samples and histograms older than `keep` before `now` are deleted; the cumulative state and the
-counters stay (deltas continue across the cut; counters count what was ever loaded). DuckDB reuses the freed
+counters stay (deltas continue across the cut; counters count what was ever loaded), and the deleted requests
+are counted into retired_requests first, so that /metrics' request counters never go down. DuckDB reuses the freed
 blocks for new rows; the file itself shrinks only on a copy (EXPORT/IMPORT). ClickHouse stores expire rows with
 the clickhouseexporter's `ttl` setting instead, in the engine.
 
@@ -18,6 +19,7 @@ from datetime import datetime, timedelta, timezone
 import duckdb
 
 from sloscope.durations import format_duration
+from sloscope.latency_buckets import bounds_ms
 
 from analytics.store import Store, StoreError
 
@@ -36,6 +38,7 @@ def apply_retention(store, keep: timedelta, now: datetime) -> dict[str, int]:
     cutoff = now - keep
     deleted = {}
     with store.transaction():
+        store.con.execute(store.sql("retire_requests"), {"cutoff": cutoff, "bounds_ms": bounds_ms(store.slo_spec())})
         for table, column in TIME_COLUMNS.items():
             (n,), = store.con.execute(f"DELETE FROM {table} WHERE {column} < ?", [cutoff]).fetchall()
             deleted[table] = n

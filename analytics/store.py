@@ -24,7 +24,7 @@ import pyarrow as pa
 from sloscope.ids import SPAN_WORDS, TRACE_WORDS, words_of_hex
 from sloscope.records import Batch, SpanColumns, SpanTable
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DEFAULT_DB = Path(os.environ.get("SLOSCOPE_DB", "var/sloscope.duckdb"))
 SERIES = ["node", "metric", "attributes"]
 # What the cumulative state of each kind of series keeps of its last point, besides its start and time.

@@ -122,3 +122,44 @@ def test_serve_with_retention_starts_cleanly_every_time(tmp_path):
         assert scraped.get(("sloscope_ingest_retention_failures_total", ()), 0) == 0, stderr
         assert "Traceback" not in stderr
     assert _count(tmp_path, "requests") == 1
+
+
+def _request_families(store, spec) -> dict:
+    """Every sample of /metrics' request families: (sample name, labels) -> value."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from alerts import metric_names as x
+    from alerts.exporter import StoreCollector, registry_for
+
+    text = generate_latest(registry_for(StoreCollector(store.reading, spec))).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
+            if f.name in (x.REQUEST_DURATION, "sloscope_requests", "sloscope_request_errors") for s in f.samples}
+
+
+def test_request_counters_never_go_down_when_retention_deletes(tmp_path):
+    """Prometheus reads a counter that goes down as a reset and counts everything kept again (old incidents page
+    again): what retention deletes stays counted, at every bucket, through a spec that adds a bound between runs."""
+    import pytest
+
+    from analytics.retention import apply_retention
+
+    tighter = "default_tier: standard\ntiers:\n  standard:\n    latency: {percentile: 95, threshold_ms: 300}\n" \
+              "    availability: 99.0\n"
+    now = datetime(2026, 1, 10)
+    start = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp()) * S
+    lines = [traces([span(f"{n}{i + 1:031x}", f"{n}{i + 1:015x}", start + i * 3600 * S, [30, 180, 450, 2000][i % 4],
+                          tier="standard", status=503 if i % 5 == 0 else 200) for i in range(24 * 9)], node=f"n{n}")
+             for n in (1, 2)]
+    assert main(["ingest", "--db", str(tmp_path / "x.duckdb"), str(write_lines(tmp_path / "in.jsonl", lines))]) == 0
+    with Store(tmp_path / "x.duckdb") as store:
+        for keep_days, spec_text in ((6, None), (4, tighter), (2, tighter)):
+            if spec_text:
+                store.set_meta("slo_spec", spec_text)
+            shown = _request_families(store, store.slo_spec())
+            assert apply_retention(store, timedelta(days=keep_days), now)["requests"] > 0
+            after = _request_families(store, store.slo_spec())
+            assert after == pytest.approx(shown, rel=1e-12)
+        assert store.scalar("SELECT count(*) FROM requests") == 2 * 48  # two nodes, the last two days
+    errors = {k: v for k, v in after.items() if k[0] == "sloscope_request_errors_total"}
+    assert sorted(errors.values()) == [44, 44] and len(shown) == 2 * (len(shown) // 2)

@@ -1,6 +1,7 @@
 """A store written by an older version is brought to the current schema when it is opened for writing, its rows
 kept: version 1 had no requests.pod_ip, versions 1 and 2 kept the ids as hex text, versions 1 to 3 kept one
-cumulative state per (node, metric, attributes) whatever its kind."""
+cumulative state per (node, metric, attributes) whatever its kind, versions 1 to 4 kept no count of the requests
+retention deleted."""
 
 from __future__ import annotations
 
@@ -22,11 +23,14 @@ VERSION_3_STATE = """CREATE TABLE cumulative_state (node VARCHAR NOT NULL, metri
 
 def _older_store(db, version: int) -> None:
     with Store(db) as store:
+        store.con.execute("DROP TABLE retired_requests")
+        store.con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])
+        if version == 4:
+            return
         store.con.execute("DROP TABLE cumulative_state")
         store.con.execute(VERSION_3_STATE)
         store.con.execute("INSERT INTO cumulative_state VALUES ('n1', 'a.counter', '{}', 1, 2, 7.5, NULL, NULL, NULL), "
                           "('n1', 'a.histogram', '{}', 1, 2, NULL, 3, 4.5, [1, 2])")
-        store.con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])
         if version == 3:
             return
         store.con.execute("DROP TABLE requests")
@@ -39,14 +43,17 @@ def _older_store(db, version: int) -> None:
         store.con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_an_older_store_is_migrated_with_its_rows(tmp_path, version):
     db = tmp_path / f"v{version}.duckdb"
     _older_store(db, version)
     with pytest.raises(StoreError, match=f"schema version {version}, .* migrates it"):
         Store(db, read_only=True)  # a reader does not migrate: it says why it cannot read
     with Store(db) as store:
-        assert store.meta("schema_version") == str(SCHEMA_VERSION) == "4"
+        assert store.meta("schema_version") == str(SCHEMA_VERSION) == "5"
+        assert store.rows("SELECT count(*) FROM retired_requests") == [(0,)]
+        if version == 4:
+            return
         assert store.rows("SELECT metric, kind, value, count, buckets FROM cumulative_state ORDER BY metric") == [
             ("a.counter", "sum", 7.5, None, None), ("a.histogram", "histogram", None, 3, [1, 2])]
         if version < 3:

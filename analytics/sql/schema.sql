@@ -1,4 +1,4 @@
--- sloscope store, schema version 3 (older versions are migrated by migrate_to_N.sql). Times are UTC; counters and histograms are per-interval deltas.
+-- sloscope store, schema version 5 (older versions are migrated by migrate_to_N.sql). Times are UTC; counters and histograms are per-interval deltas.
 CREATE TABLE IF NOT EXISTS meta (
     key   VARCHAR PRIMARY KEY,
     value VARCHAR NOT NULL
@@ -70,4 +70,20 @@ CREATE TABLE IF NOT EXISTS cumulative_state (
 CREATE TABLE IF NOT EXISTS ingest_counters (
     name  VARCHAR PRIMARY KEY,
     value BIGINT NOT NULL
+);
+
+-- The requests retention deleted, counted per tier, service and node at each latency bound of /metrics'
+-- request families (sloscope/latency_buckets.py; 'Infinity' for all of them): requests, seconds and failures of
+-- those at or under the bound. The families add them to what the requests table still holds, so that their
+-- counters never go down when retention deletes (Prometheus would read that as a reset, and count every kept
+-- request again). A bound the spec added since the last deletion reads the count of the highest bound under it.
+CREATE TABLE IF NOT EXISTS retired_requests (
+    tier     VARCHAR NOT NULL,
+    service  VARCHAR NOT NULL,
+    node     VARCHAR NOT NULL,
+    bound_ms DOUBLE NOT NULL,
+    requests BIGINT NOT NULL,
+    seconds  DOUBLE NOT NULL,
+    failed   BIGINT NOT NULL,
+    PRIMARY KEY (tier, service, node, bound_ms)
 );
