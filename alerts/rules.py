@@ -62,6 +62,9 @@ PROMETHEUS_RULE_API = "monitoring.coreos.com/v1"
 # fleet's other windows.
 ALERT_FLEET_TESTS = 10_000
 ALERT_ALPHA = FLEET_FDR / ALERT_FLEET_TESTS
+# A page also needs its long window's bad requests improbable for a tier that meets its objective exactly: on a
+# tier of a request a minute, one failure is a 99.9 % objective's 14.4-fold burn over an hour, and chance.
+PAGE_ALPHA = 1e-4
 
 # Alert names (the keys of the remediation config).
 LATENCY_BURN = "SloscopeLatencyBudgetBurn"
@@ -108,17 +111,43 @@ def _sli_rules(t: TierObjective, window_s: float) -> list[dict]:
                for w in windows])
 
 
-def _burn_expr(record: str, tier: str, budget: float, burns) -> str:
+def _burn_expr(t: TierObjective, slo: str, record: str, budget: float, burns, significant: bool = False) -> str:
+    """Sloth's multiwindow burn test for each window pair; `significant`: also, over the long window, more bad
+    requests than a tier meeting its objective exactly would serve but with probability PAGE_ALPHA (a Poisson
+    tail in closed form), which a burn of a busy tier always has and chance on a quiet one does not."""
     parts = []
     for b in burns:
         limit = f"({num(b.factor)} * {num(budget)})"
+        guard = ""
+        if significant:
+            bad, total = _counts(t, slo, b.long)
+            guard = f"and\n  {bad}\n  >= {_poisson_critical(f'{total} * {num(budget)}', PAGE_ALPHA)}\n"
         parts.append(
             f"(\n"
-            f"  {record.format(window=b.long)}{{tier={q(tier)}}} > {limit}\n"
+            f"  {record.format(window=b.long)}{{tier={q(t.name)}}} > {limit}\n"
             f"and\n"
-            f"  {record.format(window=b.short)}{{tier={q(tier)}}} > {limit}\n"
-            f")")
+            f"  {record.format(window=b.short)}{{tier={q(t.name)}}} > {limit}\n"
+            f"{guard})")
     return "\nor\n".join(parts) + "\n"
+
+
+def _counts(t: TierObjective, slo: str, window: str) -> tuple[str, str]:
+    """(bad, all) requests of the tier over `window` for its objective `slo` (latency: slower than the
+    threshold; availability: failed), in PromQL."""
+    matcher, by = f"{{tier={q(t.name)}}}", "sum by (tier)"
+    if slo == "availability":
+        return (f"{by} (increase({x.REQUEST_ERRORS}{matcher}[{window}]))",
+                f"{by} (increase({x.REQUESTS}{matcher}[{window}]))")
+    total = f"{by} (increase({x.REQUEST_DURATION}_count{matcher}[{window}]))"
+    le = q(x.le_label(x.le_seconds(t.threshold_ms)))
+    fast = f"{by} (increase({x.REQUEST_DURATION}_bucket{{tier={q(t.name)}, le={le}}}[{window}]))"
+    return f"({total} - {fast})", total
+
+
+def _poisson_critical(expected: str, alpha: float) -> str:
+    """analytics.significance.poisson_critical_approx in PromQL, of the expected count `expected`."""
+    z = z_for(alpha)
+    return f"{expected} + {num(round(z, 4))} * sqrt({expected}) + {num(round((z * z + 2) / 6, 4))}"
 
 
 def _windows_text(burns) -> str:
@@ -143,7 +172,7 @@ def _burn_alerts(t: TierObjective, window_s: float, opts: RuleOptions) -> list[d
     out = []
     for name, (slo, record, budget, what) in zip((LATENCY_BURN, ERROR_BURN), _slos(t)):
         out.append({
-            "alert": name, "expr": _burn_expr(record, t.name, budget, page),
+            "alert": name, "expr": _burn_expr(t, slo, record, budget, page, significant=True),
             "labels": {"severity": opts.page_severity, "tier": t.name, "slo": slo, "cause": UNATTRIBUTED,
                        "action": RAISE_SAMPLING},
             "annotations": {
@@ -156,7 +185,7 @@ def _burn_alerts(t: TierObjective, window_s: float, opts: RuleOptions) -> list[d
                                + ACTION_TEXT[RAISE_SAMPLING]}})
     for name, (slo, record, budget, what) in zip((LATENCY_SLOW_BURN, ERROR_SLOW_BURN), _slos(t)):
         out.append({
-            "alert": name, "expr": _burn_expr(record, t.name, budget, ticket),
+            "alert": name, "expr": _burn_expr(t, slo, record, budget, ticket),
             "labels": {"severity": opts.ticket_severity, "tier": t.name, "slo": slo, "cause": UNATTRIBUTED,
                        "action": NOTIFY},
             "annotations": {
@@ -185,12 +214,9 @@ def _tier_latency_alert(t: TierObjective) -> dict:
     by = "sum by (tier, service, node)"
     total = f"{by} (increase({x.REQUEST_DURATION}_count{matcher}[1m]))"
     fast = f"{by} (increase({x.REQUEST_DURATION}_bucket{bucket}[1m]))"
-    expected = f"{total} * {num(allowance)}"
-    z = z_for(ALERT_ALPHA)
     return {
         "alert": TIER_LATENCY_HIGH,
-        "expr": (f"({total}\n-\n{fast})\n>=\n{expected}\n+ {num(round(z, 4))} * sqrt({expected})\n"
-                 f"+ {num(round((z * z + 2) / 6, 4))}\n"),
+        "expr": f"({total}\n-\n{fast})\n>=\n{_poisson_critical(f'{total} * {num(allowance)}', ALERT_ALPHA)}\n",
         "labels": {"severity": "warning", "tier": t.name, "slo": "latency", "cause": UNATTRIBUTED,
                    "action": RAISE_SAMPLING},
         "annotations": {
