@@ -9,9 +9,13 @@ from sloscope import taxonomy
 
 from alerts import metric_names as x
 from alerts.actions import DRAIN, NOTIFY, QOS, RESTART
-from alerts.rule_text import ACTION_TEXT, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED, ms, num, pct, q, sentence
+from alerts.rule_text import (ACTION_TEXT, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED, ms, num, pct,
+                              poisson_critical, q, sentence)
 
 MIN_REQUESTS_PER_MINUTE = 10  # below this, a minute's error ratio is noise
+# A drain also needs more failures in the minute than a node at exactly the allowed ratio would have but with
+# this chance: one failure of a quiet node is not a failing node (at 10 to 30 requests a minute it takes 3).
+NODE_FAILURES_ALPHA = 0.05
 
 # Field thresholds.
 GPU_UTILIZATION_MAX = 0.8
@@ -85,10 +89,13 @@ def _spoken(duration: str) -> str:
 
 def physical_group(hold: str | None = None) -> dict:
     long_hold, short_hold = hold or "2m", hold or "1m"
+    leak_hold = hold or "5m"  # a model loading grows its GPU's memory as fast as a leak, for a few minutes
     growth = gpu_memory_growth_record()
     mem = x.GPU_MEMORY_USED
     step = _duration(LEAK.step_s)
     requests_1m = f"sum by (node) (rate({x.REQUESTS}[1m]))"
+    errors_1m = f"sum by (node) (increase({x.REQUEST_ERRORS}[1m]))"
+    requests_in_1m = f"sum by (node) (increase({x.REQUESTS}[1m]))"
     rules = [
         {"record": growth,
          "expr": f"({mem} - {mem} offset {step})\n/\n({mem} offset {step} > 0)\n"},
@@ -100,14 +107,15 @@ def physical_group(hold: str | None = None) -> dict:
                             "{{ $labels.node }}: new requests queue behind running kernels (SM contention).",
              "remediation": "Shift new requests away from {{ $labels.node }}. " + ACTION_TEXT[DRAIN]}},
         {"alert": GPU_MEMORY_LEAK,
-         "expr": _leak_expr(growth),
+         "expr": _leak_expr(growth), "for": leak_hold,
          "labels": {"severity": "warning", "cause": "gpu_memory_leak", "action": RESTART},
          "annotations": {
              "summary": "GPU {{ $labels.gpu }} memory on {{ $labels.node }} grows "
                         f"{{{{ $value | humanizePercentage }}}} per {step}",
              "description": f"GPU framebuffer use on node {{{{ $labels.node }}}} grew more than "
-                            f"{pct(LEAK.per_step)} over each of {LEAK.in_a_row} consecutive {step} steps: a leak "
-                            "that ends in out-of-memory failures.",
+                            f"{pct(LEAK.per_step)} over each of {LEAK.in_a_row} consecutive {step} steps, for "
+                            f"{_spoken(leak_hold)} (longer than a model takes to load): a leak that ends in "
+                            "out-of-memory failures.",
              "remediation": "Restart the leaking inference workload on {{ $labels.node }}. " + ACTION_TEXT[RESTART]}},
         {"alert": NVME_HOT, "expr": f"{x.NVME_TEMPERATURE} > {num(NVME_TEMPERATURE_MAX_C)}\n", "for": short_hold,
          "labels": {"severity": "warning", "cause": "storage_thermal", "action": QOS},
@@ -138,7 +146,9 @@ def physical_group(hold: str | None = None) -> dict:
         {"alert": NODE_ERROR_RATIO_HIGH,
          "expr": (f"sum by (node) (rate({x.REQUEST_ERRORS}[1m]))\n/\n{requests_1m}\n"
                   f"> {num(NODE_ERROR_RATIO_MAX)}\n"
-                  f"and on (node)\n{requests_1m} * 60 >= {MIN_REQUESTS_PER_MINUTE}\n"),
+                  f"and on (node)\n{requests_1m} * 60 >= {MIN_REQUESTS_PER_MINUTE}\n"
+                  f"and on (node)\n{errors_1m}\n"
+                  f">= {poisson_critical(f'{requests_in_1m} * {num(NODE_ERROR_RATIO_MAX)}', NODE_FAILURES_ALPHA)}\n"),
          "for": short_hold,
          "labels": {"severity": "warning", "cause": UNATTRIBUTED, "action": DRAIN},
          "annotations": {
@@ -146,7 +156,8 @@ def physical_group(hold: str | None = None) -> dict:
              "description": f"More than {pct(NODE_ERROR_RATIO_MAX)} of the requests served by node "
                             "{{ $labels.node }} failed over the last minute, for "
                             f"{_spoken(short_hold)} (at least "
-                            f"{MIN_REQUESTS_PER_MINUTE} requests a minute).",
+                            f"{MIN_REQUESTS_PER_MINUTE} requests a minute, and more failures than a node at "
+                            f"{pct(NODE_ERROR_RATIO_MAX)} would have but with probability {num(NODE_FAILURES_ALPHA)}).",
              "remediation": "Take the node out of rotation and look at sloscope rca for its cause. "
                         + ACTION_TEXT[DRAIN]}},
     ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from analytics.significance import z_for
+
 from alerts.actions import DRAIN, NOTIFY, QOS, RAISE_SAMPLING, RESTART
 
 UNATTRIBUTED = "unattributed"
@@ -42,3 +44,10 @@ def sentence(text: str) -> str:
 
 def ms(seconds: float) -> str:
     return format(seconds * 1000, ".6g") + " ms"
+
+
+def poisson_critical(expected: str, alpha: float) -> str:
+    """analytics.significance.poisson_critical_approx in PromQL: the count that a Poisson variable of mean
+    `expected` (a PromQL expression) reaches with probability below `alpha`."""
+    z = z_for(alpha)
+    return f"{expected} + {num(round(z, 4))} * sqrt({expected}) + {num(round((z * z + 2) / 6, 4))}"

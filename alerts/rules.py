@@ -18,8 +18,9 @@ Per tier (one group each, recording rules before the alerts that read them):
 
 Physical layer (thresholds from the field): GPU utilization above 80 % (shift new requests away), GPU memory
 growing as taxonomy.GPU_MEMORY_LEAK defines it (more than 5 % over each of 3 consecutive minutes; restart the
-workload), NVMe above 65 C and SPDK bdev wait
-above 5 ms (throttle the bdev), SPDK reactor busy above 70 %, a node's error ratio above 5 % over 1 minute.
+workload; held 5 minutes, longer than a model takes to load), NVMe above 65 C and SPDK bdev wait above 5 ms
+(throttle the bdev), SPDK reactor busy above 70 %, a node's error ratio above 5 % over 1 minute with more failures
+than chance gives a node at 5 %.
 
 RCA: one alert per taxonomy cause, firing while that cause is the top-ranked cause (score >= 0.5) of an open
 incident, as exported in sloscope_incident_cause_score.
@@ -46,7 +47,6 @@ import yaml
 
 from sloscope.slo_spec import SloSpec, TierObjective
 
-from analytics.significance import z_for
 from analytics.slo import FLEET_FDR, slow_allowance
 
 from alerts import metric_names as x
@@ -54,7 +54,7 @@ from alerts.actions import NOTIFY, RAISE_SAMPLING
 from alerts.burn import (DAY_S, PAGE, TICKET, budget_spent_in, burn_windows, promql_duration, sli_windows,
                          window_days)
 from alerts.node_rules import cause_group, physical_group
-from alerts.rule_text import ACTION_TEXT, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED, ms, num, pct, q
+from alerts.rule_text import ACTION_TEXT, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED, ms, num, pct, poisson_critical, q
 
 PROMETHEUS_RULE_API = "monitoring.coreos.com/v1"
 # The rules judge each (tier, service, node) minute alone: at the level the analysis applies to the first
@@ -62,8 +62,8 @@ PROMETHEUS_RULE_API = "monitoring.coreos.com/v1"
 # fleet's other windows.
 ALERT_FLEET_TESTS = 10_000
 ALERT_ALPHA = FLEET_FDR / ALERT_FLEET_TESTS
-# A page also needs its long window's bad requests improbable for a tier that meets its objective exactly: on a
-# tier of a request a minute, one failure is a 99.9 % objective's 14.4-fold burn over an hour, and chance.
+# A page also needs its long window's bad requests improbable, at this chance, for a tier that meets its objective
+# exactly: on a tier of a request a minute, one failure is a 99.9 % objective's 14.4-fold burn over an hour.
 PAGE_ALPHA = 1e-4
 
 # Alert names (the keys of the remediation config).
@@ -121,7 +121,7 @@ def _burn_expr(t: TierObjective, slo: str, record: str, budget: float, burns, si
         guard = ""
         if significant:
             bad, total = _counts(t, slo, b.long)
-            guard = f"and\n  {bad}\n  >= {_poisson_critical(f'{total} * {num(budget)}', PAGE_ALPHA)}\n"
+            guard = f"and\n  {bad}\n  >= {poisson_critical(f'{total} * {num(budget)}', PAGE_ALPHA)}\n"
         parts.append(
             f"(\n"
             f"  {record.format(window=b.long)}{{tier={q(t.name)}}} > {limit}\n"
@@ -142,12 +142,6 @@ def _counts(t: TierObjective, slo: str, window: str) -> tuple[str, str]:
     le = q(x.le_label(x.le_seconds(t.threshold_ms)))
     fast = f"{by} (increase({x.REQUEST_DURATION}_bucket{{tier={q(t.name)}, le={le}}}[{window}]))"
     return f"({total} - {fast})", total
-
-
-def _poisson_critical(expected: str, alpha: float) -> str:
-    """analytics.significance.poisson_critical_approx in PromQL, of the expected count `expected`."""
-    z = z_for(alpha)
-    return f"{expected} + {num(round(z, 4))} * sqrt({expected}) + {num(round((z * z + 2) / 6, 4))}"
 
 
 def _windows_text(burns) -> str:
@@ -216,7 +210,7 @@ def _tier_latency_alert(t: TierObjective) -> dict:
     fast = f"{by} (increase({x.REQUEST_DURATION}_bucket{bucket}[1m]))"
     return {
         "alert": TIER_LATENCY_HIGH,
-        "expr": f"({total}\n-\n{fast})\n>=\n{_poisson_critical(f'{total} * {num(allowance)}', ALERT_ALPHA)}\n",
+        "expr": f"({total}\n-\n{fast})\n>=\n{poisson_critical(f'{total} * {num(allowance)}', ALERT_ALPHA)}\n",
         "labels": {"severity": "warning", "tier": t.name, "slo": "latency", "cause": UNATTRIBUTED,
                    "action": RAISE_SAMPLING},
         "annotations": {

@@ -293,10 +293,10 @@ def test_the_alert_text_says_the_window():
 
 @pytest.mark.parametrize("hold, spoken", [(None, None), ("10s", "10 seconds"), ("1h", "an hour")])
 def test_the_alert_text_says_how_long_the_condition_held(hold, spoken):
-    defaults = {"1m": "a minute", "2m": "2 minutes"}
+    defaults = {"1m": "a minute", "2m": "2 minutes", "5m": "5 minutes"}
     alerts = [r for g in rules_dict(load_spec(None), RuleOptions(hold=hold))["groups"] for r in g["rules"]
               if "alert" in r and re.search(r" for (a|an|\d+) \w+", r["annotations"]["description"])]
-    assert len(alerts) == 5  # the physical alerts that say how long
+    assert len(alerts) == 6  # the physical alerts that say how long
     for rule in alerts:
         assert rule["for"] == (hold or rule["for"])
         assert f" for {spoken or defaults[rule['for']]} " in rule["annotations"]["description"], rule["alert"]
