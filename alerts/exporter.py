@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from sloscope.latency_buckets import bounds_ms
 from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
 
 from alerts import metric_names as x
@@ -115,17 +116,18 @@ class StoreCollector(Collector):
         return set(kept[: self.max_series])
 
     def _requests(self, reader):
-        bounds_ms = [round(b * 1000, 6) for b in self.buckets_s]
+        bounds = bounds_ms(self.spec)
         rows = reader.rows(reader.sql("request_totals"),
-                           {**reader.tier_params(self.spec), "bounds_ms": bounds_ms, **ALL_TIME})
-        retired_rows = reader.rows(reader.sql("retired_request_totals"))
-        kept = self._capped(x.REQUEST_DURATION, [tuple(r[:3]) for r in rows + retired_rows])
-        per_labels: dict[tuple, list] = {labels: [] for labels in kept}
+                           {**reader.tier_params(self.spec), "bounds_ms": bounds, **ALL_TIME})
+        kept = self._capped(x.REQUEST_DURATION, [tuple(r[:3]) for r in rows])
+        per_labels: dict[tuple, list] = {}
         for tier, service, node, bucket, n, seconds, failed in rows:
             if (tier, service, node) in kept:
-                per_labels[tier, service, node].append((bucket, n, seconds, failed))
+                per_labels.setdefault((tier, service, node), []).append((bucket, n, seconds, failed))
+        # What retention deleted is added to the label sets the store still holds requests of: one whose requests
+        # are all gone is no longer exported, as a series that ends (no reset) and leaves room under max_series.
         retired: dict[tuple, list] = {}
-        for tier, service, node, *counts in retired_rows:
+        for tier, service, node, *counts in reader.rows(reader.sql("retired_request_totals")):
             retired.setdefault((tier, service, node), []).append(counts)
         hist = HistogramMetricFamily(x.REQUEST_DURATION, "Duration of requests (SERVER spans) ingested into the "
                                      "store, by SLO tier, service and node; cumulative over the store.",
@@ -140,7 +142,7 @@ class StoreCollector(Collector):
             n, seconds, failed = _retired_at(gone, math.inf)
             n += sum(b[1] for b in buckets)
             cumulative = [sum(count for bucket, count, _, _ in buckets if bucket <= i) + _retired_at(gone, bound)[0]
-                          for i, bound in enumerate(bounds_ms)]
+                          for i, bound in enumerate(bounds)]
             hist.add_metric(list(labels), buckets=[*zip(les, cumulative), ("+Inf", n)],
                             sum_value=seconds + sum(b[2] for b in buckets))
             reqs.add_metric(list(labels), n)

@@ -288,9 +288,12 @@ class Store(Reader):
 
     @contextmanager
     def reading(self):
-        """A reader for one use, from any thread: its own cursor of the current connection, closed after."""
+        """A reader for one use, from any thread: its own cursor of the current connection, closed after. Its
+        queries read one snapshot (a transaction), so that a commit between two of them (a write, a retention
+        run) is seen by all of them or none: /metrics' request families read the kept and the retired counts."""
         reader = self.reader()
         try:
+            reader.con.execute("BEGIN TRANSACTION")
             yield reader
         finally:
             reader.con.close()

@@ -163,3 +163,33 @@ def test_request_counters_never_go_down_when_retention_deletes(tmp_path):
         assert store.scalar("SELECT count(*) FROM requests") == 2 * 48  # two nodes, the last two days
     errors = {k: v for k, v in after.items() if k[0] == "sloscope_request_errors_total"}
     assert sorted(errors.values()) == [44, 44] and len(shown) == 2 * (len(shown) // 2)
+
+
+def test_a_scrape_during_a_retention_run_counts_each_request_once(tmp_path):
+    """The request families read the kept and the retired counts in two queries: a retention run committed
+    between them is seen by both or neither, never counted twice."""
+    from contextlib import contextmanager
+
+    from alerts.exporter import StoreCollector, registry_for
+    from analytics.retention import apply_retention
+    from prometheus_client import generate_latest
+
+    _load(tmp_path)
+    with Store(tmp_path / "x.duckdb") as store:
+        @contextmanager
+        def reading_with_a_run_between_its_queries():
+            with store.reading() as reader:
+                query = reader.rows
+
+                def rows(sql, params=None):
+                    found = query(sql, params)
+                    if "retention deleted" not in sql and "per tier, service, node and latency bucket" in sql:
+                        apply_retention(store, timedelta(days=7), datetime.now(timezone.utc).replace(tzinfo=None))
+                    return found
+                reader.rows = rows
+                yield reader
+
+        text = generate_latest(registry_for(StoreCollector(reading_with_a_run_between_its_queries))).decode()
+        assert store.scalar("SELECT count(*) FROM retired_requests") > 0  # the run deleted and counted
+    totals = [line for line in text.splitlines() if line.startswith("sloscope_requests_total{")]
+    assert totals and sum(float(line.rsplit(" ", 1)[1]) for line in totals) == 2
