@@ -14,7 +14,7 @@ from alerts.rule_text import (ACTION_TEXT, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTE
 
 MIN_REQUESTS_PER_MINUTE = 10  # below this, a minute's error ratio is noise
 # A drain also needs more failures in the minute than a node at exactly the allowed ratio would have but with
-# this chance: one failure of a quiet node is not a failing node (at 10 to 30 requests a minute it takes 3).
+# this chance: one failure of a quiet node is not a failing node (it takes 3 at 10 to 15 requests a minute, 5 at 30).
 NODE_FAILURES_ALPHA = 0.05
 
 # Field thresholds.

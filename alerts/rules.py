@@ -11,7 +11,8 @@ Per tier (one group each, recording rules before the alerts that read them):
 - Multiwindow, multi-burn-rate alerts (SRE Workbook, factors scaled to the spec's window by alerts/burn.py):
   for 30 days, page when the burn rate exceeds 14.4 over 1h and 5m, or 6 over 6h and 30m; ticket when it
   exceeds 1 over 3d and 6h. For latency the budget is the percentile's allowance (p99: 1 % of requests may be
-  slower than the threshold); for errors, 1 - availability/100.
+  slower than the threshold); for errors, 1 - availability/100. A page also needs its long window's bad requests
+  improbable, at PAGE_ALPHA, for a tier that meets its objective exactly (a Poisson tail in closed form).
 - Per (tier, service, node), more requests slower than the threshold over the last minute than a service at
   exactly the percentile's allowance would produce at ALERT_ALPHA (the analysis' latency test): raise trace
   sampling of the tier to 100 %.

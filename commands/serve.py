@@ -28,7 +28,8 @@ def register(subparsers) -> None:
         "serve", help="receive OTLP (HTTP and gRPC) into the DuckDB store; or answer /metrics, /rca and "
         "/sampling from a ClickHouse one",
         description="Receive OTLP/HTTP (/v1/traces, /v1/metrics, /v1/logs; protobuf or JSON, plain or in any "
-        "compression of the Collector's otlphttp exporter: gzip, zstd, zlib, deflate, snappy, lz4) and "
+        "compression of the Collector's otlphttp exporter: gzip, zstd, zlib, deflate, snappy, x-snappy-framed, "
+        "lz4) and "
         "OTLP/gRPC, resolve request tiers against the SLO spec, and write everything through one writer into "
         "the DuckDB store. When the writer's queue is full, requests get the OTLP retryable answer (HTTP 503 "
         "with Retry-After, gRPC UNAVAILABLE). GET /metrics on the HTTP port is the Prometheus exposition of "

@@ -17,7 +17,6 @@ inflates past the limit is a 413.
 
 from __future__ import annotations
 
-import sys
 import zlib
 
 import cramjam
@@ -26,14 +25,15 @@ import lz4.frame
 
 from receiver.http_body import BodyError, too_large
 from receiver.limits import Reservation
-
-if sys.version_info >= (3, 14):
-    from compression import zstd
-else:
-    from backports import zstd
+from receiver.zstd_module import zstd
 
 INFLATE_STEP = 2**16  # decompressed bytes reserved at a time (zlib is several times slower at 1 MiB steps)
 CODINGS = ("gzip", "zstd", "zlib", "deflate", "snappy", "x-snappy-framed", "lz4")
+# Codings whose streams (gzip's members, zstd's and lz4's frames) may follow one another in a body; a producer
+# writes one, and a few are taken. Each next stream starts on a copy of the rest of the body, so a body of many
+# tiny ones would cost time as the square of its size.
+MULTI_STREAM = frozenset({"gzip", "zstd", "lz4"})
+MAX_STREAMS = 16
 SNAPPY_STREAM_IDENTIFIER = b"\xff\x06\x00\x00sNaPpY"
 SNAPPY_CHUNK_MAX = 65536  # the framing format's bound on a chunk's uncompressed data
 
@@ -53,15 +53,15 @@ def _bad(coding: str, problem: str) -> BodyError:
 
 def _decompressor(coding: str, data: bytes, limit: int):
     """A fresh decompressor for the stream at the start of `data`, with zlib's interface or the one zstd's and
-    lz4's share; and whether another stream may follow the first."""
+    lz4's share."""
     if coding == "gzip":
-        return zlib.decompressobj(16 + zlib.MAX_WBITS), True
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
     if coding in ("zlib", "deflate"):
         raw = coding == "deflate" and not _zlib_header(data)
-        return zlib.decompressobj(-zlib.MAX_WBITS if raw else zlib.MAX_WBITS), False
+        return zlib.decompressobj(-zlib.MAX_WBITS if raw else zlib.MAX_WBITS)
     if coding == "zstd":
-        return _zstd_decompressor(data, limit), True
-    return lz4.frame.LZ4FrameDecompressor(), True
+        return _zstd_decompressor(data, limit)
+    return lz4.frame.LZ4FrameDecompressor()
 
 
 def _zstd_decompressor(data: bytes, limit: int):
@@ -84,8 +84,11 @@ def _zlib_header(data: bytes) -> bool:
 
 
 def _inflate(coding: str, data: bytes, limit: int, held: Reservation) -> bytes:
-    parts, total = [], 0
-    inflater, more_streams = _decompressor(coding, data, limit)
+    """Inflate stream after stream, INFLATE_STEP bytes of output at a time. zlib's decompressor hands back the
+    input it has not taken yet (unconsumed_tail); zstd's and lz4's keep it, and say whether they need more
+    (needs_input): both kinds are driven by the one loop."""
+    parts, total, streams = [], 0, 1
+    inflater = _decompressor(coding, data, limit)
     pending = data
     while True:
         try:
@@ -97,15 +100,17 @@ def _inflate(coding: str, data: bytes, limit: int, held: Reservation) -> bytes:
             raise too_large(limit, "decompressed body")
         held.reserve(len(chunk))
         parts.append(chunk)
-        # zlib hands back the input it could not take yet; zstd's and lz4's decompressors keep it inside.
         pending = getattr(inflater, "unconsumed_tail", b"")
         if inflater.eof:
             if not inflater.unused_data:
                 return b"".join(parts)
-            if not more_streams:
+            if coding not in MULTI_STREAM:
                 raise _bad(coding, "data after the end of the stream")
+            streams += 1
+            if streams > MAX_STREAMS:
+                raise _bad(coding, f"more than {MAX_STREAMS} streams (members or frames) one after another")
             pending = inflater.unused_data
-            inflater, _ = _decompressor(coding, pending, limit)
+            inflater = _decompressor(coding, pending, limit)
         elif not pending and not chunk and getattr(inflater, "needs_input", True):
             raise _bad(coding, "cut off before its end")
 

@@ -15,11 +15,12 @@ import gzip
 from collections.abc import Iterator
 from pathlib import Path
 
-from receiver.content_coding import zstd
+from receiver.zstd_module import zstd
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 PREFIX_BYTES = 4  # the exporter's length before each request it does not write as a line
+MAX_REQUEST_BYTES = 256 * 2**20  # a length past it is a damaged file, not a request to allocate for
 PROTO_FORMAT = "requests in protobuf (the file exporter's format: proto) are not read: set format: json"
 
 
@@ -57,9 +58,10 @@ def _lines(path: Path, opener) -> Iterator[tuple[int, bytes]]:
     lineno = 0
     try:
         with opener(path, "rb") as handle:
+            if _length_prefixed(handle.read(PREFIX_BYTES + len(ZSTD_MAGIC))):  # native zstd around protobuf
+                raise FileReadError(f"{path}:1: {PROTO_FORMAT}")
+            handle.seek(0)
             for lineno, line in enumerate(handle, start=1):
-                if lineno == 1 and _length_prefixed(line):  # native zstd around the exporter's protobuf
-                    raise FileReadError(f"{path}:1: {PROTO_FORMAT}")
                 if line.strip():
                     yield lineno, line
     except FileReadError:
@@ -75,17 +77,30 @@ def _prefixed(path: Path) -> Iterator[tuple[int, bytes]]:
             while prefix := handle.read(PREFIX_BYTES):
                 number += 1
                 length = int.from_bytes(prefix, "big")
+                if length > MAX_REQUEST_BYTES:
+                    raise FileReadError(f"{path}:{number}: a request of {length} bytes: the file is damaged")
                 request = handle.read(length)
                 if len(prefix) < PREFIX_BYTES or len(request) < length:
                     raise FileReadError(f"{path}:{number}: request cut off before its end")
                 if request.startswith(ZSTD_MAGIC):
-                    request = zstd.decompress(request)
+                    request = _unpacked(path, number, request)
                 _refuse_protobuf(path, number, request)
                 yield number, request
     except FileReadError:
         raise
     except (OSError, zstd.ZstdError) as exc:
         raise FileReadError(f"{path}:{number}: cannot read further: {exc}") from None
+
+
+def _unpacked(path: Path, number: int, frame: bytes) -> bytes:
+    """A request's zstd frame inflated, to at most MAX_REQUEST_BYTES."""
+    unpacker = zstd.ZstdDecompressor()
+    request = unpacker.decompress(frame, MAX_REQUEST_BYTES + 1)
+    if len(request) > MAX_REQUEST_BYTES:
+        raise FileReadError(f"{path}:{number}: a request inflating past {MAX_REQUEST_BYTES} bytes")
+    if not unpacker.eof:
+        raise FileReadError(f"{path}:{number}: request cut off before its end")
+    return request
 
 
 def _refuse_protobuf(path: Path, number: int, request: bytes) -> None:

@@ -150,6 +150,16 @@ def _refusable(default: str, exc: DecodeError) -> DecodeError:
     return exc
 
 
+def _points_in(metric: dict, *kinds: str) -> int:
+    """How many data points the metric holds under the first of `kinds` it has; at least one."""
+    for kind in kinds:
+        block = metric.get(kind)
+        if type(block) is dict:
+            points = block.get("dataPoints", block.get("data_points"))
+            return max(len(points), 1) if type(points) is list else 1
+    return 1
+
+
 def _items_in(block, *path: str) -> int:
     """How many items a block holds at the end of `path` (lists of objects along it), for refusing them all;
     at least one, however malformed the block."""
@@ -282,8 +292,7 @@ class Decoder(Skips):
             "histogram" if "histogram" in metric and rule.explicit_histograms else "sum"
         data = data if data is not None else metric.get(kind)
         if data is None:  # reported back point by point, as the points it holds are what is not kept
-            self._skip("points_unsupported_type", max([_items_in(metric[key], "dataPoints")
-                                                       for key in ("summary", "histogram") if key in metric], default=1))
+            self._skip("points_unsupported_type", _points_in(metric, "summary", "histogram"))
             return
         try:
             if not isinstance(data, dict):

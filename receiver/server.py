@@ -30,10 +30,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from sloscope.records import Batch
 
-from receiver import otlp_proto, otlp_spans
+from receiver import content_coding, otlp_proto, otlp_spans
 from receiver.auth import BearerAuth, BearerInterceptor
 from receiver.draining import KeepAliveHandler
-from receiver import content_coding
 from receiver.http_body import BodyError, declared_length, read_body
 from receiver.http_conn import DeadlineReader, LimitedHTTPServer
 from receiver.limits import ByteBudget, Exhausted, Limits, Reservation
@@ -43,6 +42,7 @@ from receiver.tls import TlsFiles
 
 log = logging.getLogger("sloscope.receiver")
 RETRY_AFTER_S = 1
+PLAIN_BODY = ("", "identity")  # Content-Encoding values of a body sent as it is
 SIGNALS = ("traces", "metrics", "logs")
 RESPONSES = {"traces": trace_service_pb2.ExportTraceServiceResponse,
              "metrics": metrics_service_pb2.ExportMetricsServiceResponse,
@@ -302,12 +302,12 @@ class _HttpHandler(KeepAliveHandler):
         self.reader.expect("body", self.limits.read_timeout_s)
         try:
             encoding = (self.headers.get("Content-Encoding") or "").strip().lower()
-            if encoding not in ("", "identity", *content_coding.CODINGS):
+            if encoding not in (*PLAIN_BODY, *content_coding.CODINGS):
                 raise BodyError(415, "requests_bad_encoding", f"unsupported Content-Encoding {encoding!r} "
                                 f"({', '.join(content_coding.CODINGS)} or none)")
             body = read_body(self.rfile, declared_length(self.headers), limit, held)
             self.body_unread = False
-            return content_coding.decode(encoding, body, limit, held) if encoding not in ("", "identity") else body
+            return body if encoding in PLAIN_BODY else content_coding.decode(encoding, body, limit, held)
         except BodyError as exc:
             self._count(exc.counter)
             self._plain(exc.status, str(exc))

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-from receiver.content_coding import CODINGS, INFLATE_STEP, decode, zstd
+from receiver.content_coding import CODINGS, INFLATE_STEP, decode
+from receiver.zstd_module import zstd
 from receiver.http_body import BodyError
 from tests.in_process import InProcessReceiver
 from tests.test_receiver import _proto_traces
@@ -173,3 +174,14 @@ def test_grpc_takes_the_message_compressions_of_grpc_core(server, compression):
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}", compression=compression) as channel:
         reply = trace_service_pb2_grpc.TraceServiceStub(channel).Export(_proto_traces(4), timeout=10)
     assert not reply.partial_success.rejected_spans and server.spans() == 4
+
+
+@pytest.mark.parametrize("coding,encode", [("gzip", gzip.compress), ("zstd", zstd.compress),
+                                           ("lz4", lz4.frame.compress)])
+def test_a_body_of_many_tiny_streams_is_refused_at_once(coding, encode):
+    """Each stream after the first starts on a copy of the rest: 2 MiB of empty frames took 15 s."""
+    many = encode(b"") * (2 * 2**20 // len(encode(b"")))
+    with pytest.raises(BodyError, match="more than 16 streams") as refused:
+        decode(coding, many, LIMIT, Held())
+    assert refused.value.status == 400
+    assert decode(coding, encode(b"x") * 16, LIMIT, Held()) == b"x" * 16

@@ -192,7 +192,7 @@ def test_the_spec_given_at_ingest_is_remembered_for_later_commands(tmp_path):
 
 def _exporter_files(tmp_path) -> tuple[list[dict], dict]:
     """The same requests in each layout the Collector's file exporter writes with format: json."""
-    from receiver.content_coding import zstd
+    from receiver.zstd_module import zstd
 
     docs = [traces([span(trace_id(i), span_id(i), T0 + i * S, 100) for i in range(n, n + 20)]) for n in (0, 20)]
     docs.append(metrics([gauge("hw.gpu.temperature", [(T0 + i * S, 60.0 + i) for i in range(5)], {"hw.id": "G"})]))
@@ -219,7 +219,7 @@ def test_the_file_exporters_zstd_layouts_load_as_its_lines_do(tmp_path, layout):
 def test_the_file_exporters_protobuf_is_refused_with_what_to_set(tmp_path, capsys):
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-    from receiver.content_coding import zstd
+    from receiver.zstd_module import zstd
 
     request = trace_service_pb2.ExportTraceServiceRequest(resource_spans=[{}]).SerializeToString()
     proto = tmp_path / "spans.proto"
@@ -232,3 +232,21 @@ def test_the_file_exporters_protobuf_is_refused_with_what_to_set(tmp_path, capsy
     assert ingest(tmp_path, proto, native, cut) == EXIT_REJECTED
     err = capsys.readouterr().err
     assert err.count("set format: json") == 2 and "cut.zst:1: request cut off" in err
+
+
+def test_damaged_length_prefixed_files_are_refused_without_allocating_their_lengths(tmp_path, capsys):
+    from receiver.zstd_module import zstd
+
+    huge = tmp_path / "huge.zst"
+    huge.write_bytes(b"\x00\xff\xff\xff" + zstd.compress(b"{}"))  # a length of 16 MiB before a tiny frame
+    proto = tmp_path / "proto.zst"  # native zstd around protobuf whose length holds a newline byte
+    request = b"\x0a" + b"\x00" * 9
+    proto.write_bytes(zstd.compress(len(request).to_bytes(4, "big") + request))
+    first = zstd.compress(json.dumps(traces([span(trace_id(1), span_id(1), T0, 100)])).encode())
+    beyond = tmp_path / "beyond.zst"  # a second length of 2 GiB
+    beyond.write_bytes(len(first).to_bytes(4, "big") + first + b"\x80\x00\x00\x00" + first)
+    assert ingest(tmp_path, huge, proto, beyond) == EXIT_REJECTED
+    err = capsys.readouterr().err
+    assert "huge.zst:1: request cut off" in err and "proto.zst:1: requests in protobuf" in err
+    assert "beyond.zst:2: a request of 2147483648 bytes" in err
+    assert query(tmp_path, "SELECT count(*) FROM requests") == [(1,)]

@@ -171,3 +171,7 @@ def test_a_declared_summary_is_reported_back_point_by_point():
                              (ProtoDecoder(declared=declared), ParseDict(doc, ExportMetricsServiceRequest()))):
         decoder.decode(request)
         assert decoder.skipped["points_unsupported_type"] == 3
+    snake = {"name": "go_gc_duration_seconds", "summary": {"data_points": summary["summary"]["dataPoints"]}}
+    decoder = Decoder(declared=declared)
+    decoder.decode(metrics([snake], node="gpu-node-1"))
+    assert decoder.skipped["points_unsupported_type"] == 3

@@ -1,8 +1,9 @@
 -- The samples of analytics/sql/schema.sql in [since, until), read from the exporter's gauge and sum tables:
 -- gauges and levels (SloscopeTemporality 0) as measured (interval_s NULL), delta sums as they are, cumulative sums
 -- as per-interval increases, computed here with window functions by the rules of analytics/store.py: a new start
--- time or a value that went down is a reset, after which the increase is the value itself when the series' start
--- time is known, and the point is dropped when it is not. A point stored twice (a retried batch, a file loaded
+-- time or a value that went down is a reset, after which the increase is the value itself: over the time since
+-- the series' start where that is known, else since the previous point where the value went down; a new start
+-- that cannot be used with a value that did not go down (the reporter restarted, not the counter) is dropped. A point stored twice (a retried batch, a file loaded
 -- again) counts once, as the DuckDB store keeps it once.
 -- Only the range is read, so the work follows the range and not the table, plus up to 5 minutes before it for the
 -- point that each series' first increase is taken from (Prometheus's staleness: a series silent for longer has
