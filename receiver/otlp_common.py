@@ -382,11 +382,9 @@ class MetricSeries(NamedTuple):
     def of(cls, name: str, rule: MetricRule, resource: MetricResource) -> MetricSeries:
         part = rule.resource_part(resource.attributes)
         dropped = "\0".join(sorted(rule.dropped_attributes))
-        return cls(name, rule, resource, part, (orjson.dumps(part) if part else b"") + b"\0" + dropped.encode())
-
-    def canonical(self, cache: TextCache, raw_key: bytes, attributes_of: Callable[[], dict]) -> str:
-        """The canonical text of a data point's attributes, from the cache when its raw form is there."""
-        return cache.canonical(raw_key + self.text_key, attributes_of, self.rule, self.resource_part)
+        # empty for most series, so that most keys are the raw attributes alone, not a concatenation
+        return cls(name, rule, resource, part,
+                   (orjson.dumps(part) if part else b"") + (b"\0" + dropped.encode() if dropped else b""))
 
 
 class Skips:

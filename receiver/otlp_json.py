@@ -182,8 +182,8 @@ class Decoder(Skips):
     def _canonical(self, raw, series: MetricSeries) -> str:
         """Canonical JSON text (sorted keys) of a data point's raw attribute list as its series' rule keeps it,
         cached by their raw form."""
-        return series.canonical(self.attribute_texts, orjson.dumps(raw) if raw else b"",
-                                lambda: attributes(raw or []))
+        return self.attribute_texts.canonical((orjson.dumps(raw) if raw else b"") + series.text_key,
+                                              lambda: attributes(raw or []), series.rule, series.resource_part)
 
     def _node(self, series: MetricSeries, raw) -> str:
         """The node of a data point: its resource's, else the point attribute its rule names."""

@@ -76,8 +76,8 @@ class ProtoDecoder(Skips):
         return batch  # logs carry no SLI or catalog signal
 
     def _canonical(self, items, series: MetricSeries) -> str:
-        return series.canonical(self.attribute_texts, b"".join(kv.SerializeToString() for kv in items),
-                                lambda: attributes(items))
+        return self.attribute_texts.canonical(b"".join(kv.SerializeToString() for kv in items) + series.text_key,
+                                              lambda: attributes(items), series.rule, series.resource_part)
 
     def _node(self, series: MetricSeries, items) -> str:
         """The node of a data point: its resource's, else the point attribute its rule names."""
