@@ -18,11 +18,19 @@ from analytics.slo import Incident, find_incidents
 from analytics.store import Store
 
 EPISODE_GAP = timedelta(minutes=2)
+CLOCK_SKEW = timedelta(minutes=5)  # how far ahead of this host's clock a request may start and still be "newest"
 MOMENT_SPAN = timedelta(minutes=1)  # a moment is explained by what its signals did in the minute from it
 
 
 def rfc3339(t: datetime) -> str:
     return t.replace(tzinfo=None).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def newest_request(store, now: datetime | None = None) -> datetime | None:
+    """The start of the newest stored request that is not in the future (by `now`, this host's UTC clock, and
+    CLOCK_SKEW): what a relative time counts back from."""
+    now = now or datetime.now(timezone.utc).replace(tzinfo=None)
+    return store.rows(store.sql("newest_request"), {"not_after": now + CLOCK_SKEW})[0][0]
 
 
 def parse_time(text: str, newest: datetime | None) -> datetime:
@@ -66,7 +74,7 @@ class Query:
             raise ValueError(f"top: expected 1 or more causes per incident, got {self.top}")
         if self.node and not self.at:
             raise ValueError("--node goes with --at (on GET /rca: node with at)")
-        newest = store.rows(store.sql("data_range"))[0][1]
+        newest = newest_request(store)
         baseline = timedelta(seconds=parse_duration(self.baseline, "baseline"))
         lookback = timedelta(seconds=parse_duration(self.lookback, "lookback"))
         if self.at:

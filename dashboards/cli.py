@@ -190,7 +190,7 @@ def write_report(db: Path | str, spec_path: Path | None, out: Path, *, since: st
                  password_file: Path | None = None) -> dict:
     """Write the HTML report from `db`, a DuckDB file or a store URL (analytics/stores.py); returns {"path",
     "incidents", "charts"}. Raises StoreError, SpecError, ValueError."""
-    from analytics.rca import parse_time
+    from analytics.rca import newest_request, parse_time
     from analytics.stores import open_store
 
     from dashboards.report import Report
@@ -198,7 +198,7 @@ def write_report(db: Path | str, spec_path: Path | None, out: Path, *, since: st
     url = db if isinstance(db, str) else f"duckdb:///{db}"
     with open_store(url, read_only=True, password_file=password_file) as store:
         spec = store.spec(spec_path)
-        newest = store.rows(store.sql("data_range"))[0][1]
+        newest = newest_request(store)
         t_since = parse_time(since, newest) if since else None
         t_until = parse_time(until, newest) if until else None
         report = Report(store, spec, top=top, grafana_url=grafana_url)

@@ -55,8 +55,8 @@ def _sampling_policy(args, config, spec_path) -> dict:
     import urllib.request
     from datetime import timedelta, timezone
 
-    from analytics.rca import parse_time
-    from analytics.store import DEFAULT_DB, Store, sql
+    from analytics.rca import newest_request, parse_time
+    from analytics.store import DEFAULT_DB, Store
 
     from sampling.policy import evaluate_once
 
@@ -67,7 +67,7 @@ def _sampling_policy(args, config, spec_path) -> dict:
         spec = store.spec(spec_path)
         now = time.time()
         if args.at == "latest":
-            newest = store.rows(sql("data_range"))[0][1]
+            newest = newest_request(store)
             if newest is None:
                 raise ValueError("--at latest: the database holds no requests")
             now = (newest + timedelta(seconds=1)).replace(tzinfo=timezone.utc).timestamp()

@@ -690,3 +690,19 @@ def test_dcgm_fields_go_on_when_a_new_pod_takes_the_gpu_and_a_declared_one_is_re
     assert stored.filter(pl.col("metric") == "DCGM_FI_PROF_SM_ACTIVE").height == 12
     assert stored.filter(pl.col("metric") == "DCGM_FI_DEV_PCIE_REPLAY_COUNTER")["value"].max() < 2.0**47
     assert_same(engine, stored)
+
+
+def test_a_node_whose_clock_runs_ahead_does_not_move_what_relative_times_count_back_from(tmp_path):
+    """`rca --since 1h` counts back from the newest request that is not in the future (this host's clock and a
+    skew allowance), on both stores: a year-ahead node's span would leave the hour empty."""
+    from analytics.rca import CLOCK_SKEW, newest_request
+
+    now = datetime(2025, 11, 29, 10, 30)
+    spans = [span(f"{i + 1:032x}", f"{i + 1:016x}", T0 + i * 60 * S, 100) for i in range(20)]
+    ahead = traces([span("f" * 32, "f" * 16, T0 + 365 * 86_400 * S, 100)], node="skewed")
+    duck, ch = _load_both(tmp_path, [traces(spans, node="n1"), ahead])
+    with duck, ch:
+        for store in (duck, ch):
+            assert newest_request(store, now) == datetime(2025, 11, 29, 10, 19)
+            assert newest_request(store, now - timedelta(days=1)) == datetime(2026, 11, 29, 10)  # all ahead
+            assert newest_request(store, datetime(2026, 11, 29, 10) - CLOCK_SKEW) == datetime(2026, 11, 29, 10)
