@@ -16,6 +16,7 @@ MIN_REQUESTS_PER_MINUTE = 10  # below this, a minute's error ratio is noise
 # A drain also needs more failures in the minute than a node at exactly the allowed ratio would have but with
 # this chance: one failure of a quiet node is not a failing node (it takes 3 at 10 to 15 requests a minute, 5 at 30).
 NODE_FAILURES_ALPHA = 0.05
+LEAK_HOLD = "5m"  # a model loading grows its GPU's memory as fast as a leak, for a few minutes
 
 # Field thresholds.
 GPU_UTILIZATION_MAX = 0.8
@@ -89,7 +90,7 @@ def _spoken(duration: str) -> str:
 
 def physical_group(hold: str | None = None) -> dict:
     long_hold, short_hold = hold or "2m", hold or "1m"
-    leak_hold = hold or "5m"  # a model loading grows its GPU's memory as fast as a leak, for a few minutes
+    leak_hold = hold or LEAK_HOLD
     growth = gpu_memory_growth_record()
     mem = x.GPU_MEMORY_USED
     step = _duration(LEAK.step_s)

@@ -18,6 +18,7 @@ from probes.base import ProbeError, ProbeUnavailable
 from probes.gpu.dcgm_exporter import DcgmExporterProbe
 from probes.gpu.nvml import NvmlProbe
 from probes.registry import ProbeSet
+from alerts.node_rules import LEAK_HOLD
 from alerts.rules import render_rules
 from sloscope import catalog, taxonomy
 from sloscope.slo_spec import DEFAULT_SPEC_YAML, parse_spec
@@ -330,13 +331,13 @@ COLLECT_EVERY_S = 5  # the node collector's default interval
 
 def probe_memory_series(monkeypatch, gpu, used_at) -> list[tuple[int, float]]:
     """(time_unix_nano, bytes) of hw.gpu.memory.usage as the NVML probe reports it, one collect every 5 s for
-    six minutes, starting now; `used_at(seconds)` is what the workload holds then."""
+    ten minutes, starting now; `used_at(seconds)` is what the workload holds then."""
     clock = [time.time_ns()]
     monkeypatch.setattr(probe_base, "now_ns", lambda: clock[0])  # the probes' one clock
     probe = NvmlProbe(nvml=FakeNvml([gpu]))
     out = []
     with probe:
-        for i in range(6 * 60 // COLLECT_EVERY_S + 1):
+        for i in range(10 * 60 // COLLECT_EVERY_S + 1):
             clock[0] += COLLECT_EVERY_S * 10**9
             gpu.memory_used = int(used_at(i * COLLECT_EVERY_S))
             s = one(probe.collect(), "hw.gpu.memory.usage")
@@ -377,12 +378,12 @@ def leak_alert_times(tmp_path, series: list[tuple[int, float]]) -> list[int]:
 GIB = 2**30
 
 
-def test_leak_rule_fires_on_steady_growth_three_steps_after_it_starts(monkeypatch, tmp_path, gpu):
+def test_leak_rule_fires_on_steady_growth_three_steps_and_its_hold_after_it_starts(monkeypatch, tmp_path, gpu):
     rate = taxonomy.GPU_MEMORY_LEAK.per_step + 0.03  # 8 % a minute
     series = probe_memory_series(monkeypatch, gpu, lambda t: 10 * GIB * (1 + rate) ** (t / 60))
     fired = leak_alert_times(tmp_path, series)
     rule = taxonomy.GPU_MEMORY_LEAK
-    first_possible = rule.in_a_row * rule.step_s  # each step needs the reading one step before it
+    first_possible = rule.in_a_row * rule.step_s + seconds(LEAK_HOLD)  # each step needs the reading one before it
     assert fired == list(range(first_possible, len(series) * COLLECT_EVERY_S, 15))  # from then on, every check
 
 
