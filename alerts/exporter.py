@@ -69,6 +69,7 @@ class StoreCollector(Collector):
                 spec = reader.slo_spec()
         self.spec = spec
         self.buckets_s = x.buckets_for(spec)
+        self.bounds_ms = bounds_ms(spec)  # the same bounds, as the store's queries compare them with durations
         self.max_series = max_series
         self.gauge_max_age_s = gauge_max_age_s
         self.incident_lookback_s = incident_lookback_s
@@ -116,9 +117,8 @@ class StoreCollector(Collector):
         return set(kept[: self.max_series])
 
     def _requests(self, reader):
-        bounds = bounds_ms(self.spec)
         rows = reader.rows(reader.sql("request_totals"),
-                           {**reader.tier_params(self.spec), "bounds_ms": bounds, **ALL_TIME})
+                           {**reader.tier_params(self.spec), "bounds_ms": self.bounds_ms, **ALL_TIME})
         kept = self._capped(x.REQUEST_DURATION, [tuple(r[:3]) for r in rows])
         per_labels: dict[tuple, list] = {}
         for tier, service, node, bucket, n, seconds, failed in rows:
@@ -142,7 +142,7 @@ class StoreCollector(Collector):
             n, seconds, failed = _retired_at(gone, math.inf)
             n += sum(b[1] for b in buckets)
             cumulative = [sum(count for bucket, count, _, _ in buckets if bucket <= i) + _retired_at(gone, bound)[0]
-                          for i, bound in enumerate(bounds)]
+                          for i, bound in enumerate(self.bounds_ms)]
             hist.add_metric(list(labels), buckets=[*zip(les, cumulative), ("+Inf", n)],
                             sum_value=seconds + sum(b[2] for b in buckets))
             reqs.add_metric(list(labels), n)

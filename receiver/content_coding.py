@@ -116,14 +116,19 @@ def _inflate(coding: str, data: bytes, limit: int, held: Reservation) -> bytes:
 
 
 def _snappy_block(data: bytes, limit: int, held: Reservation) -> bytes:
-    try:
-        length = cramjam.snappy.decompress_raw_len(data)
-    except cramjam.DecompressionError as exc:
-        raise _bad("snappy", str(exc)) from None
+    length = _snappy_stated_length(data, "snappy")
     if length > limit:  # the block format states its length first: nothing is inflated past the limit
         raise too_large(limit, "decompressed body")
     held.reserve(length)
     return _snappy_raw(data, "snappy")
+
+
+def _snappy_stated_length(data, coding: str) -> int:
+    """The uncompressed length a snappy block states before its data."""
+    try:
+        return cramjam.snappy.decompress_raw_len(data)
+    except cramjam.DecompressionError as exc:
+        raise _bad(coding, str(exc)) from None
 
 
 def _snappy_raw(data, coding: str) -> bytes:
@@ -166,10 +171,7 @@ def _snappy_chunk(kind: int, body: memoryview, coding: str) -> bytes:
     if len(body) < 4:
         raise _bad(coding, "chunk shorter than its checksum")
     if kind == 0x00:
-        try:
-            length = cramjam.snappy.decompress_raw_len(body[4:])
-        except cramjam.DecompressionError as exc:
-            raise _bad(coding, str(exc)) from None
+        length = _snappy_stated_length(body[4:], coding)
         if length > SNAPPY_CHUNK_MAX:
             raise _bad(coding, f"a chunk of {length} bytes, past the format's {SNAPPY_CHUNK_MAX}")
         chunk = _snappy_raw(body[4:], coding)
