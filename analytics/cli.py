@@ -74,6 +74,11 @@ def register(subparsers) -> None:
         "--store` adds them itself; without them every query computes the same values as it reads.")
     columns.add_argument("--on-cluster", metavar="CLUSTER", type=_cluster_name,
                          help="add ON CLUSTER CLUSTER to each statement")
+    columns.add_argument("--local-suffix", metavar="SUFFIX", type=_table_suffix,
+                         help="the tables are Distributed, each reading a table of its name and SUFFIX (e.g. "
+                         "_local) on every shard: give each column to that table first, then to the Distributed "
+                         "one, with the same expression (a Distributed table's column that its shards' tables lack "
+                         "fails every query that names it)")
     columns.add_argument("--store", metavar="URL",
                          help="name the tables as this ClickHouse store URL's query does (the exporter's "
                          "traces_table_name, metrics_tables.*.name or metrics_table_name); nothing is connected")
@@ -161,6 +166,15 @@ def _cluster_name(text: str) -> str:
     return text
 
 
+def _table_suffix(text: str) -> str:
+    import argparse
+    import re
+
+    if not re.fullmatch(r"\w{1,50}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a table name's suffix (letters, digits and _)")
+    return text
+
+
 def run_clickhouse_columns(args) -> int:
     import re
 
@@ -176,8 +190,8 @@ def run_clickhouse_columns(args) -> int:
         statement = named("\n".join(line for line in statement.strip().splitlines() if not line.startswith("--")))
         # --modify: a column an earlier release did not add must be added before it can be modified
         for text in (statement, modifying(statement)) if args.modify else (statement,):
-            if args.on_cluster:
-                cluster = f"ON CLUSTER {sql_literal(args.on_cluster)} "
-                text = re.sub(r"^ALTER TABLE \w+ ", lambda m: m.group(0) + cluster, text)
-            print(text + "\n;")
+            for suffix in (args.local_suffix, "") if args.local_suffix else ("",):
+                cluster = f"ON CLUSTER {sql_literal(args.on_cluster)} " if args.on_cluster else ""
+                print(re.sub(r"^ALTER TABLE (\w+) ", lambda m: f"ALTER TABLE {m.group(1)}{suffix} {cluster}", text)
+                      + "\n;")
     return EXIT_OK

@@ -30,6 +30,9 @@ from receiver.otlp_common import FAMILY_PREFIX, FAMILY_RULE, kept_metrics
 log = logging.getLogger("sloscope.clickhouse_store")
 META_TABLE, COUNTERS_TABLE = "sloscope_meta", "sloscope_counters"
 PARAMETER = re.compile(r"\{(\w+):([^{}]+)\}")
+# Distributed(cluster, database, table[, sharding key]): each name quoted or not, the database maybe left to the
+# default (an empty name, or currentDatabase()).
+DISTRIBUTED = re.compile(r"Distributed\(\s*'?([^',()]*)'?\s*,\s*'?([^',()]*(?:\(\))?)'?\s*,\s*'?([^',()\s]+)'?")
 DERIVED_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+)\s+.+?\s+MATERIALIZED\s+(.+)", re.S)
 
 
@@ -235,20 +238,48 @@ class ClickHouseStore(Reader):
             backend.close()  # a refused store holds nothing open
             raise
         if not read_only:
-            for statement in (*statements("exporter_tables"), *derived_column_statements()):
+            for statement in statements("exporter_tables"):
                 self._execute(statement)
-            stale = self._stale_columns()
-            for statement in derived_column_statements():
-                if DERIVED_COLUMN.search(statement).groups()[:2] in stale:
-                    self._execute(modifying(statement))
+            self._add_derived_columns()
         self._sources = self._sources_lacking_columns()
+
+    def _add_derived_columns(self) -> None:
+        """sloscope's columns, with this release's expressions, on the exporter's tables; not on a Distributed table:
+        the tables of its shards need them first, and this server reaches only its own (a Distributed table with a
+        column its shards' tables lack fails every query that names it)."""
+        distributed = self._distributed_tables()
+        if distributed:
+            log.warning("%s: %s read through the Distributed engine: sloscope adds no columns to them; until "
+                        "`sloscope clickhouse-columns --on-cluster CLUSTER --local-suffix SUFFIX` has added them to "
+                        "the shards' tables and these, queries compute the same values as they read", self.path,
+                        ", ".join(sorted(map(self._named, distributed))))
+        stale = self._stale_columns()
+        for statement in derived_column_statements():
+            table, column = DERIVED_COLUMN.search(statement).groups()[:2]
+            if table not in distributed:
+                self._execute(statement)
+                if (table, column) in stale:
+                    self._execute(modifying(statement))
+
+    def _distributed_tables(self) -> dict[str, str]:
+        """Default table name -> the `database.table` its Distributed engine reads, for those of the exporter's
+        tables that are Distributed."""
+        found = {}
+        for table, engine, database in self._by_default_name(
+                "SELECT name, engine_full, currentDatabase() FROM system.tables "
+                "WHERE database = currentDatabase() AND engine = 'Distributed'"):
+            reads = DISTRIBUTED.match(engine)
+            if reads:
+                shard_database = reads.group(2) if reads.group(2) not in ("", "currentDatabase()") else database
+                found[table] = f"{shard_database}.{reads.group(3)}"
+        return found
 
     def _check_attribute_columns(self) -> None:
         """Refuse, in one line, tables whose attributes are of the JSON type (the exporter's `json` option), which
         sloscope's queries, written for the exporter's default Map columns, cannot read."""
         found = self.rows("SELECT table, name FROM system.columns WHERE database = currentDatabase() "
                           "AND has({tables:Array(String)}, table) AND name LIKE '%Attributes' "
-                          "AND startsWith(type, 'JSON')",
+                          "AND (startsWith(type, 'JSON') OR startsWith(type, 'Object('))",
                           {"tables": [self._named(t) for t in (*exporter_tables.READ_TABLES,
                                                               *exporter_tables.OPTIONAL_TABLES)]})
         if found:
@@ -274,23 +305,45 @@ class ClickHouseStore(Reader):
         except Exception as exc:
             raise StoreError(f"{self.path}: insert into {self._named(table)} failed: {exc}") from None
 
+    def _our_expressions(self) -> dict[tuple[str, str], str]:
+        """(table, column) -> this release's expression of each of sloscope's columns, as ClickHouse formats it."""
+        expected = [(table, column, expression) for table, columns in derived_columns().items()
+                    for column, expression in columns.items()]
+        formatted = self.rows("SELECT " + ", ".join(
+            f"formatQuerySingleLine({sql_literal('SELECT ' + expression)}) AS c{i}"
+            for i, (_, _, expression) in enumerate(expected)))[0]
+        return {(table, column): text for (table, column, _), text in zip(expected, formatted)}
+
     def _stale_columns(self) -> set[tuple[str, str]]:
         """(table, column) of sloscope's columns whose expression is not this release's (an earlier release added
         them), compared as ClickHouse formats both. A server without formatQuerySingleLine (before 23.x) trusts
         them."""
-        expected = [(table, column, expression) for table, columns in derived_columns().items()
-                    for column, expression in columns.items()]
         try:
+            ours = self._our_expressions()
             stored = {(table, column): formatted for table, column, formatted in self._by_default_name(
                 "SELECT table, name, formatQuerySingleLine('SELECT ' || default_expression) FROM system.columns "
                 "WHERE database = currentDatabase() AND default_kind = 'MATERIALIZED'")}
-            ours = self.rows("SELECT " + ", ".join(
-                f"formatQuerySingleLine({sql_literal('SELECT ' + expression)}) AS c{i}"
-                for i, (_, _, expression) in enumerate(expected)))[0]
         except StoreError:
             return set()
-        return {(table, column) for (table, column, _), formatted in zip(expected, ours)
-                if stored.get((table, column), formatted) != formatted}
+        return {key for key, formatted in ours.items() if stored.get(key, formatted) != formatted}
+
+    def _unshared_columns(self) -> set[tuple[str, str]]:
+        """(table, column) of sloscope's columns that a Distributed table's shard table on this server lacks or has
+        with another expression (all of them where that table is on other servers only): the shards cannot give
+        them, so queries compute them."""
+        distributed = self._distributed_tables()
+        if not distributed:
+            return set()
+        shard_tables = {name: table for table, name in distributed.items()}
+        try:
+            ours = self._our_expressions()
+            found = {(shard_tables[name], column): formatted for name, column, formatted in self.rows(
+                "SELECT database || '.' || table, name, formatQuerySingleLine('SELECT ' || default_expression) "
+                "FROM system.columns WHERE default_kind = 'MATERIALIZED' "
+                "AND has({tables:Array(String)}, database || '.' || table)", {"tables": list(shard_tables)})}
+        except StoreError:
+            return {(table, column) for table in distributed for column in derived_columns().get(table, {})}
+        return {key for key in ours if key[0] in distributed and found.get(key) != ours[key]}
 
     def _sources_lacking_columns(self) -> dict[str, str]:
         """table -> what queries read in its place: the table with the derived columns it lacks (or has with an
@@ -302,7 +355,7 @@ class ClickHouseStore(Reader):
             log.warning("%s: %s added by an earlier release of sloscope, read as computed; give them this "
                         "release's expressions with `sloscope clickhouse-columns --modify`", self.path,
                         ", ".join(f"{table}.{column}" for table, column in sorted(stale)))
-        tables, usable = {table for table, _ in present}, present - stale
+        tables, usable = {table for table, _ in present}, present - stale - self._unshared_columns()
         sources = {}
         for table, columns in derived_columns().items():
             lacking = [f"{expression} AS {column}" for column, expression in columns.items()

@@ -23,14 +23,18 @@ from analytics.store import Frames
 
 TRACES, GAUGE, SUM, EXP_HISTOGRAM, HISTOGRAM = ("otel_traces", "otel_metrics_gauge", "otel_metrics_sum",
                                                 "otel_metrics_exponential_histogram", "otel_metrics_histogram")
-READ_TABLES = (TRACES, GAUGE, SUM, EXP_HISTOGRAM)
-# Read where present: sloscope before 0.5.8 made no explicit-bucket histogram table. Where it is absent, its
-# queries read no rows of these columns instead.
-OPTIONAL_TABLES = {HISTOGRAM: {
+READ_TABLES = (TRACES, GAUGE, SUM)
+# Read where present: sloscope before 0.5.8 made no explicit-bucket histogram table, and a Collector run with
+# `create_schema: false` has only the tables its administrator made (no exponential histograms where no producer
+# sends them). Where one is absent, its queries read no rows of these columns instead.
+_POINT_COLUMNS = {
     "ResourceAttributes": "Map(LowCardinality(String), String)", "MetricName": "String",
     "Attributes": "Map(LowCardinality(String), String)", "StartTimeUnix": "DateTime64(9)", "TimeUnix": "DateTime64(9)",
-    "Count": "UInt64", "Sum": "Float64", "BucketCounts": "Array(UInt64)", "ExplicitBounds": "Array(Float64)",
-    "Flags": "UInt32", "AggregationTemporality": "Int32"}}
+    "Count": "UInt64", "Sum": "Float64", "Flags": "UInt32", "AggregationTemporality": "Int32"}
+OPTIONAL_TABLES = {
+    HISTOGRAM: {**_POINT_COLUMNS, "BucketCounts": "Array(UInt64)", "ExplicitBounds": "Array(Float64)"},
+    EXP_HISTOGRAM: {**_POINT_COLUMNS, "Scale": "Int32", "ZeroCount": "UInt64", "PositiveOffset": "Int32",
+                    "PositiveBucketCounts": "Array(UInt64)"}}
 # The exporter's settings that name its tables (its config.go), as a store URL's query takes them: each table by
 # its own setting, or the metric tables by the older `metrics_table_name` prefix, which the exporter refuses beside
 # `metrics_tables`.
