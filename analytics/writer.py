@@ -109,6 +109,7 @@ class Writer:
         self._backoff_s = BACKOFF_S[0]
         self._ready = threading.Condition()
         self._stopping = False
+        self._replaying = False  # records the intake log kept from before are queued and not all written
         self._thread = threading.Thread(target=self._run, name="sloscope-writer", daemon=True)
 
     def start(self) -> "Writer":
@@ -128,6 +129,9 @@ class Writer:
             return f"intake log append failing: {self.intake_log.failure[:REASON_CHARS]}"
         if self._stopping:
             return "stopping"
+        with self._ready:
+            if self._replay_pending():
+                return f"replaying the intake log: {self._held} requests left"
         if self._thread.ident is not None and not self._thread.is_alive():
             return "writer thread ended"
         return None
@@ -147,7 +151,7 @@ class Writer:
         with self._ready:
             full = self._held and (self._queued_rows + pending.rows > self.max_queued_rows
                                    or self._queued_bytes + pending.nbytes > self.max_queued_bytes)
-            if self._stopping or full:
+            if self._stopping or full or self._replay_pending():
                 return None
             self._hold(pending)
             if record is None:
@@ -171,7 +175,9 @@ class Writer:
         return pending
 
     def replay(self) -> int:
-        """Queue every record the intake log kept from before (beyond the bounds: they are acknowledged)."""
+        """Queue every record the intake log kept from before (beyond the bounds: they are acknowledged). Until
+        they are written, offers are refused (the client retries): what was acknowledged first is written first,
+        while serve already answers its health checks."""
         recovered, self.intake_log.recovered = self.intake_log.recovered, []
         with self._ready:
             for entry, payload in recovered:
@@ -179,7 +185,16 @@ class Writer:
                 pending = Pending(frames, counts, len(frames), entry.length, entry)
                 self._hold(pending)
                 self._enqueue(pending)
+            self._replaying = bool(recovered)
         return len(recovered)
+
+    def _replay_pending(self) -> bool:
+        """Whether replayed records are still being written (with _ready held: while they are, nothing else is
+        held)."""
+        if self._replaying and self._held == 0:
+            self._replaying = False
+            log.info("replayed the intake log")
+        return self._replaying
 
     def between_writes(self, task) -> None:
         """Run task() on the writer thread after the write under way and before the next, so that it has the

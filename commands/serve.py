@@ -220,7 +220,7 @@ def _run(args) -> int:
     stop = stop_on_signals()
     edge.reload_on_sighup()
     if intake_log is not None:
-        _replay(writer, stop)
+        _replay(writer)
     listeners = Listeners()
     pages = _pages(store, spec, sampling, writer, stop, intake_collector(receiver, writer, listeners, watch))
     try:
@@ -293,15 +293,12 @@ def _intake_log(args):
         raise ValueError(f"cannot open the intake log {directory}: {exc.strerror or exc}") from None
 
 
-def _replay(writer, stop: threading.Event) -> None:
-    """Commit what the intake log kept from before this start, before taking new requests."""
+def _replay(writer) -> None:
+    """Commit what the intake log kept from before this start before new requests (they get 503 until then),
+    with the listeners up: /healthz answers while a store that cannot write holds the replay back."""
     replayed = writer.replay()
-    if not replayed:
-        return
-    log.info("replaying %d requests from the intake log", replayed)
-    while not writer.drained() and not stop.wait(0.1):
-        pass
-    log.info("replayed the intake log%s", "" if writer.drained() else " in part (stopping)")
+    if replayed:
+        log.info("replaying %d requests from the intake log; until they are written, new ones get 503", replayed)
 
 
 def _pages(store, spec, sampling, writer, stopping, intake_metrics) -> dict:

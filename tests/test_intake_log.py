@@ -17,7 +17,7 @@ from analytics.writer import Writer
 from tests.alerting_stack import free_port
 from tests.otlp_builders import TRACE_ID
 from tests.test_durability import SLOSCOPE, Serve, _post, _spans, _traces
-from tests.test_store_failure import Filler, _histogram, small_disk  # noqa: F401 (a fixture)
+from tests.test_store_failure import Filler, _get, _histogram, small_disk  # noqa: F401 (a fixture)
 
 
 def _segments(directory):
@@ -328,13 +328,35 @@ def test_a_logged_request_the_store_refuses_goes_to_rejected(tmp_path):
     assert frames.histograms["node"].to_list() == ["node-bad"] and counts == {"tier_invalid": 1}
 
 
-def test_serve_replays_the_log_before_it_answers(tmp_path):
+def test_new_requests_wait_until_the_replay_is_written_and_health_says_so(tmp_path):
+    _logged(tmp_path / "log", 3)
+    with Store(tmp_path / "w.duckdb") as store:
+        writer = Writer(store, intake_log=IntakeLog(tmp_path / "log"))
+        assert writer.replay() == 3  # not started: as a store that cannot write yet holds it back
+        assert writer.offer(_spans(7), {}) is None  # the client gets a 503 and retries
+        assert writer.health() == "replaying the intake log: 3 requests left"
+        writer.start()
+        _wait_drained(writer)
+        assert writer.health() is None and writer.offer(_spans(7), {}) is not None
+        writer.stop()
+        assert store.scalar(f"SELECT count(DISTINCT substr({TRACE_ID}, 9, 8)) FROM requests") == 4
+
+
+def _posted_until_taken(port: int, body: bytes) -> int:
+    """Post as an exporter does: again after a 503, for up to 30 s."""
+    deadline = time.monotonic() + 30
+    while (status := _post(port, "/v1/traces", body, "application/x-protobuf")) == 503 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return status
+
+
+def test_serve_replays_the_log_before_it_takes_new_requests(tmp_path):
     db = tmp_path / "s.duckdb"
     Store(db).close()
     _logged(tmp_path / "s.duckdb.intake", 4)  # as a serve killed before committing them left it
     serve = Serve(db, free_port())
-    serve.start()  # listening means the replay is done
-    assert _post(serve.port, "/v1/traces", _traces(1, 2), "application/x-protobuf") == 200  # a client's resend
+    serve.start()
+    assert _posted_until_taken(serve.port, _traces(1, 2)) == 200  # a client's resend
     assert serve.stop() == 0, serve.log.read_text()[-3000:]
     assert _segments(tmp_path / "s.duckdb.intake") == []  # a clean stop leaves nothing to replay
     with Store(db, read_only=True) as store:
@@ -385,3 +407,32 @@ def test_a_full_disk_refuses_the_append_and_leaves_nothing_of_it(small_disk):  #
         writer.stop()
         stored = store.scalar(f"SELECT count(DISTINCT substr({TRACE_ID}, 9, 8)) FROM requests")
     assert stored == refused + 1 and os.listdir(small_disk / "log") == []
+
+
+@pytest.mark.privileged
+def test_a_replay_a_full_disk_holds_back_leaves_serve_answering_its_health_checks(small_disk):
+    """serve killed with requests in its log and started again while the store's disk is full: /healthz answers
+    (a kubelet would otherwise restart it over and over), /readyz and new requests say it is not ready, and once
+    there is space the replay is written and requests are taken."""
+    db = small_disk / "s.duckdb"
+    Store(db).close()
+    _logged(small_disk / "s.duckdb.intake", 3)
+    filler = Filler(small_disk)
+    filler.start()
+    serve = Serve(db, free_port(), small_disk.parent / "serve.log")
+    try:
+        serve.start()
+        assert _get(serve.port, "/healthz")[0] == 200
+        ready, why = _get(serve.port, "/readyz")
+        assert ready == 503 and ("replaying the intake log" in why or "store write failing" in why)
+        assert _post(serve.port, "/v1/traces", _traces(1, 9), "application/x-protobuf") == 503
+        filler.free()
+        assert _posted_until_taken(serve.port, _traces(1, 9)) == 200
+        assert _get(serve.port, "/readyz")[0] == 200
+    finally:
+        if filler.is_alive():
+            filler.free()
+        if serve.proc is not None and serve.proc.poll() is None:
+            assert serve.stop() == 0, serve.log.read_text()[-3000:]
+    with Store(db, read_only=True) as store:
+        assert store.scalar(f"SELECT count(DISTINCT substr({TRACE_ID}, 9, 8)) FROM requests") == 4
