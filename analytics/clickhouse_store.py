@@ -155,6 +155,15 @@ def _quiet_drivers():
             logger.setLevel(level)
 
 
+def root_cause(exc: BaseException) -> str:
+    """What went wrong: where the driver wrapped a failed connection, the system's reason ("Connection refused",
+    not urllib3's pool and object addresses around it); otherwise the error's own message (a server's)."""
+    inner = exc
+    while (wrapped := inner.__cause__ or inner.__context__) is not None:
+        inner = wrapped
+    return inner.strerror if isinstance(inner, OSError) and inner.strerror else str(exc)
+
+
 class HttpBackend:
     """A ClickHouse server over HTTP (clickhouse-connect)."""
 
@@ -168,7 +177,8 @@ class HttpBackend:
                 self.client = clickhouse_connect.get_client(host=host, port=port, username=user, password=password,
                                                             database=database, settings={"session_timezone": "UTC"})
         except Exception as exc:  # the driver's errors have no common base worth naming
-            raise StoreError(f"clickhouse://{user}@{host}:{port}/{database}: cannot connect: {exc}") from None
+            raise StoreError(f"clickhouse://{user}@{host}:{port}/{database}: cannot connect: {root_cause(exc)}") \
+                from None
 
     def execute(self, query: str, params: dict | None = None) -> None:
         self.client.command(query, parameters=params)
@@ -297,13 +307,13 @@ class ClickHouseStore(Reader):
         try:
             self.backend.execute(self._named(statement))
         except Exception as exc:  # a refused grant, a server gone: the driver's errors have no common base
-            raise StoreError(f"{self.path}: statement failed: {exc}") from None
+            raise StoreError(f"{self.path}: statement failed: {root_cause(exc)}") from None
 
     def _insert(self, table: str, data: pa.Table) -> None:
         try:
             self.backend.insert(self._named(table), data)
         except Exception as exc:
-            raise StoreError(f"{self.path}: insert into {self._named(table)} failed: {exc}") from None
+            raise StoreError(f"{self.path}: insert into {self._named(table)} failed: {root_cause(exc)}") from None
 
     def _our_expressions(self) -> dict[tuple[str, str], str]:
         """(table, column) -> this release's expression of each of sloscope's columns, as ClickHouse formats it."""
@@ -405,7 +415,7 @@ class ClickHouseStore(Reader):
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreError(f"{self.path}: query failed: {exc}") from None
+            raise StoreError(f"{self.path}: query failed: {root_cause(exc)}") from None
 
     def rows(self, query: str, params=None) -> list[tuple]:
         return self.frame(query, params).rows()
