@@ -216,13 +216,7 @@ def run(args: argparse.Namespace, out=None) -> int:
                     print(f"sloscope probe: collecting {name} failed: {err}", file=sys.stderr)
         except KeyboardInterrupt:
             return 130
-        except BrokenPipeError:  # the reader went away (| head): stop quietly
-            try:
-                sys.stdout = open("/dev/null", "w")
-            except OSError:
-                pass
-            return 0
-        finally:
+        finally:  # also when the reader went away (| head): the command then exits 141, as for every subcommand
             probes.stop()
     return 0 if all(d.running for d in decisions) else 1
 

@@ -13,3 +13,12 @@ def test_a_reader_that_stops_early_gets_no_traceback():
     proc.stdout.close()
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and "Traceback" not in stderr, stderr
+
+
+def test_a_probe_whose_reader_stops_early_ends_as_every_command_does():
+    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "probe", "pressure", "--duration", "30",
+                             "--interval", "0.2", "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"{")
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and "Traceback" not in stderr, stderr
