@@ -85,9 +85,23 @@ def register(subparsers) -> None:
                       help="file whose first line is the bearer token, 16 characters or more (default: "
                       "$SLOSCOPE_WEBHOOK_TOKEN)")
     hook.add_argument("--path", default="/alerts", help="URL path of the webhook (default: %(default)s)")
-    hook.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
-                      help="largest accepted body (default: %(default)s)")
+    hook.add_argument("--max-body", type=_body_size, default="1MiB", metavar="SIZE",
+                      help="largest accepted body, in bytes or with KiB, MiB, GiB, as serve's sizes; larger is a "
+                      "413 (default: %(default)s)")
     hook.set_defaults(func=run_webhook)
+
+
+def _body_size(text: str) -> int:
+    """--max-body: a size in serve's grammar (receiver/limits.py), above zero (none would refuse every alert)."""
+    from receiver.limits import parse_size
+
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be above zero")
+    return size
 
 
 _K8S_NAME = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"

@@ -23,7 +23,8 @@ def register(subparsers) -> None:
         "OpenTelemetry Collector's file exporter writes them with format: json; gzip and its zstd compression "
         "recognised) into the store. Malformed lines "
         "are reported as FILE:LINE: reason, counted and skipped; the rest loads. Loading the same data twice "
-        "adds nothing. Exit status: 0 all loaded, 1 some lines rejected, 2 usage or spec error.")
+        "adds nothing. Exit status: 0 all loaded, 1 some lines rejected, 2 usage or spec error (a named file that "
+        "does not exist or is a directory, found before the store is opened).")
     ingest.add_argument("files", nargs="+", type=Path, metavar="FILE")
     add_store_arguments(ingest)
     ingest.add_argument("--slo", type=Path, metavar="SLO.yaml",
@@ -61,7 +62,8 @@ def register(subparsers) -> None:
         description="Delete requests, samples and histograms older than --keep before now, in one transaction. "
         "ClickHouse stores expire rows with the clickhouseexporter's ttl setting instead.")
     add_store_arguments(retention)
-    retention.add_argument("--keep", required=True, metavar="DURATION", help="how much to keep, e.g. 7d")
+    retention.add_argument("--keep", required=True, metavar="DURATION",
+                           help="how much to keep, with its unit, e.g. 7d or 12h (a bare number is refused)")
     retention.set_defaults(func=run_retention)
 
     columns = subparsers.add_parser(
@@ -88,13 +90,28 @@ def register(subparsers) -> None:
     columns.set_defaults(func=run_clickhouse_columns)
 
 
+class InputError(ValueError):
+    """A file named on the command line that cannot be an input: a usage error."""
+
+
+def _check_inputs(paths: list[Path]) -> None:
+    """Refuse a named input that is missing or a directory before anything is created or written (a file that
+    cannot be read further on is reported as rejected lines instead, and the others load)."""
+    for path in paths:
+        if path.is_dir():
+            raise InputError(f"{path}: a directory; name the files in it (e.g. {path}/*.jsonl.gz)")
+        if not path.exists():
+            raise InputError(f"{path}: no such file")
+
+
 def run_ingest(args) -> int:
     from analytics.ingest import Ingestor
 
     try:
+        _check_inputs(args.files)
         store = open_from_args(args)
         spec = store.spec(args.slo)
-    except (SpecError, StoreError) as exc:
+    except (SpecError, StoreError, InputError) as exc:
         print(f"sloscope ingest: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -119,7 +136,7 @@ def run_ingest(args) -> int:
 
 
 def run_rca(args) -> int:
-    from analytics.rca import Query, format_table
+    from analytics.rca import NO_REQUESTS, Query, format_table
 
     query = Query(args.since or "", args.until or "", args.at or "", args.node or "", args.top, args.baseline,
                   args.lookback)
@@ -128,32 +145,37 @@ def run_rca(args) -> int:
         spec = store.spec(args.slo)
         with store:
             result = query.answer(store, spec)
+            empty = not result["incidents"] and "moment" not in result and not query.holds_requests(store)
     except (SpecError, StoreError, ValueError) as exc:
         print(f"sloscope rca: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if empty:  # not "no SLO violations": nothing was there to judge
+        print(f"sloscope rca: {store.path} {NO_REQUESTS}", file=sys.stderr)
     fmt = args.format or ("table" if sys.stdout.isatty() else "json")
-    print(format_table(result) if fmt == "table" else json.dumps(result, indent=2))
+    print(format_table(result, empty) if fmt == "table" else json.dumps(result, indent=2))
     return EXIT_OK
 
 
 def run_retention(args) -> int:
-    from datetime import datetime, timedelta, timezone
-
-    from analytics.retention import apply_retention
-    from sloscope.durations import parse_duration
+    from analytics.rca import rfc3339
+    from analytics.retention import DUCKDB_ONLY, apply_retention, kept_period, utc_now
 
     try:
-        keep = timedelta(seconds=parse_duration(args.keep, "--keep"))
+        keep = kept_period(args.keep, "--keep")
         url = parse_store_url(store_url(args))
-        if url.scheme == "duckdb" and not url.path.exists():  # opening it for writing would make an empty one
+        # Refused before opening: opening for writing would make an empty database, or chDB's directory.
+        if url.scheme != "duckdb":
+            raise StoreError(f"{url}: {DUCKDB_ONLY}")
+        if not url.path.exists():
             raise StoreError(f"{url.path}: no such database")
+        now = utc_now()
         with open_from_args(args) as store:
-            deleted = apply_retention(store, keep, datetime.now(timezone.utc).replace(tzinfo=None))
+            deleted = apply_retention(store, keep, now)
     except (ValueError, StoreError) as exc:  # a bad duration is a ValueError
         print(f"sloscope retention: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"deleted rows older than {args.keep}: " + ", ".join(f"{n} {t}" for t, n in deleted.items()),
-          file=sys.stderr)
+    print(f"deleted rows older than {rfc3339(now - keep)} (kept {args.keep.strip()} before now): "
+          + ", ".join(f"{n} {t}" for t, n in deleted.items()), file=sys.stderr)
     return EXIT_OK
 
 

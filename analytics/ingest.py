@@ -38,13 +38,14 @@ class IngestReport:
     counts: Counter = field(default_factory=Counter)
     seconds: float = 0.0
 
-    def reject(self, where: str, reason: str, whole: bool = True) -> None:
+    def reject(self, message: str, whole: bool = True) -> None:
+        """Count a refusal; `message` says where and why, as "file:line: reason"."""
         if whole:
             self.rejected_count += 1
         else:
             self.partly_refused_count += 1
         if len(self.rejected) < MAX_REPORTED_ERRORS:
-            self.rejected.append(f"{where}: {reason}")
+            self.rejected.append(message)
 
     @property
     def lines_with_refusals(self) -> int:
@@ -94,8 +95,8 @@ def _chunks(paths: list[Path], report: IngestReport, lines_per_chunk: int):
                 if len(chunk) >= lines_per_chunk:
                     yield chunk
                     chunk = []
-        except FileReadError as exc:
-            report.reject(str(path), str(exc))
+        except FileReadError as exc:  # its message names the file (and line) already
+            report.reject(str(exc))
     if chunk:
         yield chunk
 
@@ -125,7 +126,7 @@ class Ingestor:
         frames, rejects, counts = result
         self.report.lines += lines
         for where, reason, whole in rejects:
-            self.report.reject(where, reason, whole)
+            self.report.reject(f"{where}: {reason}", whole)
         self.pending.append(frames)
         self.pending_rows += len(frames)
         self.pending_counts.update(counts + self.enrichment.place(frames))

@@ -17,6 +17,7 @@ from analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOK
 from analytics.slo import Incident, find_incidents
 from analytics.store import Store
 
+NO_REQUESTS = "holds no requests in the analysed range"
 EPISODE_GAP = timedelta(minutes=2)
 CLOCK_SKEW = timedelta(minutes=5)  # how far ahead of this host's clock a request may start and still be "newest"
 MOMENT_SPAN = timedelta(minutes=1)  # a moment is explained by what its signals did in the minute from it
@@ -33,20 +34,58 @@ def newest_request(store, now: datetime | None = None) -> datetime | None:
     return store.rows(store.sql("newest_request"), {"not_after": now + CLOCK_SKEW})[0][0]
 
 
-def parse_time(text: str, newest: datetime | None) -> datetime:
-    """RFC 3339, or a duration back from the newest stored request (e.g. 1h)."""
+def parse_rfc3339(text: str) -> datetime | None:
+    """An RFC 3339 time as naive UTC; None where text is not one."""
     try:
         t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        return t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t
     except ValueError:
-        pass
+        return None
+    return t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t
+
+
+def parse_time(text: str, newest: datetime | None, where: str = "") -> datetime:
+    """RFC 3339, or a duration back from the newest stored request (e.g. 1h). `where` names the value (the flag)
+    in errors."""
+    prefix = f"{where}: " if where else ""
+    t = parse_rfc3339(text)
+    if t is not None:
+        return t
     try:
-        seconds = parse_duration(text, "--since")
-    except ConfigError:
-        raise ValueError(f"{text!r} is neither an RFC 3339 time nor a duration like 30m") from None
+        seconds = parse_duration(text, where)
+    except ConfigError as exc:
+        if _is_zero_duration(text):
+            raise ValueError(str(exc)) from None
+        raise ValueError(f"{prefix}{text!r} is neither an RFC 3339 time nor a duration like 30m") from None
     if newest is None:
-        raise ValueError("a relative time needs stored requests to count back from")
+        raise ValueError(f"{prefix}a relative time counts back from the newest stored request, and the store "
+                         "holds none: give an RFC 3339 time")
     return newest - timedelta(seconds=seconds)
+
+
+def _is_zero_duration(text: str) -> bool:
+    """Whether text, which parse_duration refused, is a duration that is zero (it refuses those too): digits do
+    not change the grammar, so the same text with its zeros as ones parses."""
+    try:
+        parse_duration(text.replace("0", "1"))
+    except ConfigError:
+        return False
+    return True
+
+
+def analysed_range(since: str, until: str, newest: datetime | None) -> tuple[datetime | None, datetime | None]:
+    """--since and --until as times (None where not given); ValueError where the range ends before it starts."""
+    start = parse_time(since, newest, "--since") if since else None
+    end = parse_time(until, newest, "--until") if until else None
+    if start is not None and end is not None and end <= start:
+        raise ValueError(f"--until {until} is not after --since {since}: give a range that ends after it starts")
+    return start, end
+
+
+def holds_requests(store, since: datetime | None, until: datetime | None) -> bool:
+    """Whether the store holds requests in [since, until), as far as the span of its requests tells (a range
+    inside a gap between them is not seen)."""
+    first, last = store.rows(store.sql("data_range"))[0]
+    return first is not None and (since is None or since <= last) and (until is None or until > first)
 
 
 @dataclass(frozen=True)
@@ -75,13 +114,16 @@ class Query:
         if self.node and not self.at:
             raise ValueError("--node goes with --at (on GET /rca: node with at)")
         newest = newest_request(store)
-        baseline = timedelta(seconds=parse_duration(self.baseline, "baseline"))
-        lookback = timedelta(seconds=parse_duration(self.lookback, "lookback"))
+        baseline = timedelta(seconds=parse_duration(self.baseline, "--baseline"))
+        lookback = timedelta(seconds=parse_duration(self.lookback, "--lookback"))
         if self.at:
-            return explain_moment(store, spec, parse_time(self.at, newest), self.node or None, self.top,
+            return explain_moment(store, spec, parse_time(self.at, newest, "--at"), self.node or None, self.top,
                                   baseline, lookback)
-        return analyse(store, spec, parse_time(self.since, newest) if self.since else None,
-                       parse_time(self.until, newest) if self.until else None, self.top, baseline, lookback)
+        return analyse(store, spec, *analysed_range(self.since, self.until, newest), self.top, baseline, lookback)
+
+    def holds_requests(self, store: Store) -> bool:
+        """Whether the store holds requests in the range this query analyses."""
+        return holds_requests(store, *analysed_range(self.since, self.until, newest_request(store)))
 
 
 class StageTimer:
@@ -260,10 +302,14 @@ def incident_json(incident: Incident, causes: list[dict], diagnosis: dict) -> di
             "diagnosis": diagnosis}
 
 
-def format_table(result: dict) -> str:
+def format_table(result: dict, no_requests: bool = False) -> str:
+    """The result for people; `no_requests`: the analysed range held no requests, so no incident says nothing
+    about the objectives."""
     if "moment" in result:
         return _moment_table(result["moment"])
     incidents = result["incidents"]
+    if no_requests:
+        return f"Nothing to judge: the store {NO_REQUESTS}."
     if not incidents:
         return "No SLO violations: every tier met its objectives in the analysed range."
     lines = [f"{len(incidents)} incident(s)"]

@@ -18,7 +18,8 @@ from datetime import datetime, timedelta, timezone
 
 import duckdb
 
-from sloscope.durations import format_duration
+from sloscope.durations import format_duration, parse_duration
+from sloscope.errors import ConfigError
 from sloscope.latency_buckets import bounds_ms
 
 from analytics.store import Store, StoreError
@@ -27,14 +28,24 @@ log = logging.getLogger("sloscope.retention")
 RETENTION_INTERVAL_S = 3600.0
 
 TIME_COLUMNS = {"requests": "start_time", "samples": "ts", "histograms": "ts"}
+DUCKDB_ONLY = "retention applies to DuckDB stores; ClickHouse expires rows with the exporter's ttl setting"
+
+
+def kept_period(text: str, where: str) -> timedelta:
+    """A kept period, which must give its unit: a bare number would be seconds, and `7` meaning 7 seconds
+    would delete nearly everything. `where` names the flag in the error."""
+    try:
+        float(text)
+    except ValueError:
+        return timedelta(seconds=parse_duration(text, where))
+    raise ConfigError(f"{where + ': ' if where else ''}{text!r} has no unit; give one, e.g. 7d or 12h")
 
 
 def apply_retention(store, keep: timedelta, now: datetime) -> dict[str, int]:
     """Delete what is older than now - keep; returns the rows deleted per table (also counted as
     retention_deleted_<table>, and the run as retention_runs)."""
     if not isinstance(store, Store):
-        raise StoreError(f"{store.path}: retention applies to DuckDB stores; ClickHouse expires rows with the "
-                         "exporter's ttl setting")
+        raise StoreError(f"{store.path}: {DUCKDB_ONLY}")
     cutoff = now - keep
     deleted = {}
     with store.transaction():

@@ -25,6 +25,8 @@ from sloscope.ids import SPAN_WORDS, TRACE_WORDS, words_of_hex
 from sloscope.records import Batch, SpanColumns, SpanTable
 
 SCHEMA_VERSION = 5
+# How DuckDB knows its own files: a block checksum of 8 bytes, then these magic bytes.
+DUCKDB_MAGIC, DUCKDB_MAGIC_OFFSET = b"DUCK", 8
 DEFAULT_DB = Path(os.environ.get("SLOSCOPE_DB", "var/sloscope.duckdb"))
 SERIES = ["node", "metric", "attributes"]
 # What the cumulative state of each kind of series keeps of its last point, besides its start and time.
@@ -33,6 +35,9 @@ STATE_FIELDS = {"sum": ["value"], "histogram": ["count", "sum", "buckets"]}
 
 class StoreError(RuntimeError):
     pass
+
+
+NOT_A_DATABASE_FILE = "not a DuckDB database file; give a database sloscope wrote, or a new path to create one"
 
 
 # A query of the same folder named in double braces, inlined as a subquery: {{signal_steps}} reads with the
@@ -209,7 +214,9 @@ class Store(Reader):
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self.memory_limit = memory_limit
+        self._refuse_other_files()
         self.con = self._connect()
+        self._refuse_unless_file_backed()
         if not read_only:
             self._migrate()
         self._check_version()
@@ -220,6 +227,27 @@ class Store(Reader):
                                   config={"memory_limit": self.memory_limit, "preserve_insertion_order": False})
         except duckdb.Error as exc:
             raise StoreError(f"{self.path}: cannot open the database: {exc}") from None
+
+    def _refuse_other_files(self) -> None:
+        """DuckDB opens some files it does not own (a JSON file, a gzip file) as an in-memory database: whatever
+        was written then would be lost, so a file without DuckDB's header is refused before it is opened."""
+        if not self.path.exists():
+            return
+        try:
+            with open(self.path, "rb") as file:
+                head = file.read(DUCKDB_MAGIC_OFFSET + len(DUCKDB_MAGIC))
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot read the database: {exc.strerror}") from None
+        if head[DUCKDB_MAGIC_OFFSET:] != DUCKDB_MAGIC:
+            raise StoreError(f"{self.path}: {NOT_A_DATABASE_FILE}")
+
+    def _refuse_unless_file_backed(self) -> None:
+        """Whatever else DuckDB may open as an in-memory database is refused too: nothing written would last."""
+        (path,), = self.con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+                                    ).fetchall()
+        if path is None:
+            self.con.close()
+            raise StoreError(f"{self.path}: {NOT_A_DATABASE_FILE}")
 
     def reopen(self) -> None:
         """A new connection, for a database DuckDB invalidated after a fatal error (it refuses everything on the

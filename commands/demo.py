@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from commands.live.run import FAULT_NAMES
+from simulator.cli import cause_argument
 
 DEFAULT_DIR = Path("var/demo")
 LIVE_DIR = Path("var/demo-live")
@@ -36,7 +37,8 @@ def register(subparsers) -> None:
                       help="the simulated fleet")
     demo.set_defaults(mode="auto")
     demo.add_argument("--dir", type=Path, help=f"working directory (default: {DEFAULT_DIR}, live: {LIVE_DIR})")
-    demo.add_argument("--fault", default="gpu_sm_contention", help="taxonomy cause to inject (default: %(default)s)")
+    demo.add_argument("--fault", type=cause_argument, default="gpu_sm_contention", metavar="CAUSE",
+                      help="taxonomy cause to inject in the simulated fleet (default: %(default)s)")
     demo.add_argument("--nodes", type=int, default=4, help="fleet size (default: %(default)s)")
     demo.add_argument("--seed", type=int, default=1,
                       help="random seed of the simulated fleet (default: %(default)s)")

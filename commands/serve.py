@@ -93,13 +93,12 @@ def register(subparsers) -> None:
 
 def _retention_period(text: str):
     import argparse
-    from datetime import timedelta
 
-    from sloscope.durations import parse_duration
+    from analytics.retention import kept_period
     from sloscope.errors import ConfigError
 
     try:
-        return timedelta(seconds=parse_duration(text))
+        return kept_period(text, "")  # argparse names the flag
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -50,19 +50,16 @@ def register(subparsers) -> None:
 
 
 def _sampling_policy(args, config, spec_path) -> dict:
-    import json
     import time
-    import urllib.request
     from datetime import timedelta, timezone
 
-    from analytics.rca import newest_request, parse_time
+    from analytics.rca import newest_request, parse_rfc3339
     from analytics.store import DEFAULT_DB, Store
 
     from sampling.policy import evaluate_once
 
     if args.url:
-        with urllib.request.urlopen(args.url, timeout=10) as response:
-            return json.loads(response.read())
+        return _served_policy(args.url)
     with Store(args.db or DEFAULT_DB, read_only=True) as store:
         spec = store.spec(spec_path)
         now = time.time()
@@ -72,14 +69,39 @@ def _sampling_policy(args, config, spec_path) -> dict:
                 raise ValueError("--at latest: the database holds no requests")
             now = (newest + timedelta(seconds=1)).replace(tzinfo=timezone.utc).timestamp()
         elif args.at:
-            now = parse_time(args.at, None).replace(tzinfo=timezone.utc).timestamp()
+            now = parse_rfc3339(args.at).replace(tzinfo=timezone.utc).timestamp()
         return evaluate_once(store, spec, config, now)
+
+
+def _served_policy(url: str) -> dict:
+    """The policy `sloscope serve` answers at url; ValueError naming the URL where none comes."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise ValueError(f"--url {url}: answered {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:  # the reason is the socket's error: its words, without the errno
+        raise ValueError(f"--url {url}: {getattr(exc.reason, 'strerror', None) or exc.reason}") from None
+    except (OSError, ValueError) as exc:  # a timeout, a connection cut, or an answer that is not JSON
+        raise ValueError(f"--url {url}: no policy read: {exc}") from None
+
+
+def _check_at(text: str | None) -> None:
+    """--at is an RFC 3339 time or `latest`: a duration, as rca takes, has no newest request here to count back
+    from (and a served policy is always the current one)."""
+    from analytics.rca import parse_rfc3339
+
+    if text and text != "latest" and parse_rfc3339(text) is None:
+        raise ValueError(f"--at: expected an RFC 3339 time or 'latest'; got {text!r}")
 
 
 def run_sampling(args) -> int:
     import json
     import time
-    import urllib.error
 
     from analytics.store import StoreError
     from sloscope.durations import parse_duration
@@ -98,13 +120,14 @@ def run_sampling(args) -> int:
                 raise ValueError("--every needs -o FILE")
         if args.url and args.at:
             raise ValueError("--at evaluates from --db; a served policy is always the current one")
+        _check_at(args.at)
     except ValueError as exc:  # a ConfigError, a SpecError among them
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     while True:
         try:
             policy = _sampling_policy(args, config, args.slo)
-        except (StoreError, ValueError, OSError, urllib.error.URLError) as exc:
+        except (StoreError, ValueError, OSError) as exc:
             print(f"{prog}: {exc}", file=sys.stderr)
             if every is None:
                 return EXIT_USAGE

@@ -20,10 +20,16 @@ def _seconds(text: str) -> int:
     return int(value)
 
 
-def _fault(text: str) -> str:
-    if text == "none" or text in taxonomy.CAUSE_IDS:
+def cause_argument(text: str) -> str:
+    """A taxonomy cause id, as an argparse type (also the demo's --fault)."""
+    if text in taxonomy.CAUSE_IDS:
         return text
-    raise argparse.ArgumentTypeError(f"unknown cause {text!r}; choose none or one of: {', '.join(taxonomy.CAUSE_IDS)}")
+    raise argparse.ArgumentTypeError(f"unknown cause {text!r}; choose one of: {', '.join(taxonomy.CAUSE_IDS)}")
+
+
+def _fault(text: str) -> str:
+    """A cause, or none for a healthy control."""
+    return text if text == "none" else cause_argument(text)
 
 
 def register(subparsers) -> argparse.ArgumentParser:

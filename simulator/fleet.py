@@ -401,8 +401,7 @@ def simulate(cfg: SimulationConfig) -> GroundTruth:
     global _ACTIVE
     if cfg.out is None:
         raise ValueError("SimulationConfig.out is required")
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _output_directory(Path(cfg.out))
     fleet = build_fleet(cfg)
     renderer = _Renderer(fleet, release=True)
     suffix = ".gz" if cfg.compress else ""
@@ -434,6 +433,17 @@ def simulate(cfg: SimulationConfig) -> GroundTruth:
     }
     truth.write(out / TRUTH_FILE)
     return truth
+
+
+def _output_directory(out: Path) -> Path:
+    """out, created where it is not yet; ValueError where it cannot be, before any work is done."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"output directory {out}: a file of that name is there; give a directory") from None
+    except OSError as exc:
+        raise ValueError(f"output directory {out}: cannot create it: {exc.strerror}") from None
+    return out
 
 
 def _drain(results, mf, tf, totals) -> None:
