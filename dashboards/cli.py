@@ -190,7 +190,7 @@ def write_report(db: Path | str, spec_path: Path | None, out: Path, *, since: st
                  password_file: Path | None = None) -> dict:
     """Write the HTML report from `db`, a DuckDB file or a store URL (analytics/stores.py); returns {"path",
     "incidents", "charts"}. Raises StoreError, SpecError, ValueError."""
-    from analytics.rca import newest_request, parse_time
+    from analytics.rca import analysed_range, newest_request
     from analytics.stores import open_store
 
     from dashboards.report import Report
@@ -198,9 +198,7 @@ def write_report(db: Path | str, spec_path: Path | None, out: Path, *, since: st
     url = db if isinstance(db, str) else f"duckdb:///{db}"
     with open_store(url, read_only=True, password_file=password_file) as store:
         spec = store.spec(spec_path)
-        newest = newest_request(store)
-        t_since = parse_time(since, newest) if since else None
-        t_until = parse_time(until, newest) if until else None
+        t_since, t_until = analysed_range(since or "", until or "", newest_request(store))
         report = Report(store, spec, top=top, grafana_url=grafana_url)
         html = report.render(t_since, t_until, db_label=str(store.path))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ from sloscope import catalog
 from sloscope.slo_spec import SloSpec
 
 from analytics.attribution import BASELINE, GROWTH_SUFFIX, LOOKBACK, Window, signal_steps
-from analytics.rca import EPISODE_GAP, analyse, parse_time, rfc3339
+from analytics.rca import EPISODE_GAP, NO_REQUESTS, analyse, holds_requests, parse_time, rfc3339
 from analytics.slo import MIN_REQUESTS, sli_windows, window_latencies
 from analytics.store import Store
 
@@ -211,7 +211,9 @@ class Report:
                  f"; SLO spec {escape(self.spec.source)}; analysed "
                  f"{rfc3339(lo) if lo else '–'} .. {rfc3339(hi) if hi else '–'} (UTC)</p>",
                  self._objectives()]
-        if not eps:
+        if not eps and not holds_requests(self.store, since, until):
+            parts.append(f"<p class=muted><b>Nothing to judge</b>: the store {NO_REQUESTS}.</p>")
+        elif not eps:
             parts.append("<p class=ok><b>No SLO violations</b>: every tier met its objectives in the analysed "
                          "range.</p>")
         else:

@@ -199,3 +199,15 @@ def test_serve_refuses_a_retention_without_a_unit():
     done = subprocess.run([sys.executable, "-m", "commands.cli", "serve", "--retention", "7"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and "argument --retention: '7' has no unit" in done.stderr
+
+
+def test_report_on_a_store_without_requests_says_there_was_nothing_to_judge(tmp_path, capsys):
+    db = tmp_path / "empty.duckdb"
+    Store(db).close()
+    out = tmp_path / "r.html"
+    assert main(["report", "--db", str(db), "-o", str(out)]) == 0
+    html = out.read_text()
+    assert "Nothing to judge" in html and "No SLO violations" not in html
+    assert main(["report", "--db", str(db), "-o", str(out), "--since", "2026-01-02T00:00:00Z",
+                 "--until", "2026-01-01T00:00:00Z"]) == 2
+    assert "--until 2026-01-01T00:00:00Z is not after --since" in capsys.readouterr().err
