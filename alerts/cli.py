@@ -204,6 +204,7 @@ def _spec(db: Path, slo: Path | None):
 
 
 def run_webhook(args) -> int:
+    from analytics.store import StoreError, refuse_other_files
     from sloscope.slo_spec import SpecError
 
     from alerts.actions import ConfigError
@@ -211,11 +212,12 @@ def run_webhook(args) -> int:
     from alerts.webhook import TokenError, WebhookApp, WebhookServer, load_token, parse_listen
 
     try:
+        refuse_other_files(args.db)  # the audit goes there: a file DuckDB would open in memory would lose it
         config = load_config(args.config)
         spec = _spec(args.db, args.slo)
         token = load_token(args.token_file)
         address = parse_listen(args.listen)
-    except (ConfigError, SpecError, TokenError, ValueError) as exc:
+    except (ConfigError, SpecError, TokenError, StoreError, ValueError) as exc:
         print(f"sloscope webhook: {exc}", file=sys.stderr)
         return EXIT_USAGE
     engine = Engine(config, AuditStore.at(args.db), spec.tiers)

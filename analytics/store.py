@@ -40,6 +40,20 @@ class StoreError(RuntimeError):
 NOT_A_DATABASE_FILE = "not a DuckDB database file; give a database sloscope wrote, or a new path to create one"
 
 
+def refuse_other_files(path: Path) -> None:
+    """StoreError for an existing file without DuckDB's header: DuckDB opens some files it does not own (a JSON
+    file, a gzip file) as an in-memory database, and whatever was written then would be lost."""
+    if not path.exists():
+        return
+    try:
+        with open(path, "rb") as file:
+            head = file.read(DUCKDB_MAGIC_OFFSET + len(DUCKDB_MAGIC))
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read the database: {exc.strerror}") from None
+    if head[DUCKDB_MAGIC_OFFSET:] != DUCKDB_MAGIC:
+        raise StoreError(f"{path}: {NOT_A_DATABASE_FILE}")
+
+
 # A query of the same folder named in double braces, inlined as a subquery: {{signal_steps}} reads with the
 # query's own parameters; {{requests start end}} reads the range of its start and end instead of since and until.
 RELATION = re.compile(r"\{\{(\w+)(?: (\w+) (\w+))?\}\}")
@@ -214,7 +228,7 @@ class Store(Reader):
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self.memory_limit = memory_limit
-        self._refuse_other_files()
+        refuse_other_files(self.path)
         self.con = self._connect()
         self._refuse_unless_file_backed()
         if not read_only:
@@ -227,19 +241,6 @@ class Store(Reader):
                                   config={"memory_limit": self.memory_limit, "preserve_insertion_order": False})
         except duckdb.Error as exc:
             raise StoreError(f"{self.path}: cannot open the database: {exc}") from None
-
-    def _refuse_other_files(self) -> None:
-        """DuckDB opens some files it does not own (a JSON file, a gzip file) as an in-memory database: whatever
-        was written then would be lost, so a file without DuckDB's header is refused before it is opened."""
-        if not self.path.exists():
-            return
-        try:
-            with open(self.path, "rb") as file:
-                head = file.read(DUCKDB_MAGIC_OFFSET + len(DUCKDB_MAGIC))
-        except OSError as exc:
-            raise StoreError(f"{self.path}: cannot read the database: {exc.strerror}") from None
-        if head[DUCKDB_MAGIC_OFFSET:] != DUCKDB_MAGIC:
-            raise StoreError(f"{self.path}: {NOT_A_DATABASE_FILE}")
 
     def _refuse_unless_file_backed(self) -> None:
         """Whatever else DuckDB may open as an in-memory database is refused too: nothing written would last."""

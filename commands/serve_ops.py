@@ -35,7 +35,8 @@ def add_limit_arguments(parser) -> None:
     group.add_argument("--read-header-timeout", type=seconds, default=d.read_header_timeout_s, metavar="S",
                        help="from a request's first byte to the end of its headers (default: %(default)s)")
     group.add_argument("--read-timeout", type=seconds, default=d.read_timeout_s, metavar="S",
-                       help="for a request's whole body; past it, a 408 (default: %(default)s)")
+                       help="for a request's whole body; past it, a 408. Over gRPC, a connection's age before "
+                       "its GOAWAY, and then its calls' time to finish (default: %(default)s)")
     group.add_argument("--write-timeout", type=seconds, default=d.write_timeout_s, metavar="S",
                        help="for a whole response (default: %(default)s)")
     group.add_argument("--idle-timeout", type=seconds, default=d.idle_timeout_s, metavar="S",

@@ -1,5 +1,7 @@
 """Reading an OTLP/HTTP request body within limits: framed by Content-Length or chunked transfer coding, bounded
-in bytes throughout and reserved against the receiver's in-flight budget (receiver/content_coding.py decodes it).
+in bytes throughout and reserved against the receiver's in-flight budget as its bytes arrive, never as declared, so
+that clients which declare large bodies and then stall hold no more of the budget than they have sent
+(receiver/content_coding.py decodes it).
 
 Framing is checked as strictly as RFC 9112 lets a server be, since a body whose end two parties see differently
 is how requests get smuggled past a proxy: a Content-Length that is not one plain decimal number, or one beside a
@@ -8,6 +10,7 @@ Transfer-Encoding, is refused.
 
 from __future__ import annotations
 
+import io
 import re
 
 from receiver.limits import Reservation
@@ -16,6 +19,7 @@ _DECIMAL = re.compile(rb"[0-9]{1,18}")
 _HEX = re.compile(rb"[0-9a-fA-F]{1,15}")
 MAX_CHUNK_LINE = 4096  # a chunk size with its extensions
 MAX_TRAILER_LINES = 64
+READ_STEP = 2**16  # body bytes read at a time: what a connection may take before it is reserved
 
 
 class BodyError(Exception):
@@ -63,13 +67,12 @@ def too_large(limit: int, what: str = "body") -> BodyError:
 
 
 def read_body(rfile, length: int | None, limit: int, held: Reservation) -> bytes:
-    """The framed body (not yet decompressed), each byte reserved before it is read."""
+    """The framed body (not yet decompressed), reserved piece by piece as it arrives."""
     if length is None:
         return _read_chunked(rfile, limit, held)
     if length > limit:
         raise too_large(limit)
-    held.reserve(length)
-    body = rfile.read(length)
+    body = _received(rfile, length, held)
     if len(body) < length:
         raise BodyError(400, "requests_truncated", f"body ended after {len(body)} of {length} bytes")
     return body
@@ -83,8 +86,7 @@ def _read_chunked(rfile, limit: int, held: Reservation) -> bytes:
             break
         if total + size > limit:
             raise too_large(limit)
-        held.reserve(size)
-        data = rfile.read(size)
+        data = _received(rfile, size, held)
         if len(data) < size or _line(rfile, "chunk end") != b"":
             raise BodyError(400, "requests_bad_framing", "chunk shorter than its size or not ended by CRLF")
         parts.append(data)
@@ -93,6 +95,15 @@ def _read_chunked(rfile, limit: int, held: Reservation) -> bytes:
         if _line(rfile, "trailer") == b"":
             return b"".join(parts)
     raise BodyError(400, "requests_bad_framing", f"more than {MAX_TRAILER_LINES} trailer lines")
+
+
+def _received(rfile, n: int, held: Reservation) -> bytes:
+    """The next `n` bytes, or fewer where the client stops sending; each piece is reserved once it is here."""
+    body = io.BytesIO()  # grows in place, and getvalue() hands over its buffer without a copy
+    while body.tell() < n and (piece := rfile.read1(min(n - body.tell(), READ_STEP))):
+        held.reserve(len(piece))
+        body.write(piece)
+    return body.getvalue()
 
 
 def _line(rfile, what: str) -> bytes:

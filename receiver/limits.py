@@ -20,13 +20,13 @@ class Limits:
     max_inflight_bytes: int = 256 * MiB  # request bodies being read or decoded, all clients together
     max_header_bytes: int = 1 * MiB  # a request line and headers (Go's net/http default)
     read_header_timeout_s: float = 10.0  # from a request's first byte to the end of its headers
-    read_timeout_s: float = 60.0  # for the whole body
+    read_timeout_s: float = 60.0  # for the whole body; over gRPC, a connection's age, then the grace of its calls
     write_timeout_s: float = 30.0  # for the whole response
     idle_timeout_s: float = 60.0  # a keep-alive connection waiting for its next request
     max_connections: int = 512  # past it, new connections wait in the listen backlog
     grpc_max_message_bytes: int = 32 * MiB
     grpc_max_concurrent_streams: int = 16  # calls on one connection; more wait at the client (HTTP/2)
-    grpc_max_concurrent_rpcs: int = 64  # calls in all; more are RESOURCE_EXHAUSTED
+    grpc_max_concurrent_rpcs: int = 64  # calls in all, each with a thread; more are RESOURCE_EXHAUSTED
 
     def __post_init__(self):
         # A request the budget can never hold would be told to retry for ever.

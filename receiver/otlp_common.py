@@ -85,6 +85,11 @@ def refusal_message(counts: dict) -> str:
     return "refused: " + "; ".join(parts)
 
 
+def valueless_point(name: str) -> DecodeError:
+    """The refusal of a gauge or sum point with neither value, which protobuf would read as a 0 never measured."""
+    return DecodeError(f"{name}: data point has neither asDouble nor asInt", "points_invalid_value")
+
+
 def point_times(name: str, start: int, time: int) -> tuple[int, int]:
     """A data point's start and time (ns), which the store keeps as signed 64-bit integers."""
     if time <= 0:

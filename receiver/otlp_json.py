@@ -20,7 +20,8 @@ from sloscope.records import Batch
 from receiver.otlp_common import (
     FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, MAX_INT64, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
     TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips, SpanResource,
-    TextCache, append_span, explicit_buckets, histogram_totals, kept_metrics, point_times, scale0_buckets)
+    TextCache, append_span, explicit_buckets, histogram_totals, kept_metrics, point_times, scale0_buckets,
+    valueless_point)
 
 _HEX_TRACE = re.compile(r"[0-9a-fA-F]{32}")
 _HEX_SPAN = re.compile(r"[0-9a-fA-F]{16}")
@@ -326,7 +327,7 @@ class Decoder(Skips):
             else:
                 raw = _get(point, "asInt", "as_int")
                 if raw is None:
-                    raise DecodeError(f"{name}: data point has neither asDouble nor asInt")
+                    raise valueless_point(name)
                 value = float(_int(raw, f"{name}: asInt"))
         except DecodeError as exc:
             raise _refusable("points_invalid_value", exc) from None

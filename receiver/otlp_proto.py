@@ -16,7 +16,8 @@ from sloscope.records import Batch
 from receiver.otlp_common import (
     FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
     TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips, SpanResource,
-    TextCache, append_span, explicit_buckets, histogram_totals, kept_metrics, point_times, scale0_buckets)
+    TextCache, append_span, explicit_buckets, histogram_totals, kept_metrics, point_times, scale0_buckets,
+    valueless_point)
 
 REQUEST_TYPES = {"traces": ExportTraceServiceRequest, "metrics": ExportMetricsServiceRequest,
                  "logs": ExportLogsServiceRequest}
@@ -159,7 +160,10 @@ class ProtoDecoder(Skips):
 
     def _number_point(self, p, series: MetricSeries, batch: Batch, is_sum: bool, cumulative: bool) -> None:
         name = series.name
-        value = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
+        kind = p.WhichOneof("value")
+        if kind is None:
+            raise valueless_point(name)
+        value = p.as_double if kind == "as_double" else float(p.as_int)
         if self._unkept_value(value, series):
             return
         start, time = point_times(name, p.start_time_unix_nano, p.time_unix_nano)

@@ -4,7 +4,7 @@ and handing them to an intake that may refuse them when it is full.
 Responses follow the OTLP specification: a malformed payload is a non-retryable 400 / INVALID_ARGUMENT; a
 full intake is a retryable 503 with Retry-After / UNAVAILABLE, so exporters back off and resend instead of
 sloscope buffering without bound; data points that were well-formed but could not be kept are reported as
-partial success.
+partial success. Over HTTP, every error answer to an export request is a google.rpc.Status encoded like the request.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Callable
 
 import grpc
 import orjson
+from google.rpc import status_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
@@ -43,6 +44,7 @@ from receiver.tls import TlsFiles
 log = logging.getLogger("sloscope.receiver")
 RETRY_AFTER_S = 1
 PLAIN_BODY = ("", "identity")  # Content-Encoding values of a body sent as it is
+OTLP_CONTENT_TYPES = ("application/x-protobuf", "application/json")
 SIGNALS = ("traces", "metrics", "logs")
 RESPONSES = {"traces": trace_service_pb2.ExportTraceServiceResponse,
              "metrics": metrics_service_pb2.ExportMetricsServiceResponse,
@@ -53,6 +55,14 @@ UNKEPT = (*UNKEPT_REASONS, *REFUSAL_REASONS)
 # Protobuf trace requests by the decoder that read them (ingest counters): a falling share of the fast path
 # means an exporter writes what only the general decoder reads, at a fraction of the rate.
 FAST_PATH, GENERAL_PATH = "trace_requests_fast_path", "trace_requests_general_path"
+# The google.rpc.Status code of an OTLP/HTTP error answer: the Collector's for the statuses it maps (gRPC's
+# HTTP-to-gRPC table, 400 as INVALID_ARGUMENT), and for the others the code gRPC gives the same refusal (a body
+# too large is what a message past gRPC's limit gets: RESOURCE_EXHAUSTED). UNKNOWN for any other.
+STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+                404: grpc.StatusCode.UNIMPLEMENTED, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
+                411: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+                415: grpc.StatusCode.INVALID_ARGUMENT, 501: grpc.StatusCode.UNIMPLEMENTED,
+                503: grpc.StatusCode.UNAVAILABLE}
 
 
 @dataclass
@@ -233,8 +243,7 @@ class _HttpHandler(KeepAliveHandler):
         if challenge is None:
             return True
         self._count("unauthenticated_http")
-        self._send(401, b"missing or wrong bearer token\n", "text/plain; charset=utf-8",
-                   {"WWW-Authenticate": challenge})
+        self._refuse(401, "missing or wrong bearer token", {"WWW-Authenticate": challenge})
         return False
 
     def do_GET(self):  # noqa: N802 - http.server's naming
@@ -243,22 +252,22 @@ class _HttpHandler(KeepAliveHandler):
             return
         page = self.pages.get(path)
         if page is None:
-            return self._plain(404, f"not found; GET serves {', '.join(sorted(self.pages)) or 'nothing'}")
+            return self._refuse(404, f"not found; GET serves {', '.join(sorted(self.pages)) or 'nothing'}")
         # A page that takes parameters gets the query's (and an unknown one is a 400); others ignore the query.
         params = dict(urllib.parse.parse_qsl(query)) if inspect.signature(page).parameters else {}
         try:
             inspect.signature(page).bind(**params)
         except TypeError as exc:
-            return self._plain(400, f"{path}: {exc}")
+            return self._refuse(400, f"{path}: {exc}")
         try:
             body, content_type = page(**params)
         except ValueError as exc:
-            return self._plain(400, f"{path}: {exc}")
+            return self._refuse(400, f"{path}: {exc}")
         except Unavailable as exc:
-            return self._plain(503, f"{path}: {exc}")
+            return self._refuse(503, f"{path}: {exc}")
         except Exception as exc:  # a failing page must not take the receiver down
             log.exception("GET %s failed", self.path)
-            return self._plain(500, f"{type(exc).__name__}: {exc}")
+            return self._refuse(500, f"{type(exc).__name__}: {exc}")
         self._send(200, body, content_type)
 
     def do_POST(self):  # noqa: N802 - http.server's naming
@@ -266,17 +275,17 @@ class _HttpHandler(KeepAliveHandler):
             return
         signal = {f"/v1/{s}": s for s in SIGNALS}.get(self.path.split("?", 1)[0])
         if self.receiver is None:
-            return self._plain(404, f"no OTLP intake here; GET serves {', '.join(sorted(self.pages))}")
+            return self._refuse(404, f"no OTLP intake here; GET serves {', '.join(sorted(self.pages))}")
         if signal is None:
             self.receiver.count("requests_unknown_path")
-            return self._plain(404, "unknown path: OTLP/HTTP serves /v1/traces, /v1/metrics and /v1/logs")
-        content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
-        if content_type not in ("application/x-protobuf", "application/json"):
+            return self._refuse(404, "unknown path: OTLP/HTTP serves /v1/traces, /v1/metrics and /v1/logs")
+        content_type = self._content_type()
+        if content_type not in OTLP_CONTENT_TYPES:
             self.receiver.count("requests_bad_content_type")
-            return self._plain(415, "Content-Type must be application/x-protobuf or application/json")
+            return self._refuse(415, "Content-Type must be application/x-protobuf or application/json")
         is_json = content_type == "application/json"
         with Reservation(self.receiver.inflight) as held:  # the body is held until it is answered
-            body = self._body(held, is_json)
+            body = self._body(held)
             if body is None:
                 return
             self._export(signal, body, is_json, content_type)
@@ -286,17 +295,16 @@ class _HttpHandler(KeepAliveHandler):
             outcome = self.receiver.accept_body(signal, body, is_json, peer_ip(self.client_address[0]))
         except DecodeError as exc:
             self.receiver.count(f"{signal}_invalid")
-            return self._status(400, str(exc), is_json)
+            return self._refuse(400, str(exc))
         if not outcome.accepted:
-            return self._status(503, "sloscope is busy writing; retry later", is_json,
-                                {"Retry-After": str(RETRY_AFTER_S)})
+            return self._refuse(503, "sloscope is busy writing; retry later", {"Retry-After": str(RETRY_AFTER_S)})
         response = RESPONSES[signal]()
         if outcome.rejected:
             setattr(response.partial_success, REJECTED_FIELD[signal], outcome.rejected)
             response.partial_success.error_message = outcome.message
         self._send(200, _encode(response, is_json), content_type)
 
-    def _body(self, held: Reservation, is_json: bool) -> bytes | None:
+    def _body(self, held: Reservation) -> bytes | None:
         """The request body within the limits (decompressed), or None once the refusal is answered."""
         limit = self.limits.max_body_bytes
         self.reader.expect("body", self.limits.read_timeout_s)
@@ -310,26 +318,25 @@ class _HttpHandler(KeepAliveHandler):
             return body if encoding in PLAIN_BODY else content_coding.decode(encoding, body, limit, held)
         except BodyError as exc:
             self._count(exc.counter)
-            self._plain(exc.status, str(exc))
+            self._refuse(exc.status, str(exc))
         except Exhausted:
             self._count("requests_refused_memory")
-            self._status(503, "sloscope holds too many request bytes; retry later", is_json,
-                         {"Retry-After": str(RETRY_AFTER_S)})
+            self._refuse(503, "sloscope holds too many request bytes; retry later", {"Retry-After": str(RETRY_AFTER_S)})
         except TimeoutError:  # counted by the reader; say why before the connection closes
-            self._plain(408, f"request body not received within {self.limits.read_timeout_s:g} s")
+            self._refuse(408, f"request body not received within {self.limits.read_timeout_s:g} s")
         return None
 
-    def _status(self, code: int, message: str, is_json: bool, headers: dict | None = None):
-        # OTLP/HTTP error bodies are google.rpc.Status, encoded like the request.
-        grpc_code = 3 if code == 400 else 14  # INVALID_ARGUMENT, UNAVAILABLE
-        if is_json:
-            body, content_type = orjson.dumps({"code": grpc_code, "message": message}), "application/json"
-        else:
-            from google.rpc import status_pb2
+    def _content_type(self) -> str:
+        return (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
 
-            body = status_pb2.Status(code=grpc_code, message=message).SerializeToString()
-            content_type = "application/x-protobuf"
-        self._send(code, body, content_type, headers)
+    def _refuse(self, code: int, message: str, headers: dict | None = None):
+        """An error answer. OTLP/HTTP wants an export request's as a google.rpc.Status encoded like the request;
+        a page's, or one to a POST in neither OTLP encoding, is text, there being no encoding to answer in."""
+        content_type = self._content_type() if self.command == "POST" else ""
+        if content_type not in OTLP_CONTENT_TYPES:
+            return self._send(code, message.encode() + b"\n", "text/plain; charset=utf-8", headers)
+        status = status_pb2.Status(code=STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN).value[0], message=message)
+        self._send(code, _encode(status, content_type == "application/json"), content_type, headers)
 
     def _method_not_allowed(self):
         if self.receiver is not None:
@@ -338,9 +345,6 @@ class _HttpHandler(KeepAliveHandler):
         self._send(405, body, "text/plain; charset=utf-8", {"Allow": "GET, POST"})
 
     do_HEAD = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _method_not_allowed  # http.server would answer 501
-
-    def _plain(self, code: int, message: str):
-        self._send(code, message.encode() + b"\n", "text/plain; charset=utf-8")
 
     def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None):
         self.connection.settimeout(self.limits.write_timeout_s)
@@ -420,20 +424,27 @@ def _export_handler(signal: str, receiver: Receiver):
                                                response_serializer=lambda m: m.SerializeToString())
 
 
-def grpc_server(receiver: Receiver, host: str, port: int, workers: int = 8, tls: TlsFiles | None = None,
+def grpc_server(receiver: Receiver, host: str, port: int, tls: TlsFiles | None = None,
                 auth: BearerAuth | None = None) -> tuple[grpc.Server, int]:
     """OTLP/gRPC under the receiver's limits: a larger message is RESOURCE_EXHAUSTED before it is decoded. Calls
     in progress are bounded per connection by HTTP/2's stream limit (the client waits, as with the Collector's
-    max_concurrent_streams) and in all (past it, RESOURCE_EXHAUSTED); those beyond `workers` wait for a
-    thread. A connection's handshake (TLS, HTTP/2 preface) has the header deadline. With `tls`, TLS only; with
-    `auth`, a call without the bearer token is UNAUTHENTICATED."""
+    max_concurrent_streams) and in all (past it, RESOURCE_EXHAUSTED), each with a thread of its own. A
+    connection's handshake (TLS, HTTP/2 preface) has the header deadline; once as old as the body deadline, it is
+    sent a GOAWAY (the client reconnects), and its calls have the body deadline again to finish before it is
+    closed. With `tls`, TLS only; with `auth`, a call without the bearer token is UNAUTHENTICATED."""
     limits = receiver.limits
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
+    # grpcio holds a pool thread while a call waits for its request message, without a deadline of its own: with
+    # fewer threads than calls admitted, silent calls would leave the others queued behind them for ever. A
+    # connection's age is what bounds the wait, as the body deadline bounds it over HTTP.
+    read_timeout_ms = int(limits.read_timeout_s * 1000)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=limits.grpc_max_concurrent_rpcs),
                          interceptors=[BearerInterceptor(auth, receiver.count)] if auth else None,
                          maximum_concurrent_rpcs=limits.grpc_max_concurrent_rpcs,
                          options=[("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
                                   ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_streams),
                                   ("grpc.server_handshake_timeout_ms", int(limits.read_header_timeout_s * 1000)),
+                                  ("grpc.max_connection_age_ms", read_timeout_ms),
+                                  ("grpc.max_connection_age_grace_ms", read_timeout_ms),
                                   # no SO_REUSEPORT: a second server on a taken port must fail, not share it
                                   ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers([

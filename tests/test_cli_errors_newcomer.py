@@ -211,3 +211,11 @@ def test_report_on_a_store_without_requests_says_there_was_nothing_to_judge(tmp_
     assert main(["report", "--db", str(db), "-o", str(out), "--since", "2026-01-02T00:00:00Z",
                  "--until", "2026-01-01T00:00:00Z"]) == 2
     assert "--until 2026-01-01T00:00:00Z is not after --since" in capsys.readouterr().err
+
+
+def test_the_webhook_refuses_an_audit_database_that_is_not_a_duckdb_file(tmp_path, capsys):
+    audit, config = tmp_path / "alerts.json", tmp_path / "remediation.yaml"
+    audit.write_text("{}")
+    config.write_text("execute: false\nactions: {}\n")
+    assert main(["webhook", "--config", str(config), "--db", str(audit), "--listen", "127.0.0.1:0"]) == 2
+    assert "not a DuckDB database file" in capsys.readouterr().err
