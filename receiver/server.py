@@ -254,11 +254,12 @@ class _HttpHandler(KeepAliveHandler):
         if page is None:
             return self._refuse(404, f"not found; GET serves {', '.join(sorted(self.pages)) or 'nothing'}")
         # A page that takes parameters gets the query's (and an unknown one is a 400); others ignore the query.
-        params = dict(urllib.parse.parse_qsl(query)) if inspect.signature(page).parameters else {}
-        try:
-            inspect.signature(page).bind(**params)
-        except TypeError as exc:
-            return self._refuse(400, f"{path}: {exc}")
+        known = inspect.signature(page).parameters
+        params = dict(urllib.parse.parse_qsl(query)) if known else {}
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            return self._refuse(400, f"{path}: unknown parameter {', '.join(unknown)}; it takes "
+                                     f"{', '.join(known)}")
         try:
             body, content_type = page(**params)
         except ValueError as exc:
