@@ -10,6 +10,9 @@ import sys
 import threading
 from pathlib import Path
 
+from receiver.limits import parse_size
+from sloscope.arguments import above_zero
+
 log = logging.getLogger("sloscope.alerts")
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -39,7 +42,8 @@ def register(subparsers) -> None:
     rules.add_argument("--slo", type=Path, metavar="SLO.yaml", help="SLO spec (default: the built-in spec)")
     rules.add_argument("--hold", metavar="DURATION",
                        help="`for:` of the physical, node and cause alerts instead of their 1-2 minute defaults "
-                       "(e.g. 15s for faster remediation, at the price of acting on shorter spikes)")
+                       "(e.g. 15s for faster remediation, at the price of acting on shorter spikes; 90 or 1h30m "
+                       "are written as Prometheus durations)")
     rules.add_argument("--format", choices=("rules", "prometheusrule"), default="rules",
                        help="a Prometheus rule file (default), or a monitoring.coreos.com/v1 PrometheusRule")
     rules.add_argument("--name", default="sloscope", help="PrometheusRule metadata.name (default: %(default)s)")
@@ -85,23 +89,10 @@ def register(subparsers) -> None:
                       help="file whose first line is the bearer token, 16 characters or more (default: "
                       "$SLOSCOPE_WEBHOOK_TOKEN)")
     hook.add_argument("--path", default="/alerts", help="URL path of the webhook (default: %(default)s)")
-    hook.add_argument("--max-body", type=_body_size, default="1MiB", metavar="SIZE",
+    hook.add_argument("--max-body", type=above_zero(parse_size), default="1MiB", metavar="SIZE",
                       help="largest accepted body, in bytes or with KiB, MiB, GiB, as serve's sizes; larger is a "
                       "413 (default: %(default)s)")
     hook.set_defaults(func=run_webhook)
-
-
-def _body_size(text: str) -> int:
-    """--max-body: a size in serve's grammar (receiver/limits.py), above zero (none would refuse every alert)."""
-    from receiver.limits import parse_size
-
-    try:
-        size = parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if size <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be above zero")
-    return size
 
 
 _K8S_NAME = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -123,9 +114,27 @@ def _rule_labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
+PROMETHEUS_UNITS = ((3_600_000, "h"), (60_000, "m"), (1000, "s"), (1, "ms"))  # in milliseconds, largest first
+
+
+def _prometheus_duration(text: str) -> str:
+    """A duration of the one grammar (sloscope/durations.py) as one Prometheus number and unit, the largest that
+    holds it exactly: 90 -> 90s, 1h30m -> 90m. One already written so (0s too) is kept as it is."""
+    from sloscope.durations import parse_duration
+
+    if re.fullmatch(r"\d+(ms|s|m|h)", text):
+        return text
+    ms = round(parse_duration(text, "--hold") * 1000)
+    unit_ms, unit = next((u, name) for u, name in PROMETHEUS_UNITS if ms % u == 0)
+    return f"{ms // unit_ms}{unit}"
+
+
 def _rules_usage_error(args) -> str | None:
-    if args.hold is not None and not re.fullmatch(r"\d+(ms|s|m|h)", args.hold):
-        return f"--hold: expected a Prometheus duration like 15s or 1m; got {args.hold!r}"
+    if args.hold is not None:
+        try:
+            args.hold = _prometheus_duration(args.hold)
+        except ValueError as exc:  # parse_duration's ConfigError
+            return str(exc)
     for flag, value in (("--page-severity", args.page_severity), ("--ticket-severity", args.ticket_severity)):
         if not re.fullmatch(_SEVERITY, value):
             return f"{flag}: expected a word of letters, digits, '_', '.' or '-'; got {value!r}"

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from enrich.tiers import TierResolver
+from sloscope.arguments import above_zero
 from sloscope.slo_spec import SpecError
 
 from analytics.store import StoreError
@@ -30,7 +31,7 @@ def register(subparsers) -> None:
     ingest.add_argument("--slo", type=Path, metavar="SLO.yaml",
                         help="SLO spec whose tiers are the allow-list for the untrusted x-slo-tier header "
                         "(default: the spec last used with this database, else the built-in spec)")
-    ingest.add_argument("--batch-rows", type=int, default=250_000,
+    ingest.add_argument("--batch-rows", type=above_zero(int), default=250_000,
                         help="rows per transaction (default: %(default)s)")
     ingest.set_defaults(func=run_ingest)
 

@@ -41,7 +41,9 @@ def register(subparsers) -> None:
         "OpenTelemetry Collector clickhouseexporter's tables instead: the GET pages only, computed in ClickHouse.")
     from analytics.stores import add_store_arguments
     from sloscope import logs
-    from commands.serve_ops import above_zero, add_edge_arguments, add_limit_arguments
+    from sloscope.arguments import above_zero
+
+    from commands.serve_ops import add_edge_arguments, add_limit_arguments
     from receiver.limits import parse_size
 
     add_store_arguments(serve)
@@ -109,9 +111,12 @@ def _default_decode_workers() -> int:
 
 
 def listen_address(text: str) -> tuple[str, int] | None:
+    """HOST:PORT (or :PORT, on 127.0.0.1), or None for off; ValueError says what was expected."""
     if text == "off":
         return None
     host, _, port = text.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{text!r}: expected HOST:PORT (e.g. 127.0.0.1:4318), :PORT or off")
     return host or "127.0.0.1", int(port)
 
 

@@ -3,13 +3,14 @@ listener before any serves, the liveness and readiness pages, and the intake's o
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sloscope.arguments import above_zero
 
 log = logging.getLogger("sloscope.serve")
 TEXT = "text/plain; charset=utf-8"
@@ -104,22 +105,6 @@ def edge_of(args, env: dict | None = None) -> Edge:
             raise ValueError("the bearer token must be printable ASCII without spaces")
         auth = BearerAuth(token, OPEN_PAGES)
     return Edge(tls, auth)
-
-
-def above_zero(parse):
-    """An argparse type: `parse`, and above zero."""
-
-    def positive(text: str):
-        try:
-            value = parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: must be above zero")
-        return value
-
-    positive.__name__ = parse.__name__
-    return positive
 
 
 def limits_of(args):

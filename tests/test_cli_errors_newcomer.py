@@ -219,3 +219,19 @@ def test_the_webhook_refuses_an_audit_database_that_is_not_a_duckdb_file(tmp_pat
     config.write_text("execute: false\nactions: {}\n")
     assert main(["webhook", "--config", str(config), "--db", str(audit), "--listen", "127.0.0.1:0"]) == 2
     assert "not a DuckDB database file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hold, written", [("90", "90s"), ("1h30m", "90m"), ("1.5s", "1500ms"), ("15s", "15s")])
+def test_rules_hold_takes_the_one_duration_grammar_and_writes_prometheus_durations(capsys, hold, written):
+    assert main(["rules", "--hold", hold]) == 0
+    assert f"for: {written}\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["ingest", "--batch-rows", "0", "x.jsonl"], "argument --batch-rows: '0': must be above zero"),
+    (["serve", "--http", "localhost", "--db", "{tmp}/s.duckdb"], "'localhost': expected HOST:PORT"),
+])
+def test_counts_and_addresses_are_refused_in_one_line(tmp_path, argv, says):
+    done = subprocess.run([sys.executable, "-m", "commands.cli", *[a.format(tmp=tmp_path) for a in argv]],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr

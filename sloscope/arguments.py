@@ -1,0 +1,21 @@
+"""Command-line argument types shared by the stages' commands."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def above_zero(parse):
+    """An argparse type: `parse`, and above zero."""
+
+    def positive(text: str):
+        try:
+            value = parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be above zero")
+        return value
+
+    positive.__name__ = parse.__name__
+    return positive
