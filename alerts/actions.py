@@ -118,8 +118,10 @@ class Runner:
         if not argv or not all(isinstance(a, str) and "\x00" not in a for a in argv):
             raise ActionFailed(f"refusing to run a malformed argument list {_show(argv)}")
         try:
+            # Output that is not UTF-8 is read with replacement characters: the command has run by then, and an
+            # error here would leave its effect unaudited.
             done = subprocess.run(argv, shell=False, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=self.timeout_s, check=False)
+                                  errors="replace", timeout=self.timeout_s, check=False)
         except FileNotFoundError:
             raise ActionFailed(f"{argv[0]}: command not found") from None
         except subprocess.TimeoutExpired:

@@ -337,6 +337,8 @@ class Engine:
         with self._decide:
             if self.audit.seen(con, key):
                 return _result({**row, "decision": "duplicate", "reason": "already handled"})
+            if self.audit.seen(con, (*key[:2], "resolved")):  # a late delivery (a retry, a second Alertmanager)
+                return self._refuse(con, key, row, "this alert was already resolved; its firing came late")
             rule = self.config.actions.get(meta["alertname"])
             if rule is None:
                 row["params"] = {"labels": labels}
@@ -373,7 +375,7 @@ class Engine:
                     lock.release()
                 raise
         try:
-            dry_run = not self.config.execute or rule.dry_run
+            dry_run, effect_unknown = not self.config.execute or rule.dry_run, False
             if dry_run:
                 why = "this action is dry_run in the config" if rule.dry_run else "execution is off in the config"
                 row.update(decision="dry_run", reason=f"would run; {why}")
@@ -382,8 +384,14 @@ class Engine:
                     row.update(decision="executed", reason=str(plan.execute())[:500] or "done")
                 except (ActionFailed, Refused) as exc:  # Refused here: a value from a command's output
                     row.update(decision="failed", reason=str(exc))
+                except (Transient, *_TRANSIENT):
+                    raise
+                except Exception as exc:  # the action may have taken effect: audited, and its undo kept open
+                    log.exception("remediation %s on %s failed unexpectedly", rule.action, plan.target)
+                    row.update(decision="failed", reason=f"unexpected {type(exc).__name__}: {str(exc)[:300]}")
+                    effect_unknown = True
             opens = None
-            if row["decision"] in ("executed", "dry_run") and plan.undo is not None:
+            if (row["decision"] in ("executed", "dry_run") or effect_unknown) and plan.undo is not None:
                 opens = lambda: self.audit.open(con, key, meta["alertname"], rule.action, plan.target,  # noqa: E731
                                                 rule.params, plan.undo, dry_run, self.now())
             return self._finish(con, row, logging.ERROR if row["decision"] == "failed" else logging.INFO, opens)
@@ -424,6 +432,12 @@ class Engine:
                     row.update(decision="executed", reason=str(plan.execute())[:500] or "done")
                 except ActionFailed as exc:
                     row.update(decision="failed", reason=f"undo failed, the action stays open: {exc}")
+                except (Transient, *_TRANSIENT):
+                    raise
+                except Exception as exc:
+                    log.exception("undo of %s on %s failed unexpectedly", opened["action"], opened["target"])
+                    row.update(decision="failed", reason=f"undo failed unexpectedly, the action stays open: "
+                                                         f"{type(exc).__name__}: {str(exc)[:300]}")
             closes = None
             if row["decision"] != "failed":
                 closes = lambda: self.audit.close(con, meta["fingerprint"], meta["starts_at"], self.now())  # noqa

@@ -1,7 +1,8 @@
 """Alertmanager webhook receiver (payload version 4) feeding the remediation engine.
 
 `WebhookApp.respond(method, path, headers, read_body)` is the whole protocol, independent of an HTTP server, so
-that it can be mounted in another server; `serve()` runs it on a ThreadingHTTPServer (127.0.0.1 by default).
+that it can be mounted in another server; `WebhookServer` serves it with the OTLP receiver's connection limits
+(receiver/http_conn.py: a deadline per request phase, a cap on connections), on 127.0.0.1 by default.
 
 Per request, in this order:
 1. `GET /-/healthy`: 200, no authentication (for liveness probes); nothing else is served without a token.
@@ -26,12 +27,14 @@ import re
 import socket
 import stat
 import time
+from io import BufferedReader
 from pathlib import Path
 from typing import Callable
 
 from alerts.remediation import Engine, Transient, parse_rfc3339
-from receiver.draining import DrainingServer, KeepAliveHandler
+from receiver.draining import KeepAliveHandler
 from receiver.http_body import plain_length
+from receiver.http_conn import DeadlineReader, LimitedHTTPServer
 
 log = logging.getLogger("sloscope.webhook")
 
@@ -48,6 +51,12 @@ FINGERPRINT = re.compile(r"[0-9a-f]{1,64}", re.ASCII)
 STATUSES = ("firing", "resolved")
 LINGER_BYTES = 65536
 LINGER_S = 1.0
+# Each phase of a request has one deadline for all its reads (a client sending a byte every few seconds would
+# otherwise hold its connection for ever), and connections are capped: Alertmanager sends a group at a time, a
+# few at once, and past the cap new connections wait in the listen backlog instead of taking file descriptors.
+HEADER_TIMEOUT_S, BODY_TIMEOUT_S, IDLE_TIMEOUT_S = 10.0, 10.0, 60.0
+MAX_HEADER_BYTES = 65536
+MAX_CONNECTIONS = 64
 
 
 class PayloadError(ValueError):
@@ -228,14 +237,27 @@ class WebhookApp:
 
 class _Handler(KeepAliveHandler):
     server: "WebhookServer"
-    timeout = 10  # seconds a client may take to send its request: slow senders do not hold a thread forever
     server_version = "sloscope-webhook"
     sys_version = ""
 
+    def setup(self):
+        super().setup()
+        self.rfile.close()  # reads go through the phase deadlines instead
+        self.reader = DeadlineReader(self.connection, self.server.cut_off)
+        self.rfile = BufferedReader(self.reader)
+
+    def start_request(self) -> None:
+        self.reader.expect("header", HEADER_TIMEOUT_S, MAX_HEADER_BYTES)
+
+    def next_request_arrives(self) -> bool:
+        self.reader.expect("idle", IDLE_TIMEOUT_S)
+        return super().next_request_arrives()
+
     def _read(self, n: int) -> bytes:
+        self.reader.expect("body", BODY_TIMEOUT_S)
         try:
             return self.rfile.read(n)
-        except OSError:  # includes the socket timeout: a short body, answered with 400
+        except OSError:  # includes the deadline: a short body, answered with 400
             return b""
 
     def _handle(self):
@@ -279,11 +301,16 @@ class _Handler(KeepAliveHandler):
         log.debug("%s %s", self.address_string(), fmt % args)
 
 
-class WebhookServer(DrainingServer):
+class WebhookServer(LimitedHTTPServer):
 
     def __init__(self, address: tuple[str, int], app: WebhookApp):
         self.app = app
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler, MAX_CONNECTIONS, self.cut_off)
+
+    def cut_off(self, why: str) -> None:
+        """A connection closed for a deadline or a size passed, or held back at the connection cap."""
+        if why != "idle_timeout":  # a keep-alive connection left idle is closed as a matter of course
+            log.info("webhook: %s", why.replace("_", " "))
 
     def handle_error(self, request, client_address):  # a client that went away is not worth a traceback
         log.debug("webhook: connection from %s failed", client_address, exc_info=True)

@@ -240,6 +240,46 @@ def test_a_failing_action_is_audited_with_its_reason_and_opens_nothing(tmp_path)
     assert engine.handle([alert("A", status="resolved", node="gpu-node-3")])[0]["decision"] == "ignored"
 
 
+def test_a_command_whose_output_is_not_utf8_is_audited_as_run(tmp_path):
+    """A real run: the command has taken effect by the time its output is read, however that output is encoded."""
+    fake_nft = tmp_path / "bin" / "nft"
+    fake_nft.parent.mkdir()
+    fake_nft.write_text("#!/bin/sh\necho \"$@\" >> \"$(dirname \"$0\")/calls\"\nprintf '\\377\\376 done'\n")
+    fake_nft.chmod(0o755)
+
+    class OnPath(Runner):
+        def run(self, argv, netns=None):
+            return super().run([str(fake_nft), *argv[1:]], netns)
+
+    engine, _ = make_engine(tmp_path, {"A": {"action": "nft_drain_backend", "params": DRAIN_PARAMS}}, OnPath(),
+                            execute=True)
+    [fired] = engine.handle([alert("A", node="gpu-node-3")])
+    assert fired["decision"] == "executed" and "done" in fired["reason"]
+    [undone] = engine.handle([alert("A", status="resolved", node="gpu-node-3")])
+    assert undone["decision"] == "executed"
+    assert (tmp_path / "bin" / "calls").read_text().split("\n")[:2] == [
+        "delete element inet lb backends { 10.0.0.3 }", "add element inet lb backends { 10.0.0.3 }"]
+    assert [r["decision"] for r in audit_rows(tmp_path)] == ["executed", "executed"]
+
+
+def test_an_unexpected_error_while_acting_is_audited_and_its_undo_kept_open(tmp_path):
+    class Broken(FakeRunner):
+        def run(self, argv, netns=None):
+            self.calls.append((list(argv), netns))
+            if argv[1] == "delete":
+                raise LookupError("the runner broke after the command ran")
+            return ""
+
+    runner = Broken()
+    engine, _ = make_engine(tmp_path, {"A": {"action": "nft_drain_backend", "params": DRAIN_PARAMS}}, runner,
+                            execute=True)
+    [fired] = engine.handle([alert("A", node="gpu-node-3")])
+    assert fired["decision"] == "failed" and "unexpected LookupError" in fired["reason"]
+    [undone] = engine.handle([alert("A", status="resolved", node="gpu-node-3")])
+    assert undone["decision"] == "executed" and runner.calls[-1][0][1] == "add"
+    assert [r["decision"] for r in audit_rows(tmp_path)] == ["failed", "executed"]
+
+
 def test_raise_sampling_records_an_override_until_resolved(tmp_path):
     engine, clock = make_engine(tmp_path, {"SloscopeTierLatencyHigh": {"action": "raise_sampling",
                                                                        "params": {"duration": "30m"}}}, execute=True)
@@ -404,3 +444,14 @@ def test_nft_drain_backend_on_real_nftables_in_a_network_namespace(tmp_path):
         assert "10.0.0.3" in _run(*nft, "list", "set", "inet", "lb", "backends")
     finally:
         subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
+
+
+def test_a_firing_that_arrives_after_its_resolve_is_refused_and_audited(tmp_path):
+    """Two Alertmanagers, or a retry overtaken: acting then would drain a node nothing will undo."""
+    runner = FakeRunner()
+    engine, _ = make_engine(tmp_path, {"A": {"action": "nft_drain_backend", "params": DRAIN_PARAMS}}, runner,
+                            execute=True)
+    assert engine.handle([alert("A", status="resolved", node="gpu-node-3")])[0]["decision"] == "ignored"
+    [late] = engine.handle([alert("A", node="gpu-node-3")])
+    assert late["decision"] == "refused" and "already resolved" in late["reason"] and runner.calls == []
+    assert [r["decision"] for r in audit_rows(tmp_path)] == ["refused"]

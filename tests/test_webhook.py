@@ -259,3 +259,35 @@ def test_webhook_command_serves_and_refuses_to_start_without_a_token(tmp_path, c
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def test_slow_senders_are_cut_off_and_cannot_take_every_connection(server, monkeypatch):
+    """Headers a byte at a time are cut off at one deadline for all of them, and the connections such clients
+    hold are capped: Alertmanager's next notification is still answered."""
+    import alerts.webhook as webhook
+
+    monkeypatch.setattr(webhook, "HEADER_TIMEOUT_S", 1.0)
+    slow = [socket.create_connection(server.server_address[:2], timeout=5) for _ in range(webhook.MAX_CONNECTIONS)]
+    try:
+        for s in slow:
+            s.sendall(b"POST /alerts HTTP/1.1\r\n")
+        started = time.monotonic()
+        for _ in range(4):  # still sending: a byte every half second, each within the old per-read timeout
+            time.sleep(0.5)
+            for s in slow:
+                try:
+                    s.sendall(b"X")
+                except OSError:
+                    pass
+        status, body, _ = post(server, payload())
+        assert status == 200 and body["results"][0]["decision"] == "executed"
+        assert time.monotonic() - started < 8
+        for s in slow:  # every slow client was closed at its header deadline
+            s.settimeout(2)
+            try:
+                assert s.recv(4096) == b""
+            except ConnectionResetError:
+                pass
+    finally:
+        for s in slow:
+            s.close()
