@@ -189,6 +189,56 @@ def test_dropped_watches_and_bookmarks_resume_from_the_last_version(kube, servin
     assert len(watches) >= 2 and all("allowWatchBookmarks=true" in p for p in watches)
 
 
+def test_a_watch_that_ends_at_once_is_retried_with_backoff_not_in_a_loop():
+    with FakeKubeApi() as kube:
+        kube.empty_watches = True  # a proxy in front of the API server that closes every watch
+        watch = PodWatch(KubeApi.of(kube.url), PodDirectory()).start()
+        time.sleep(2.0)
+        watch.stop()
+        watches = [p for p in kube.requests if "watch=1" in p]
+    assert watch.synced.is_set() and 1 <= len(watches) <= 4 and watch.counts["kube_watch_errors"] >= 1
+
+
+def test_a_list_whose_continue_token_expires_is_made_again_in_one_request():
+    with FakeKubeApi(page_size_limit=2) as kube:
+        for i in range(5):
+            kube.add_pod(f"worker-{i}", "jobs", "cpu-node-1", f"10.7.0.{i + 1}")
+        kube.continue_expires = True
+        directory = PodDirectory()
+        watch = PodWatch(KubeApi.of(kube.url), directory).start()
+        assert watch.synced.wait(10), "the pods were never listed"
+        watch.stop()
+        lists = [p for p in kube.requests if "watch=1" not in p]
+    assert len(directory) == 5 and lists[-1] == "/api/v1/pods?"  # the last: every pod, no limit
+
+
+def test_a_throttled_request_waits_as_long_as_retry_after_asks():
+    with FakeKubeApi() as kube:
+        kube.throttle(1, retry_after=2)
+        started = time.monotonic()
+        watch = PodWatch(KubeApi.of(kube.url), PodDirectory()).start()
+        assert watch.synced.wait(10), "the pods were never listed"
+        waited = time.monotonic() - started
+        watch.stop()
+    assert 2.0 <= waited < 5 and watch.counts["kube_watch_errors"] == 1
+
+
+def test_a_broken_watch_resumes_from_its_last_event_and_bookmarks_are_counted(kube, serving):
+    wait_for(lambda: kube.open_watches == 1, what="the watch")
+    kube.add_pod(SIDECAR["pod"], SIDECAR["namespace"], "gpu-node-3", SIDECAR["ip"])
+    kube.bookmark()
+    wait_for(lambda: serving.watch.counts["kube_events_bookmark"] == 1, what="the bookmark")
+    seen = serving.watch.version
+    assert seen == str(kube.version)
+    kube.empty_watches = True  # the next watch is broken: resumed from the bookmark's version all the same
+    kube.end_watches()
+    wait_for(lambda: serving.watch.counts["kube_watch_errors"] >= 1, what="the broken watch")
+    kube.empty_watches = False
+    wait_for(lambda: sum("watch=1" in p for p in kube.requests) >= 3, seconds=15, what="a watch after the break")
+    assert all(f"resourceVersion={seen}" in p for p in [p for p in kube.requests if "watch=1" in p][1:])
+    assert serving.watch.counts["kube_lists"] == 1
+
+
 def test_the_api_being_away_is_retried_with_backoff(tmp_path):
     with FakeKubeApi() as kube:
         url = kube.url

@@ -13,7 +13,11 @@ chunks, watch bookmarks):
   spec.hostNetwork and status.podIP / phase, as the API writes them.
 
 Test controls: add_pod, update_pod, delete_pod, bookmark, compact (forget history), end_watches (the server closes
-every open watch, as on an API server restart), `requests` (the paths and queries asked for) and `open_watches`."""
+every open watch, as on an API server restart), `requests` (the paths and queries asked for) and `open_watches`.
+Misbehaviours of real servers and the proxies in front of them: `empty_watches` (a watch ends at once with nothing
+in it), `continue_expires` (a continue token is always too old: 410, as the API answers one past its etcd
+compaction), `throttle(n, retry_after)` (the next n requests are 429 with Retry-After, as API Priority and Fairness
+answers)."""
 
 from __future__ import annotations
 
@@ -49,6 +53,8 @@ class FakeKubeApi:
         self._changed = threading.Condition()
         self._epoch = 0  # end_watches() bumps it; open watches see it and end
         self.open_watches = 0
+        self.empty_watches = self.continue_expires = False
+        self._throttled, self._retry_after = 0, 0
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
@@ -105,6 +111,9 @@ class FakeKubeApi:
             self._epoch += 1
             self._changed.notify_all()
 
+    def throttle(self, requests: int, retry_after: int) -> None:
+        self._throttled, self._retry_after = requests, retry_after
+
     def end_watches(self) -> None:
         with self._changed:
             self._epoch += 1
@@ -127,15 +136,21 @@ class FakeKubeApi:
                 query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
                 if parts.path != "/api/v1/pods":
                     return self._json(404, _status(404, "NotFound", f"{parts.path} not found"))
+                if api._throttled:
+                    api._throttled -= 1
+                    return self._json(429, _status(429, "TooManyRequests", "too many requests, retry later"),
+                                      {"Retry-After": str(api._retry_after)})
                 if query.get("watch") in ("1", "true"):
                     return self._watch(query)
                 return self._list(query)
 
-            def _json(self, code: int, body: dict) -> None:
+            def _json(self, code: int, body: dict, headers: dict | None = None) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -143,7 +158,10 @@ class FakeKubeApi:
                 with api._changed:
                     items = sorted(api.pods.values(), key=lambda p: p["metadata"]["uid"])
                     version = api.version
-                limit = min(int(query.get("limit", api.page_size_limit)), api.page_size_limit)
+                if "continue" in query and api.continue_expires:
+                    return self._json(410, _status(410, "Expired", "The provided continue parameter is too old"))
+                # Without a limit the API answers every item at once; with one, at most the server's page size.
+                limit = min(int(query["limit"]), api.page_size_limit) if "limit" in query else len(items)
                 start = int(query.get("continue") or 0)
                 page, more = items[start:start + limit], start + limit < len(items)
                 self._json(200, {"kind": "PodList", "apiVersion": "v1",
@@ -164,6 +182,8 @@ class FakeKubeApi:
                 if since < api.oldest:
                     self._chunk({"type": "ERROR", "object": _status(410, "Expired",
                                                                   f"too old resource version: {since}")})
+                    return self._chunk(None)
+                if api.empty_watches:
                     return self._chunk(None)
                 self._stream(since, bookmarks, timeout)
 
