@@ -14,6 +14,7 @@ from receiver.limits import Limits
 from tests.in_process import InProcessReceiver
 from tests.otlp_builders import span, traces
 from tests.raw_http import RawClient, request
+from tests.test_receiver_limits import _eventually
 
 T0 = 1_764_410_400_000_000_000
 MiB = 2**20
@@ -47,15 +48,6 @@ def _grpc_request(first: int) -> trace_service_pb2.ExportTraceServiceRequest:
         trace_id=first.to_bytes(16, "big"), span_id=first.to_bytes(8, "big"), name="POST /x", kind=2,
         start_time_unix_nano=T0, end_time_unix_nano=T0 + 10**6)
     return message
-
-
-def _eventually(condition, within_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 STALLED_HEADS = {
