@@ -144,6 +144,8 @@ def _rules_usage_error(args) -> str | None:
         return f"--name: expected a Kubernetes object name (lower case, digits, '-', '.'); got {args.name!r}"
     if args.namespace is not None and not (len(args.namespace) <= 63 and re.fullmatch(_K8S_NAME, args.namespace)):
         return f"--namespace: expected a Kubernetes namespace name; got {args.namespace!r}"
+    if args.label and args.format != "prometheusrule":
+        return "--label goes with --format prometheusrule (a rule file has no object to label)"
     return None
 
 

@@ -204,7 +204,11 @@ def run_clickhouse_columns(args) -> int:
     from analytics.clickhouse_store import derived_column_statements, modifying, sql_literal
 
     try:
-        named = exporter_tables.renaming(parse_store_url(args.store).table_names() if args.store else {})
+        url = parse_store_url(args.store) if args.store else None
+        if url is not None and url.scheme == "duckdb":
+            raise StoreError(f"--store {args.store}: the columns are for a ClickHouse store (chdb:// or "
+                             "clickhouse://)")
+        named = exporter_tables.renaming(url.table_names() if url else {})
     except StoreError as exc:
         print(f"sloscope clickhouse-columns: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -28,7 +28,7 @@ from probes import registry
 from probes.registry import ProbeSet
 from probes.tracefs_mount import ensure_tracefs
 
-from .config import CollectorConfig, ConfigError
+from .config import CollectorConfig, ConfigError, check_probes
 from .otlp_exporter import make_exporter
 from .otlp_metrics import MetricsBuilder, count_points
 from .shipper import RETRY_INITIAL_S, RETRY_MAX_S, SHUTDOWN_GRACE_S, Shipper
@@ -47,6 +47,7 @@ def resolve_probe_names(requested: tuple[str, ...] | list[str], options: Mapping
     """Probe names to start. `auto`: the node set (registry.NODE_PROBES) plus every other registered probe
     that is not only a fallback and that is configured (has probe_options) or available here (its check()
     passes: e.g. NVML or an SPDK socket present). `node`: registry.NODE_PROBES. `all`: every probe."""
+    check_probes(requested, options)
     out: list[str] = []
     for name in requested:
         if name == "auto":
@@ -55,13 +56,8 @@ def resolve_probe_names(requested: tuple[str, ...] | list[str], options: Mapping
             out.extend(registry.NODE_PROBES)
         elif name == "all":
             out.extend(registry.PROBES)
-        elif name in registry.PROBES:
-            out.append(name)
         else:
-            raise ConfigError(f"unknown probe {name!r}; known: {', '.join(registry.PROBES)}, auto, node, all")
-    unknown = sorted(set(options) - set(registry.PROBES))
-    if unknown:
-        raise ConfigError(f"probe_options for unknown probes: {', '.join(unknown)}")
+            out.append(name)
     return list(dict.fromkeys(out))
 
 

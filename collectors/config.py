@@ -46,8 +46,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 from urllib.parse import unquote, urlparse
 
+from probes import registry
 from sloscope.durations import parse_duration
 from sloscope.errors import ConfigError
+
+PROBE_SETS = ("auto", "node", "all")  # names of sets of probes, beside the probes' own
 
 PROTOCOLS = ("grpc", "http/protobuf")
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
@@ -396,7 +399,18 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
         cfg.probe_options.setdefault("syscall", {})["cgroups"] = list(cfg.cgroups)
     if cfg.duration_s is not None and not cfg.duration_s > 0:
         raise ConfigError("--duration: must be positive")
+    check_probes(cfg.probes, cfg.probe_options)
     return cfg
+
+
+def check_probes(requested, options: Mapping[str, Any]) -> None:
+    """ConfigError naming a probe, or probe_options entry, that no probe of the registry answers to."""
+    for name in requested:
+        if name not in registry.PROBES and name not in PROBE_SETS:
+            raise ConfigError(f"unknown probe {name!r}; known: {', '.join(registry.PROBES)}, {', '.join(PROBE_SETS)}")
+    unknown = sorted(set(options) - set(registry.PROBES))
+    if unknown:
+        raise ConfigError(f"probe_options for unknown probes: {', '.join(unknown)}")
 
 
 def _temporality(value: Any, what: str) -> str:

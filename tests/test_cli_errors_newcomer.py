@@ -235,3 +235,13 @@ def test_counts_and_addresses_are_refused_in_one_line(tmp_path, argv, says):
     done = subprocess.run([sys.executable, "-m", "commands.cli", *[a.format(tmp=tmp_path) for a in argv]],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["collect", "--probe", "nosuch", "--print-config"], "unknown probe 'nosuch'"),
+    (["rules", "--label", "release=x"], "--label goes with --format prometheusrule"),
+    (["clickhouse-columns", "--store", "duckdb:///x.duckdb"], "the columns are for a ClickHouse store"),
+])
+def test_options_that_would_do_nothing_are_refused(capsys, argv, says):
+    assert main(argv) == 2
+    assert says in capsys.readouterr().err
