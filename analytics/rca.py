@@ -198,12 +198,12 @@ def explain_moment(store: Store, spec, at: datetime, node: str | None = None, to
         causes, diagnosis = diagnose(analysis.scores(window), name, window, top, spec.taxonomy)
         ranked += [{"node": name, **c} for c in causes]
         candidates += [{"node": name, **c} for c in diagnosis.get("candidates", [])]
-        baselines[name] = diagnosis["baseline"]
+        baselines[name] = diagnosis.pop("baseline")
     ranked.sort(key=lambda c: -c["score"])
     candidates.sort(key=lambda c: -c["score"])
     if ranked:
         diagnosis = {"verdict": "ranked", "floor": CLEAR_CAUSE_FLOOR}
-    else:
+    elif not node or diagnosis["verdict"] == "no_clear_cause":  # else the one node asked for says why it has none
         diagnosis = {"verdict": "no_clear_cause", "floor": CLEAR_CAUSE_FLOOR, "candidates": candidates[:CANDIDATES],
                      "reason": f"no (node, cause) pair's evidence reaches the floor of {CLEAR_CAUSE_FLOOR:g}"
                                if nodes else "no node has signals around that moment"}

@@ -128,6 +128,9 @@ def test_rca_at_explains_a_moment_without_an_slo_breach(store, tmp_path, capsys)
     quiet = explain_moment(store, SPEC, T0 + timedelta(minutes=11), node="n2")["moment"]
     assert quiet["causes"] == [] and quiet["diagnosis"]["verdict"] == "no_clear_cause"
     assert quiet["diagnosis"]["candidates"] and all(c["node"] == "n2" for c in quiet["diagnosis"]["candidates"])
+    nowhere = explain_moment(store, SPEC, T0 + timedelta(minutes=12), node="gpu-node-9")["moment"]
+    assert nowhere["causes"] == [] and nowhere["diagnosis"]["verdict"] == "no_evidence"
+    assert "no signal of this node" in nowhere["diagnosis"]["reason"] and "gpu-node-9" in nowhere["diagnosis"]["baselines"]
 
 
 def test_rca_at_on_the_command_line(store, capsys):  # noqa: F811
