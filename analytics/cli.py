@@ -42,8 +42,12 @@ def register(subparsers) -> None:
     add_store_arguments(rca)
     rca.add_argument("--slo", type=Path, metavar="SLO.yaml",
                      help="SLO spec (default: the spec last used with this database, else the built-in spec)")
-    rca.add_argument("--since", help="RFC 3339 time or a duration back from the newest request (e.g. 1h)")
-    rca.add_argument("--until", help="RFC 3339 time")
+    rca.add_argument("--since", metavar="TIME",
+                     help="RFC 3339 time or a duration back from the newest request (e.g. 1h); default: the "
+                     "oldest stored request")
+    rca.add_argument("--until", metavar="TIME",
+                     help="RFC 3339 time or a duration back from the newest request; default: just after the "
+                     "newest stored request")
     rca.add_argument("--at", metavar="TIME",
                      help="explain a moment instead of incidents: (node, cause) pairs ranked for the minute from "
                      "TIME (RFC 3339, or a duration back from the newest request), no SLI breach required")

@@ -85,7 +85,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         "collect", help="run this node's probes and export their metrics as OTLP (the node collector)",
         description="Run the probes available on this node (eBPF where privileged, else procfs; GPU and SPDK "
         "when present or configured), merge their samples into one OTLP metrics stream and export it over "
-        "gRPC or HTTP/protobuf every --interval seconds, spooling to disk while the endpoint is unavailable.",
+        "gRPC or HTTP/protobuf every --interval (a duration: 10s, 500ms), spooling to disk while the endpoint is unavailable.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", metavar="FILE", help="YAML configuration file (keys below)")
     parser.add_argument("--endpoint", metavar="URL", help="OTLP endpoint (default http://localhost:4317, or "

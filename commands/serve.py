@@ -55,7 +55,7 @@ def register(subparsers) -> None:
                        help=f"OTLP/gRPC address (default: {DEFAULT_GRPC}; 'off' to disable)")
     serve.add_argument("--queue-rows", type=above_zero(int), default=1_000_000, metavar="N",
                        help="rows accepted but not yet written before requests are refused (default: %(default)s)")
-    serve.add_argument("--queue-bytes", type=above_zero(parse_size), default=256 * 2**20, metavar="SIZE",
+    serve.add_argument("--queue-bytes", type=above_zero(parse_size), default="256MiB", metavar="SIZE",
                        help="bytes accepted but not yet committed (with --ack log: of the intake log) before "
                        "requests are refused, in bytes or with KiB, MiB, GiB (default: 256MiB)")
     serve.add_argument("--ack", choices=tuple(ACKS), default="log",
@@ -66,7 +66,8 @@ def register(subparsers) -> None:
                        "DIR/rejected/")
     serve.add_argument("--decode-workers", type=int, default=_default_decode_workers(), metavar="N",
                        help="processes that decode large requests (64 KiB and more), so that intake is not bound "
-                       "to one core; 0 decodes every request in the server process (default: %(default)s)")
+                       "to one core; 0 decodes every request in the server process (default: one per CPU, at "
+                       "most 4, none on one CPU: here %(default)s)")
     serve.add_argument("--webhook", default="off", metavar="HOST:PORT",
                        help="also receive Alertmanager webhooks here (POST /alerts; default: off); needs --remediation")
     serve.add_argument("--remediation", type=Path, metavar="REMEDIATION.yaml",

@@ -19,19 +19,19 @@ OPEN_PAGES = frozenset({"/healthz", "/readyz"})  # the kubelet's probes carry no
 
 
 def add_limit_arguments(parser) -> None:
-    from receiver.limits import Limits, parse_size
+    from receiver.limits import Limits, parse_size, size_text
 
     d = Limits()
     group = parser.add_argument_group("limits", "what one client, and all together, may hold of serve's memory "
                                       "and time (sizes in bytes, or with KiB, MiB, GiB; times in seconds)")
     size, seconds, count = above_zero(parse_size), above_zero(float), above_zero(int)
-    group.add_argument("--max-request-body-size", type=size, default=d.max_body_bytes, metavar="SIZE",
+    group.add_argument("--max-request-body-size", type=size, default=size_text(d.max_body_bytes), metavar="SIZE",
                        help="largest OTLP/HTTP body, as sent and decompressed; larger is a 413 "
                        "(default: %(default)s)")
-    group.add_argument("--max-inflight-bytes", type=size, default=d.max_inflight_bytes, metavar="SIZE",
+    group.add_argument("--max-inflight-bytes", type=size, default=size_text(d.max_inflight_bytes), metavar="SIZE",
                        help="request bodies being read or decoded at once, over HTTP and gRPC; past it, a "
                        "retryable 503 / UNAVAILABLE (default: %(default)s)")
-    group.add_argument("--max-header-bytes", type=size, default=d.max_header_bytes, metavar="SIZE",
+    group.add_argument("--max-header-bytes", type=size, default=size_text(d.max_header_bytes), metavar="SIZE",
                        help="a request's line and headers; more closes the connection (default: %(default)s)")
     group.add_argument("--read-header-timeout", type=seconds, default=d.read_header_timeout_s, metavar="S",
                        help="from a request's first byte to the end of its headers (default: %(default)s)")
@@ -45,7 +45,7 @@ def add_limit_arguments(parser) -> None:
     group.add_argument("--max-connections", type=count, default=d.max_connections, metavar="N",
                        help="OTLP/HTTP connections open at once; more wait in the listen backlog "
                        "(default: %(default)s)")
-    group.add_argument("--grpc-max-recv-msg-size", type=size, default=d.grpc_max_message_bytes, metavar="SIZE",
+    group.add_argument("--grpc-max-recv-msg-size", type=size, default=size_text(d.grpc_max_message_bytes), metavar="SIZE",
                        help="largest OTLP/gRPC message; larger is RESOURCE_EXHAUSTED (default: %(default)s)")
     group.add_argument("--grpc-max-concurrent-rpcs", type=count, default=d.grpc_max_concurrent_rpcs, metavar="N",
                        help="OTLP/gRPC calls in progress at once, over all connections; more are "

@@ -51,7 +51,7 @@ def _probe_lines() -> str:
 def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "probe", help="run kernel probes on this node and print their samples",
-        description="Run probes on this node for --duration seconds, collecting every --interval seconds, and "
+        description="Run probes on this node for --duration, collecting every --interval (durations: 30s, 500ms), and "
         "print the samples under their signal-catalog names (counters and histograms as deltas per interval).",
         epilog=EPILOG.format(probes=_probe_lines(), node=" ".join(NODE_PROBES)),
         formatter_class=argparse.RawDescriptionHelpFormatter)

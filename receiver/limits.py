@@ -87,6 +87,14 @@ _SIZE = re.compile(r"\s*([0-9]+)\s*(|k|ki|kib|m|mi|mib|g|gi|gib)b?\s*", re.IGNOR
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 
 
+def size_text(n: int) -> str:
+    """Bytes as parse_size reads them, in the largest binary unit that holds them exactly: 33554432 -> 32MiB."""
+    for unit in "GMK":
+        if n and n % _UNITS[unit.lower()] == 0:
+            return f"{n // _UNITS[unit.lower()]}{unit}iB"
+    return str(n)
+
+
 def parse_size(text: str) -> int:
     """Bytes from '1048576', '512KiB', '32MiB' or '1GiB' (binary units, as the Collector's *_mib settings)."""
     match = _SIZE.fullmatch(text)
