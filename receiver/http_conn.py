@@ -38,6 +38,7 @@ class DeadlineReader(io.RawIOBase):
         self.sock = sock
         self.on_limit = on_limit
         self.phase, self.deadline, self.bytes_left = "idle", time.monotonic(), None
+        self.on_arrival: Callable[[int], None] | None = None  # told the size of each read while set
 
     def expect(self, phase: str, within_s: float, max_bytes: int | None = None) -> None:
         self.phase, self.deadline, self.bytes_left = phase, time.monotonic() + within_s, max_bytes
@@ -62,6 +63,8 @@ class DeadlineReader(io.RawIOBase):
             raise
         if self.bytes_left is not None:
             self.bytes_left -= n
+        if self.on_arrival is not None:
+            self.on_arrival(n)
         return n
 
 
