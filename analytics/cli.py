@@ -42,12 +42,7 @@ def register(subparsers) -> None:
     add_store_arguments(rca)
     rca.add_argument("--slo", type=Path, metavar="SLO.yaml",
                      help="SLO spec (default: the spec last used with this database, else the built-in spec)")
-    rca.add_argument("--since", metavar="TIME",
-                     help="RFC 3339 time or a duration back from the newest request (e.g. 1h); default: the "
-                     "oldest stored request")
-    rca.add_argument("--until", metavar="TIME",
-                     help="RFC 3339 time or a duration back from the newest request; default: just after the "
-                     "newest stored request")
+    add_range_arguments(rca)
     rca.add_argument("--at", metavar="TIME",
                      help="explain a moment instead of incidents: (node, cause) pairs ranked for the minute from "
                      "TIME (RFC 3339, or a duration back from the newest request), no SLI breach required")
@@ -93,6 +88,16 @@ def register(subparsers) -> None:
                          help="also MODIFY each column, for tables given them by an earlier release whose "
                          "expressions differ (rows inserted from then on take the new ones)")
     columns.set_defaults(func=run_clickhouse_columns)
+
+
+def add_range_arguments(parser) -> None:
+    """--since and --until of the analysed range (rca, report)."""
+    parser.add_argument("--since", metavar="TIME",
+                        help="RFC 3339 time or a duration back from the newest request (e.g. 1h); default: the "
+                        "oldest stored request")
+    parser.add_argument("--until", metavar="TIME",
+                        help="RFC 3339 time or a duration back from the newest request; default: just after the "
+                        "newest stored request")
 
 
 class InputError(ValueError):

@@ -23,6 +23,7 @@ class _RefuseSecret(argparse.Action):
 
 
 def register(subparsers) -> None:
+    from analytics.cli import add_range_arguments
     from analytics.stores import add_store_arguments
 
     from dashboards.grafana import DEFAULT_DATASOURCE_UID
@@ -84,12 +85,7 @@ def register(subparsers) -> None:
                         help="SLO spec (default: the spec last used with this database, else the built-in spec)")
     report.add_argument("-o", "--output", type=Path, default=DEFAULT_REPORT, metavar="FILE",
                         help="HTML file to write (default: %(default)s)")
-    report.add_argument("--since", metavar="TIME",
-                     help="RFC 3339 time or a duration back from the newest request (e.g. 1h); default: the "
-                     "oldest stored request")
-    report.add_argument("--until", metavar="TIME",
-                     help="RFC 3339 time or a duration back from the newest request; default: just after the "
-                     "newest stored request")
+    add_range_arguments(report)
     report.add_argument("--top", type=int, default=3, help="causes shown per incident (default: %(default)s)")
     report.add_argument("--grafana-url", metavar="URL",
                         help="link each incident to the node dashboard in this Grafana")
