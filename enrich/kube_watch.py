@@ -133,6 +133,8 @@ class PodWatch:
                     continue
                 wait, why = backoff, "resourceVersion expired again"
             except Exception as exc:  # noqa: BLE001 - a broken answer of any kind is the API being away: retry
+                if self._stop.is_set():  # the watch was cut off because serve is stopping
+                    return
                 wait, why = max(backoff, getattr(exc, "retry_after_s", 0.0)), str(exc)
             self.counts["kube_watch_errors"] += 1
             log.warning("pod watch: %s; retrying in %.1f s", why, wait)
