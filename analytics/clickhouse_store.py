@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from analytics import exporter_tables
-from analytics.store import Frames, Reader, StoreError, sql_of
+from analytics.frames import Frames
+from analytics.store import Reader, StoreError, sql_of
 from receiver.otlp_common import FAMILY_PREFIX, FAMILY_RULE, kept_metrics
 
 log = logging.getLogger("sloscope.clickhouse_store")

@@ -23,7 +23,8 @@ from enrich.topology import GpuTopology
 from sloscope.records import Batch
 
 from analytics.intake import Enrichment
-from analytics.store import Frames, Store
+from analytics.frames import Frames
+from analytics.store import Store
 
 log = logging.getLogger("sloscope.ingest")
 MAX_REPORTED_ERRORS = 20

@@ -15,7 +15,7 @@ from enrich.topology import GpuTopology
 from receiver.otlp_common import DecodeError
 from sloscope.records import Batch
 
-from analytics.store import Frames
+from analytics.frames import Frames
 from analytics.writer import COMMITTED, POISON
 
 ACK_WAIT_S = 5.0  # longest a request waits for its commit before it is told to retry (exporters wait 10 s)

@@ -12,7 +12,9 @@ from datetime import datetime, timedelta, timezone
 
 import duckdb
 
-from analytics.store import REQUEST_KEY, Frames, sql
+from analytics.frames import REQUEST_KEY, Frames
+
+from analytics.store import sql
 from enrich.pods import RETENTION_S, PodDirectory
 from sloscope.catalog import UNKNOWN_NODE
 from sloscope.records import Batch

@@ -34,7 +34,8 @@ import duckdb
 
 from analytics.intake_log import Entry, IntakeLog, LogAppendError
 from analytics.intake_record import decode, encode
-from analytics.store import Frames, Store
+from analytics.frames import Frames
+from analytics.store import Store
 
 log = logging.getLogger("sloscope.writer")
 COMMITTED, RETRY, POISON = "committed", "retry", "poison"

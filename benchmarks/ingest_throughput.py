@@ -105,7 +105,8 @@ def bare_parse_rate(payloads: list[bytes], message_type, items: int) -> float:
 def stage_rates(payloads: list[bytes], items: int, workdir: Path) -> dict[str, float]:
     """Spans per second of each stage alone, on one core: fast path and general decoder from bytes to frames
     (tiers resolved), and the store writing those frames in the writer's batches."""
-    from analytics.store import Frames, Store
+    from analytics.frames import Frames
+    from analytics.store import Store
     from receiver import otlp_spans
     from receiver.server import Decoders, fast_decode
     from enrich.tiers import TierResolver, resolve_tiers

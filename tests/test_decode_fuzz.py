@@ -9,7 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from analytics.store import Frames, Store
+from analytics.frames import Frames
+
+from analytics.store import Store
 from receiver.otlp_json import DecodeError, Decoder, decode_line
 from receiver.server import Decoders
 from enrich.tiers import TierResolver, resolve_tiers

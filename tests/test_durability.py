@@ -17,7 +17,9 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from analytics.store import Frames, Store
+from analytics.frames import Frames
+
+from analytics.store import Store
 from analytics.writer import COMMITTED, Writer, frame_bytes
 from receiver.server import fast_decode
 from enrich.tiers import TierResolver, resolve_tiers

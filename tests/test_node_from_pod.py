@@ -289,7 +289,7 @@ def test_pod_series_that_name_no_node_are_placed_on_their_pods_node():
     import polars as pl
 
     from analytics.intake import Enrichment
-    from analytics.store import POINT_SCHEMA, Frames
+    from analytics.frames import POINT_SCHEMA, Frames
 
     pods = PodDirectory()
     pods.apply("ADDED", {"metadata": {"uid": "u1", "name": "embedder-0", "namespace": "inference",

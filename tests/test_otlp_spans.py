@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from analytics.store import Frames
+from analytics.frames import Frames
 from receiver import otlp_spans
 from receiver.otlp_common import REFUSAL_REASONS, DecodeError
 from receiver.server import FAST_PATH, GENERAL_PATH, Decoders, fast_decode

@@ -22,7 +22,8 @@ from sampling.budget import fair_shares
 from sampling.observations import Observations, Sli
 from sampling.policy import ConfigError, SamplingConfig, SamplingPolicy, SamplingService, parse_config
 from sampling.tail_sampling import render
-from analytics.store import Frames, Store
+from analytics.frames import Frames
+from analytics.store import Store
 from enrich.tiers import TierResolver, resolve_tiers
 from sloscope.records import Batch
 from sloscope.slo_spec import load_spec

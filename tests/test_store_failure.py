@@ -17,7 +17,9 @@ import duckdb
 import polars as pl
 import pytest
 
-from analytics.store import Frames, Store
+from analytics.frames import Frames
+
+from analytics.store import Store
 from analytics.writer import COMMITTED, POISON, RETRY, Writer
 from receiver.otlp_common import DecodeError
 from enrich.tiers import TierResolver
