@@ -9,7 +9,7 @@ from time import perf_counter
 
 import polars as pl
 
-from sloscope.durations import parse_duration
+from sloscope.durations import is_duration, parse_duration
 from sloscope.errors import ConfigError
 
 from analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, Fleet, Window, diagnose,
@@ -53,23 +53,13 @@ def parse_time(text: str, newest: datetime | None, where: str = "") -> datetime:
     try:
         seconds = parse_duration(text, where)
     except ConfigError as exc:
-        if _is_zero_duration(text):
+        if is_duration(text):  # a duration, but not above zero: parse_duration says so
             raise ValueError(str(exc)) from None
         raise ValueError(f"{prefix}{text!r} is neither an RFC 3339 time nor a duration like 30m") from None
     if newest is None:
         raise ValueError(f"{prefix}a relative time counts back from the newest stored request, and the store "
                          "holds none: give an RFC 3339 time")
     return newest - timedelta(seconds=seconds)
-
-
-def _is_zero_duration(text: str) -> bool:
-    """Whether text, which parse_duration refused, is a duration that is zero (it refuses those too): digits do
-    not change the grammar, so the same text with its zeros as ones parses."""
-    try:
-        parse_duration(text.replace("0", "1"))
-    except ConfigError:
-        return False
-    return True
 
 
 def analysed_range(since: str, until: str, newest: datetime | None) -> tuple[datetime | None, datetime | None]:

@@ -27,6 +27,12 @@ _TERM = re.compile(_TERM_TEXT, re.IGNORECASE)
 _TERMS = re.compile(rf"(?:{_TERM_TEXT})+", re.IGNORECASE)
 
 
+def is_duration(value) -> bool:
+    """Whether value is written in the grammar, whatever it amounts to (zero too)."""
+    seconds = _seconds(value)
+    return seconds is not None and math.isfinite(seconds)
+
+
 def parse_duration(value, where: str = "") -> float:
     """Seconds from a duration of the grammar above. `where` names the value in the error (a file and key, a
     flag); empty where the caller adds its own (argparse names the option)."""
