@@ -11,6 +11,7 @@ import sys
 from dataclasses import asdict
 
 from sloscope import logs
+from sloscope.arguments import Parser
 from sloscope.durations import parse_duration
 
 from . import config as config_mod
@@ -206,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sloscope")
+    parser = Parser(prog="sloscope")
     parser.add_argument("-v", "--verbose", action="store_true")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -7,6 +7,8 @@ import argparse
 import os
 import sys
 
+from sloscope.arguments import Parser
+
 STAGE_COMMANDS = (
     "simulator.cli",
     "analytics.cli",
@@ -34,7 +36,7 @@ def package_version() -> str:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="sloscope",
         description="SLO tiers to physical causes for AI inference fleets: ingest OTLP, find SLO violations "
         "per tier, rank their physical-layer causes with evidence.",

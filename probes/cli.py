@@ -10,6 +10,7 @@ import time
 from contextlib import contextmanager
 
 from sloscope import catalog
+from sloscope.arguments import Parser
 from sloscope.durations import duration_argument
 
 from .ebpf.syscall_latency import DEFAULT_SYSCALLS
@@ -222,7 +223,7 @@ def run(args: argparse.Namespace, out=None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sloscope")
+    parser = Parser(prog="sloscope")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)

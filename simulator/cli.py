@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from sloscope import taxonomy
+from sloscope.arguments import Parser
 from sloscope.durations import duration_argument
 
 DEFAULT_SERVICES = ("llm-gateway", "embedder", "reranker")  # = simulator.traffic.DEFAULT_SERVICES
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="simulate")
+    parser = Parser(prog="simulate")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
     args = parser.parse_args(["simulate", *(sys.argv[1:] if argv is None else argv)])

@@ -19,3 +19,12 @@ def above_zero(parse):
 
     positive.__name__ = parse.__name__
     return positive
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, as every other error of the commands is: the usage block that
+    argparse prints above them pushed the reason off a narrow terminal. --help still shows it; subcommands made by
+    add_subparsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")

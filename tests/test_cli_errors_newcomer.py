@@ -245,3 +245,14 @@ def test_counts_and_addresses_are_refused_in_one_line(tmp_path, argv, says):
 def test_options_that_would_do_nothing_are_refused(capsys, argv, says):
     assert main(argv) == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["rca", "--top", "x"], "sloscope rca: argument --top: invalid int value: 'x' (see sloscope rca --help)"),
+    (["nosuch"], "invalid choice: 'nosuch'"),
+    (["collect", "--interval"], "sloscope collect: argument --interval: expected one argument"),
+])
+def test_a_flag_the_parser_refuses_is_one_line_without_the_usage_block(argv, says):
+    done = subprocess.run([sys.executable, "-m", "commands.cli", *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "usage:" not in done.stderr
+    _one_line_error(done.stderr, says)
