@@ -53,14 +53,16 @@ LABEL_SELECTOR = re.compile(rf"{_SELECTOR_KEY}={_SELECTOR_VALUE}(?:,{_SELECTOR_K
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,63}", re.ASCII)
 
 
-def _show(value) -> str:
+def shown(value) -> str:
+    """An untrusted value as a reason or a log line may quote it: its repr (control characters escaped, quoted),
+    at most 80 characters."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _match(pattern: re.Pattern, value, what: str, max_len: int | None = None) -> str:
     if not isinstance(value, str) or not pattern.fullmatch(value) or (max_len and len(value) > max_len):
-        raise Refused(f"{what} {_show(value)} is not valid")
+        raise Refused(f"{what} {shown(value)} is not valid")
     return value
 
 
@@ -83,18 +85,18 @@ def valid_container(value) -> str:
 
 def valid_tier(value, tiers) -> str:
     if not isinstance(value, str) or value not in tiers:
-        raise Refused(f"tier {_show(value)} is not a tier of the SLO spec")
+        raise Refused(f"tier {shown(value)} is not a tier of the SLO spec")
     return value
 
 
 def valid_ip(value) -> str:
     """An IPv4 or IPv6 address without zone index, in canonical form."""
     if not isinstance(value, str) or not value or len(value) > 45 or "%" in value or not value.isascii():
-        raise Refused(f"address {_show(value)} is not valid")
+        raise Refused(f"address {shown(value)} is not valid")
     try:
         return str(ipaddress.ip_address(value))
     except ValueError:
-        raise Refused(f"address {_show(value)} is not valid") from None
+        raise Refused(f"address {shown(value)} is not valid") from None
 
 
 def label(labels: dict, name: str) -> str:
@@ -116,7 +118,7 @@ class Runner:
         if netns is not None:
             argv = ["ip", "netns", "exec", _match(NETNS_NAME, netns, "network namespace"), *argv]
         if not argv or not all(isinstance(a, str) and "\x00" not in a for a in argv):
-            raise ActionFailed(f"refusing to run a malformed argument list {_show(argv)}")
+            raise ActionFailed(f"refusing to run a malformed argument list {shown(argv)}")
         try:
             # Output that is not UTF-8 is read with replacement characters: the command has run by then, and an
             # error here would leave its effect unaudited.
@@ -175,13 +177,13 @@ class Action:
 
 def _config_match(pattern, value, where, what):
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise ConfigError(f"{where}: {what} {_show(value)} is not valid")
+        raise ConfigError(f"{where}: {what} {shown(value)} is not valid")
     return value
 
 
 def _config_int(value, where, low=0, high=2**31):
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{where}: expected an integer in [{low}, {high}]; got {_show(value)}")
+        raise ConfigError(f"{where}: expected an integer in [{low}, {high}]; got {shown(value)}")
     return value
 
 
@@ -198,7 +200,7 @@ class NftDrainBackend(Action):
         p = super().check_params(params, where)
         p.setdefault("family", "inet")
         if p["family"] not in ("inet", "ip", "ip6"):
-            raise ConfigError(f"{where}: family must be inet, ip or ip6; got {_show(p['family'])}")
+            raise ConfigError(f"{where}: family must be inet, ip or ip6; got {shown(p['family'])}")
         _config_match(NFT_IDENTIFIER, p.get("table"), where, "nft table")
         if ("set" in p) == ("map" in p):
             raise ConfigError(f"{where}: give exactly one of set (remove the element) or map (lower its weight)")
@@ -285,7 +287,7 @@ class SpdkQosLimit(Action):
             raise ConfigError(f"{where}.sockets: expected a mapping of node name to socket path")
         for node, path in sockets.items():
             if not isinstance(node, str) or not NODE_NAME.fullmatch(node) or not isinstance(path, str):
-                raise ConfigError(f"{where}.sockets: {_show(node)}: expected node name -> socket path")
+                raise ConfigError(f"{where}.sockets: {shown(node)}: expected node name -> socket path")
         p["sockets"] = dict(sockets)
         if "socket" in p and not isinstance(p["socket"], str):
             raise ConfigError(f"{where}.socket: expected a path")
@@ -351,7 +353,7 @@ class RestartWorkload(Action):
             _config_match(CONTAINER_NAME, p.get("container"), where, "container")
             _config_match(NODE_NAME, p.get("node"), where, "node (the node this runtime runs on)")
         else:
-            raise ConfigError(f"{where}: runtime must be kubectl, crictl or docker; got {_show(runtime)}")
+            raise ConfigError(f"{where}: runtime must be kubectl, crictl or docker; got {shown(runtime)}")
         return p
 
     def plan(self, labels, params, ctx):
@@ -395,7 +397,7 @@ class RaiseSampling(Action):
         p = super().check_params(params, where)
         ratio = p.get("ratio", 1.0)
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
-            raise ConfigError(f"{where}.ratio: expected a number in (0, 1]; got {_show(ratio)}")
+            raise ConfigError(f"{where}.ratio: expected a number in (0, 1]; got {shown(ratio)}")
         p["ratio"] = float(ratio)
         seconds = parse_duration(p.get("duration", "30m"), f"{where}.duration")
         if seconds > 86400:

@@ -67,15 +67,18 @@ def register(subparsers) -> None:
         description="Receive Alertmanager webhook notifications (payload version 4) on POST /alerts and hand each\n"
         "alert to the remediation engine. Its config (--config) is the allow-list of alert name -> action:\n"
         "nft_drain_backend, spdk_qos_limit, restart_workload, raise_sampling, notify_only. Nothing is executed\n"
-        "unless the config says `execute: true`; every decision (executed, dry_run, refused, failed, and why) is\n"
-        "recorded in the remediation_audit table of --db. Labels are validated before any use; cooldown per\n"
-        "target, a budget of actions per hour and one action per target at a time apply; a resolved alert undoes\n"
-        "what its firing did; a re-sent notification acts once.\n\n"
+        "unless the config says `execute: true`; every decision (executed, dry_run, refused, failed, deferred, and\n"
+        "why, with the client's address and whether the config was a dry run) is recorded in the\n"
+        "remediation_audit table of --db. Labels are validated before any use; cooldown per target, a budget of\n"
+        "actions per hour and one action per target at a time apply; a resolved alert undoes what its firing did,\n"
+        "once no other firing alert with an action open on the same target needs it; a re-sent notification acts\n"
+        "once.\n\n"
         "Requests need `Authorization: Bearer TOKEN`; the token is read from --token-file or\n"
         "$SLOSCOPE_WEBHOOK_TOKEN, never from the command line. Answers: 200 handled (one result per alert),\n"
-        "400 invalid payload (with the reason), 401 no or wrong token (body not read), 411/413/415 no length,\n"
-        "too large, not JSON; 503 when the audit database is busy (locked by another process), so that\n"
-        "Alertmanager retries. --db must not be a file another process keeps open for writing.")
+        "400 invalid payload (with the reason; a group of more than 1000 alerts is refused whole, and audited),\n"
+        "401 no or wrong token (body not read; audited in batches), 411/413/415 no length, too large, not JSON;\n"
+        "503 when the audit database is busy (locked by another process), so that Alertmanager retries. --db\n"
+        "must not be a file another process keeps open for writing.")
     hook.add_argument("--config", type=Path, required=True, metavar="REMEDIATION.yaml",
                       help="allow-list of alert name -> action (see alerts/remediation.example.yaml)")
     hook.add_argument("--db", type=Path, default=DEFAULT_DB,
@@ -219,7 +222,8 @@ def run_webhook(args) -> int:
     from sloscope.slo_spec import SpecError
 
     from alerts.actions import ConfigError
-    from alerts.remediation import AuditStore, Engine, load_config
+    from alerts.audit import AuditStore
+    from alerts.remediation import Engine, load_config
     from alerts.webhook import TokenError, WebhookApp, WebhookServer, load_token, parse_listen
 
     try:

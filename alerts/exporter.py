@@ -208,7 +208,7 @@ class StoreCollector(Collector):
 
     def _remediation(self, reader):
         c = CounterMetricFamily(x.REMEDIATION_ACTIONS, "Remediation decisions by alert, action and decision "
-                                "(executed, dry_run, refused, failed).", labels=x.REMEDIATION_LABELS)
+                                "(executed, dry_run, refused, failed, deferred).", labels=x.REMEDIATION_LABELS)
         if "remediation_audit" in reader.tables():
             rows = reader.rows(reader.sql("remediation_decisions"))
             for alert, action, target, decision, n in rows[: self.max_series]:

@@ -19,8 +19,10 @@ Safety, in the order it is applied to a firing alert: the (fingerprint, startsAt
 (re-sent groups act once); the alert name is in the allow-list; every label the action uses is validated
 against a strict pattern before anything is built from it; the target was not acted on within the cooldown;
 the hourly budget is not spent; no other action on the target is in progress (lock per target); then the action
-runs, or is only recorded when execution is off. A resolved alert undoes what its firing opened. Every decision
-goes to the remediation_audit table and the log.
+runs, or is only recorded when execution is off. A resolved alert undoes what its firing opened, unless another
+alert that opened an action on the same target still fires: then the undo is deferred (audited so), and the last
+of them to resolve undoes every action on the target, the newest first. Every decision goes to the
+remediation_audit table (alerts/audit.py) and the log.
 
 Only failures of the audit store itself (DuckDB busy or locked) raise `Transient`, which the webhook answers with
 a 5xx so that Alertmanager retries; nothing has been acted on when it is raised before an action.
@@ -28,8 +30,6 @@ a 5xx so that Alertmanager retries; nothing has been acted on when it is raised 
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import re
 import threading
@@ -38,22 +38,16 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
 
-import duckdb
 import yaml
 
 from sloscope.errors import read_config_text
 
-from alerts.actions import (NOTIFY, REGISTRY, ActionFailed, ConfigError, Context, Refused, Runner)
+from alerts.actions import REGISTRY, ActionFailed, ConfigError, Context, Refused, Runner
+from alerts.audit import TRANSIENT_ERRORS, AuditStore, Transient, transaction
 
 log = logging.getLogger("sloscope.remediation")
 
 ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII)
-COUNTED = ("executed", "dry_run", "failed")  # decisions that use up cooldown and budget
-
-
-class Transient(RuntimeError):
-    """The audit store is busy or unavailable: nothing (more) was done; the sender should retry."""
-
 
 # --- config ----------------------------------------------------------------------------------------------------------
 
@@ -127,108 +121,7 @@ def load_config(path: str | Path) -> Config:
     return parse_config(read_config_text(path, "remediation config"), str(path))
 
 
-# --- audit store -----------------------------------------------------------------------------------------------------
-
-_TRANSIENT = (duckdb.IOException, duckdb.TransactionException, duckdb.ConnectionException)
-
-
-@contextlib.contextmanager
-def transaction(con):
-    """Several writes that stand or fall together (a claim and its audit row, an open action and its audit)."""
-    con.execute("BEGIN TRANSACTION")
-    try:
-        yield con
-    except BaseException:
-        try:
-            con.execute("ROLLBACK")
-        except duckdb.Error:
-            pass
-        raise
-    con.execute("COMMIT")
-
-
-def _sql():
-    from analytics.store import sql
-
-    return sql("remediation")
-
-
-class AuditStore:
-    """The remediation tables in a DuckDB database. `connect()` gives a connection per use: a new connection to a
-    file (`AuditStore.at(path)`, which lets other processes use the file in between), or a cursor of an open
-    store's connection (`AuditStore(store.con.cursor)`, when running inside `sloscope serve`)."""
-
-    def __init__(self, connect: Callable[[], duckdb.DuckDBPyConnection]):
-        self._connect = connect
-        self._schema_ready = False
-        self._schema_lock = threading.Lock()
-
-    @classmethod
-    def at(cls, path: str | Path) -> "AuditStore":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return cls(lambda: duckdb.connect(str(path)))
-
-    @contextlib.contextmanager
-    def session(self):
-        try:
-            con = self._connect()
-        except _TRANSIENT as exc:
-            raise Transient(f"audit store unavailable: {exc}") from None
-        try:
-            if not self._schema_ready:
-                with self._schema_lock:
-                    if not self._schema_ready:
-                        con.execute(_sql())
-                        self._schema_ready = True
-            yield con
-        except _TRANSIENT as exc:
-            raise Transient(f"audit store busy: {exc}") from None
-        finally:
-            con.close()
-
-    # reads
-    def seen(self, con, key) -> bool:
-        return con.execute("SELECT 1 FROM remediation_deliveries WHERE fingerprint = ? AND starts_at = ? "
-                           "AND status = ?", list(key)).fetchone() is not None
-
-    def last_action(self, con, target: str):
-        return con.execute(
-            f"SELECT max(ts) FROM remediation_audit WHERE target = ? AND decision IN {COUNTED} "
-            "AND action NOT LIKE '%.undo' AND action <> ?", [target, NOTIFY]).fetchone()[0]
-
-    def actions_since(self, con, since: datetime) -> int:
-        return con.execute(
-            f"SELECT count(*) FROM remediation_audit WHERE ts > ? AND decision IN {COUNTED} "
-            "AND action NOT LIKE '%.undo' AND action <> ?", [since, NOTIFY]).fetchone()[0]
-
-    def open_action(self, con, fingerprint: str, starts_at: str):
-        row = con.execute("SELECT alert, action, target, params, undo, dry_run FROM remediation_open "
-                          "WHERE fingerprint = ? AND starts_at = ? AND closed_at IS NULL",
-                          [fingerprint, starts_at]).fetchone()
-        if row is None:
-            return None
-        alert, action, target, params, undo, dry_run = row
-        return {"alert": alert, "action": action, "target": target, "params": json.loads(params),
-                "undo": json.loads(undo), "dry_run": dry_run}
-
-    # writes
-    def claim(self, con, key, now: datetime) -> None:
-        con.execute("INSERT OR IGNORE INTO remediation_deliveries VALUES (?, ?, ?, ?)", [*key, now])
-
-    def audit(self, con, row: dict) -> None:
-        con.execute("INSERT INTO remediation_audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [
-            row["ts"], row["alert"], row["fingerprint"], row["starts_at"], row.get("action"), row.get("target"),
-            json.dumps(row.get("params") or {}, sort_keys=True, default=str), row["decision"], row.get("reason")])
-
-    def open(self, con, key, alert, action, target, params, undo, dry_run, now) -> None:
-        con.execute("INSERT OR REPLACE INTO remediation_open VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)", [
-            key[0], key[1], alert, action, target, json.dumps(params, sort_keys=True), json.dumps(undo), dry_run,
-            now])
-
-    def close(self, con, fingerprint, starts_at, now) -> None:
-        con.execute("UPDATE remediation_open SET closed_at = ? WHERE fingerprint = ? AND starts_at = ?",
-                    [now, fingerprint, starts_at])
-
+# --- sampling overrides --------------------------------------------------------------------------------------------
 
 class SamplingOverrides:
     """What raise_sampling writes, bound to the connection of the alert being handled."""
@@ -237,7 +130,8 @@ class SamplingOverrides:
         self.con, self.now = con, now
 
     def add_sampling_override(self, tier, ratio, until, alert) -> None:
-        self.con.execute("INSERT INTO sampling_overrides VALUES (?, ?, ?, ?, ?, ?, ?)", [
+        self.con.execute("INSERT INTO sampling_overrides (tier, ratio, until, created_at, alert, fingerprint, "
+                         "starts_at) VALUES (?, ?, ?, ?, ?, ?, ?)", [
             tier, ratio, until, self.now(), alert.get("alertname"), alert.get("fingerprint"), alert.get("starts_at")])
 
     def end_sampling_override(self, alert) -> int:
@@ -286,33 +180,43 @@ class Engine:
         self._targets: dict[str, threading.Lock] = {}  # one action per target at once
         self._in_flight = 0  # claimed but not yet audited: counts against the budget
 
-    def handle(self, alerts: list[dict]) -> list[dict]:
-        """Handle the (schema-checked) alerts of one notification; one result per alert. Raises Transient when
-        the audit store is busy (alerts already handled stay handled; a re-send finds them done)."""
+    def handle(self, alerts: list[dict], client: str | None = None) -> list[dict]:
+        """Handle the (schema-checked) alerts of one notification, sent from the address `client`; one result per
+        alert. Raises Transient when the audit store is busy (alerts already handled stay handled; a re-send finds
+        them done)."""
         with self.audit.session() as con:
-            return [self._handle(con, alert) for alert in alerts]
+            return [self._handle(con, alert, client) for alert in alerts]
 
-    def record_unauthenticated(self, count: int) -> None:
+    def record_refused_request(self, alert: str, reason: str, client: str | None) -> None:
+        """Audit a webhook request refused before any of its alerts was handled. `alert` and `reason` must hold
+        nothing of the request unchecked. Raises Transient when the audit store is busy."""
+        row = {"alert": alert, "fingerprint": "", "starts_at": None, "status": None, "decision": "refused",
+               "reason": reason, "client": client, "dry_run": self._dry_run(None)}
+        with self.audit.session() as con:
+            self._finish(con, row, logging.WARNING)
+
+    def record_unauthenticated(self, count: int, clients: str | None) -> None:
         """Audit webhook requests refused for a missing or wrong token (nothing of them was read)."""
-        row = {"ts": self.now(), "alert": "(unauthenticated)", "fingerprint": "", "starts_at": None,
-               "decision": "refused", "reason": f"{count} webhook request(s) without a valid bearer token"}
         try:
-            with self.audit.session() as con:
-                self.audit.audit(con, row)
+            self.record_refused_request("(unauthenticated)",
+                                        f"{count} webhook request(s) without a valid bearer token", clients)
         except Transient as exc:
             log.warning("could not audit %d unauthenticated webhook request(s): %s", count, exc)
+
+    def _dry_run(self, rule: Rule | None) -> bool:
+        return not self.config.execute or (rule is not None and rule.dry_run)
 
     def _ctx(self, con, meta) -> Context:
         return Context(runner=self.runner, spdk=self.spdk, sampling=SamplingOverrides(con, self.now),
                        tiers=self.tiers, now=self.now, alert=meta)
 
-    def _handle(self, con, alert: dict) -> dict:
+    def _handle(self, con, alert: dict, client: str | None) -> dict:
         labels = alert["labels"]
         meta = {"alertname": labels.get("alertname", ""), "fingerprint": alert["fingerprint"],
                 "starts_at": alert["startsAt"]}
         key = (alert["fingerprint"], alert["startsAt"], alert["status"])
         row = {"alert": meta["alertname"], "fingerprint": alert["fingerprint"],
-               "starts_at": parse_rfc3339(alert["startsAt"]), "status": alert["status"]}
+               "starts_at": parse_rfc3339(alert["startsAt"]), "status": alert["status"], "client": client}
         if alert["status"] == "firing":
             return self._fire(con, alert, key, meta, row)
         return self._resolve(con, key, meta, row)
@@ -324,8 +228,9 @@ class Engine:
             if before is not None:
                 before()
             self.audit.audit(con, row)
-        log.log(level, "remediation %s: alert=%r fingerprint=%s action=%s target=%r: %s", row["decision"],
-                row["alert"], row["fingerprint"], row.get("action"), row.get("target"), row.get("reason"))
+        log.log(level, "remediation %s: alert=%r fingerprint=%s action=%s target=%r client=%s: %s", row["decision"],
+                row["alert"], row["fingerprint"], row.get("action"), row.get("target"), row.get("client"),
+                row.get("reason"))
         return _result(row)
 
     def _refuse(self, con, key, row, reason: str) -> dict:
@@ -334,12 +239,13 @@ class Engine:
 
     def _fire(self, con, alert, key, meta, row) -> dict:
         labels = alert["labels"]
+        rule = self.config.actions.get(meta["alertname"])
+        row["dry_run"] = self._dry_run(rule)
         with self._decide:
             if self.audit.seen(con, key):
                 return _result({**row, "decision": "duplicate", "reason": "already handled"})
             if self.audit.seen(con, (*key[:2], "resolved")):  # a late delivery (a retry, a second Alertmanager)
                 return self._refuse(con, key, row, "this alert was already resolved; its firing came late")
-            rule = self.config.actions.get(meta["alertname"])
             if rule is None:
                 row["params"] = {"labels": labels}
                 return self._refuse(con, key, row, f"alert {meta['alertname']!r} is not in the allow-list")
@@ -375,8 +281,8 @@ class Engine:
                     lock.release()
                 raise
         try:
-            dry_run, effect_unknown = not self.config.execute or rule.dry_run, False
-            if dry_run:
+            effect_unknown = False
+            if row["dry_run"]:
                 why = "this action is dry_run in the config" if rule.dry_run else "execution is off in the config"
                 row.update(decision="dry_run", reason=f"would run; {why}")
             else:
@@ -384,7 +290,7 @@ class Engine:
                     row.update(decision="executed", reason=str(plan.execute())[:500] or "done")
                 except (ActionFailed, Refused) as exc:  # Refused here: a value from a command's output
                     row.update(decision="failed", reason=str(exc))
-                except (Transient, *_TRANSIENT):
+                except (Transient, *TRANSIENT_ERRORS):
                     raise
                 except Exception as exc:  # the action may have taken effect: audited, and its undo kept open
                     log.exception("remediation %s on %s failed unexpectedly", rule.action, plan.target)
@@ -393,9 +299,9 @@ class Engine:
             opens = None
             if (row["decision"] in ("executed", "dry_run") or effect_unknown) and plan.undo is not None:
                 opens = lambda: self.audit.open(con, key, meta["alertname"], rule.action, plan.target,  # noqa: E731
-                                                rule.params, plan.undo, dry_run, self.now())
+                                                rule.params, plan.undo, row["dry_run"], self.now())
             return self._finish(con, row, logging.ERROR if row["decision"] == "failed" else logging.INFO, opens)
-        except (Transient, *_TRANSIENT):
+        except (Transient, *TRANSIENT_ERRORS):
             log.error("remediation decision not recorded (audit store busy): %r", row)
             raise
         finally:
@@ -412,38 +318,68 @@ class Engine:
             if opened is None:
                 self.audit.claim(con, key, self.now())
                 return _result({**row, "decision": "ignored", "reason": "nothing was opened for this alert"})
+            row.update(action=opened["action"] + ".undo", target=opened["target"], dry_run=opened["dry_run"])
+            # Undoing now would undo it for the others too (a drained node put back while another alert on it
+            # fires): the action stays open, and the last of them to resolve undoes it.
+            needed_by = self.audit.still_needed_by(con, opened["target"], meta["fingerprint"], meta["starts_at"])
+            if needed_by:
+                row.update(decision="deferred", reason=f"undo deferred: still needed by {', '.join(needed_by)}")
+                return self._finish(con, row, before=lambda: self.audit.claim(con, key, self.now()))
             lock = self._targets.setdefault(opened["target"], threading.Lock())
             if not lock.acquire(blocking=False):
                 raise Transient(f"another action on {opened['target']} is in progress; retry the resolve later")
             self.audit.claim(con, key, self.now())
         try:
-            action = REGISTRY[opened["action"]]
-            row.update(action=opened["action"] + ".undo", target=opened["target"])
-            try:
-                plan = action.undo(opened["undo"], opened["params"], self._ctx(con, meta))
-            except Refused as exc:
-                row.update(decision="refused", reason=f"cannot undo: {exc}")
-                return self._finish(con, row, logging.ERROR)
-            row["params"] = plan.details
-            if opened["dry_run"]:
-                row.update(decision="dry_run", reason="would undo; the action was a dry run")
-            else:
-                try:
-                    row.update(decision="executed", reason=str(plan.execute())[:500] or "done")
-                except ActionFailed as exc:
-                    row.update(decision="failed", reason=f"undo failed, the action stays open: {exc}")
-                except (Transient, *_TRANSIENT):
-                    raise
-                except Exception as exc:
-                    log.exception("undo of %s on %s failed unexpectedly", opened["action"], opened["target"])
-                    row.update(decision="failed", reason=f"undo failed unexpectedly, the action stays open: "
-                                                         f"{type(exc).__name__}: {str(exc)[:300]}")
-            closes = None
-            if row["decision"] != "failed":
-                closes = lambda: self.audit.close(con, meta["fingerprint"], meta["starts_at"], self.now())  # noqa
-            return self._finish(con, row, logging.ERROR if row["decision"] == "failed" else logging.INFO, closes)
+            result = self._undo(con, opened, meta, row)
+            if row["decision"] in ("executed", "dry_run"):
+                self._undo_deferred(con, opened["target"], row["client"])
+            return result
         finally:
             lock.release()
+
+    def _undo_deferred(self, con, target: str, client: str | None) -> None:
+        """The undos deferred while another alert needed `target`, now that none does; the newest action first,
+        so that each undo finds the state its action left."""
+        for opened in self.audit.deferred_undos(con, target):
+            meta = {"alertname": opened["alert"], "fingerprint": opened["fingerprint"],
+                    "starts_at": opened["starts_at"]}
+            row = {"alert": opened["alert"], "fingerprint": opened["fingerprint"],
+                   "starts_at": parse_rfc3339(opened["starts_at"]), "status": "resolved", "client": client,
+                   "action": opened["action"] + ".undo", "target": target, "dry_run": opened["dry_run"]}
+            self._undo(con, opened, meta, row, "deferred undo, no firing alert needs the target now: ")
+
+    def _undo(self, con, opened: dict, meta: dict, row: dict, why: str = "") -> dict:
+        """Undo what `opened` did (only recorded for a dry-run action), audited; the action is closed unless its
+        undo could not be planned or failed."""
+        action = REGISTRY[opened["action"]]
+        try:
+            plan = action.undo(opened["undo"], opened["params"], self._ctx(con, meta))
+        except Refused as exc:
+            row.update(decision="refused", reason=f"{why}cannot undo: {exc}")
+            return self._finish(con, row, logging.ERROR)
+        row["params"] = plan.details
+        if opened["dry_run"]:
+            row.update(decision="dry_run", reason="would undo; the action was a dry run")
+        else:
+            self._run_undo(plan, opened, row)
+        row["reason"] = why + row["reason"]
+        closes = None
+        if row["decision"] != "failed":
+            closes = lambda: self.audit.close(con, meta["fingerprint"], meta["starts_at"], self.now())  # noqa
+        return self._finish(con, row, logging.ERROR if row["decision"] == "failed" else logging.INFO, closes)
+
+    @staticmethod
+    def _run_undo(plan, opened: dict, row: dict) -> None:
+        try:
+            row.update(decision="executed", reason=str(plan.execute())[:500] or "done")
+        except ActionFailed as exc:
+            row.update(decision="failed", reason=f"undo failed, the action stays open: {exc}")
+        except (Transient, *TRANSIENT_ERRORS):
+            raise
+        except Exception as exc:
+            log.exception("undo of %s on %s failed unexpectedly", opened["action"], opened["target"])
+            row.update(decision="failed", reason=f"undo failed unexpectedly, the action stays open: "
+                                                 f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 def _result(row: dict) -> dict:

@@ -12,6 +12,8 @@ Per request, in this order:
 3. Only `POST` on the configured path (405 / 404); `Content-Length` required (411), at most `max_body`
    bytes (413, body not read); `Content-Type: application/json` when given (415).
 4. The payload is checked against Alertmanager's version 4 schema: 400 with the reason when it does not match.
+   A group of more than MAX_ALERTS alerts is refused whole (400: Alertmanager does not retry a 4xx, and the group
+   would never fit) and audited as a refused decision.
 5. The alerts go to the engine: 200 with one result per alert. 503 only when the audit store is busy (a
    transient failure, so Alertmanager retries; what was already handled is not redone, as the engine acts
    once per (fingerprint, startsAt)). 500 for an unexpected error.
@@ -26,13 +28,16 @@ import os
 import re
 import socket
 import stat
+import threading
 import time
 from io import BufferedReader
 from pathlib import Path
 from typing import Callable
 
-from alerts.remediation import Engine, Transient, parse_rfc3339
-from receiver.draining import KeepAliveHandler
+from alerts.actions import shown
+from alerts.audit import Transient
+from alerts.remediation import ALERT_NAME, Engine, parse_rfc3339
+from receiver.draining import DRAIN_GRACE_S, KeepAliveHandler
 from receiver.http_body import plain_length
 from receiver.http_conn import DeadlineReader, LimitedHTTPServer
 
@@ -61,6 +66,12 @@ MAX_CONNECTIONS = 64
 
 class PayloadError(ValueError):
     pass
+
+
+class GroupTooLarge(PayloadError):
+    def __init__(self, count: int):
+        super().__init__(f"alerts: more than {MAX_ALERTS}")
+        self.count = count
 
 
 class TokenError(ValueError):
@@ -129,7 +140,7 @@ def validate_payload(doc) -> list[dict]:
     if not isinstance(alerts, list) or not alerts:
         raise PayloadError("alerts: expected a non-empty array")
     if len(alerts) > MAX_ALERTS:
-        raise PayloadError(f"alerts: more than {MAX_ALERTS}")
+        raise GroupTooLarge(len(alerts))
     for i, alert in enumerate(alerts):
         where = f"alerts[{i}]"
         if not isinstance(alert, dict):
@@ -153,6 +164,39 @@ def validate_payload(doc) -> list[dict]:
 # --- the protocol ----------------------------------------------------------------------------------------------------
 
 UNAUTHENTICATED_AUDIT_EVERY_S = 5.0
+CLIENTS_PER_AUDIT_LINE = 8
+
+
+class _UnauthenticatedBatch:
+    """Requests refused for their token and not yet audited: how many, and from which addresses (the first few
+    only, so that a flood from many addresses cannot grow it)."""
+
+    def __init__(self):
+        self.count = 0
+        self.clients: dict[str, None] = {}  # an ordered set
+        self.more_clients = False
+
+    def add(self, client: str | None) -> None:
+        self.count += 1
+        if client is None or client in self.clients:
+            return
+        if len(self.clients) < CLIENTS_PER_AUDIT_LINE:
+            self.clients[client] = None
+        else:
+            self.more_clients = True
+
+    def client_text(self) -> str | None:
+        if not self.clients:
+            return None
+        return ", ".join(self.clients) + (", ..." if self.more_clients else "")
+
+
+def _group_alert_name(doc: dict) -> str:
+    """The name an oversized group is audited under: the alert name its alerts share, where it is one that an
+    allow-list could hold; '(group)' otherwise, since none of its alerts was validated."""
+    common = doc.get("commonLabels")
+    name = common.get("alertname") if isinstance(common, dict) else None
+    return name if isinstance(name, str) and ALERT_NAME.fullmatch(name) else "(group)"
 
 
 class WebhookApp:
@@ -163,16 +207,26 @@ class WebhookApp:
         self._token = token
         self.path = path
         self.max_body = max_body
-        self._unaudited = 0  # unauthenticated requests not yet in the audit (written at most every few s)
+        self._unaudited = _UnauthenticatedBatch()  # written at most every few s, and when the server stops
         self._last_audit = float("-inf")
+        self._unaudited_lock = threading.Lock()  # connection threads refuse requests at once
 
-    def _refused_unauthenticated(self) -> None:
+    def _refused_unauthenticated(self, client: str | None) -> None:
         """Count, and audit in batches so that a flood of bad requests cannot flood the audit table."""
-        self._unaudited += 1
-        now = time.monotonic()
-        if now - self._last_audit >= UNAUTHENTICATED_AUDIT_EVERY_S:
-            count, self._unaudited, self._last_audit = self._unaudited, 0, now
-            self.engine.record_unauthenticated(count)
+        with self._unaudited_lock:
+            self._unaudited.add(client)
+            now = time.monotonic()
+            if now - self._last_audit < UNAUTHENTICATED_AUDIT_EVERY_S:
+                return
+            batch, self._unaudited, self._last_audit = self._unaudited, _UnauthenticatedBatch(), now
+        self.engine.record_unauthenticated(batch.count, batch.client_text())
+
+    def flush_unauthenticated(self) -> None:
+        """Audit the refused requests still counted: for when the server has stopped, which would lose them."""
+        with self._unaudited_lock:
+            batch, self._unaudited = self._unaudited, _UnauthenticatedBatch()
+        if batch.count:
+            self.engine.record_unauthenticated(batch.count, batch.client_text())
 
     def authorized(self, header: str | None) -> bool:
         given = b""
@@ -182,15 +236,17 @@ class WebhookApp:
                 given = credentials.strip().encode("latin-1", "replace")
         return hmac.compare_digest(given, self._token)
 
-    def respond(self, method: str, path: str, headers, read_body: Callable[[int], bytes]) -> tuple[int, dict, dict]:
+    def respond(self, method: str, path: str, headers, read_body: Callable[[int], bytes],
+                client: str | None = None) -> tuple[int, dict, dict]:
         """(status, extra headers, JSON body). `headers` is a case-insensitive mapping (get); `read_body(n)`
-        reads n bytes of the body and is called only for an authenticated request of acceptable size. A
-        response carrying `Connection: close` left the body unread."""
+        reads n bytes of the body and is called only for an authenticated request of acceptable size; `client`
+        is the address the request came from, for the audit. A response carrying `Connection: close` left the
+        body unread."""
         route = path.split("?", 1)[0]
         if method == "GET" and route == "/-/healthy":
             return 200, {}, {"status": "ok"}
         if not self.authorized(headers.get("Authorization")):
-            self._refused_unauthenticated()
+            self._refused_unauthenticated(client)
             return 401, {"WWW-Authenticate": 'Bearer realm="sloscope"', "Connection": "close"}, \
                 {"error": "unauthorized"}
         close = {"Connection": "close"}
@@ -222,17 +278,32 @@ class WebhookApp:
             return 400, {}, {"error": f"body is not JSON that can be read: {str(exc)[:200]}"}
         try:
             alerts = validate_payload(doc)
+        except GroupTooLarge as exc:
+            return self._refuse_group(doc, exc, client)
         except PayloadError as exc:
             return 400, {}, {"error": str(exc)}
         try:
-            results = self.engine.handle(alerts)
+            results = self.engine.handle(alerts, client)
         except Transient as exc:
-            log.warning("webhook: %s; answering 503 so that Alertmanager retries", exc)
-            return 503, {"Retry-After": "5"}, {"error": f"temporarily unavailable, retry: {exc}"}
+            return _retry_later(exc)
         except Exception:
             log.exception("webhook: unexpected error handling %d alert(s)", len(alerts))
             return 500, {}, {"error": "internal error (logged)"}
         return 200, {}, {"results": results}
+
+    def _refuse_group(self, doc: dict, exc: GroupTooLarge, client: str | None) -> tuple[int, dict, dict]:
+        reason = (f"{exc.count} alerts in one notification, more than {MAX_ALERTS}: refused whole (set max_alerts: "
+                  f"{MAX_ALERTS} in Alertmanager's webhook_config); group {shown(doc.get('groupKey'))}")
+        try:
+            self.engine.record_refused_request(_group_alert_name(doc), reason, client)
+        except Transient as why:  # the refusal is a decision too: not answered before it is audited
+            return _retry_later(why)
+        return 400, {}, {"error": str(exc)}
+
+
+def _retry_later(exc: Transient) -> tuple[int, dict, dict]:
+    log.warning("webhook: %s; answering 503 so that Alertmanager retries", exc)
+    return 503, {"Retry-After": "5"}, {"error": f"temporarily unavailable, retry: {exc}"}
 
 
 class _Handler(KeepAliveHandler):
@@ -261,7 +332,8 @@ class _Handler(KeepAliveHandler):
             return b""
 
     def _handle(self):
-        status, headers, body = self.server.app.respond(self.command, self.path, self.headers, self._read)
+        status, headers, body = self.server.app.respond(self.command, self.path, self.headers, self._read,
+                                                        self.client_address[0])
         data = json.dumps(body).encode() + b"\n"
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -306,6 +378,12 @@ class WebhookServer(LimitedHTTPServer):
     def __init__(self, address: tuple[str, int], app: WebhookApp):
         self.app = app
         super().__init__(address, _Handler, MAX_CONNECTIONS, self.cut_off)
+
+    def drain(self, grace_s: float = DRAIN_GRACE_S) -> None:
+        """Stops serving (receiver/draining.py), then audits the unauthenticated requests of the last period, which
+        no later request would write: both `sloscope webhook` and serve's webhook stop here."""
+        super().drain(grace_s)
+        self.app.flush_unauthenticated()
 
     def cut_off(self, why: str) -> None:
         """A connection closed for a deadline or a size passed, or held back at the connection cap."""

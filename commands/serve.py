@@ -124,7 +124,8 @@ def listen_address(text: str) -> tuple[str, int] | None:
 def _webhook_app(args, store, spec):
     """The webhook and its remediation engine, auditing into this process's store."""
     from alerts.actions import ConfigError
-    from alerts.remediation import AuditStore, Engine, load_config
+    from alerts.audit import AuditStore
+    from alerts.remediation import Engine, load_config
     from alerts.webhook import TokenError, WebhookApp, load_token
 
     if args.remediation is None:

@@ -382,7 +382,8 @@ def test_report_shows_the_remediation_taken(sim_db, tmp_path):
     acted = ep.start + timedelta(seconds=60)
     with Store(copy) as store:
         store.con.execute(sql("remediation"))
-        insert = "INSERT INTO remediation_audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        insert = ("INSERT INTO remediation_audit (ts, alert, fingerprint, starts_at, action, target, params, decision, "
+                  "reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
         store.con.execute(insert, [acted, "SloscopeCauseStorageQueue", "fp1", ep.start, "spdk_qos_limit",
                                    f"bdev:{node}/Nvme0n1", json.dumps({"node": node}), "executed", None])
         store.con.execute(insert, [acted, "SloscopeGpuSaturated", "fp2", ep.start, "nft_drain_backend",

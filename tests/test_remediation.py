@@ -14,7 +14,8 @@ import pytest
 
 from alerts.actions import ActionFailed, ConfigError, Runner
 from analytics.store import Reader
-from alerts.remediation import AuditStore, Engine, active_sampling_overrides, load_config, parse_config
+from alerts.audit import AuditStore
+from alerts.remediation import Engine, active_sampling_overrides, load_config, parse_config
 from sloscope.slo_spec import load_spec
 from tests.conftest import need
 

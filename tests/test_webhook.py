@@ -11,12 +11,16 @@ import threading
 import time
 from pathlib import Path
 
+import duckdb
 import pytest
 
-from alerts.remediation import AuditStore, Engine, parse_config
-from alerts.webhook import TOKEN_ENV, TokenError, WebhookApp, WebhookServer, load_token, validate_payload
+from alerts.audit import AuditStore
+from alerts.remediation import Engine, parse_config
+from alerts.webhook import (MAX_ALERTS, TOKEN_ENV, TokenError, WebhookApp, WebhookServer, load_token,
+                            validate_payload)
 from commands.cli import main
 from sloscope.slo_spec import load_spec
+from tests.alerting_stack import free_port, wait_listening
 from tests.test_remediation import FakeRunner
 
 TOKEN = b"s3cret-token-0123456789"
@@ -50,6 +54,7 @@ def server(tmp_path):
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     srv.runner = runner
+    srv.db = tmp_path / "audit.duckdb"
     yield srv
     srv.shutdown()
     srv.server_close()
@@ -108,7 +113,7 @@ def test_401_comes_before_the_body_is_read(server):
     class Audit:  # the only thing a refused request may touch: one audit line for a burst of them
         counts = []
 
-        def record_unauthenticated(self, count):
+        def record_unauthenticated(self, count, clients):
             self.counts.append(count)
 
     app = WebhookApp(engine=Audit(), token=TOKEN)
@@ -291,3 +296,98 @@ def test_slow_senders_are_cut_off_and_cannot_take_every_connection(server, monke
     finally:
         for s in slow:
             s.close()
+
+
+def audit(db, columns="alert, fingerprint, decision, reason, client, dry_run"):
+    with duckdb.connect(str(db)) as con:
+        return con.execute(f"SELECT {columns} FROM remediation_audit ORDER BY ts, rowid").fetchall()
+
+
+def unauthenticated_count(rows) -> int:
+    return sum(int(reason.split()[0]) for alert, _, _, reason, *_ in rows if alert == "(unauthenticated)")
+
+
+def test_a_decision_is_audited_with_the_client_address_and_dry_run(server):
+    assert post(server, payload())[1]["results"][0]["decision"] == "executed"
+    [row] = audit(server.db, "alert, decision, client, dry_run")
+    assert row == ("SloscopeGpuSaturated", "executed", "127.0.0.1", False)
+
+
+def test_unauthenticated_requests_of_the_last_period_are_audited_when_the_server_stops(server):
+    for _ in range(5):  # well within one audit period: the first is written at once, the others wait
+        assert post(server, payload(), token=None)[0] == 401
+    assert unauthenticated_count(audit(server.db)) == 1
+    server.drain()
+    rows = audit(server.db)
+    assert unauthenticated_count(rows) == 5
+    assert {(decision, client, fingerprint) for _, fingerprint, decision, _, client, _ in rows} == {
+        ("refused", "127.0.0.1", "")}
+
+
+@pytest.mark.parametrize("command", ["webhook", "serve"])
+def test_both_webhook_commands_audit_every_unauthenticated_request_before_they_exit(tmp_path, command):
+    cfg, token, db, port = tmp_path / "remediation.yaml", tmp_path / "token", tmp_path / "a.duckdb", free_port()
+    cfg.write_text(CONFIG.replace("execute: true", "execute: false"))
+    token.write_text(TOKEN.decode())
+    token.chmod(0o600)
+    argv = {"webhook": ["webhook", "--config", str(cfg), "--token-file", str(token), "--listen", f"127.0.0.1:{port}"],
+            "serve": ["serve", "--http", "off", "--grpc", "off", "--decode-workers", "0", "--webhook",
+                      f"127.0.0.1:{port}", "--remediation", str(cfg), "--webhook-token-file", str(token)]}[command]
+    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", *argv, "--db", str(db)],
+                            cwd=Path(__file__).parent.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_listening(port, proc, f"sloscope {command}")
+        for _ in range(3):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("POST", "/alerts", body=b"{}", headers={"Content-Type": "application/json"})
+            assert conn.getresponse().status == 401
+            conn.close()
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    rows = audit(db)
+    assert unauthenticated_count(rows) == 3 and {row[4] for row in rows} == {"127.0.0.1"}
+    assert {row[5] for row in rows} == {True}  # execute: false
+
+
+def oversized(**common):
+    doc = payload()
+    doc["alerts"] = [{}] * (MAX_ALERTS + 1)  # refused on the count, before any alert is looked at
+    doc["commonLabels"] = common
+    return doc
+
+
+def test_a_group_over_max_alerts_is_refused_whole_and_audited_once(server):
+    status, body, _ = post(server, oversized(alertname="SloscopeGpuSaturated"))
+    assert status == 400 and body == {"error": f"alerts: more than {MAX_ALERTS}"}
+    [(alert, fingerprint, decision, reason, client, dry_run)] = audit(server.db)
+    assert (alert, fingerprint, decision, client, dry_run) == ("SloscopeGpuSaturated", "", "refused", "127.0.0.1",
+                                                               False)
+    assert reason.startswith(f"{MAX_ALERTS + 1} alerts in one notification, more than {MAX_ALERTS}: refused whole")
+    assert server.runner.calls == []
+
+
+def test_what_an_oversized_group_says_of_itself_reaches_the_audit_checked(server):
+    doc = oversized(alertname="Gpu\nSaturated\u001b[2J")
+    doc["groupKey"] = "{}:{node=\"x\"}\nremediation executed: alert=Forged " + "y" * 500
+    assert post(server, doc)[0] == 400
+    [(alert, _, decision, reason, _, _)] = audit(server.db)
+    assert (alert, decision) == ("(group)", "refused")  # not a name an allow-list could hold
+    assert "\n" not in reason and "\x1b" not in reason and "y" * 100 not in reason
+    assert "\\nremediation executed" in reason  # quoted, escaped and cut short
+
+
+def test_an_oversized_group_is_503_while_its_refusal_cannot_be_audited(server):
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import duckdb, sys; c = duckdb.connect(sys.argv[1]); print('held', flush=True); sys.stdin.read()"),
+        str(server.db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert post(server, oversized())[0] == 503
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+    assert post(server, oversized())[0] == 400  # Alertmanager's retry: refused, and now audited
+    assert [row[:3] for row in audit(server.db)] == [("(group)", "", "refused")]
