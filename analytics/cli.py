@@ -19,11 +19,13 @@ EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
 
 def register(subparsers) -> None:
     ingest = subparsers.add_parser(
-        "ingest", help="load OTLP-JSON files into the store (DuckDB, or ClickHouse tables as the clickhouseexporter writes them)",
-        description="Load OTLP-JSON files (one Export{Traces,Metrics,Logs}ServiceRequest per line, as the "
-        "OpenTelemetry Collector's file exporter writes them with format: json; gzip and its zstd compression "
-        "recognised) into the store. Malformed lines "
-        "are reported as FILE:LINE: reason, counted and skipped; the rest loads. Loading the same data twice "
+        "ingest", help="load OTLP files into the store (DuckDB, or ClickHouse tables as the clickhouseexporter writes them)",
+        description="Load the OpenTelemetry Collector file exporter's files into the store: format: json (one "
+        "Export{Traces,Metrics,Logs}ServiceRequest per line) or format: proto (each request in protobuf after its "
+        "4-byte length, traces, metrics and logs told apart by their items); gzip and the exporter's zstd "
+        "compression recognised. Malformed lines and requests "
+        "are reported as FILE:LINE: reason (a request's number for length-prefixed ones), counted and skipped; the "
+        "rest loads. Loading the same data twice "
         "adds nothing. Exit status: 0 all loaded, 1 some lines rejected, 2 usage or spec error (a named file that "
         "does not exist or is a directory, found before the store is opened).")
     ingest.add_argument("files", nargs="+", type=Path, metavar="FILE")

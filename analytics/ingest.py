@@ -1,8 +1,9 @@
-"""File ingest: OTLP-JSON lines -> decode -> tier enrichment -> store, in large transactions.
+"""File ingest: the Collector file exporter's OTLP-JSON lines or length-prefixed requests (JSON or protobuf,
+receiver/otlp_files.py) -> decode -> tier enrichment -> store, in large transactions.
 
-A malformed line is reported as `file:line: reason`, counted, and skipped; every other line still loads. A line
-with some invalid spans or data points loads the rest; what it refused is reported the same way and counted by
-reason.
+A malformed line or request is reported as `file:line: reason` (the request's number for length-prefixed ones),
+counted, and skipped; every other one still loads. One with some invalid spans or data points loads the rest; what
+it refused is reported the same way and counted by reason.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from receiver.otlp_files import FileReadError, read_lines
+from receiver.otlp_files import FileReadError, ProtobufRequest, read_lines
 from receiver.otlp_json import DecodeError, Decoder, decode_line
+from receiver.otlp_proto import ProtoDecoder
+from receiver.otlp_proto_signal import decode_request
 from enrich.tiers import TierResolver
 from enrich.topology import GpuTopology
 from sloscope.records import Batch
@@ -63,17 +66,19 @@ _worker_state: dict = {}
 
 def decode_chunk(chunk: list[tuple[str, bytes]], allowed: frozenset, default_tier: str,
                  declared: frozenset = frozenset()):
-    """Decode and enrich a chunk of lines: (batch, [(where, reason, whole line?)], counts). Runs in worker
-    processes, which keep their decoder (and its attribute cache) between chunks. `declared`: the metrics the SLO
-    spec declares as evidence, kept beside the catalog's."""
+    """Decode and enrich a chunk of lines and requests: (batch, [(where, reason, whole line?)], counts). Runs in
+    worker processes, which keep their decoders (and their attribute caches) between chunks. `declared`: the
+    metrics the SLO spec declares as evidence, kept beside the catalog's."""
     key = (allowed, default_tier, declared)
     if _worker_state.get("key") != key:
-        _worker_state.update(key=key, decoder=Decoder(declared=declared),
+        _worker_state.update(key=key, decoder=Decoder(declared=declared), proto=ProtoDecoder(declared=declared),
                              enrichment=Enrichment(TierResolver(allowed, default_tier)))
-    decoder, batch, rejects = _worker_state["decoder"], Batch(), []
+    json_decoder, proto_decoder, batch, rejects = _worker_state["decoder"], _worker_state["proto"], Batch(), []
     for where, line in chunk:
+        protobuf = isinstance(line, ProtobufRequest)
+        decoder = proto_decoder if protobuf else json_decoder
         try:
-            decoded = decode_line(decoder, line)
+            decoded = decode_request(decoder, line) if protobuf else decode_line(decoder, line)
         except DecodeError as exc:
             rejects.append((where, str(exc), True))
             continue
@@ -81,8 +86,9 @@ def decode_chunk(chunk: list[tuple[str, bytes]], allowed: frozenset, default_tie
             rejects.append((where, decoder.refusal_report(), False))
         batch.extend(decoded)
     frames, counts = _worker_state["enrichment"].frames(batch)
-    counts += Counter(decoder.skipped)
-    decoder.skipped.clear()
+    for decoder in (json_decoder, proto_decoder):
+        counts += Counter(decoder.skipped)
+        decoder.skipped.clear()
     return frames, rejects, counts
 
 

@@ -1,12 +1,17 @@
-"""Reading OTLP-JSON files as the OpenTelemetry Collector's file exporter writes them (`format: json`), each
-recognised by its first bytes, whatever the file is called:
+"""Reading the files the OpenTelemetry Collector's file exporter writes, each recognised by its first bytes,
+whatever the file is called:
 
-- one export request per line, plain or gzip;
-- `compression: zstd` with the exporter's native compression: the whole file one zstd stream of such lines;
-- `compression: zstd` as the exporter writes it by default: each request a zstd frame after its length (4 bytes,
-  big-endian).
+- `format: json`: one OTLP/JSON export request per line, plain or gzip; with `compression: zstd` and the
+  exporter's native compression (its `exporter.file.nativeCompression` gate), the whole file one zstd stream of
+  such lines;
+- `format: proto`: each request in protobuf after its length (4 bytes, big-endian), and the same in a zstd stream
+  with native compression;
+- `compression: zstd` as the exporter writes it by default, in either format: each request a zstd frame after
+  the frame's length.
 
-The exporter's `format: proto` (requests as length-prefixed protobuf) is refused with a message saying so.
+A length-prefixed request is yielded as bytes when it is JSON (it begins with `{`, as the exporter's JSON
+always does) and as a ProtobufRequest otherwise, whose signal the decoder tells from its items
+(receiver/otlp_proto_signal.py): one exporter serving several pipelines writes traces, metrics and logs to one file.
 """
 
 from __future__ import annotations
@@ -21,7 +26,11 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 PREFIX_BYTES = 4  # the exporter's length before each request it does not write as a line
 MAX_REQUEST_BYTES = 256 * 2**20  # a length past it is a damaged file, not a request to allocate for
-PROTO_FORMAT = "requests in protobuf (the file exporter's format: proto) are not read: set format: json"
+READ_ERRORS = (OSError, EOFError, zstd.ZstdError)
+
+
+class ProtobufRequest(bytes):
+    """A length-prefixed request that is not JSON: protobuf, as the exporter writes it with format: proto."""
 
 
 class FileReadError(OSError):
@@ -30,8 +39,8 @@ class FileReadError(OSError):
 
 def read_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
     """Yield (line number, line) for every non-blank line; for length-prefixed requests, (request number,
-    request). A file that cannot be opened, whose compression is broken or that holds protobuf raises
-    FileReadError after the requests read before the damage."""
+    request), a ProtobufRequest when it is not JSON. A file that cannot be opened or whose compression or framing
+    is broken raises FileReadError after the requests read before the damage."""
     path = Path(path)
     try:
         with open(path, "rb") as raw:
@@ -39,12 +48,10 @@ def read_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
     except OSError as exc:
         raise FileReadError(f"{path}: {exc.strerror or exc}") from None
     if head.startswith(GZIP_MAGIC):
-        return _lines(path, gzip.open)
+        return _requests(path, gzip.open)
     if head.startswith(ZSTD_MAGIC):
-        return _lines(path, zstd.open)
-    if _length_prefixed(head):
-        return _prefixed(path)
-    return _lines(path, open)
+        return _requests(path, zstd.open)
+    return _requests(path, open)
 
 
 def _length_prefixed(head: bytes) -> bool:
@@ -54,41 +61,49 @@ def _length_prefixed(head: bytes) -> bool:
     return head[:1] == b"\0" and (request.startswith(ZSTD_MAGIC) or request.startswith(b"\x0a"))
 
 
-def _lines(path: Path, opener) -> Iterator[tuple[int, bytes]]:
-    lineno = 0
+def _requests(path: Path, opener) -> Iterator[tuple[int, bytes]]:
+    """The lines or length-prefixed requests of a file as `opener` (open, gzip.open, zstd.open) reads it."""
     try:
         with opener(path, "rb") as handle:
-            if _length_prefixed(handle.read(PREFIX_BYTES + len(ZSTD_MAGIC))):  # native zstd around protobuf
-                raise FileReadError(f"{path}:1: {PROTO_FORMAT}")
+            framed = _length_prefixed(handle.read(PREFIX_BYTES + len(ZSTD_MAGIC)))
             handle.seek(0)
-            for lineno, line in enumerate(handle, start=1):
-                if line.strip():
-                    yield lineno, line
+            yield from _prefixed(path, handle) if framed else _lines(path, handle)
     except FileReadError:
         raise
-    except (OSError, EOFError, zstd.ZstdError) as exc:
+    except READ_ERRORS as exc:  # before the first line or request
+        raise FileReadError(f"{path}:1: cannot read further: {exc}") from None
+
+
+def _lines(path: Path, handle) -> Iterator[tuple[int, bytes]]:
+    lineno = 0
+    try:
+        for lineno, line in enumerate(handle, start=1):
+            if line.strip():
+                yield lineno, line
+    except READ_ERRORS as exc:
         raise FileReadError(f"{path}:{lineno + 1}: cannot read further: {exc}") from None
 
 
-def _prefixed(path: Path) -> Iterator[tuple[int, bytes]]:
-    number = 0
+def _prefixed(path: Path, handle) -> Iterator[tuple[int, bytes]]:
+    number = 1  # of the request being read, which a damaged stream may break in its length
     try:
-        with open(path, "rb") as handle:
-            while prefix := handle.read(PREFIX_BYTES):
-                number += 1
-                length = int.from_bytes(prefix, "big")
-                if length > MAX_REQUEST_BYTES:
-                    raise FileReadError(f"{path}:{number}: a request of {length} bytes: the file is damaged")
-                request = handle.read(length)
-                if len(prefix) < PREFIX_BYTES or len(request) < length:
-                    raise FileReadError(f"{path}:{number}: request cut off before its end")
-                if request.startswith(ZSTD_MAGIC):
-                    request = _unpacked(path, number, request)
-                _refuse_protobuf(path, number, request)
-                yield number, request
+        while prefix := handle.read(PREFIX_BYTES):
+            if len(prefix) < PREFIX_BYTES:
+                raise FileReadError(f"{path}:{number}: request cut off before its end (in its length)")
+            length = int.from_bytes(prefix, "big")
+            if length > MAX_REQUEST_BYTES:
+                raise FileReadError(f"{path}:{number}: a request of {length} bytes: the file is damaged")
+            request = handle.read(length)
+            if len(request) < length:
+                raise FileReadError(f"{path}:{number}: request cut off before its end ({len(request)} of its "
+                                    f"{length} bytes)")
+            if request.startswith(ZSTD_MAGIC):
+                request = _unpacked(path, number, request)
+            yield number, (request if request.startswith(b"{") else ProtobufRequest(request))
+            number += 1
     except FileReadError:
         raise
-    except (OSError, zstd.ZstdError) as exc:
+    except READ_ERRORS as exc:
         raise FileReadError(f"{path}:{number}: cannot read further: {exc}") from None
 
 
@@ -102,9 +117,3 @@ def _unpacked(path: Path, number: int, frame: bytes) -> bytes:
         raise FileReadError(f"{path}:{number}: request cut off before its end")
     return request
 
-
-def _refuse_protobuf(path: Path, number: int, request: bytes) -> None:
-    """A protobuf request begins with its first field's tag (resource spans, metrics or logs: 0x0a), never a
-    JSON document's `{` or blank."""
-    if request.startswith(b"\x0a"):
-        raise FileReadError(f"{path}:{number}: {PROTO_FORMAT}")

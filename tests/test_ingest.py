@@ -215,7 +215,7 @@ def test_the_file_exporters_zstd_layouts_load_as_its_lines_do(tmp_path, layout):
     assert query(tmp_path, counted, db=f"{layout}.duckdb") == query(tmp_path, counted, db="plain.duckdb") == [(40, 5)]
 
 
-def test_the_file_exporters_protobuf_is_refused_with_what_to_set(tmp_path, capsys):
+def test_protobuf_requests_of_no_signal_are_refused_saying_so(tmp_path, capsys):
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
     from receiver.zstd_module import zstd
@@ -230,7 +230,8 @@ def test_the_file_exporters_protobuf_is_refused_with_what_to_set(tmp_path, capsy
     cut.write_bytes(len(z).to_bytes(4, "big") + z[:-2])
     assert ingest(tmp_path, proto, native, cut) == EXIT_REJECTED
     err = capsys.readouterr().err
-    assert err.count("set format: json") == 2 and "cut.zst:1: request cut off" in err
+    assert err.count("a protobuf request holding no span, metric or log record") == 2
+    assert "cut.zst:1: request cut off" in err
 
 
 def test_damaged_length_prefixed_files_are_refused_without_allocating_their_lengths(tmp_path, capsys):
@@ -246,6 +247,6 @@ def test_damaged_length_prefixed_files_are_refused_without_allocating_their_leng
     beyond.write_bytes(len(first).to_bytes(4, "big") + first + b"\x80\x00\x00\x00" + first)
     assert ingest(tmp_path, huge, proto, beyond) == EXIT_REJECTED
     err = capsys.readouterr().err
-    assert "huge.zst:1: request cut off" in err and "proto.zst:1: requests in protobuf" in err
+    assert "huge.zst:1: request cut off" in err and "proto.zst:1: neither JSON nor protobuf" in err
     assert "beyond.zst:2: a request of 2147483648 bytes" in err
     assert query(tmp_path, "SELECT count(*) FROM requests") == [(1,)]
