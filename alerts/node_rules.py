@@ -1,11 +1,13 @@
-"""The node-level groups of alerts/rules.py: the physical layer's alerts (thresholds from the field) and one alert
-per cause of the analysis, each firing while its cause ranks first for an open incident."""
+"""The node-level groups of alerts/rules.py: the physical layer's alerts (thresholds from the SLO spec's
+`physical_limits`, the field's by default) and one alert per cause of the analysis, each firing while its cause
+ranks first for an open incident."""
 
 from __future__ import annotations
 
 import re
 
 from sloscope import taxonomy
+from sloscope.slo_spec import PhysicalLimits
 
 from alerts import metric_names as x
 from alerts.actions import DRAIN, NOTIFY, QOS, RESTART
@@ -18,12 +20,6 @@ MIN_REQUESTS_PER_MINUTE = 10  # below this, a minute's error ratio is noise
 NODE_FAILURES_ALPHA = 0.05
 LEAK_HOLD = "5m"  # a model loading grows its GPU's memory as fast as a leak, for a few minutes
 
-# Field thresholds.
-GPU_UTILIZATION_MAX = 0.8
-NVME_TEMPERATURE_MAX_C = 65
-SPDK_BDEV_WAIT_MAX_S = 0.005
-SPDK_REACTOR_BUSY_MAX = 0.7
-NODE_ERROR_RATIO_MAX = 0.05
 CAUSE_SCORE_MIN = 0.5
 
 # Alert names (the keys of the remediation config).
@@ -88,7 +84,7 @@ def _spoken(duration: str) -> str:
     return one if number == "1" else f"{number} {many}"
 
 
-def physical_group(hold: str | None = None) -> dict:
+def physical_group(limits: PhysicalLimits, hold: str | None = None) -> dict:
     long_hold, short_hold = hold or "2m", hold or "1m"
     leak_hold = hold or LEAK_HOLD
     growth = gpu_memory_growth_record()
@@ -97,15 +93,18 @@ def physical_group(hold: str | None = None) -> dict:
     requests_1m = f"sum by (node) (rate({x.REQUESTS}[1m]))"
     errors_1m = f"sum by (node) (increase({x.REQUEST_ERRORS}[1m]))"
     requests_in_1m = f"sum by (node) (increase({x.REQUESTS}[1m]))"
+    error_ratio = num(limits.node_error_ratio)
     rules = [
         {"record": growth,
          "expr": f"({mem} - {mem} offset {step})\n/\n({mem} offset {step} > 0)\n"},
-        {"alert": GPU_SATURATED, "expr": f"{x.GPU_UTILIZATION} > {num(GPU_UTILIZATION_MAX)}\n", "for": long_hold,
+        {"alert": GPU_SATURATED, "expr": f"{x.GPU_UTILIZATION} > {num(limits.gpu_utilization)}\n",
+         "for": long_hold,
          "labels": {"severity": "warning", "cause": "gpu_sm_contention", "action": DRAIN},
          "annotations": {
              "summary": "GPU {{ $labels.gpu }} on {{ $labels.node }} is {{ $value | humanizePercentage }} busy",
-             "description": f"GPU utilization has been above {pct(GPU_UTILIZATION_MAX)} for {_spoken(long_hold)} on node "
-                            "{{ $labels.node }}: new requests queue behind running kernels (SM contention).",
+             "description": f"GPU utilization has been above {pct(limits.gpu_utilization)} for "
+                            f"{_spoken(long_hold)} on node {{{{ $labels.node }}}}: new requests queue behind running "
+                            "kernels (SM contention).",
              "remediation": "Shift new requests away from {{ $labels.node }}. " + ACTION_TEXT[DRAIN]}},
         {"alert": GPU_MEMORY_LEAK,
          "expr": _leak_expr(growth), "for": leak_hold,
@@ -118,47 +117,52 @@ def physical_group(hold: str | None = None) -> dict:
                             f"{_spoken(leak_hold)} (longer than a model takes to load): a leak that ends in "
                             "out-of-memory failures.",
              "remediation": "Restart the leaking inference workload on {{ $labels.node }}. " + ACTION_TEXT[RESTART]}},
-        {"alert": NVME_HOT, "expr": f"{x.NVME_TEMPERATURE} > {num(NVME_TEMPERATURE_MAX_C)}\n", "for": short_hold,
+        {"alert": NVME_HOT, "expr": f"{x.NVME_TEMPERATURE} > {num(limits.nvme_temperature_c)}\n",
+         "for": short_hold,
          "labels": {"severity": "warning", "cause": "storage_thermal", "action": QOS},
          "annotations": {
              "summary": "NVMe {{ $labels.bdev }}{{ $labels.device }} on {{ $labels.node }} is at "
                         "{{ $value | humanize }} C",
-             "description": f"The NVMe drive has been above {num(NVME_TEMPERATURE_MAX_C)} C for {_spoken(short_hold)} on node "
-                            "{{ $labels.node }}; it throttles itself and I/O latency rises.",
+             "description": f"The NVMe drive has been above {num(limits.nvme_temperature_c)} C for "
+                            f"{_spoken(short_hold)} on node {{{{ $labels.node }}}}; it throttles itself and I/O "
+                            "latency rises.",
              "remediation": "Throttle the bdev until the drive cools. " + ACTION_TEXT[QOS]}},
         {"alert": SPDK_BDEV_WAIT_HIGH,
-         "expr": f"max by (node, bdev) ({x.SPDK_BDEV_IO_WAIT}) > {num(SPDK_BDEV_WAIT_MAX_S)}\n", "for": short_hold,
+         "expr": f"max by (node, bdev) ({x.SPDK_BDEV_IO_WAIT}) > {num(limits.spdk_bdev_wait_s)}\n",
+         "for": short_hold,
          "labels": {"severity": "warning", "cause": "storage_queue", "action": QOS},
          "annotations": {
              "summary": "SPDK bdev {{ $labels.bdev }} on {{ $labels.node }} waits "
                         "{{ $value | humanizeDuration }} per I/O",
-             "description": f"Mean SPDK bdev I/O wait has been above {ms(SPDK_BDEV_WAIT_MAX_S)} for {_spoken(short_hold)} on "
-                            "node {{ $labels.node }}: the NVMe queues are congested.",
+             "description": f"Mean SPDK bdev I/O wait has been above {ms(limits.spdk_bdev_wait_s)} for "
+                            f"{_spoken(short_hold)} on node {{{{ $labels.node }}}}: the NVMe queues are congested.",
              "remediation": "Throttle background I/O on the bdev. " + ACTION_TEXT[QOS]}},
         {"alert": SPDK_REACTOR_BUSY,
-         "expr": f"{x.SPDK_REACTOR_BUSY} > {num(SPDK_REACTOR_BUSY_MAX)}\n", "for": long_hold,
+         "expr": f"{x.SPDK_REACTOR_BUSY} > {num(limits.spdk_reactor_busy)}\n", "for": long_hold,
          "labels": {"severity": "warning", "cause": "storage_queue", "action": NOTIFY},
          "annotations": {
              "summary": "SPDK reactor {{ $labels.lcore }} on {{ $labels.node }} is "
                         "{{ $value | humanizePercentage }} busy",
-             "description": f"An SPDK reactor has been busier than {pct(SPDK_REACTOR_BUSY_MAX)} for {_spoken(long_hold)} on "
-                            "node {{ $labels.node }}: storage requests wait for CPU in spdk_tgt.",
+             "description": f"An SPDK reactor has been busier than {pct(limits.spdk_reactor_busy)} for "
+                            f"{_spoken(long_hold)} on node {{{{ $labels.node }}}}: storage requests wait for CPU in "
+                            "spdk_tgt.",
              "remediation": "Give spdk_tgt more cores (its -m mask) or move I/O-heavy work. " + ACTION_TEXT[NOTIFY]}},
         {"alert": NODE_ERROR_RATIO_HIGH,
          "expr": (f"sum by (node) (rate({x.REQUEST_ERRORS}[1m]))\n/\n{requests_1m}\n"
-                  f"> {num(NODE_ERROR_RATIO_MAX)}\n"
+                  f"> {error_ratio}\n"
                   f"and on (node)\n{requests_1m} * 60 >= {MIN_REQUESTS_PER_MINUTE}\n"
                   f"and on (node)\n{errors_1m}\n"
-                  f">= {poisson_critical(f'{requests_in_1m} * {num(NODE_ERROR_RATIO_MAX)}', NODE_FAILURES_ALPHA)}\n"),
+                  f">= {poisson_critical(f'{requests_in_1m} * {error_ratio}', NODE_FAILURES_ALPHA)}\n"),
          "for": short_hold,
          "labels": {"severity": "warning", "cause": UNATTRIBUTED, "action": DRAIN},
          "annotations": {
              "summary": "{{ $value | humanizePercentage }} of requests on {{ $labels.node }} fail",
-             "description": f"More than {pct(NODE_ERROR_RATIO_MAX)} of the requests served by node "
+             "description": f"More than {pct(limits.node_error_ratio)} of the requests served by node "
                             "{{ $labels.node }} failed over the last minute, for "
                             f"{_spoken(short_hold)} (at least "
                             f"{MIN_REQUESTS_PER_MINUTE} requests a minute, and more failures than a node at "
-                            f"{pct(NODE_ERROR_RATIO_MAX)} would have but with probability {num(NODE_FAILURES_ALPHA)}).",
+                            f"{pct(limits.node_error_ratio)} would have but with probability "
+                            f"{num(NODE_FAILURES_ALPHA)}).",
              "remediation": "Take the node out of rotation and look at sloscope rca for its cause. "
                         + ACTION_TEXT[DRAIN]}},
     ]

@@ -17,11 +17,11 @@ Per tier (one group each, recording rules before the alerts that read them):
   exactly the percentile's allowance would produce at ALERT_ALPHA (the analysis' latency test): raise trace
   sampling of the tier to 100 %.
 
-Physical layer (thresholds from the field): GPU utilization above 80 % (shift new requests away), GPU memory
-growing as taxonomy.GPU_MEMORY_LEAK defines it (more than 5 % over each of 3 consecutive minutes; restart the
-workload; held 5 minutes, longer than a model takes to load), NVMe above 65 C and SPDK bdev wait above 5 ms
-(throttle the bdev), SPDK reactor busy above 70 %, a node's error ratio above 5 % over 1 minute with more failures
-than chance gives a node at 5 %.
+Physical layer (thresholds from the spec's `physical_limits`, whose defaults are the field's, given here):
+GPU utilization above 80 % (shift new requests away), GPU memory growing as taxonomy.GPU_MEMORY_LEAK defines it
+(more than 5 % over each of 3 consecutive minutes; restart the workload; held 5 minutes, longer than a model
+takes to load), NVMe above 65 C and SPDK bdev wait above 5 ms (throttle the bdev), SPDK reactor busy above 70 %,
+a node's error ratio above 5 % over 1 minute with more failures than chance gives a node at 5 %.
 
 RCA: one alert per taxonomy cause, firing while that cause is the top-ranked cause (score >= 0.5) of an open
 incident, as exported in sloscope_incident_cause_score.
@@ -281,7 +281,8 @@ def rules_dict(spec: SloSpec, opts: RuleOptions | None = None) -> dict:
     opts = opts or RuleOptions()
     groups = [tier_group(t, spec.window_s, opts) for t in spec.tiers.values()]
     groups += [meta_group(t, spec.window_s) for t in spec.tiers.values()]
-    groups += [physical_group(opts.hold), cause_group(opts.hold, spec.taxonomy.causes, opts.runbook_base_url)]
+    groups += [physical_group(spec.physical_limits, opts.hold),
+               cause_group(opts.hold, spec.taxonomy.causes, opts.runbook_base_url)]
     return {"groups": _with_runbook_urls(groups, opts.runbook_base_url)}
 
 

@@ -1,18 +1,20 @@
 """The node dashboard (`sloscope-node`): the physical layer of the nodes serving the selected tiers (GPU,
 storage, kernel, probe health), with the incident causes ranked for the node on top. Panels whose series the
-exporter does not export (yet) are left out, and `exporter_gaps()` lists them."""
+exporter does not export (yet) are left out, and `exporter_gaps()` lists them. A panel whose signal has a
+physical alert draws that alert's threshold from the spec's `physical_limits`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from sloscope import taxonomy
-from sloscope.slo_spec import SloSpec
+from sloscope.slo_spec import PhysicalLimits, SloSpec
 
 from alerts import metric_names as x
 from dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, INCIDENTS_UID, NODE_UID, OVERVIEW_UID, above, cm,
-                                       dashboard, dm, ds_ref, exported, exported_names, gd, heat_panel, matchers,
-                                       query, series_panel, statetimeline, threshold_steps, with_row)
+                                       dashboard, dm, ds_ref, exported, exported_names, fmt_ms, fmt_num, gd,
+                                       heat_panel, matchers, query, series_panel, statetimeline, threshold_steps,
+                                       with_row)
 
 # Series the node dashboard wants that the exporter may not export yet: the constant expected in
 # alerts/metric_names.py, the series name expected, the catalog signal it comes from, its labels and its kind.
@@ -68,10 +70,10 @@ def _wanted_in(gaps: list[Gap]):
     return wanted
 
 
-def _node_panels(gaps: list[Gap]) -> list[tuple[str, list]]:
+def _node_panels(gaps: list[Gap], limits: PhysicalLimits) -> list[tuple[str, list]]:
     """(row title, panels) of the node dashboard; panels whose series are not exported are recorded in gaps."""
     wanted = _wanted_in(gaps)
-    return [("GPU", _gpu_panels(wanted)), ("Storage (SPDK, NVMe, block)", _storage_panels(wanted)),
+    return [("GPU", _gpu_panels(wanted)), ("Storage (SPDK, NVMe, block)", _storage_panels(wanted, limits)),
             ("Kernel (network, CPU, syscalls)", _kernel_panels(wanted)), ("Probes", _probe_panels())]
 
 
@@ -120,26 +122,27 @@ def _gpu_panels(wanted) -> list:
     return gpu
 
 
-def _storage_panels(wanted) -> list:
-    """SPDK bdev wait and queue depth, reactor busy, NVMe temperature; block I/O latency."""
+def _storage_panels(wanted, limits: PhysicalLimits) -> list:
+    """SPDK bdev wait and queue depth, reactor busy, NVMe temperature; block I/O latency. The dashed lines are
+    where the physical alerts fire, so that the panel shows what an alert saw."""
     storage = [
         series_panel("SPDK bdev I/O wait", "s",
-                     "Mean wait per I/O of each SPDK bdev and direction; above the dashed line (5 ms) the NVMe queue "
-                     "is congested.",
+                     "Mean wait per I/O of each SPDK bdev and direction; above the dashed line "
+                     f"({fmt_ms(limits.spdk_bdev_wait_s * 1000)}) the NVMe queue is congested.",
                      [query(_gauge_expr(x.SPDK_BDEV_IO_WAIT, "node, bdev, direction"),
                             "{{node}} {{bdev}} {{direction}}")],
-                     w=8, min_val=0, thresholds=above(_seed("storage_queue", "spdk.bdev.io.wait") or 0.005)),
+                     w=8, min_val=0, thresholds=above(limits.spdk_bdev_wait_s)),
         series_panel("SPDK bdev queue depth", "short", "Mean number of I/Os in flight per bdev.",
                      [query(_gauge_expr(x.SPDK_BDEV_QUEUE_DEPTH, "node, bdev"), "{{node}} {{bdev}}")],
                      w=8, min_val=0),
         series_panel("SPDK reactor busy", "percentunit",
                      "Busy share of each SPDK reactor (lcore); a saturated reactor delays every bdev it polls.",
                      [query(_gauge_expr(x.SPDK_REACTOR_BUSY, "node, lcore"), "{{node}} lcore {{lcore}}")],
-                     w=8, min_val=0, max_val=1,
-                     thresholds=above(_seed("storage_queue", "spdk.reactor.busy") or 0.7)),
-        series_panel("NVMe temperature", "celsius", "NVMe composite temperature; above 65 C drives throttle.",
+                     w=8, min_val=0, max_val=1, thresholds=above(limits.spdk_reactor_busy)),
+        series_panel("NVMe temperature", "celsius",
+                     f"NVMe composite temperature; above {fmt_num(limits.nvme_temperature_c)} C drives throttle.",
                      [query(_gauge_expr(x.NVME_TEMPERATURE, "node, bdev, device"), "{{node}} {{bdev}}{{device}}")],
-                     w=8, thresholds=above(_seed("storage_thermal", "sloscope.nvme.temperature") or 65.0)),
+                     w=8, thresholds=above(limits.nvme_temperature_c)),
     ]
     name = wanted("BLOCK_IO_DURATION", "Block I/O latency")
     if name:
@@ -215,7 +218,7 @@ def node_dashboard(spec: SloSpec, datasource_uid: str = DEFAULT_DATASOURCE_UID) 
         "Score (0..1) of each cause sloscope ranks for the node's open incidents.",
         [query(f'max by (node, cause) ({x.INCIDENT_CAUSE_SCORE}{{{matchers()}}})', "{{node}} {{cause}}")],
         w=24, h=6, min_val=0, max_val=1))
-    for title, panels in _node_panels([]):
+    for title, panels in _node_panels([], spec.physical_limits):
         if panels:
             board = with_row(board, title, panels)
     return board
@@ -224,7 +227,7 @@ def node_dashboard(spec: SloSpec, datasource_uid: str = DEFAULT_DATASOURCE_UID) 
 def exporter_gaps() -> list[Gap]:
     """Panels and annotations left out because `sloscope serve` does not export the series they need."""
     gaps: list[Gap] = []
-    _node_panels(gaps)
+    _node_panels(gaps, PhysicalLimits())  # which panels are left out does not depend on their thresholds
     series, source, labels, kind = WANTED["REMEDIATION_ACTIONS"]
     name = getattr(x, "REMEDIATION_ACTIONS", None)
     if not exported(name, kind):

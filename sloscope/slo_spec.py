@@ -1,7 +1,8 @@
 """The SLO spec (docs/slo-spec.md): loading and validation with errors that name file, key and expectation.
 
-Besides tiers and objectives, a spec may declare causes of its own and any OTLP metric as evidence for a cause
-(`causes`, `evidence`); errors in those also name the YAML line."""
+Besides tiers and objectives, a spec may set the physical layer's alert thresholds (`physical_limits`) and
+declare causes of its own and any OTLP metric as evidence for a cause (`causes`, `evidence`); errors in those
+also name the YAML line."""
 
 from __future__ import annotations
 
@@ -51,6 +52,18 @@ class TierObjective:
 
 
 @dataclass(frozen=True)
+class PhysicalLimits:
+    """The physical layer's alert thresholds (alerts/node_rules.py), in the units the alerts compare: ratios and
+    seconds. The defaults are the field's; a fleet whose hardware or load differs sets its own in the spec."""
+
+    gpu_utilization: float = 0.8
+    nvme_temperature_c: float = 65.0
+    spdk_bdev_wait_s: float = 0.005
+    spdk_reactor_busy: float = 0.7
+    node_error_ratio: float = 0.05
+
+
+@dataclass(frozen=True)
 class SloSpec:
     default_tier: str
     tiers: dict[str, TierObjective]
@@ -58,10 +71,11 @@ class SloSpec:
     resolution_s: float
     source: str = "<built-in>"
     taxonomy: taxonomy.Taxonomy = taxonomy.BUILT_IN  # the built-in causes with what the spec declares
+    physical_limits: PhysicalLimits = PhysicalLimits()
 
 
 def _number(value, where: str, low: float, high: float, *, open_low=False, open_high=False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise SpecError(f"{where}: expected a number; got {value!r}")
     too_low = value <= low if open_low else value < low
     too_high = value >= high if open_high else value > high
@@ -73,7 +87,8 @@ def _number(value, where: str, low: float, high: float, *, open_low=False, open_
 
 def _mapping(value, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
     if not isinstance(value, dict):
-        raise SpecError(f"{where}: expected a mapping with keys {', '.join(required)}; got {type(value).__name__}")
+        raise SpecError(f"{where}: expected a mapping with keys {', '.join(required or optional)}; "
+                        f"got {type(value).__name__}")
     unknown = sorted(set(map(str, value)) - set(required) - set(optional))
     if unknown:
         raise SpecError(f"{where}: unknown key {unknown[0]!r} (expected {', '.join(required + optional)})")
@@ -106,7 +121,8 @@ def parse_spec(text: str, source: str = "<string>") -> SloSpec:
         raise SpecError(f"{source}{line}: not valid YAML: {exc.problem}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{source}: not valid YAML: {exc}") from None
-    doc = _mapping(doc, source, ("default_tier", "tiers"), ("window", "resolution", "causes", "evidence"))
+    doc = _mapping(doc, source, ("default_tier", "tiers"),
+                   ("window", "resolution", "physical_limits", "causes", "evidence"))
     tiers_doc = doc["tiers"]
     if not isinstance(tiers_doc, dict) or not tiers_doc:
         raise SpecError(f"{source}: tiers: expected a non-empty mapping of tier name to objectives")
@@ -121,7 +137,8 @@ def parse_spec(text: str, source: str = "<string>") -> SloSpec:
         raise SpecError(str(exc)) from None
     if resolution < 1:
         raise SpecError(f"{source}: resolution: expected at least 1s; got {doc.get('resolution')!r}")
-    return SloSpec(default, tiers, window, resolution, source, _declared_taxonomy(doc, source))
+    return SloSpec(default, tiers, window, resolution, source, _declared_taxonomy(doc, source),
+                   _physical_limits(doc, source))
 
 
 def load_spec(path: str | Path | None) -> SloSpec:
@@ -129,6 +146,57 @@ def load_spec(path: str | Path | None) -> SloSpec:
     if path is None:
         return parse_spec(DEFAULT_SPEC_YAML, "<built-in>")
     return parse_spec(read_config_text(path, "SLO spec", SpecError), str(path))
+
+
+# --- physical limits ------------------------------------------------------------------------------------------------
+
+# Percent keys, as `availability` is written: key -> (field, lowest percent). 100 is a level no ratio exceeds, so
+# it silences the alert. Below 10 % busy is no saturation, and the floor refuses a ratio written by mistake (0.95
+# would otherwise drain every GPU above 0.95 % busy).
+PERCENT_LIMITS = {"gpu_utilization_percent": ("gpu_utilization", 10),
+                  "spdk_reactor_busy_percent": ("spdk_reactor_busy", 10),
+                  "node_error_percent": ("node_error_ratio", 0)}
+NVME_TEMPERATURE_CEILING_C = 150  # above any drive's operating range: a larger number is in kelvin or Fahrenheit
+# A wait past the kernel's NVMe I/O timeout (nvme_core.io_timeout, 30 s) is a failed I/O, not a slow one.
+SPDK_BDEV_WAIT_CEILING_S = 30
+PHYSICAL_LIMIT_KEYS = ("gpu_utilization_percent", "nvme_temperature_c", "spdk_bdev_wait",
+                       "spdk_reactor_busy_percent", "node_error_percent")
+
+
+def _bdev_wait(value, where: str) -> float:
+    try:
+        seconds = parse_duration(value, where)
+    except ConfigError as exc:  # a spec's callers catch SpecError
+        raise SpecError(str(exc)) from None
+    if seconds > SPDK_BDEV_WAIT_CEILING_S:
+        raise SpecError(f"{where}: expected a duration of at most {SPDK_BDEV_WAIT_CEILING_S}s (the NVMe I/O "
+                        f"timeout); got {value!r}")
+    return seconds
+
+
+def _percent(value, where: str, lowest: float) -> float:
+    """A percent limit as the ratio the alert compares."""
+    try:
+        return _number(value, where, lowest, 100, open_low=lowest == 0) / 100
+    except SpecError as exc:
+        raise SpecError(f"{exc} (a percent, as availability is written: 95 for 95 %)") from None
+
+
+def _physical_limits(doc: dict, source: str) -> PhysicalLimits:
+    """The spec's `physical_limits`, each key defaulting to the field's threshold."""
+    if "physical_limits" not in doc:
+        return PhysicalLimits()
+    body = _mapping(doc["physical_limits"], f"{_at(source, doc, 'physical_limits')}: physical_limits", (),
+                    PHYSICAL_LIMIT_KEYS)
+    where = {key: f"{_at(source, body, key)}: physical_limits.{key}" for key in body}
+    limits = {PERCENT_LIMITS[key][0]: _percent(value, where[key], PERCENT_LIMITS[key][1])
+              for key, value in body.items() if key in PERCENT_LIMITS}
+    if "nvme_temperature_c" in body:
+        limits["nvme_temperature_c"] = _number(body["nvme_temperature_c"], where["nvme_temperature_c"], 0,
+                                               NVME_TEMPERATURE_CEILING_C, open_low=True)
+    if "spdk_bdev_wait" in body:
+        limits["spdk_bdev_wait_s"] = _bdev_wait(body["spdk_bdev_wait"], where["spdk_bdev_wait"])
+    return PhysicalLimits(**limits)
 
 
 # --- declared causes and evidence -----------------------------------------------------------------------------------
