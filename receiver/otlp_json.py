@@ -5,6 +5,11 @@ OTLP/JSON differs from protobuf's canonical JSON: ids are hex, not base64; 64-bi
 strings (or numbers); enums are integers; keys are lowerCamelCase (snake_case is accepted as the spec
 allows). An invalid span or data point is refused alone and counted by reason; a request that is not an export
 request, or has nothing good in it, raises a `DecodeError` saying why.
+
+A document that orjson refuses only for nesting past its depth limit is parsed again with that nesting replaced
+by null (receiver/nesting.py): such nesting can only sit in an attribute value, and refusing the whole request
+for it would refuse every good item beside the bad one. The item holding the value is then refused alone (or the
+value ignored, where its attribute is not read), as one nested 20 levels would be.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import orjson
 
 from sloscope.records import Batch
 
+from receiver import nesting
 from receiver.otlp_common import (
     FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, MAX_INT64, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
     TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips, SpanResource,
@@ -416,9 +422,28 @@ class Decoder(Skips):
         return point_times(name, start, time)
 
 
-def decode_line(decoder: Decoder, line: bytes) -> Batch:
+def parse(text: bytes):
+    """The JSON document of an export request (an OTLP/HTTP body, a file exporter's line); raises DecodeError."""
     try:
-        request = orjson.loads(line)
+        return orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise DecodeError(f"not valid JSON: {exc}") from None
-    return decoder.decode(request)
+        document = _parsed_pruned(text) if nesting.is_depth_error(exc) else None
+        if document is None:  # the first error says what is wrong with the text as sent
+            raise DecodeError(f"not valid JSON: {exc}") from None
+        return document
+
+
+def _parsed_pruned(text: bytes):
+    """The document with what is nested past orjson's limit replaced by null, or None: it still does not parse.
+    (A document nested that deep is an array or object, never null itself.)"""
+    pruned = nesting.pruned_json(text)
+    if pruned is None:
+        return None
+    try:
+        return orjson.loads(pruned)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def decode_line(decoder: Decoder, line: bytes) -> Batch:
+    return decoder.decode(parse(line))

@@ -1,6 +1,11 @@
 """Decoding of OTLP protobuf export requests (OTLP/HTTP `application/x-protobuf` bodies, OTLP/gRPC messages)
 into the same protocol-neutral records as the JSON decoder. A body that does not parse raises DecodeError; after
-that, invalid spans and data points are refused one by one, as by the JSON decoder."""
+that, invalid spans and data points are refused one by one, as by the JSON decoder.
+
+A body that upb refuses only for nesting past its depth limit is parsed again with that nesting cut away
+(receiver/nesting.py): such nesting can only sit in an attribute value, and refusing the whole request for it
+would refuse every good item beside the bad one. The item holding the value is then refused alone (or the value
+ignored, where its attribute is not read), as one nested 20 levels would be."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from sloscope.records import Batch
 
+from receiver import nesting
 from receiver.otlp_common import (
     FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
     TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips, SpanResource,
@@ -29,8 +35,22 @@ def parse(signal: str, body: bytes):
     try:
         message.ParseFromString(body)
     except (ProtobufDecodeError, RuntimeError) as exc:  # upb raises RuntimeError on excessive nesting
-        raise DecodeError(f"not a valid {message.DESCRIPTOR.name}: {exc}") from None
+        if not (nesting.is_depth_error(exc) and _parsed_pruned(message, body)):
+            raise DecodeError(f"not a valid {message.DESCRIPTOR.name}: {exc}") from None
     return message
+
+
+def _parsed_pruned(message, body: bytes) -> bool:
+    """Whether the body, with what is nested past the parser's limit cut away, parses (into `message`); a body
+    that does not keeps the first error, which says what is wrong with it as sent."""
+    pruned = nesting.pruned_protobuf(body)
+    if pruned is None:
+        return False
+    try:
+        message.ParseFromString(pruned)
+    except (ProtobufDecodeError, RuntimeError):
+        return False
+    return True
 
 
 def any_value(value, depth: int = 0):

@@ -31,8 +31,8 @@ from sloscope.records import Batch
 
 from receiver.otlp_common import DecodeError
 from receiver.otlp_proto import ProtoDecoder, parse
+from receiver.wire import FIXED32, FIXED64, FIXED_SIZES, LENGTH_DELIMITED, VARINT, NotWireFormat, varint
 
-VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
 _FIXED64_TYPES = {FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64, FieldDescriptor.TYPE_DOUBLE}
 _FIXED32_TYPES = {FieldDescriptor.TYPE_FIXED32, FieldDescriptor.TYPE_SFIXED32, FieldDescriptor.TYPE_FLOAT}
 _LENGTH_DELIMITED_TYPES = {FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES}
@@ -66,13 +66,16 @@ def signal_of(body: bytes) -> str:
     """The signal ("traces", "metrics" or "logs") of the first item that fits exactly one (see the module's
     docstring); DecodeError when none decides or the bytes are not protobuf."""
     items = fitting_several = 0
-    for item in _items(memoryview(body)):
-        items += 1
-        fields = list(_fields(item))
-        fits = [signal for signal in _ITEM_FIELDS if _fits(signal, fields)]
-        if len(fits) == 1:
-            return fits[0]
-        fitting_several += len(fits) > 1
+    try:
+        for item in _items(memoryview(body)):
+            items += 1
+            fields = list(_fields(item))
+            fits = [signal for signal in _ITEM_FIELDS if _fits(signal, fields)]
+            if len(fits) == 1:
+                return fits[0]
+            fitting_several += len(fits) > 1
+    except NotWireFormat as exc:
+        raise DecodeError(f"{NOT_PROTOBUF}: {exc}") from None
     if not items:
         raise DecodeError("a protobuf request holding no span, metric or log record, so of no signal to read it as")
     if fitting_several:
@@ -127,35 +130,25 @@ def _fields(message: memoryview) -> Iterator[tuple[int, int, memoryview | int]]:
     (not copied) otherwise."""
     position, end = 0, len(message)
     while position < end:
-        key, position = _varint(message, position)
+        key, position = varint(message, position)
         number, wire_type = key >> 3, key & 7
         if number == 0:
-            raise DecodeError(f"{NOT_PROTOBUF}: a field numbered 0")
+            raise NotWireFormat("a field numbered 0")
         if wire_type == VARINT:
-            value, position = _varint(message, position)
+            value, position = varint(message, position)
         else:
             size, position = _size(message, position, wire_type)
             value, position = message[position:position + size], position + size
             if position > end:
-                raise DecodeError(f"{NOT_PROTOBUF}: a field running past the end of the request")
+                raise NotWireFormat("a field running past the end of the request")
         yield number, wire_type, value
 
 
 def _size(message: memoryview, position: int, wire_type: int) -> tuple[int, int]:
     """The size of a field's value that is not a varint, and where the value starts."""
     if wire_type == LENGTH_DELIMITED:
-        return _varint(message, position)
-    if wire_type in (FIXED64, FIXED32):
-        return 8 if wire_type == FIXED64 else 4, position
-    raise DecodeError(f"{NOT_PROTOBUF}: wire type {wire_type} (groups and unknown types are not OTLP)")
+        return varint(message, position)
+    if wire_type in FIXED_SIZES:
+        return FIXED_SIZES[wire_type], position
+    raise NotWireFormat(f"wire type {wire_type} (groups and unknown types are not OTLP)")
 
-
-def _varint(message: memoryview, position: int) -> tuple[int, int]:
-    value = shift = 0
-    for index in range(position, min(position + 10, len(message))):
-        byte = message[index]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, index + 1
-        shift += 7
-    raise DecodeError(f"{NOT_PROTOBUF}: a number cut off or longer than 10 bytes")

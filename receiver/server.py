@@ -31,7 +31,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from sloscope.records import Batch
 
-from receiver import content_coding, otlp_proto, otlp_spans
+from receiver import content_coding, otlp_json, otlp_proto, otlp_spans
 from receiver.auth import BearerAuth, BearerInterceptor
 from receiver.draining import KeepAliveHandler
 from receiver.http_body import BodyError, declared_length, read_body
@@ -103,7 +103,7 @@ class Decoders:
         """(batch, counts) of one export request body by the general path; raises DecodeError."""
         decoder = self.json if is_json else self.proto
         decoder.skipped.clear()
-        request = parse_json(body) if is_json else otlp_proto.parse(signal, body)
+        request = otlp_json.parse(body) if is_json else otlp_proto.parse(signal, body)
         batch, counts = decoder.decode(request), dict(decoder.skipped)
         if signal == "traces" and not is_json:
             counts[GENERAL_PATH] = 1
@@ -359,13 +359,6 @@ class _HttpHandler(KeepAliveHandler):
             self.close_connection = True
         self.end_headers()
         self.wfile.write(body)
-
-
-def parse_json(body: bytes):
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise DecodeError(f"not valid JSON: {exc}") from None
 
 
 def _encode(message, is_json: bool) -> bytes:
