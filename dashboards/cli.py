@@ -57,10 +57,12 @@ def register(subparsers) -> None:
     push = sub.add_parser(
         "push", help="provision the dashboards into Grafana (HTTP API)", allow_abbrev=False,
         description="Provision the dashboards into a Grafana folder through its HTTP API (grafana-client): the "
-        "folder is created if missing (by uid); dashboards keep their uids and overwrite their earlier versions, so "
-        "pushing again is safe. The token (a service-account token that may write dashboards and folders) is read "
-        f"from ${TOKEN_ENV} or the first line of --token-file, never from the command line. Exit status: 0 pushed, "
-        "1 Grafana refused or could not be reached (the message says why), 2 usage error.")
+        "folder is created if missing (by uid); dashboards keep their uids and replace their earlier versions, so "
+        "pushing again is safe; a dashboard of another uid (the same title in the folder, say) is never replaced. "
+        "--url includes Grafana's sub-path, if it has one (http://HOST/grafana). The token (a service-account token "
+        f"that may write dashboards and folders) is read from ${TOKEN_ENV} or the first line of --token-file, never "
+        "from the command line. Exit status: 0 pushed, 1 Grafana refused or could not be reached (the message says "
+        "why), 2 usage error.")
     push.add_argument("--url", required=True, help="Grafana base URL, e.g. http://grafana:3000")
     push.add_argument("--token-file", type=Path, metavar="FILE",
                       help=f"file whose first line is the token (default: ${TOKEN_ENV})")
@@ -69,7 +71,7 @@ def register(subparsers) -> None:
     push.add_argument("--folder-title", default=DEFAULT_FOLDER_TITLE,
                       help="folder title, used when it is created (default: %(default)s)")
     push.add_argument("--no-overwrite", action="store_true",
-                      help="fail instead of replacing dashboards that exist in Grafana (e.g. edited there)")
+                      help="push nothing when any of the dashboards exists in Grafana (e.g. edited there)")
     push.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default: %(default)s)")
     common(push)
     push.set_defaults(func=run_push)

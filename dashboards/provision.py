@@ -3,9 +3,12 @@
 What a push does, in Grafana HTTP API terms:
 1. GET /api/health: is Grafana there (and its database ok)?
 2. GET /api/folders/<uid>: the folder, by uid; 404: POST /api/folders {"uid", "title"} creates it.
-3. per dashboard, POST /api/dashboards/db {"dashboard": {..., "uid", "id": null}, "folderUid", "overwrite": true,
-   "message"}: the same uids every time, so a push replaces sloscope's own earlier versions and pushing twice
-   leaves the same dashboards (Grafana keeps the versions in its history).
+3. per dashboard, GET /api/dashboards/uid/<uid>: its version in Grafana, if it exists;
+4. POST /api/dashboards/db {"dashboard": {..., "uid", "id": null, "version"}, "folderUid", "overwrite": false,
+   "message"}: the same uids every time, so a push replaces sloscope's own earlier versions (at the version just
+   read) and pushing twice leaves the same dashboards (Grafana keeps the versions in its history). Grafana's own
+   `overwrite: true` is never sent: besides the dashboard of our uid it replaces any other dashboard of the same
+   title in the folder, and the pushed one then takes that dashboard's uid.
 
 The token goes in `Authorization: Bearer` (a Grafana service-account token; it needs to write dashboards and
 folders). Every documented error becomes a PushError whose message says what happened and what to do.
@@ -13,6 +16,7 @@ folders). Every documented error becomes a PushError whose message says what hap
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -23,6 +27,8 @@ from grafana_client.client import GrafanaClientError, GrafanaException, GrafanaS
 DEFAULT_FOLDER_UID = "sloscope"
 DEFAULT_FOLDER_TITLE = "sloscope"
 PUSH_MESSAGE = "provisioned by sloscope dashboards push"
+MESSAGE_MAX = 160
+SUB_PATH_HINT = ": if Grafana is served under a sub-path (its root_url), give it in --url, e.g. http://HOST/grafana"
 
 
 class PushError(RuntimeError):
@@ -54,11 +60,27 @@ def connect(url: str, token: str, timeout: float = 10.0) -> GrafanaApi:
     return GrafanaApi.from_url(_normal_url(url), credential=token, timeout=timeout)
 
 
+def _one_line(text: str) -> str:
+    """An answer's text as one short line: a reverse proxy answers for Grafana with an HTML page (404 under the
+    wrong sub-path, 502 while Grafana is down), which is told by its title."""
+    if re.search(r"<(!doctype|html|head|body)\b", text, re.IGNORECASE):
+        title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
+        text = title.group(1) if title else re.sub(r"<[^>]*>", " ", text)
+    text = " ".join(text.split())
+    return text if len(text) <= MESSAGE_MAX else text[:MESSAGE_MAX - 3] + "..."
+
+
 def _message(exc: GrafanaException) -> str:
     response = exc.response
     if isinstance(response, dict):
-        return str(response.get("message") or response)
-    return str(response or exc.message)
+        return _one_line(str(response.get("message") or response))
+    return _one_line(str(response or exc.message))
+
+
+def _reason(exc: Exception) -> str:
+    """The socket's words in a connection error, without the HTTP library's wrapping (pool, object addresses)."""
+    found = re.search(r"\[Errno -?\d+\] ([^'\")]+)|(Failed to resolve '[^']+')", str(exc))
+    return (found.group(1) or found.group(2)).strip() if found else str(exc)
 
 
 def _explain(exc: Exception, what: str, url: str) -> PushError:
@@ -76,7 +98,7 @@ def _explain(exc: Exception, what: str, url: str) -> PushError:
                              f"the Editor role, or write access to dashboards and folders")
         return PushError(f"{what}: Grafana answered {status}: {_message(exc)}")
     if isinstance(exc, (niquests.exceptions.RequestException, GrafanaException, OSError)):
-        return PushError(f"{what}: cannot reach Grafana at {url}: {exc}")
+        return PushError(f"{what}: cannot reach Grafana at {url}: {_reason(exc)}")
     return PushError(f"{what}: {exc}")
 
 
@@ -84,10 +106,16 @@ def health(api: GrafanaApi, url: str) -> dict:
     """GET /api/health (no authentication needed): {"database": "ok", "version": ...}."""
     try:
         info = api.client.GET("/health")
+    except GrafanaClientError as exc:
+        if exc.status_code == 404:
+            raise PushError(f"health check: no Grafana API at {url} (GET /api/health answered 404: {_message(exc)})"
+                            f"{SUB_PATH_HINT}") from None
+        raise _explain(exc, "health check", url) from None
     except Exception as exc:
         raise _explain(exc, "health check", url) from None
     if not isinstance(info, dict):
-        raise PushError(f"health check: {url} does not look like Grafana (GET /api/health answered {info!r:.80})")
+        raise PushError(f"health check: {url} does not look like Grafana (GET /api/health answered "
+                        f"{_one_line(str(info))!r}){SUB_PATH_HINT}")
     if info.get("database") not in (None, "ok"):
         raise PushError(f"health check: Grafana at {url} reports its database as {info.get('database')!r}")
     return info
@@ -115,42 +143,79 @@ def ensure_folder(api: GrafanaApi, url: str, uid: str, title: str) -> bool:
     return True
 
 
-def save_dashboard(api: GrafanaApi, url: str, board: dict, folder_uid: str, *, overwrite: bool = True) -> dict:
+def existing_version(api: GrafanaApi, url: str, uid: str) -> int | None:
+    """The version of the dashboard `uid` in Grafana; None when there is none."""
+    try:
+        found = api.dashboard.get_dashboard(uid)
+    except GrafanaClientError as exc:
+        if exc.status_code == 404:
+            return None
+        raise _explain(exc, f"dashboard {uid!r}", url) from None
+    except Exception as exc:
+        raise _explain(exc, f"dashboard {uid!r}", url) from None
+    found = found if isinstance(found, dict) else {}
+    version = (found.get("meta") or {}).get("version", (found.get("dashboard") or {}).get("version"))
+    if not isinstance(version, int):
+        raise PushError(f"dashboard {uid!r}: Grafana at {url} answered GET /api/dashboards/uid/{uid} without its "
+                        f"version")
+    return version
+
+
+def _refusal(exc: GrafanaClientError, uid: str, title: str | None, folder_uid: str) -> PushError | None:
+    """What a 412 or 400 to POST /api/dashboards/db means for the user; None for the other errors."""
+    message = _message(exc)
+    if exc.status_code == 412:
+        status = exc.response.get("status") if isinstance(exc.response, dict) else None
+        if status == "version-mismatch":
+            return PushError(f"dashboard {uid!r}: it was changed in Grafana while this push ran (412 "
+                             f"version-mismatch); push again to replace it")
+        if status == "name-exists":
+            return PushError(f"dashboard {uid!r}: another dashboard titled {title!r} (another uid) exists in folder "
+                             f"{folder_uid!r} (412 name-exists); it is not replaced: rename, move or delete it, or "
+                             f"push into another folder with --folder-uid")
+        if status == "plugin-dashboard":
+            return PushError(f"dashboard {uid!r}: a plugin provides a dashboard with this uid (412 "
+                             f"plugin-dashboard); remove the plugin's dashboard first")
+        return PushError(f"dashboard {uid!r}: precondition failed (412 {status}: {message})")
+    if exc.status_code == 400 and "provisioned" in message.lower():
+        return PushError(f"dashboard {uid!r}: Grafana provisions it from a file (400 {message}): update that file "
+                         f"with `sloscope dashboards build` instead, or take it out of the file provisioning first")
+    if exc.status_code == 400:
+        return PushError(f"dashboard {uid!r}: Grafana rejected it (400 {message})")
+    return None
+
+
+def save_dashboard(api: GrafanaApi, url: str, board: dict, folder_uid: str, version: int | None) -> dict:
+    """Create the dashboard (`version` None), or replace the one of its uid at `version`, the one read before."""
     uid = board.get("uid")
-    payload = {"dashboard": {**board, "id": None}, "folderUid": folder_uid, "overwrite": overwrite,
-               "message": PUSH_MESSAGE}
+    dashboard = {**board, "id": None}
+    if version is not None:
+        dashboard["version"] = version  # an edit made in Grafana since it was read is a 412, not lost
+    payload = {"dashboard": dashboard, "folderUid": folder_uid, "overwrite": False, "message": PUSH_MESSAGE}
     try:
         return api.dashboard.update_dashboard(payload)
     except GrafanaClientError as exc:
-        if exc.status_code == 412:
-            status = exc.response.get("status") if isinstance(exc.response, dict) else None
-            if status == "version-mismatch":
-                raise PushError(f"dashboard {uid!r}: it exists in Grafana and was changed there (412 version-mismatch)"
-                                f"; push without --no-overwrite to replace it with the generated one") from None
-            if status == "name-exists":
-                raise PushError(f"dashboard {uid!r}: another dashboard titled {board.get('title')!r} exists in folder "
-                                f"{folder_uid!r} (412 name-exists); rename or move it, or push without "
-                                f"--no-overwrite to replace it") from None
-            if status == "plugin-dashboard":
-                raise PushError(f"dashboard {uid!r}: a plugin provides a dashboard with this uid (412 "
-                                f"plugin-dashboard); remove the plugin's dashboard first") from None
-            raise PushError(f"dashboard {uid!r}: precondition failed (412 {status}: {_message(exc)})") from None
-        if exc.status_code == 400:
-            raise PushError(f"dashboard {uid!r}: Grafana rejected it (400 {_message(exc)})") from None
-        raise _explain(exc, f"dashboard {uid!r}", url) from None
+        raise (_refusal(exc, uid, board.get("title"), folder_uid) or _explain(exc, f"dashboard {uid!r}", url)) \
+            from None
     except Exception as exc:
         raise _explain(exc, f"dashboard {uid!r}", url) from None
 
 
 def push(boards: dict[str, dict], url: str, token: str, *, folder_uid: str = DEFAULT_FOLDER_UID,
          folder_title: str = DEFAULT_FOLDER_TITLE, overwrite: bool = True, timeout: float = 10.0) -> PushResult:
-    """Provision `boards` (uid -> dashboard JSON) into the folder `folder_uid` (created if missing)."""
+    """Provision `boards` (uid -> dashboard JSON) into the folder `folder_uid` (created if missing). Without
+    `overwrite`, nothing is pushed when any of them exists in Grafana."""
     api = connect(url, token, timeout)
     info = health(api, url)
+    versions = {uid: existing_version(api, url, uid) for uid in boards}
+    kept = [f"{uid} (version {v})" for uid, v in versions.items() if v is not None]
+    if kept and not overwrite:
+        raise PushError(f"nothing pushed: {', '.join(kept)} exist in Grafana and --no-overwrite keeps them; push "
+                        f"without --no-overwrite to replace them with the generated ones")
     created = ensure_folder(api, url, folder_uid, folder_title)
     result = PushResult(url, folder_uid, created, info.get("version"))
     for uid, board in boards.items():
-        answer = save_dashboard(api, url, board, folder_uid, overwrite=overwrite)
+        answer = save_dashboard(api, url, board, folder_uid, versions[uid])
         answer = answer if isinstance(answer, dict) else {}
         result.dashboards.append({"uid": answer.get("uid", uid), "title": board.get("title"),
                                   "version": answer.get("version"), "url": answer.get("url"),

@@ -79,9 +79,15 @@ def _served_policy(url: str) -> dict:
     import urllib.error
     import urllib.request
 
+    from sampling.policy import SCHEMA
+
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
-            return json.loads(response.read())
+            doc = json.loads(response.read())
+        if not (isinstance(doc, dict) and doc.get("schema") == SCHEMA):  # another JSON endpoint, say /rca
+            raise ValueError(f"not a sampling policy (no \"schema\": \"{SCHEMA}\"); the policy is GET /sampling "
+                             f"of `sloscope serve`")
+        return doc
     except urllib.error.HTTPError as exc:
         raise ValueError(f"--url {url}: answered {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:  # the reason is the socket's error: its words, without the errno

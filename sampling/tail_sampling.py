@@ -15,6 +15,12 @@ Policies (the processor keeps a trace when any policy samples it):
   probability, and per tier a catch-all for services the policy does not list (the tier's probability). All
   probabilistic policies share one `hash_salt`, so a trace kept at a lower percentage is kept at every higher one.
 
+Service and node names come from telemetry, so the file is written for the Collector's reading of it: a YAML 1.2
+parser (`1e3` or `0o17` unquoted would be numbers), then `${...}` expanded in every string (`${env:X}` would be
+replaced, `${http://...}` fetched, an unknown scheme refuse the whole configuration). Every string but a plain
+word is therefore double-quoted, every `$` doubled (the Collector's escape for a literal `$`), and a name in the
+header comment has its line breaks escaped (a raw one would end the comment and write configuration).
+
 The tier attributes (`sloscope.catalog.TIER_ATTRIBUTES`) are `http.request.header.x-slo-tier` (Envoy custom tags
 send a plain string; the semantic-convention `string[]` form is not matched by string_attribute, which compares
 string values only) and `slo.tier` (the Istio custom tag of deploy/istio-telemetry.yaml, a plain string). Only the tiers of the SLO spec are ever
@@ -121,9 +127,30 @@ def render(policy: dict, *, decision_wait_s: int = DEFAULT_DECISION_WAIT_S, hash
     }}}
 
 
+PLAIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9._/-]*")
+STR_TAG = "tag:yaml.org,2002:str"
+
+
 class _Dumper(yaml.SafeDumper):
     def ignore_aliases(self, data):  # repeated sub-policies are written out, not as YAML anchors
         return True
+
+
+def _represent_str(dumper: _Dumper, text: str) -> yaml.ScalarNode:
+    """A string as the Collector reads it back unchanged: `$` doubled, double-quoted unless a plain word that no
+    YAML version reads as anything but a string."""
+    text = text.replace("$", "$$")
+    plain = PLAIN_WORD.fullmatch(text) and dumper.resolve(yaml.ScalarNode, text, (True, False)) == STR_TAG
+    return dumper.represent_scalar(STR_TAG, text, style=None if plain else '"')
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def _comment_text(names) -> str:
+    """Names for the header comment, on its line: what Python cannot print (line breaks among them) escaped."""
+    return ", ".join("".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in name)
+                     for name in names) or "none"
 
 
 def to_yaml(config: dict, policy: dict) -> str:
@@ -133,8 +160,8 @@ def to_yaml(config: dict, policy: dict) -> str:
         "# adaptive sampling policy (GET /sampling of sloscope serve). Merge it with the main configuration:\n"
         "#   otelcol-contrib --config main.yaml --config THIS_FILE\n"
         "# and put tail_sampling in the traces pipeline that feeds the trace backend.\n"
-        f"# Budget: {policy['budget_spans_per_s']:g} request spans/s; hot tiers: {', '.join(hot) or 'none'}; "
-        f"hot nodes: {', '.join(sorted(policy.get('hot_nodes') or {})) or 'none'}.\n")
+        f"# Budget: {policy['budget_spans_per_s']:g} request spans/s; hot tiers: {_comment_text(hot)}; "
+        f"hot nodes: {_comment_text(sorted(policy.get('hot_nodes') or {}))}.\n")
     return header + yaml.dump(config, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 

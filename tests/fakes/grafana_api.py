@@ -12,11 +12,16 @@ uses (Grafana HTTP API reference: Health, Folder, Dashboard), so the real grafan
   JSON object with a `dashboard` object, an empty title, a uid over 40 characters, or an unknown `folderUid`
   ("Folder not found"); 404 for a `dashboard.id` that does not exist. Without `overwrite: true`: 412
   `{"status": "version-mismatch"}` when the uid exists with another version, 412 `{"status": "name-exists"}` when
-  another dashboard in the folder has the same title. With `overwrite: true` both are replaced.
-- `GET /api/dashboards/uid/:uid`: `{"dashboard", "meta": {"folderUid", "version", ...}}` or 404.
+  another dashboard in the folder has the same title. With `overwrite: true` both are replaced, as Grafana's
+  getExistingDashboardByTitleAndFolder does it: the saved dashboard takes the same-titled one's id and uid. 400
+  `{"message": "Cannot save provisioned dashboard"}` for a dashboard in `provisioned` (from a file, without
+  allowUiUpdates).
+- `GET /api/dashboards/uid/:uid`: `{"dashboard", "meta": {"folderUid", "version", "provisioned", ...}}` or 404.
 
-Every request is recorded (method, path, headers, parsed JSON body). `fail[(method, path_prefix)] = (status, body)`
-makes matching requests fail, e.g. a 403 or a 500.
+`sub_path` (e.g. "/grafana") serves the API under it, as Grafana with `root_url` behind a reverse proxy; every other
+path answers the proxy's HTML 404 page. Every request is recorded (method, path without the sub-path, headers,
+parsed JSON body). `fail[(method, path_prefix)] = (status, body)` makes matching requests fail, e.g. a 403 or a 500;
+a str body is an HTML page (a proxy's 502).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 VERSION = "11.6.0"
+PROXY_404 = ("<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1>"
+             "</center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
 
 
 def slugify(title: str) -> str:
@@ -34,9 +41,11 @@ def slugify(title: str) -> str:
 
 
 class FakeGrafana:
-    def __init__(self, token: str = "glsa_test_token", version: str = VERSION):
+    def __init__(self, token: str = "glsa_test_token", version: str = VERSION, sub_path: str = ""):
         self.token = token
         self.version = version
+        self.sub_path = sub_path.rstrip("/")
+        self.provisioned: set[str] = set()  # uids of dashboards provisioned from files
         self.requests: list[dict] = []
         self.folders: dict[str, dict] = {}
         self.dashboards: dict[str, dict] = {}  # uid -> {"dashboard", "folderUid", "version", "id", "message"}
@@ -84,7 +93,7 @@ class FakeGrafana:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://127.0.0.1:{self._server.server_address[1]}{self.sub_path}"
 
     def calls(self, method: str | None = None, path: str | None = None) -> list[dict]:
         return [r for r in self.requests if (method is None or r["method"] == method)
@@ -102,12 +111,18 @@ class FakeGrafana:
                 body = json.loads(raw)
             except ValueError:
                 bad_json = True
-        with self.lock:
-            self.requests.append({"method": method, "path": path, "headers": dict(h.headers.items()), "body": body})
-            status, answer = self._route(h, method, path, body, bad_json)
-        data = json.dumps(answer).encode()
+        if not path.startswith(self.sub_path + "/"):
+            status, answer = 404, PROXY_404
+        else:
+            path = path[len(self.sub_path):]
+            with self.lock:
+                self.requests.append({"method": method, "path": path, "headers": dict(h.headers.items()),
+                                      "body": body})
+                status, answer = self._route(h, method, path, body, bad_json)
+        html = isinstance(answer, str)
+        data = answer.encode() if html else json.dumps(answer).encode()
         h.send_response(status)
-        h.send_header("Content-Type", "application/json; charset=UTF-8")
+        h.send_header("Content-Type", "text/html" if html else "application/json; charset=UTF-8")
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         h.wfile.write(data)
@@ -142,7 +157,8 @@ class FakeGrafana:
                 return 404, {"message": "Dashboard not found", "status": "not-found"}
             return 200, {"dashboard": saved["dashboard"],
                          "meta": {"folderUid": saved["folderUid"], "version": saved["version"],
-                                  "slug": slugify(saved["dashboard"]["title"]), "url": saved["url"]}}
+                                  "slug": slugify(saved["dashboard"]["title"]), "url": saved["url"],
+                                  "provisioned": saved["dashboard"]["uid"] in self.provisioned}}
         return 404, {"message": "Not found"}
 
     def _create_folder(self, body: dict) -> tuple[int, object]:
@@ -188,8 +204,11 @@ class FakeGrafana:
         if same_name and not overwrite:
             return 412, {"message": "A dashboard with the same name in the folder already exists",
                          "status": "name-exists"}
-        for other in same_name:
-            del self.dashboards[other]
+        if same_name:  # Grafana saves over the same-titled dashboard: its id, its uid
+            uid = same_name[0]
+            existing = self.dashboards[uid]
+        if uid in self.provisioned:
+            return 400, {"message": "Cannot save provisioned dashboard"}
         version = existing["version"] + 1 if existing else 1
         ident = existing["id"] if existing else self._next_id
         if not existing:
