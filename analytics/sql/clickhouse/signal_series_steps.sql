@@ -40,8 +40,7 @@ raw_histograms AS (
            -- to its last that is not empty, and where that run begins (0: none). Fixed layouts (sloscope's own
            -- 48 slots) are mostly empty buckets, which made the fleet's arrays several times larger.
            arrayFirstIndex(n -> n != 0, buckets) AS held_from,
-           arraySlice(buckets, held_from, length(buckets) - arrayFirstIndex(n -> n != 0, arrayReverse(buckets)) + 2
-                                          - held_from) AS held
+           arraySlice(buckets, held_from, arrayLastIndex(n -> n != 0, buckets) + 1 - held_from) AS held
     FROM (
         -- Exponential and explicit-bucket histograms; a bucket that went down is a reset only where the point's
         -- layout (scale and offset, or bounds) is its predecessor's.
@@ -97,96 +96,135 @@ single AS (
 ),
 -- Each cumulative series' points in (time, value) order as one array, of which each point is read beside its
 -- predecessor: the grouping sorts each series on its own, where a window would sort the fleet's points. Of the
--- points that share a time only the last is kept (its successor's time differs). Of the 5 minutes before the
--- range only each series' last time is kept, the predecessor of its first point: carrying the others (a quarter
--- of a 16-minute window's points, with their buckets) cost memory and changed nothing.
+-- points that share a time only the last is kept (its successor's time differs), and of the 5 minutes before the
+-- range only the last time, the predecessor of the range's first point: they are dropped from the arrays, which
+-- cost less than reading the table a second time for each series' last time (histograms differ, below). Each
+-- column has a groupArray of its own, zipped after: a groupArray of tuples took half as long again. A point's
+-- predecessor is the element beside it in the array shifted by one, which the per-point conditions read element by
+-- element; the points stay in the series' array up to the steps (see timed).
 cumulative AS (
     SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
-           tupleElement(point, 1) AS time_ns, tupleElement(point, 2) AS value, tupleElement(point, 3) AS start_ns,
-           tupleElement(previous, 1) AS prev_time_ns, tupleElement(previous, 2) AS prev_value,
-           tupleElement(previous, 3) AS prev_start_ns,
-           position = 1 AS first,
-           first OR start_ns != prev_start_ns AS restarted,
-           NOT first AND value < prev_value AS went_down,
-           restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns >= prev_time_ns) AS from_start
+           arrayFilter((time_ns, use) -> use, time_ns, used) AS times,
+           arrayFilter((rate, use) -> use, rates, used) AS values
     FROM (
         SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
-               arraySort(groupArray((time_ns, value, start_ns))) AS sorted,
-               arrayFilter((point, next) -> tupleElement(point, 1) != next, sorted,
-                           arrayPushBack(arrayPopFront(arrayMap(point -> tupleElement(point, 1), sorted)), toInt64(-1)))
-                   AS kept
-        FROM raw
-        WHERE temporality = 2
-          AND (time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
-               OR (series, time_ns) IN (SELECT series, max(time_ns) FROM raw
-                                        WHERE temporality = 2 AND time_ns < toUnixTimestamp64Nano({since:DateTime64(6)})
-                                        GROUP BY series))
-        GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes
+               tupleElement(kept, 1) AS time_ns, tupleElement(kept, 2) AS value, tupleElement(kept, 3) AS start_ns,
+               arrayPushFront(arrayPopBack(time_ns), time_ns[1]) AS prev_time_ns,
+               arrayPushFront(arrayPopBack(value), value[1]) AS prev_value,
+               arrayPushFront(arrayPopBack(start_ns), start_ns[1]) AS prev_start_ns,
+               arrayMap(position -> position = 1, arrayEnumerate(kept)) AS first,
+               arrayMap((first, start_ns, prev_start_ns) -> first OR start_ns != prev_start_ns,
+                        first, start_ns, prev_start_ns) AS restarted,
+               arrayMap((first, value, prev_value) -> NOT first AND value < prev_value,
+                        first, value, prev_value) AS went_down,
+               arrayMap((restarted, start_ns, time_ns, first, prev_time_ns) ->
+                            restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns >= prev_time_ns),
+                        restarted, start_ns, time_ns, first, prev_time_ns) AS from_start,
+               arrayMap((time_ns, value, start_ns, prev_time_ns, prev_value, from_start, went_down) ->
+                            if(from_start OR went_down, value, value - prev_value)
+                                / if(from_start, (time_ns - start_ns) / 1e9, (time_ns - prev_time_ns) / 1e9),
+                        time_ns, value, start_ns, prev_time_ns, prev_value, from_start, went_down) AS rates,
+               arrayMap((time_ns, restarted, from_start, went_down) ->
+                            (from_start OR went_down OR NOT restarted)
+                            AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)}),
+                        time_ns, restarted, from_start, went_down) AS used
+        FROM (
+            SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+                   arraySort(arrayZip(groupArray(time_ns), groupArray(value), groupArray(start_ns))) AS sorted,
+                   arrayFilter((point, next) ->
+                                   tupleElement(point, 1) != next
+                                   AND (tupleElement(point, 1) >= toUnixTimestamp64Nano({since:DateTime64(6)})
+                                        OR next >= toUnixTimestamp64Nano({since:DateTime64(6)}) OR next = -1),
+                               sorted,
+                               arrayPushBack(arrayPopFront(arrayMap(point -> tupleElement(point, 1), sorted)),
+                                             toInt64(-1)))
+                       AS kept
+            FROM raw
+            WHERE temporality = 2
+            GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes
+        )
     )
-    ARRAY JOIN kept AS point, arrayPushFront(arrayPopBack(kept), kept[1]) AS previous,
-               arrayEnumerate(kept) AS position
 ),
 -- The same for cumulative histograms, in (time, count) order. Apart from the sums: a sum's points carried in
--- one array with bucket arrays beside them made the whole query slower and larger.
+-- one array with bucket arrays beside them made the whole query slower and larger. Of the 5 minutes before the
+-- range only each series' last time is read into the arrays: carrying the others (a quarter of a 16-minute
+-- window's points, with their buckets) cost more than reading them twice.
 cumulative_histograms AS (
     SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
-           tupleElement(point, 1) AS time_ns, tupleElement(point, 2) AS count, tupleElement(point, 3) AS start_ns,
-           tupleElement(point, 4) AS sum, tupleElement(point, 5) AS layout,
-           toInt64(tupleElement(point, 6)) AS held_from, tupleElement(point, 7) AS held,
-           tupleElement(previous, 1) AS prev_time_ns, tupleElement(previous, 2) AS prev_count,
-           tupleElement(previous, 3) AS prev_start_ns, tupleElement(previous, 4) AS prev_sum,
-           tupleElement(previous, 5) AS prev_layout, toInt64(tupleElement(previous, 6)) AS prev_held_from,
-           tupleElement(previous, 7) AS prev_held,
-           position = 1 AS first,
-           first OR start_ns != prev_start_ns AS restarted,
-           -- A bucket went down where the predecessor held more than the point holds in that bucket.
-           NOT first AND (count < prev_count OR (layout = prev_layout AND
-               arrayExists((before, i) -> before > if(prev_held_from + i - held_from BETWEEN 1 AND length(held),
-                                                      held[prev_held_from + i - held_from], 0),
-                           prev_held, arrayEnumerate(prev_held))))
-               AS went_down,
-           restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns >= prev_time_ns) AS from_start
+           arrayFilter((time_ns, use) -> use, time_ns, used) AS times,
+           arrayFilter((mean, use) -> use, means, used) AS values
     FROM (
         SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
-               arraySort(point -> (tupleElement(point, 1), tupleElement(point, 2)),
-                         groupArray((time_ns, count, start_ns, sum, layout, held_from, held))) AS sorted,
-               arrayFilter((point, next) -> tupleElement(point, 1) != next, sorted,
-                           arrayPushBack(arrayPopFront(arrayMap(point -> tupleElement(point, 1), sorted)), toInt64(-1)))
-                   AS kept
-        FROM raw_histograms
-        WHERE temporality = 2
-          AND (time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
-               OR (series, time_ns) IN (SELECT series, max(time_ns) FROM raw_histograms
-                                        WHERE temporality = 2 AND time_ns < toUnixTimestamp64Nano({since:DateTime64(6)})
-                                        GROUP BY series))
-        GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes
+               tupleElement(kept, 1) AS time_ns, tupleElement(kept, 2) AS count, tupleElement(kept, 3) AS start_ns,
+               tupleElement(kept, 4) AS sum, tupleElement(kept, 5) AS layout,
+               arrayMap(held_from -> toInt64(held_from), tupleElement(kept, 6)) AS held_from,
+               tupleElement(kept, 7) AS held,
+               arrayPushFront(arrayPopBack(time_ns), time_ns[1]) AS prev_time_ns,
+               arrayPushFront(arrayPopBack(count), count[1]) AS prev_count,
+               arrayPushFront(arrayPopBack(start_ns), start_ns[1]) AS prev_start_ns,
+               arrayPushFront(arrayPopBack(sum), sum[1]) AS prev_sum,
+               arrayPushFront(arrayPopBack(layout), layout[1]) AS prev_layout,
+               arrayPushFront(arrayPopBack(held_from), held_from[1]) AS prev_held_from,
+               arrayPushFront(arrayPopBack(held), held[1]) AS prev_held,
+               arrayMap(position -> position = 1, arrayEnumerate(kept)) AS first,
+               arrayMap((first, start_ns, prev_start_ns) -> first OR start_ns != prev_start_ns,
+                        first, start_ns, prev_start_ns) AS restarted,
+               -- A bucket went down where the predecessor held more than the point holds in that bucket: the
+               -- point's buckets lined up with the predecessor's run (0 beyond its own) are compared element by
+               -- element, where reading them by index from inside the comparison copied them once per bucket.
+               arrayMap((held_from, held, prev_held_from, prev_held) ->
+                            arrayResize(
+                                arraySlice(arrayConcat(arrayWithConstant(greatest(held_from - prev_held_from, 0),
+                                                                         toUInt64(0)),
+                                                       held),
+                                           greatest(prev_held_from - held_from, 0) + 1, length(prev_held)),
+                                length(prev_held), toUInt64(0)),
+                        held_from, held, prev_held_from, prev_held) AS lined_up,
+               arrayMap((first, count, prev_count, layout, prev_layout, prev_held, lined_up) ->
+                            NOT first AND (count < prev_count OR (layout = prev_layout AND
+                                arrayExists((before, now) -> before > now, prev_held, lined_up))),
+                        first, count, prev_count, layout, prev_layout, prev_held, lined_up) AS went_down,
+               arrayMap((restarted, start_ns, time_ns, first, prev_time_ns) ->
+                            restarted AND start_ns > 0 AND start_ns < time_ns AND (first OR start_ns >= prev_time_ns),
+                        restarted, start_ns, time_ns, first, prev_time_ns) AS from_start,
+               arrayMap((count, sum, prev_count, prev_sum, from_start, went_down) ->
+                            if(from_start OR went_down, sum / count, (sum - prev_sum) / (count - prev_count)),
+                        count, sum, prev_count, prev_sum, from_start, went_down) AS means,
+               arrayMap((time_ns, count, prev_count, restarted, from_start, went_down) ->
+                            (from_start OR went_down OR NOT restarted)
+                            AND if(from_start OR went_down, count, count - prev_count) > 0
+                            AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)}),
+                        time_ns, count, prev_count, restarted, from_start, went_down) AS used
+        FROM (
+            SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+                   arraySort(point -> (tupleElement(point, 1), tupleElement(point, 2)),
+                             arrayZip(groupArray(time_ns), groupArray(count), groupArray(start_ns), groupArray(sum),
+                                      groupArray(layout), groupArray(held_from), groupArray(held))) AS sorted,
+                   arrayFilter((point, next) -> tupleElement(point, 1) != next, sorted,
+                               arrayPushBack(arrayPopFront(arrayMap(point -> tupleElement(point, 1), sorted)),
+                                             toInt64(-1)))
+                       AS kept
+            FROM raw_histograms
+            WHERE temporality = 2
+              AND (time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
+                   OR (series, time_ns) IN (SELECT series, max(time_ns) FROM raw_histograms
+                                            WHERE temporality = 2
+                                              AND time_ns < toUnixTimestamp64Nano({since:DateTime64(6)})
+                                            GROUP BY series))
+            GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes
+        )
     )
-    ARRAY JOIN kept AS point, arrayPushFront(arrayPopBack(kept), kept[1]) AS previous,
-               arrayEnumerate(kept) AS position
-),
-points AS (
-    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns, value FROM single
-    UNION ALL
-    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns,
-           if(from_start OR went_down, value, value - prev_value)
-               / if(from_start, (time_ns - start_ns) / 1e9, (time_ns - prev_time_ns) / 1e9)
-    FROM cumulative
-    WHERE (from_start OR went_down OR NOT restarted)
-      AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
-    UNION ALL
-    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns,
-           if(from_start OR went_down, sum / count, (sum - prev_sum) / (count - prev_count))
-    FROM cumulative_histograms
-    WHERE (from_start OR went_down OR NOT restarted)
-      AND if(from_start OR went_down, count, count - prev_count) > 0
-      AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
 ),
 -- Each series' points in time order, one of those that share a time (a copy, or a second's two points of a
 -- whole-second table; a cumulative series has one per time already), averaged per step in that order: runs of
--- points in one step, with no grouping of the fleet's steps.
+-- points in one step, with no grouping of the fleet's steps. The branches hand each series' points over as arrays
+-- (times and values beside each other), never as rows: the cumulative ones hold them in arrays already, and
+-- expanding those into rows (an ARRAY JOIN) only for the same points to be grouped by series again took longer
+-- than merging the arrays. A series' arrays (one, but for a metric stored as more than one kind) are merged
+-- before the copies are dropped, so that a time two branches share counts once.
 timed AS (
     SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
-           arraySort(groupArray((time_ns, value))) AS sorted,
+           arraySort(arrayZip(groupArrayArray(times), groupArrayArray(values))) AS sorted,
            arrayFilter((point, next) -> tupleElement(point, 1) != next, sorted,
                        arrayPushBack(arrayPopFront(arrayMap(point -> tupleElement(point, 1), sorted)), toInt64(-1)))
                AS kept,
@@ -194,7 +232,20 @@ timed AS (
                                     toInt64(round({step_s:Float64} * 1e6))), kept) AS step_numbers,
            arrayMap((number, previous) -> number != previous, step_numbers,
                     arrayPushFront(arrayPopBack(step_numbers), step_numbers[1] - 1)) AS step_begins
-    FROM points
+    FROM (
+        SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+               groupArray(time_ns) AS times, groupArray(value) AS values
+        FROM single
+        GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes
+        UNION ALL
+        SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, times, values
+        FROM cumulative
+        WHERE notEmpty(times)
+        UNION ALL
+        SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, times, values
+        FROM cumulative_histograms
+        WHERE notEmpty(times)
+    )
     GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes
 )
 SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
