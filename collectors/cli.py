@@ -72,9 +72,10 @@ export: OTLP metrics (the SDK's data model, sent as OTLP protobuf). Counters and
 
 no data loss: while the endpoint is down, slow, or busy, batches go to the spool (one checksummed OTLP
   ExportMetricsServiceRequest per file, fsynced, named by sequence number) and are replayed in order when
-  it is back, also after a restart. Past spool.max_bytes / spool.max_batches, or on a full disk, the
-  oldest batches are dropped, counted and logged. A batch the endpoint refuses twice while it accepts an
-  empty request goes to DIR/rejected/; a spool file that fails its checksum goes to DIR/corrupt/.
+  it is back, also after a restart. An endpoint slower than the interval spools what waits behind the
+  batch in flight. Past spool.max_bytes / spool.max_batches, or on a full disk, the oldest batches are
+  dropped, counted and logged. A batch the endpoint refuses twice while it accepts an empty request goes to
+  DIR/rejected/; a spool file that fails its checksum, or 5 reads in a row (EIO), goes to DIR/corrupt/.
 
 exit status: 0 after a clean stop (SIGTERM/SIGINT, --duration, --once), 1 when no probe can run,
   2 on a configuration error, 130 when interrupted twice.

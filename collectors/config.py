@@ -39,6 +39,7 @@ gzip or none. Files are checked at start-up, so a wrong path is a configuration 
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import socket
@@ -157,6 +158,28 @@ def parse_headers(text: str, what: str) -> dict[str, str]:
         if not k:
             raise ConfigError(f"{what}: empty header name in {part.strip()!r}")
         out[k] = unquote(v.strip())
+    return check_headers(out, what)
+
+
+_HEADER_NAME = re.compile(r"^[0-9a-z_.-]+$")  # what both an HTTP field name and a gRPC metadata key may be
+_HEADER_VALUE = re.compile(r"^[\x20-\x7e]*$")  # printable ASCII: what gRPC sends, and HTTP without guessing
+
+
+def check_headers(headers: Mapping[Any, Any], what: str) -> dict[str, str]:
+    """Header names lowercased and values stripped (a secret read from a file ends in a newline); ConfigError
+    naming a header that could not be sent, which would otherwise fail every export. Values are secrets: never
+    shown."""
+    out = {}
+    for name, value in headers.items():
+        if value is None:
+            raise ConfigError(f"{what}: header {name!r} has no value")
+        name, value = str(name).strip().lower(), str(value).strip()
+        if not _HEADER_NAME.match(name):
+            raise ConfigError(f"{what}: header name {name!r} is not letters, digits, '-', '_' or '.'")
+        if not _HEADER_VALUE.match(value):
+            raise ConfigError(f"{what}: the value of header {name!r} has a character that cannot be sent "
+                              "(a line break, a control character or non-ASCII text)")
+        out[name] = value
     return out
 
 
@@ -278,7 +301,7 @@ def read_file(path: str) -> dict:
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not YAML: {exc}") from None
+        raise ConfigError(f"config file {path}: not YAML: {_yaml_problem(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -293,6 +316,14 @@ def read_file(path: str) -> dict:
         raise ConfigError(f"config file {path}: unknown spool keys {', '.join(map(str, unknown))} "
                           f"(known: {', '.join(SPOOL_KEYS)})")
     return data
+
+
+def _yaml_problem(exc) -> str:
+    """The parser's complaint on one line, with where it is (its own text spans several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(problem.split())
 
 
 def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
@@ -318,7 +349,7 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
             take(name, parse(data[key], f"{where}: {key}"), "file")
     if "headers" in data:
         headers = _mapping(data["headers"], f"{where}: headers")
-        take("headers", {str(k).lower(): str(v) for k, v in headers.items()}, "file")
+        take("headers", check_headers(headers, f"{where}: headers"), "file")
     if "probe_options" in data:
         opts = _mapping(data["probe_options"], f"{where}: probe_options")
         take("probe_options", {str(k): _mapping(v, f"{where}: probe_options.{k}") for k, v in opts.items()}, "file")
@@ -365,7 +396,7 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
         if key == "protocol":
             value = parse_protocol(value, "--protocol")
         elif key == "headers":
-            value = dict(value)
+            value = check_headers(value, "--header")
         elif key in ("probes", "cgroups"):
             value = tuple(value)
         elif key == "temporality":
@@ -391,6 +422,9 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
     elif "endpoint" in data:
         endpoint, src["endpoint"] = _text(data["endpoint"], f"{where}: endpoint"), "file"
     cfg.endpoint = resolve_endpoint(endpoint, cfg.protocol, as_is=as_is, insecure=cfg.insecure)
+    binary = sorted(k for k in cfg.headers if k.endswith("-bin"))
+    if cfg.protocol == "grpc" and binary:
+        raise ConfigError(f"headers: {binary[0]!r}: gRPC binary metadata (a name ending in -bin) is not supported")
     if (cfg.client_key is None) != (cfg.client_certificate is None):
         raise ConfigError("client_key and client_certificate go together (mutual TLS needs both); got only "
                           + ("client_key" if cfg.client_key else "client_certificate"))
@@ -411,6 +445,21 @@ def check_probes(requested, options: Mapping[str, Any]) -> None:
     unknown = sorted(set(options) - set(registry.PROBES))
     if unknown:
         raise ConfigError(f"probe_options for unknown probes: {', '.join(unknown)}")
+    for name, given in options.items():
+        _check_probe_options(name, given)
+
+
+def _check_probe_options(name: str, given: Mapping[str, Any]) -> None:
+    """ConfigError naming an option the probe does not take: else the probe would fail to start, and the
+    collector would run on without it, only a warning saying why."""
+    parameters = inspect.signature(registry.PROBES[name]).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return
+    known = sorted(p.name for p in parameters if p.name != "host" and p.kind is not p.VAR_POSITIONAL)
+    unknown = sorted(set(map(str, given)) - set(known))
+    if unknown:
+        raise ConfigError(f"probe_options.{name}: unknown option {', '.join(map(repr, unknown))} "
+                          f"(known: {', '.join(known) or 'none'})")
 
 
 def _temporality(value: Any, what: str) -> str:

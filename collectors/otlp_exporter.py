@@ -172,7 +172,12 @@ class HttpExporter:
 
 
 class GrpcExporter:
-    """OTLP/gRPC: MetricsService/Export with the request's bytes as they are."""
+    """OTLP/gRPC: MetricsService/Export with the request's bytes as they are.
+
+    A channel that failed to connect waits out gRPC's own reconnect backoff (growing to 2 minutes) and fails
+    every call until then, so a receiver back after a few minutes' outage would stay unreached long after
+    the sender's retry (its backoff tops out at 30 s). The sender keeps the schedule: the attempt after an
+    UNAVAILABLE is made on a new channel, which connects at once."""
 
     def __init__(self, endpoint: str, headers: dict[str, str], timeout_s: float, transport: Transport = Transport()):
         import grpc
@@ -181,23 +186,38 @@ class GrpcExporter:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self._grpc = grpc
-        options = [("grpc.primary_user_agent", USER_AGENT)]
-        compression = grpc.Compression.Gzip if transport.compression == "gzip" else grpc.Compression.NoCompression
+        self._target = url.netloc
+        self._options = [("grpc.primary_user_agent", USER_AGENT)]
+        self._compression = (grpc.Compression.Gzip if transport.compression == "gzip"
+                             else grpc.Compression.NoCompression)
+        self._credentials = None
         if url.scheme == "https":
-            credentials = grpc.ssl_channel_credentials(root_certificates=_read(transport.certificate),
-                                                       private_key=_read(transport.client_key),
-                                                       certificate_chain=_read(transport.client_certificate))
-            self._channel = grpc.secure_channel(url.netloc, credentials, options=options, compression=compression)
-        else:
-            self._channel = grpc.insecure_channel(url.netloc, options=options, compression=compression)
-        self._export = self._channel.unary_unary(GRPC_METHOD, request_serializer=None,
-                                                 response_deserializer=None)  # bytes both ways
+            self._credentials = grpc.ssl_channel_credentials(root_certificates=_read(transport.certificate),
+                                                             private_key=_read(transport.client_key),
+                                                             certificate_chain=_read(transport.client_certificate))
         self._metadata = tuple((k.lower(), v) for k, v in headers.items())
+        self._shut = False
+        self._open_channel()
+
+    def _open_channel(self) -> None:
+        grpc = self._grpc
+        if self._credentials is not None:
+            channel = grpc.secure_channel(self._target, self._credentials, options=self._options,
+                                          compression=self._compression)
+        else:
+            channel = grpc.insecure_channel(self._target, options=self._options, compression=self._compression)
+        self._channel, self._reconnect = channel, False
+        self._export = channel.unary_unary(GRPC_METHOD, request_serializer=None,
+                                           response_deserializer=None)  # bytes both ways
 
     def send(self, body: bytes) -> Answer:
+        if self._reconnect and not self._shut:
+            self._channel.close()
+            self._open_channel()
         try:
             response = self._export(body, timeout=self.timeout_s, metadata=self._metadata)
         except self._grpc.RpcError as exc:
+            self._reconnect = exc.code() is self._grpc.StatusCode.UNAVAILABLE
             return self._failure(exc)
         except ValueError as exc:  # the channel was closed by shutdown()
             return Answer(RETRY, printable(f"no answer: {exc}"))
@@ -212,6 +232,7 @@ class GrpcExporter:
         return Answer(REFUSED, detail)
 
     def shutdown(self) -> None:
+        self._shut = True
         self._channel.close()
 
 

@@ -4,7 +4,8 @@ One thread owns the exporter (otlp_exporter.py) and the spool:
 
 - healthy (spool empty): each batch is sent once. Delivered: done. A retryable answer (a busy receiver's 503 /
   UNAVAILABLE, 429, no answer at all) is backpressure, never a rejection: the batch goes to the spool and the
-  sender turns degraded.
+  sender turns degraded. So does a backlog: when more than MEMORY_QUEUE_MAX batches wait behind the one in
+  flight (an endpoint that answers, but slower than batches come), they go to the spool.
 - degraded (spool not empty): every new batch is appended to the spool (a FIFO that nothing overtakes), and
   the oldest spooled batch is resent after the backoff: exponential from 1 s to 30 s with jitter, and never
   sooner than the receiver's Retry-After / RetryInfo asked (at most RETRY_AFTER_MAX_S). Once one is delivered
@@ -48,6 +49,9 @@ RETRY_MAX_S = 30.0
 RETRY_AFTER_MAX_S = 300.0  # a server's Retry-After is untrusted: past this, the spool would only fill up
 JITTER = 0.2
 SHUTDOWN_GRACE_S = 5.0
+# Batches that may wait in memory behind the one in flight. More means the endpoint answers slower than batches
+# come: they go to the spool, so that memory does not grow with the backlog and a crash does not lose it.
+MEMORY_QUEUE_MAX = 2
 EMPTY_REQUEST = b""  # a serialized ExportMetricsServiceRequest with nothing in it
 
 
@@ -183,7 +187,7 @@ class Shipper:
                     log.exception("spooling failed")
 
     def _step(self) -> None:
-        if self.spool or self._aborted:
+        if self.spool or self._aborted or self._backlogged():
             self._spool_queued()
             if not self._closing and self.clock() >= self._next_retry:
                 self._replay()
@@ -205,6 +209,16 @@ class Shipper:
             self._mark_up()
             return
         self._mark_down(answer)
+
+    def _backlogged(self) -> bool:
+        """More batches wait in memory than MEMORY_QUEUE_MAX (logged); the spool is empty here, so spooling
+        them keeps their order."""
+        waiting = len(self._queue)
+        if waiting <= MEMORY_QUEUE_MAX:
+            return False
+        log.warning("the endpoint answers slower than batches come (%d waiting): spooling them to %s, to be "
+                    "replayed in order as fast as it takes them", waiting, self.spool.directory)
+        return True
 
     def _encode(self, batch: _Batch) -> bytes | None:
         try:

@@ -18,9 +18,10 @@ point dropped this way loses resolution, not counts: the next one carries the to
 
 Reading: a file that cannot be trusted (header, length or checksum wrong, or a request that does not parse)
 is moved to `corrupt/` and counted. A file that could not be read (EIO, EMFILE, ...) stays where it is: the
-read error is counted and peek() raises it, for the caller to try again later. A batch the receiver refuses
-for good is moved to `rejected/` (`reject()`), counted. Both folders keep at most `QUARANTINE_KEEP` files,
-for people to look at.
+read error is counted and peek() raises it, for the caller to try again later; after UNREADABLE_TRIES failed
+reads in a row for a reason of the file's own (EIO, not the process's EMFILE), it goes to `corrupt/` too. A
+batch the receiver refuses for good is moved to `rejected/` (`reject()`), counted. Both folders keep at most
+`QUARANTINE_KEEP` files, for people to look at.
 
 A Spool is used by one thread at a time (the agent's sender); a lock guards it anyway.
 """
@@ -51,6 +52,11 @@ QUARANTINE_KEEP = 64
 DEFAULT_MAX_BYTES = 256 * 2**20
 DEFAULT_MAX_BATCHES = 100_000
 SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT)
+# Read errors of the process, not of the file: any file would fail alike, so the batch is never set aside for them.
+PROCESS_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN, errno.EINTR)
+# A batch whose file failed this many reads in a row for a reason of its own (EIO from a bad block) is set aside:
+# it would hold every batch behind it until the bounds drop it, days later.
+UNREADABLE_TRIES = 5
 
 
 def _parse(payload: bytes) -> int:
@@ -85,6 +91,7 @@ class Spool:
         self.corrupt_batches = 0
         self.disk_full_batches = 0
         self.read_errors = 0
+        self._failed_reads = (-1, 0)  # (batch, reads in a row it failed for a reason of its own)
         self._lock = threading.RLock()
         os.makedirs(self.directory, exist_ok=True)
         self._sizes: dict[int, int] = self._scan()
@@ -284,8 +291,9 @@ class Spool:
 
     def peek(self) -> tuple[int, bytes, int] | None:
         """(sequence number, serialized request, data points) of the oldest batch, or None when empty. A file
-        that cannot be trusted is moved to corrupt/ and the next one is returned. OSError: the oldest batch
-        could not be read now; it stays, and a later peek reads it again."""
+        that cannot be trusted is moved to corrupt/ and the next one is returned, as is one that failed
+        UNREADABLE_TRIES reads in a row for a reason of its own. OSError: the oldest batch could not be read
+        now; it stays, and a later peek reads it again."""
         with self._lock:
             while len(self):
                 seq = self._order[0]
@@ -297,8 +305,12 @@ class Spool:
                     continue
                 except OSError as exc:
                     self.read_errors += 1
+                    if self._unreadable_for_good(seq, exc):
+                        self._set_aside_unreadable(seq, exc)
+                        continue
                     log.warning("spool: batch %d could not be read (%s); it stays, to be read again", seq, exc)
                     raise
+                self._failed_reads = (-1, 0)
                 try:
                     payload = decode_record(raw)
                     return seq, payload, _parse(payload)
@@ -309,6 +321,21 @@ class Spool:
                               exc if isinstance(exc, CorruptRecord) else f"request does not parse: {exc}")
                     self._quarantine(seq, "corrupt")
             return None
+
+    def _unreadable_for_good(self, seq: int, exc: OSError) -> bool:
+        if exc.errno in PROCESS_ERRORS:
+            return False
+        last, tries = self._failed_reads
+        self._failed_reads = (seq, tries + 1 if last == seq else 1)
+        return self._failed_reads[1] >= UNREADABLE_TRIES
+
+    def _set_aside_unreadable(self, seq: int, exc: OSError) -> None:
+        self.corrupt_batches += 1
+        self._count_drop(None, 1)
+        log.error("spool: batch %d could not be read %d times in a row (%s): moved to corrupt/, so that the "
+                  "batches behind it go on", seq, UNREADABLE_TRIES, exc)
+        self._failed_reads = (-1, 0)
+        self._quarantine(seq, "corrupt")
 
     def _read(self, seq: int) -> bytes:
         with open(self.path(seq), "rb") as f:

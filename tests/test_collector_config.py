@@ -87,10 +87,26 @@ def test_grpc_endpoints():
     ("endpoint: [x]\n", "endpoint: expected text, got list"),
     ("node_name: [a]\n", "node_name: expected text, got list"),
     ("spool: {dir: [a, b]}\n", "spool.dir: expected text, got list"),
+    ("probe_options: {diskstats: {include_partition: true}}\n",
+     r"probe_options.diskstats: unknown option 'include_partition' \(known: include_partitions, proc, sysfs\)"),
+    ("probe_options: {tcp: {per_pid: true}}\n", r"probe_options.tcp: unknown option 'per_pid' \(known: none\)"),
 ])
 def test_bad_config_files_are_clear_errors(tmp_path, text, message):
     with pytest.raises(cfgmod.ConfigError, match=message):
         cfgmod.load(write_config(tmp_path, text), environ={})
+
+
+def test_probe_options_the_probes_take_are_kept(tmp_path):
+    path = write_config(tmp_path, "probe_options: {spdk: {qd_sampling_period_us: 10000}}\ncgroups: [/a]\n")
+    cfg = cfgmod.load(path, environ={})
+    assert cfg.probe_options == {"spdk": {"qd_sampling_period_us": 10000}, "syscall": {"cgroups": ["/a"]}}
+
+
+def test_a_file_that_is_not_yaml_is_a_one_line_error_saying_where(tmp_path):
+    with pytest.raises(cfgmod.ConfigError) as caught:
+        cfgmod.load(write_config(tmp_path, "endpoint: http://x\nspool: : 3\n"), environ={})
+    assert "\n" not in str(caught.value)
+    assert str(caught.value).endswith("not YAML: line 2, column 8: mapping values are not allowed here")
 
 
 def test_bad_environment_is_a_clear_error():
@@ -98,6 +114,41 @@ def test_bad_environment_is_a_clear_error():
         cfgmod.load(environ={"OTEL_EXPORTER_OTLP_HEADERS": "novalue"})
     with pytest.raises(cfgmod.ConfigError, match="OTEL_EXPORTER_OTLP_PROTOCOL"):
         cfgmod.load(environ={"OTEL_EXPORTER_OTLP_PROTOCOL": "udp"})
+
+
+def header_from(source, tmp_path, name, value):
+    """Load a configuration whose only header comes from `source`."""
+    if source == "file":
+        return cfgmod.load(write_config(tmp_path, f"headers: {{{name!r}: {value!r}}}\n".replace("'", '"')),
+                           environ={})
+    if source == "env":
+        return cfgmod.load(environ={"OTEL_EXPORTER_OTLP_HEADERS": f"{name}={value}"})
+    return cfgmod.load(flags={"headers": {name: value}}, environ={})
+
+
+@pytest.mark.parametrize("source, where", [("file", "headers"), ("env", "OTEL_EXPORTER_OTLP_HEADERS"),
+                                           ("flag", "--header")])
+def test_a_header_that_cannot_be_sent_is_a_clear_error_without_its_secret(tmp_path, source, where):
+    """Every export would fail on it (requests refuses it, gRPC answers INTERNAL): refused at start, named."""
+    for name, value, why in (("authorization", "Bearer s3cret%0Amore" if source == "env" else "Bearer s3cret\nmore",
+                              "header 'authorization' has a character that cannot be sent"),
+                             ("x-team", "\u00e9quipe-s3cret", "header 'x-team' has a character"),
+                             ("x team", "v", "header name 'x team' is not")):
+        with pytest.raises(cfgmod.ConfigError, match=f"{where}.*{why}") as caught:
+            header_from(source, tmp_path, name, value)
+        assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize("source", ["file", "env", "flag"])
+def test_header_values_are_stripped_wherever_they_come_from(tmp_path, source):
+    cfg = header_from(source, tmp_path, "Authorization", "Bearer abc\n")  # a token file's last newline
+    assert cfg.headers == {"authorization": "Bearer abc"}
+
+
+def test_grpc_binary_metadata_is_refused():
+    with pytest.raises(cfgmod.ConfigError, match="'x-trace-bin': gRPC binary metadata"):
+        cfgmod.load(flags={"headers": {"x-trace-bin": "abc"}}, environ={})
+    assert cfgmod.load(flags={"headers": {"x-trace-bin": "abc"}, "protocol": "http/protobuf"}, environ={}).headers
 
 
 def test_resource_attributes(monkeypatch):

@@ -101,6 +101,26 @@ def test_no_answer_is_retryable():
         assert exporter.send(BODY).outcome == RETRY  # after shutdown too: the batch is kept
 
 
+def test_a_grpc_endpoint_back_after_an_outage_is_reached_on_the_next_attempt():
+    """gRPC's channel backs off its reconnects on its own (to 2 minutes) and fails every call meanwhile; the
+    sender's attempts must reach an endpoint that is back, not wait that out."""
+    sink = OtlpSink("grpc")
+    exporter = GrpcExporter(sink.endpoint, {}, timeout_s=1)
+    try:
+        outage_ends = time.monotonic() + 10  # the channel's own backoff grows past 4 s meanwhile
+        while time.monotonic() < outage_ends:
+            assert exporter.send(BODY).outcome == RETRY
+            time.sleep(0.2)
+        sink.start()
+        back = time.monotonic()
+        while exporter.send(BODY).outcome != DELIVERED and time.monotonic() - back < 30:
+            time.sleep(0.2)
+        assert time.monotonic() - back < 2
+    finally:
+        exporter.shutdown()
+        sink.stop()
+
+
 def test_a_slow_answer_is_retryable(http_sink):
     http_sink.delay_s = 1.0
     try:

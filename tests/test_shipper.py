@@ -262,3 +262,48 @@ def test_a_spool_file_unreadable_for_a_while_is_sent_later_not_lost(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["while unreadable True 0 [0, 1, 2]", "after [1.0, 2.0, 3.0] 0 0 []"]
     assert "could not be read" in out.stderr
+
+
+class GatedExporter(ScriptedExporter):
+    """Delivers, but each send waits until the test lets one through (an endpoint slower than batches come);
+    `in_send` is set while a send waits."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Semaphore(0)
+        self.in_send = threading.Event()
+        self.open = False
+
+    def send(self, body):
+        if not self.open and ExportMetricsServiceRequest.FromString(body).resource_metrics:
+            self.in_send.set()
+            self.gate.acquire(timeout=10)
+            self.in_send.clear()
+        return super().send(body)
+
+    def shutdown(self):
+        self.open = True
+        self.gate.release(100)
+        super().shutdown()
+
+
+def test_a_backlog_behind_a_slow_endpoint_goes_to_the_spool_not_memory(tmp_path):
+    """Answers slower than batches come: what queues behind the batch in flight goes to disk (bounded, and
+    kept across a crash) instead of growing in memory, and everything still arrives in order."""
+    exporter = GatedExporter()
+    shipper = Shipper(exporter, Spool(str(tmp_path)), timeout_s=1, retry_initial_s=0.01, retry_max_s=0.02)
+    shipper.start()
+    try:
+        shipper.submit(gauge_batch(1.0))
+        assert exporter.in_send.wait(10)
+        for v in (2.0, 3.0, 4.0, 5.0, 6.0):  # all five come while batch 1 is in flight
+            shipper.submit(gauge_batch(v))
+        exporter.gate.release()  # batch 1 answered
+        assert wait_for(lambda: exporter.accepted == [1.0] and exporter.in_send.is_set())
+        assert shipper.queued == 0 and len(shipper.spool) == 5  # batch 2 is in flight from the spool
+        exporter.open = True
+        exporter.gate.release()
+        assert wait_for(lambda: exporter.accepted == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0] and not shipper.spool)
+        assert shipper.spool.dropped_batches == 0 and shipper.endpoint_up is True
+    finally:
+        shipper.close(1)

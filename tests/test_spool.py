@@ -1,6 +1,7 @@
 """The on-disk spool: order, durability across reopen, bounds with counted drops, the checksummed file format,
 corrupt files set aside, transient read errors retried, quarantine."""
 
+import errno
 import hashlib
 import os
 import subprocess
@@ -13,7 +14,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.sdk.resources import Resource
 
 from collectors.otlp_metrics import MetricsBuilder, count_points, encode
-from collectors.spool import Spool
+from collectors.spool import UNREADABLE_TRIES, Spool
 from collectors.spool_format import HEADER, MAGIC, VERSION, decode_record
 from probes.sample import Sample
 
@@ -156,7 +157,7 @@ def test_a_corrupt_file_is_set_aside_and_counted(tmp_path, caplog, damage, reaso
 
 TRANSIENT_READ = textwrap.dedent("""
     import os, resource, sys
-    from collectors.spool import Spool
+    from collectors.spool import UNREADABLE_TRIES, Spool
     spool = Spool(sys.argv[1])
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     lowest_free = os.open(os.devnull, os.O_RDONLY)
@@ -186,6 +187,47 @@ def test_a_transient_read_error_keeps_the_file_for_a_later_read(tmp_path):
     assert out.stdout.splitlines() == ["error 24", "kept [0, 1] 1 0 0", "read 0 3"]  # 24: EMFILE
     assert "could not be read" in out.stderr and "it stays" in out.stderr
     assert sorted(os.listdir(tmp_path)) == [f"{0:020d}.pb", f"{1:020d}.pb"]
+
+
+def unreadable(monkeypatch, seq: int, code: int) -> None:
+    """Reads of batch `seq` fail with `code` (EIO: a bad block under it), others work."""
+    read = Spool._read
+
+    def failing(self, n):
+        if n == seq:
+            raise OSError(code, os.strerror(code))
+        return read(self, n)
+
+    monkeypatch.setattr(Spool, "_read", failing)
+
+
+def test_a_batch_that_fails_every_read_is_set_aside_so_the_rest_goes_on(tmp_path, monkeypatch, caplog):
+    """A bad block under one file (EIO on every read) would hold every batch behind it until the bounds
+    dropped it, days later: after UNREADABLE_TRIES reads in a row it goes to corrupt/, counted."""
+    spool = Spool(str(tmp_path))
+    for tag in (0, 1):
+        spool.append(request(1, tag))
+    unreadable(monkeypatch, 0, errno.EIO)
+    for _ in range(UNREADABLE_TRIES - 1):
+        with pytest.raises(OSError):
+            spool.peek()  # stays for now: an EIO may pass
+    assert spool.sequence_numbers() == [0, 1]
+    seq, body, _points = spool.peek()
+    assert (seq, tag_of(body)) == (1, 1)
+    assert os.listdir(tmp_path / "corrupt") == [f"{0:020d}.pb"]
+    assert (spool.corrupt_batches, spool.dropped_batches, spool.read_errors) == (1, 1, UNREADABLE_TRIES)
+    assert "could not be read 5 times in a row" in caplog.text
+
+
+def test_a_read_error_of_the_process_never_sets_a_batch_aside(tmp_path, monkeypatch):
+    """Out of descriptors (EMFILE) any file fails alike: however often, the batch stays."""
+    spool = Spool(str(tmp_path))
+    spool.append(request(1, 0))
+    unreadable(monkeypatch, 0, errno.EMFILE)
+    for _ in range(3 * UNREADABLE_TRIES):
+        with pytest.raises(OSError):
+            spool.peek()
+    assert spool.sequence_numbers() == [0] and spool.corrupt_batches == 0
 
 
 def test_reject_moves_a_batch_aside(tmp_path):
