@@ -49,7 +49,7 @@ def add_limit_arguments(parser) -> None:
                        help="largest OTLP/gRPC message; larger is RESOURCE_EXHAUSTED (default: %(default)s)")
     group.add_argument("--grpc-max-concurrent-rpcs", type=count, default=d.grpc_max_concurrent_rpcs, metavar="N",
                        help="OTLP/gRPC calls in progress at once, over all connections; more are "
-                       "RESOURCE_EXHAUSTED (default: %(default)s)")
+                       "UNAVAILABLE, which clients retry (default: %(default)s)")
     group.add_argument("--grpc-max-concurrent-streams", type=count, default=d.grpc_max_concurrent_streams,
                        metavar="N", help="OTLP/gRPC calls in progress on one connection (HTTP/2 streams); gRPC "
                        "refuses more with REFUSED_STREAM, a retryable UNAVAILABLE (default: %(default)s)")

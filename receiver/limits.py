@@ -26,7 +26,7 @@ class Limits:
     max_connections: int = 512  # past it, new connections wait in the listen backlog
     grpc_max_message_bytes: int = 32 * MiB
     grpc_max_concurrent_streams: int = 16  # calls on one connection; more wait at the client (HTTP/2)
-    grpc_max_concurrent_rpcs: int = 64  # calls in all, each with a thread; more are RESOURCE_EXHAUSTED
+    grpc_max_concurrent_rpcs: int = 64  # calls in all, each with a thread; more are UNAVAILABLE
 
     def __post_init__(self):
         # A request the budget can never hold would be told to retry for ever.

@@ -34,6 +34,7 @@ from sloscope.records import Batch
 from receiver import content_coding, otlp_json, otlp_proto, otlp_spans
 from receiver.auth import BearerAuth, BearerInterceptor
 from receiver.draining import KeepAliveHandler
+from receiver.grpc_admission import REFUSING_THREADS, Admission
 from receiver.http_body import BodyError, declared_length, read_body
 from receiver.http_conn import DeadlineReader, LimitedHTTPServer
 from receiver.limits import ByteBudget, Exhausted, Limits, Reservation
@@ -422,7 +423,7 @@ def grpc_server(receiver: Receiver, host: str, port: int, tls: TlsFiles | None =
                 auth: BearerAuth | None = None) -> tuple[grpc.Server, int]:
     """OTLP/gRPC under the receiver's limits: a larger message is RESOURCE_EXHAUSTED before it is decoded. Calls
     in progress are bounded per connection by HTTP/2's stream limit (the client waits, as with the Collector's
-    max_concurrent_streams) and in all (past it, RESOURCE_EXHAUSTED), each with a thread of its own. A
+    max_concurrent_streams) and in all (past it, UNAVAILABLE: grpc_admission.py), each with a thread of its own. A
     connection's handshake (TLS, HTTP/2 preface) has the header deadline; once as old as the body deadline, it is
     sent a GOAWAY (the client reconnects), and its calls have the body deadline again to finish before it is
     closed. With `tls`, TLS only; with `auth`, a call without the bearer token is UNAUTHENTICATED."""
@@ -431,9 +432,9 @@ def grpc_server(receiver: Receiver, host: str, port: int, tls: TlsFiles | None =
     # fewer threads than calls admitted, silent calls would leave the others queued behind them for ever. A
     # connection's age is what bounds the wait, as the body deadline bounds it over HTTP.
     read_timeout_ms = int(limits.read_timeout_s * 1000)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=limits.grpc_max_concurrent_rpcs),
-                         interceptors=[BearerInterceptor(auth, receiver.count)] if auth else None,
-                         maximum_concurrent_rpcs=limits.grpc_max_concurrent_rpcs,
+    admission = Admission(limits.grpc_max_concurrent_rpcs, receiver.count)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=limits.grpc_max_concurrent_rpcs + REFUSING_THREADS),
+                         interceptors=[BearerInterceptor(auth, receiver.count), admission] if auth else [admission],
                          options=[("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
                                   ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_streams),
                                   ("grpc.server_handshake_timeout_ms", int(limits.read_header_timeout_s * 1000)),

@@ -133,7 +133,7 @@ def test_silent_grpc_calls_take_no_thread_from_the_others_and_past_the_limit_are
         channels += more_channels
         time.sleep(ADMITTED_S)
         # refused at once, not queued behind the silent calls: those were all admitted, each with its thread
-        assert _export(s.grpc_port, 2, timeout=1) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert _export(s.grpc_port, 2, timeout=1) == grpc.StatusCode.UNAVAILABLE
         assert not any(call.done() for call in calls + more_calls)
     finally:
         hold.set()
@@ -151,7 +151,7 @@ def test_silent_grpc_calls_are_cut_off_with_their_connection(serve):
     try:
         began = time.monotonic()
         time.sleep(ADMITTED_S)
-        assert _export(s.grpc_port, 1, timeout=1) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert _export(s.grpc_port, 1, timeout=1) == grpc.StatusCode.UNAVAILABLE
         assert _eventually(lambda: all(call.done() for call in calls), within_s=4)
         assert time.monotonic() - began < 3.5  # twice the body deadline, give or take gRPC's 10% jitter
         assert {call.exception().code() for call in calls} == {grpc.StatusCode.UNAVAILABLE}
@@ -161,3 +161,21 @@ def test_silent_grpc_calls_are_cut_off_with_their_connection(serve):
         for channel in channels:
             channel.close()
     assert s.spans() == 1
+
+
+def test_a_call_cancelled_before_its_message_gives_its_place_back(serve):
+    """The bound on calls is given back however a call ends: one cancelled while its message was awaited (which
+    grpcio ends before a unary handler runs) must not hold its place for ever."""
+    s = serve(grpc_max_concurrent_rpcs=2)
+    hold = threading.Event()
+    for _ in range(3):  # more rounds than places: a place kept by a cancelled call would refuse the last ones
+        channels, calls = _silent_calls(s.grpc_port, 2, hold)
+        time.sleep(ADMITTED_S)
+        assert _export(s.grpc_port, 1, timeout=1) == grpc.StatusCode.UNAVAILABLE  # both places taken
+        for call in calls:
+            call.cancel()
+        for channel in channels:
+            channel.close()
+        assert _eventually(lambda: _export(s.grpc_port, 1) == grpc.StatusCode.OK, within_s=5)
+    hold.set()
+    assert s.receiver.counts["requests_grpc_busy"] == 3
