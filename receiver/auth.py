@@ -47,8 +47,10 @@ class BearerInterceptor(grpc.ServerInterceptor):
         return _REFUSE
 
 
-def _refuse(request, context):
+def _refuse(_requests, context):
     context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
 
 
-_REFUSE = grpc.unary_unary_rpc_method_handler(_refuse)
+# A streaming handler, which does not wait for the message it refuses: a unary one held a thread until the call's
+# message came, which a client that never sends it (or sends it slowly) could make last till its connection's end.
+_REFUSE = grpc.stream_unary_rpc_method_handler(_refuse)

@@ -10,6 +10,8 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from receiver.auth import BearerAuth
+from receiver.grpc_admission import REFUSING_THREADS
 from receiver.limits import Limits
 from tests.in_process import InProcessReceiver
 from tests.otlp_builders import span, traces
@@ -22,6 +24,7 @@ JSON = {"Content-Type": "application/json"}
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]  # each channel its own connection
 ADMITTED_S = 0.5  # for calls just started to reach the server (on 127.0.0.1, milliseconds)
+TOKEN = b"a-token-of-sixteen-or-more"
 
 
 @pytest.fixture
@@ -179,3 +182,23 @@ def test_a_call_cancelled_before_its_message_gives_its_place_back(serve):
         assert _eventually(lambda: _export(s.grpc_port, 1) == grpc.StatusCode.OK, within_s=5)
     hold.set()
     assert s.receiver.counts["requests_grpc_busy"] == 3
+
+
+def test_silent_calls_without_the_token_hold_no_thread(tmp_path):
+    """A call refused for its token is refused at once, without its message awaited: silent ones, more than the
+    server has threads, leave a call with the token served."""
+    s = InProcessReceiver(tmp_path / "r.duckdb", Limits(grpc_max_concurrent_rpcs=2), auth=BearerAuth(TOKEN))
+    hold = threading.Event()
+    try:
+        channels, calls = _silent_calls(s.grpc_port, 2 + REFUSING_THREADS + 2, hold)
+        assert _eventually(lambda: all(call.done() for call in calls), within_s=5)
+        assert {call.exception().code() for call in calls} == {grpc.StatusCode.UNAUTHENTICATED}
+        with grpc.insecure_channel(f"127.0.0.1:{s.grpc_port}", options=OWN_CONNECTION) as channel:
+            trace_service_pb2_grpc.TraceServiceStub(channel).Export(
+                _grpc_request(1), timeout=5, metadata=(("authorization", f"Bearer {TOKEN.decode()}"),))
+        assert s.spans() == 1
+    finally:
+        hold.set()
+        for channel in channels:
+            channel.close()
+        s.close()
