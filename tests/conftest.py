@@ -1,6 +1,5 @@
 import os
 
-
 import pytest
 
 REQUIRE_PRIVILEGED = os.environ.get("SLOSCOPE_REQUIRE_PRIVILEGED") == "1"
@@ -14,3 +13,15 @@ def need(condition: bool, why: str) -> None:
     if REQUIRE_PRIVILEGED:
         pytest.fail(f"required by SLOSCOPE_REQUIRE_PRIVILEGED=1 but unavailable: {why}")
     pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def one_worker_pool():
+    """A decode pool of one worker process under the built-in spec, for tests of the paths through a worker."""
+    from commands.decode_pool import DecodePool  # here, so that collecting the other tests loads none of it
+    from sloscope.slo_spec import load_spec
+
+    spec = load_spec(None)
+    pool = DecodePool(1, frozenset(spec.tiers), spec.default_tier)
+    yield pool
+    pool.close()

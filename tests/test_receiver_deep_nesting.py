@@ -16,9 +16,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest, ExportTraceServiceResponse)
 
-from commands.decode_pool import DecodePool
 from receiver.nesting import is_depth_error, pruned_json, pruned_protobuf
-from sloscope.slo_spec import load_spec
+from receiver.wire import encoded_varint
 from tests.in_process import InProcessReceiver
 from tests.otlp_builders import gauge, metrics, span, traces
 
@@ -34,22 +33,13 @@ DEEP_MARK = "__deep value__"
 # --- building requests whose deep part no protobuf runtime would serialize --------------------------------------
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field in wire format."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return encoded_varint(number << 3 | 2) + encoded_varint(len(payload)) + payload
 
 
 def _group(number: int, content: bytes = b"") -> bytes:
-    return _varint(number << 3 | 3) + content + _varint(number << 3 | 4)
+    return encoded_varint(number << 3 | 3) + content + encoded_varint(number << 3 | 4)
 
 
 def _deep_any_value(levels: int) -> bytes:
@@ -58,9 +48,9 @@ def _deep_any_value(levels: int) -> bytes:
     leaf = _field(1, b"x")
     size, headers = len(leaf), []
     for _ in range(levels):
-        array = _varint(1 << 3 | 2) + _varint(size)
+        array = encoded_varint(1 << 3 | 2) + encoded_varint(size)
         size += len(array)
-        value = _varint(5 << 3 | 2) + _varint(size)
+        value = encoded_varint(5 << 3 | 2) + encoded_varint(size)
         size += len(value)
         headers.append(value + array)
     return b"".join(reversed(headers)) + leaf
@@ -146,18 +136,10 @@ def _points_doc() -> dict:
 # --- sending them -----------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pool():
-    spec = load_spec(None)
-    p = DecodePool(1, frozenset(spec.tiers), spec.default_tier)
-    yield p
-    p.close()
-
-
 @pytest.fixture
-def server(tmp_path, pool, request):
-    s = InProcessReceiver(tmp_path / "r.duckdb", decode_pool=pool if "worker" in request.node.callspec.params["path"]
-                          else None)
+def server(tmp_path, one_worker_pool, request):
+    through_worker = "worker" in request.node.callspec.params["path"]
+    s = InProcessReceiver(tmp_path / "r.duckdb", decode_pool=one_worker_pool if through_worker else None)
     yield s
     s.close()
 
@@ -276,9 +258,9 @@ def test_protobuf_pruning_drops_groups_nested_past_the_level_and_keeps_shallower
 
 @pytest.mark.parametrize("malformed", [
     THREE_DEEP + b"\x0a\x05ab",  # a length past the end
-    THREE_DEEP + _varint(7 << 3 | 4),  # an end-group outside any group
-    THREE_DEEP + _varint(7 << 3 | 3) + _varint(8 << 3 | 4),  # a group ended as another
-    THREE_DEEP + _varint(7 << 3 | 3),  # a group never ended
+    THREE_DEEP + encoded_varint(7 << 3 | 4),  # an end-group outside any group
+    THREE_DEEP + encoded_varint(7 << 3 | 3) + encoded_varint(8 << 3 | 4),  # a group ended as another
+    THREE_DEEP + encoded_varint(7 << 3 | 3),  # a group never ended
     THREE_DEEP + b"\x00\x01",  # field number 0
     THREE_DEEP + b"\xff" * 11,  # a varint longer than 10 bytes
 ])

@@ -10,10 +10,8 @@ from google.protobuf.json_format import ParseDict
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
-from commands.decode_pool import DecodePool
 from receiver.auth import BearerAuth
 from receiver.limits import Limits
-from sloscope.slo_spec import load_spec
 from tests.in_process import InProcessReceiver
 from tests.otlp_builders import counter, gauge, metrics
 from tests.raw_http import RawClient, request
@@ -21,14 +19,6 @@ from tests.raw_http import RawClient, request
 T0 = 1_764_410_400_000_000_000
 S = 10**9
 PROTOBUF, JSON = "application/x-protobuf", "application/json"
-
-
-@pytest.fixture(scope="module")
-def pool():
-    spec = load_spec(None)
-    p = DecodePool(1, frozenset(spec.tiers), spec.default_tier)
-    yield p
-    p.close()
 
 
 def _valueless_second_points() -> dict:
@@ -61,8 +51,8 @@ def _over_grpc(server, doc):
 
 
 @pytest.mark.parametrize("path", ["protobuf", "json", "grpc", "protobuf by a decode worker", "json by a decode worker"])
-def test_a_point_without_a_value_is_refused_alone_on_every_path(tmp_path, pool, path):
-    server = InProcessReceiver(tmp_path / "r.duckdb", decode_pool=pool if "worker" in path else None)
+def test_a_point_without_a_value_is_refused_alone_on_every_path(tmp_path, one_worker_pool, path):
+    server = InProcessReceiver(tmp_path / "r.duckdb", decode_pool=one_worker_pool if "worker" in path else None)
     try:
         doc = _valueless_second_points()
         if path == "grpc":
