@@ -62,6 +62,11 @@ class PhysicalLimits:
     spdk_reactor_busy: float = 0.7
     node_error_ratio: float = 0.05
 
+    def seed_levels(self) -> dict[str, float]:
+        """The limits that are also the taxonomy's seed thresholds (a level harmful by itself), by signal."""
+        return {"sloscope.nvme.temperature": self.nvme_temperature_c, "spdk.bdev.io.wait": self.spdk_bdev_wait_s,
+                "spdk.reactor.busy": self.spdk_reactor_busy}
+
 
 @dataclass(frozen=True)
 class SloSpec:
@@ -137,8 +142,11 @@ def parse_spec(text: str, source: str = "<string>") -> SloSpec:
         raise SpecError(str(exc)) from None
     if resolution < 1:
         raise SpecError(f"{source}: resolution: expected at least 1s; got {doc.get('resolution')!r}")
-    return SloSpec(default, tiers, window, resolution, source, _declared_taxonomy(doc, source),
-                   _physical_limits(doc, source))
+    limits = _physical_limits(doc, source)
+    known = _declared_taxonomy(doc, source)
+    if "physical_limits" in doc:
+        known = known.with_seed_levels(limits.seed_levels())
+    return SloSpec(default, tiers, window, resolution, source, known, limits)
 
 
 def load_spec(path: str | Path | None) -> SloSpec:

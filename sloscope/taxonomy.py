@@ -223,6 +223,13 @@ class Taxonomy:
     def growth_signals(self) -> tuple[str, ...]:
         return tuple(sorted({ev.signal for c in self.causes for ev in c.evidence if ev.feature == "growth"}))
 
+    def with_seed_levels(self, levels: dict[str, float]) -> "Taxonomy":
+        """The same causes, each seed threshold on a signal of `levels` set to its level there (an SLO spec's
+        physical limits, so that the analysis calls harmful by itself what the alerts do)."""
+        causes = tuple(replace(c, seed_threshold={s: levels.get(s, level) for s, level in c.seed_threshold.items()})
+                       for c in self.causes)
+        return Taxonomy(causes, self.signals)
+
     def reading(self, metric: str) -> tuple[catalog.Direction, float] | None:
         """(harmful direction, noise floor) of a catalog or declared signal; None for any other metric."""
         sig = catalog.BY_NAME.get(metric)

@@ -184,3 +184,17 @@ def test_a_limit_the_spec_leaves_out_keeps_its_default_line():
     assert [threshold_line(panels[t]) for t in ("SPDK bdev I/O wait", "SPDK reactor busy", "NVMe temperature")] == \
         [0.005, 0.7, 72]
     assert "above the dashed line (5 ms)" in panels["SPDK bdev I/O wait"]["description"]
+
+
+def test_the_limits_that_are_seed_thresholds_are_the_analysis_seeds_too():
+    """What the alerts call harmful by itself, the analysis does too: a spec's NVMe, SPDK wait and reactor limits
+    move the taxonomy's seed thresholds on those signals, and nothing else."""
+    spec = parse_spec(DEFAULT_SPEC_YAML + "physical_limits: {nvme_temperature_c: 70, spdk_bdev_wait: 8ms, "
+                             "spdk_reactor_busy_percent: 85, gpu_utilization_percent: 95}\n")
+    seeds = {cause.id: cause.seed_threshold for cause in spec.taxonomy.causes}
+    assert seeds["storage_thermal"] == {"sloscope.nvme.temperature": 70.0}
+    assert seeds["storage_queue"] == {"spdk.bdev.io.wait": 0.008, "spdk.reactor.busy": 0.85}
+    built_in = {cause.id: cause.seed_threshold for cause in load_spec(None).taxonomy.causes}
+    assert {k: v for k, v in seeds.items() if k not in ("storage_thermal", "storage_queue")} == \
+        {k: v for k, v in built_in.items() if k not in ("storage_thermal", "storage_queue")}
+    assert built_in["storage_thermal"] == {"sloscope.nvme.temperature": 65.0}
