@@ -11,7 +11,8 @@ root collector that sees no tracefs mounts it (probes/tracefs_mount.py), so that
 container without the host's tracing mount keeps its eBPF probes.
 
 Shutdown (SIGTERM/SIGINT, --duration, --once): one last collection of the partial interval, probes
-detached, queued batches exported (healthy, within `shutdown_grace_s`) or spooled, spool fsynced.
+detached, queued batches exported (healthy, within `shutdown_grace_s`) or spooled, spool fsynced and closed
+(its directory's lock let go).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from .config import CollectorConfig, ConfigError, check_probes
 from .otlp_exporter import make_exporter
 from .otlp_metrics import MetricsBuilder, count_points
 from .shipper import RETRY_INITIAL_S, RETRY_MAX_S, SHUTDOWN_GRACE_S, Shipper
-from .spool import Spool
+from .spool import Spool, SpoolInUse
 from .telemetry import TelemetryServer
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,15 @@ def build_resource(cfg: CollectorConfig) -> Resource:
 
 # -- the agent ------------------------------------------------------------------------------------------------
 
+def open_spool(cfg: CollectorConfig) -> Spool:
+    try:
+        return Spool(cfg.spool_dir, cfg.spool_max_bytes, cfg.spool_max_batches)
+    except SpoolInUse as exc:
+        raise ConfigError(str(exc)) from None
+    except OSError as exc:
+        raise ConfigError(f"spool directory {cfg.spool_dir}: {exc.strerror or exc}") from None
+
+
 class Agent:
     def __init__(self, cfg: CollectorConfig, *, exporter=None, shutdown_grace_s: float = SHUTDOWN_GRACE_S,
                  retry_initial_s: float = RETRY_INITIAL_S, retry_max_s: float = RETRY_MAX_S):
@@ -136,10 +146,14 @@ class Agent:
         cfg = self.cfg
         log.info("sloscope collect: %s", cfg.describe())
         names = resolve_probe_names(cfg.probes, cfg.probe_options)
+        spool = open_spool(cfg)  # before anything starts: a spool another collector holds is a configuration error
         try:
-            spool = Spool(cfg.spool_dir, cfg.spool_max_bytes, cfg.spool_max_batches)
-        except OSError as exc:
-            raise ConfigError(f"spool directory {cfg.spool_dir}: {exc.strerror or exc}") from None
+            return self._run(names, spool)
+        finally:
+            spool.close()
+
+    def _run(self, names: list[str], spool: Spool) -> int:
+        cfg = self.cfg
         exporter = self._exporter if self._exporter is not None else make_exporter(cfg)
         shipper = self.shipper = Shipper(exporter, spool, timeout_s=cfg.timeout_s, **self._retry)
         builder = MetricsBuilder(build_resource(cfg), cfg.temporality)

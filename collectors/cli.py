@@ -73,8 +73,10 @@ export: OTLP metrics (the SDK's data model, sent as OTLP protobuf). Counters and
 no data loss: while the endpoint is down, slow, or busy, batches go to the spool (one checksummed OTLP
   ExportMetricsServiceRequest per file, fsynced, named by sequence number) and are replayed in order when
   it is back, also after a restart. An endpoint slower than the interval spools what waits behind the
-  batch in flight. Past spool.max_bytes / spool.max_batches, or on a full disk, the oldest batches are
-  dropped, counted and logged. A batch the endpoint refuses twice while it accepts an empty request goes to
+  batch in flight. Past spool.max_bytes (the disk the files take, in whole blocks, as du counts it) /
+  spool.max_batches, or on a full disk, the oldest batches are dropped, counted and logged. A collector
+  locks its spool directory while it runs: a second one given the same directory stops at once (exit
+  status 2). A batch the endpoint refuses twice while it accepts an empty request goes to
   DIR/rejected/; a spool file that fails its checksum, or 5 reads in a row (EIO), goes to DIR/corrupt/.
 
 exit status: 0 after a clean stop (SIGTERM/SIGINT, --duration, --once), 1 when no probe can run,
@@ -101,8 +103,10 @@ def register(subparsers) -> argparse.ArgumentParser:
                         help="probe to run (repeatable; auto, node, all or a probe name; default auto)")
     parser.add_argument("--cgroup", action="append", default=[], metavar="CGROUP",
                         help="syscall probe: only these cgroup v2 ids or paths (repeatable)")
-    parser.add_argument("--spool-dir", metavar="DIR", help="spool directory (default var/collector-spool)")
-    parser.add_argument("--spool-max-bytes", metavar="SIZE", help="spool bound in bytes (default 256MiB)")
+    parser.add_argument("--spool-dir", metavar="DIR",
+                        help="spool directory, one collector's alone (default var/collector-spool)")
+    parser.add_argument("--spool-max-bytes", metavar="SIZE",
+                        help="spool bound in bytes of disk, whole blocks as du counts them (default 256MiB)")
     parser.add_argument("--spool-max-batches", metavar="N", help="spool bound in batches (default 100000)")
     parser.add_argument("--temporality", choices=("cumulative", "delta"),
                         help="of counters and histograms (default cumulative)")

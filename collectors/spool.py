@@ -10,9 +10,11 @@ Durability: a file is written as `.NAME.tmp` in the spool directory, fsynced, re
 directory fsynced, so after a crash or power loss a batch is either entirely in the spool or not there at all.
 A failed write removes its temporary file; one left by a crash is removed (and logged) when the spool opens.
 
-Bounds: at most `max_bytes` bytes of files and `max_batches` files; past either, the oldest batches are
-dropped. A full disk (ENOSPC, EDQUOT) is a bound too: the oldest batches are dropped to make room for the new
-one and the write is tried once more; when that fails as well, the new batch is dropped. (A cumulative counter
+Bounds: at most `max_bytes` bytes of disk and `max_batches` files; past either, the oldest batches are
+dropped. A file counts for the disk it takes (`occupied`): its allocated blocks, as du, a disk quota and a
+sized volume (a Kubernetes emptyDir's sizeLimit) count them, so a batch of 1 KB in a 4 KiB block counts 4 KiB.
+A full disk (ENOSPC, EDQUOT) is a bound too: the oldest batches are dropped to make room for the new one and
+the write is tried once more; when that fails as well, the new batch is dropped. (A cumulative counter
 point dropped this way loses resolution, not counts: the next one carries the total.) Every drop is counted
 (batches and data points) and logged.
 
@@ -23,19 +25,26 @@ reads in a row for a reason of the file's own (EIO, not the process's EMFILE), i
 batch the receiver refuses for good is moved to `rejected/` (`reject()`), counted. Both folders keep at most
 `QUARANTINE_KEEP` files, for people to look at.
 
+One at a time: a Spool holds an exclusive flock on `LOCK_FILE` in its directory from the moment it opens until
+close() (or until the process ends, however it ends: the kernel lets go, so no stale lock is ever left behind).
+Another Spool on the same directory, in this process or another, is refused at once (SpoolInUse): two collectors
+on one directory would replay each other's batches and overwrite each other's files. The lock file is never
+removed: one removed while another collector has it open would let a third lock a new file beside it.
+
 A Spool is used by one thread at a time (the agent's sender); a lock guards it anyway.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import re
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import BinaryIO, Callable
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
@@ -49,6 +58,8 @@ log = logging.getLogger(__name__)
 SUFFIX = ".pb"
 NAME = re.compile(r"^(\d{20})\.pb$")
 QUARANTINE_KEEP = 64
+# Neither a batch's name nor a temporary file's: the scan at start leaves it where it is.
+LOCK_FILE = ".lock"
 DEFAULT_MAX_BYTES = 256 * 2**20
 DEFAULT_MAX_BATCHES = 100_000
 SPACE_ERRORS = (errno.ENOSPC, errno.EDQUOT)
@@ -57,6 +68,36 @@ PROCESS_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno
 # A batch whose file failed this many reads in a row for a reason of its own (EIO from a bad block) is set aside:
 # it would hold every batch behind it until the bounds drop it, days later.
 UNREADABLE_TRIES = 5
+
+
+class SpoolInUse(Exception):
+    """Another Spool (another collector) holds the directory."""
+
+
+def occupied(st: os.stat_result) -> int:
+    """The bytes of disk a file takes: its allocated blocks, never counted as less than its size (a file system
+    that allocates late, compresses or keeps small files inline may report fewer blocks, or none, for a while;
+    the bound then counts at least the bytes written)."""
+    return max(st.st_blocks * 512, st.st_size)
+
+
+def _lock_directory(directory: str) -> BinaryIO:
+    """The open lock file, holding an exclusive flock; SpoolInUse at once when another holds it. (A file object,
+    not a bare descriptor: a Spool dropped without close() lets go when it is collected.)"""
+    # Read-only: flock needs no more. 0o600: another user, who could not write the spool, cannot lock it either.
+    handle = open(os.path.join(directory, LOCK_FILE), "rb",
+                  opener=lambda path, flags: os.open(path, flags | os.O_CREAT, 0o600))
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise SpoolInUse(f"spool directory {directory} is in use: another collector holds its lock "
+                         f"({os.path.join(directory, LOCK_FILE)}); give each collector its own spool directory"
+                         ) from None
+    except BaseException:
+        handle.close()
+        raise
+    return handle
 
 
 def _parse(payload: bytes) -> int:
@@ -94,6 +135,15 @@ class Spool:
         self._failed_reads = (-1, 0)  # (batch, reads in a row it failed for a reason of its own)
         self._lock = threading.RLock()
         os.makedirs(self.directory, exist_ok=True)
+        self._directory_lock = _lock_directory(self.directory)  # before the scan, which removes and drops files
+        try:
+            self._resume()
+        except BaseException:
+            self.close()
+            raise
+
+    def _resume(self) -> None:
+        """Take up the batches a previous run left, within the bounds."""
         self._sizes: dict[int, int] = self._scan()
         self._order = deque(sorted(self._sizes))
         self._bytes = sum(self._sizes.values())
@@ -101,7 +151,7 @@ class Spool:
         # one in rejected/ or corrupt/, which would replace it there and unsettle what "the last files" are.
         self._next = max([*self._order, *self._set_aside()], default=-1) + 1
         if self._order:
-            log.info("spool %s: resuming %d batches (%d bytes)", self.directory, len(self), self._bytes)
+            log.info("spool %s: resuming %d batches (%d bytes on disk)", self.directory, len(self), self._bytes)
         self._enforce_bound()
 
     def _set_aside(self) -> list[int]:
@@ -124,11 +174,16 @@ class Spool:
                 continue
             m = NAME.match(entry.name)
             if m and entry.is_file():
-                sizes[int(m.group(1))] = entry.stat().st_size
+                sizes[int(m.group(1))] = occupied(entry.stat())
         if unfinished:
             log.warning("spool %s: removed %d unfinished writes (%s)", self.directory, len(unfinished),
                         ", ".join(sorted(unfinished)[:5]))
         return sizes
+
+    def close(self) -> None:
+        """Let go of the directory, for the next collector to open it. The spool is not to be used after."""
+        with self._lock:
+            self._directory_lock.close()  # closing the only descriptor releases the flock
 
     # -- queries
 
@@ -163,19 +218,25 @@ class Spool:
             seq = self._next
             self._next += 1
             record = encode_record(data)
-            if len(record) > self.max_bytes:
+            if len(record) > self.max_bytes:  # not worth writing: its blocks would take more still
                 self.lose(points, f"batch {seq}: {len(record)} bytes alone exceed the bound of {self.max_bytes}",
                           data)
                 return None
-            error = self._store(seq, record)
-            if error is not None:
+            try:
+                taken = self._store(seq, record)
+            except OSError as error:
                 if error.errno in SPACE_ERRORS:
                     self.disk_full_batches += 1
                 self.lose(points, f"batch {seq} could not be written to {self.directory}: {error}", data)
                 return None
+            if taken > self.max_bytes:  # its bytes fit, the blocks they take do not: keep the older batches
+                self._unlink(seq)
+                self.lose(points, f"batch {seq}: the {taken} bytes of disk it takes alone exceed the bound of "
+                          f"{self.max_bytes}", data)
+                return None
             self._order.append(seq)
-            self._sizes[seq] = len(record)
-            self._bytes += len(record)
+            self._sizes[seq] = taken
+            self._bytes += taken
             self._enforce_bound()
             return seq
 
@@ -187,21 +248,18 @@ class Spool:
         log.error("spool: dropped a batch of %s data points: %s; %d dropped in all", points, why,
                   self.dropped_batches)
 
-    def _store(self, seq: int, record: bytes) -> OSError | None:
-        """Write the record; on a full disk make room and try once more. The error when it is not stored."""
-        error = self._try_write(seq, record)
-        if error is not None and error.errno in SPACE_ERRORS and self._make_room(len(record)):
-            error = self._try_write(seq, record)
-        return error
-
-    def _try_write(self, seq: int, record: bytes) -> OSError | None:
+    def _store(self, seq: int, record: bytes) -> int:
+        """Write the record; on a full disk make room and try once more. The bytes of disk the file takes;
+        OSError when it is not stored."""
         try:
-            self._write(seq, record)
+            return self._write(seq, record)
         except OSError as exc:
-            return exc
-        return None
+            if exc.errno not in SPACE_ERRORS or not self._make_room(len(record)):
+                raise
+        return self._write(seq, record)
 
-    def _write(self, seq: int, record: bytes) -> None:
+    def _write(self, seq: int, record: bytes) -> int:
+        """Write the record durably (see the module docstring); the bytes of disk the file takes."""
         final = self.path(seq)
         tmp = os.path.join(self.directory, f".{seq:020d}.tmp")
         made = None  # the file this write put on disk so far: not stored means not there, whatever step failed
@@ -214,6 +272,7 @@ class Spool:
                     view = view[os.write(fd, view):]
                 if self.fsync:
                     os.fsync(fd)
+                taken = occupied(os.fstat(fd))  # blocks reserved for a delayed allocation count already
             finally:
                 os.close(fd)
             os.replace(tmp, final)
@@ -227,6 +286,7 @@ class Spool:
                 except OSError as exc:
                     log.error("spool: could not remove %s after a failed write: %s", made, exc)
             raise
+        return taken
 
     def _make_room(self, size: int) -> bool:
         """Drop the oldest batches until their blocks would hold `size` bytes; False when there is nothing to

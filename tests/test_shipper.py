@@ -3,6 +3,7 @@ receiver's 503 / UNAVAILABLE) waits as asked and is never a rejection; a refused
 aside; an endpoint that refuses everything keeps the batches."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -193,6 +194,7 @@ def test_close_spools_what_a_hung_export_holds(tmp_path):
     shipper.close(grace_s=0.2)
     assert time.monotonic() - started < 3
     assert exporter.accepted == []
+    shipper.spool.close()
     again = Spool(str(tmp_path))
     values = []
     while again:
@@ -208,7 +210,7 @@ def test_an_unwritable_spool_drops_counted_and_the_sender_goes_on(tmp_path):
     exporter.up = False
     directory = tmp_path / "spool"
     shipper = Shipper(exporter, Spool(str(directory)), timeout_s=1, retry_initial_s=0.05, retry_max_s=0.05)
-    directory.rmdir()  # the spool's directory vanished (an unmounted volume, say)
+    shutil.rmtree(directory)  # the spool's directory vanished (an unmounted volume, say)
     shipper.start()
     try:
         shipper.submit(gauge_batch(1.0))
@@ -260,7 +262,7 @@ def test_a_spool_file_unreadable_for_a_while_is_sent_later_not_lost(tmp_path):
     out = subprocess.run([sys.executable, "-c", UNREADABLE_FOR_A_WHILE, str(tmp_path / "spool")], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["while unreadable True 0 [0, 1, 2]", "after [1.0, 2.0, 3.0] 0 0 []"]
+    assert out.stdout.splitlines() == ["while unreadable True 0 [0, 1, 2]", "after [1.0, 2.0, 3.0] 0 0 ['.lock']"]
     assert "could not be read" in out.stderr
 
 

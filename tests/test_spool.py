@@ -1,5 +1,5 @@
-"""The on-disk spool: order, durability across reopen, bounds with counted drops, the checksummed file format,
-corrupt files set aside, transient read errors retried, quarantine."""
+"""The on-disk spool: order, durability across reopen, bounds with counted drops (in the disk the files take),
+the checksummed file format, corrupt files set aside, transient read errors retried, quarantine."""
 
 import errno
 import hashlib
@@ -14,7 +14,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.sdk.resources import Resource
 
 from collectors.otlp_metrics import MetricsBuilder, count_points, encode
-from collectors.spool import UNREADABLE_TRIES, Spool
+from collectors.spool import LOCK_FILE, UNREADABLE_TRIES, Spool
 from collectors.spool_format import HEADER, MAGIC, VERSION, decode_record
 from probes.sample import Sample
 
@@ -38,7 +38,7 @@ def test_fifo_order_and_files_named_by_sequence(tmp_path):
     spool = Spool(str(tmp_path))
     seqs = [spool.append(request(2, tag)) for tag in range(5)]
     assert seqs == [0, 1, 2, 3, 4]
-    assert sorted(os.listdir(tmp_path)) == [f"{s:020d}.pb" for s in seqs]
+    assert sorted(os.listdir(tmp_path)) == [LOCK_FILE, *(f"{s:020d}.pb" for s in seqs)]
     seen = []
     while spool:
         seq, body, points = spool.peek()
@@ -46,7 +46,7 @@ def test_fifo_order_and_files_named_by_sequence(tmp_path):
         seen.append(tag_of(body))
         spool.remove(seq)
     assert seen == [0, 1, 2, 3, 4]
-    assert spool.peek() is None and spool.bytes == 0 and os.listdir(tmp_path) == []
+    assert spool.peek() is None and spool.bytes == 0 and os.listdir(tmp_path) == [LOCK_FILE]
 
 
 def test_each_file_is_the_request_as_sent_behind_a_checksummed_header(tmp_path):
@@ -58,7 +58,7 @@ def test_each_file_is_the_request_as_sent_behind_a_checksummed_header(tmp_path):
     assert (magic, version, length, digest) == (MAGIC, VERSION, len(data), hashlib.sha256(data).digest())
     assert raw[HEADER.size:] == data == decode_record(raw)
     assert count_points(ExportMetricsServiceRequest.FromString(data)) == 3
-    assert spool.bytes == len(raw)
+    assert spool.bytes == disk_taken_by(spool.path(seq)) >= len(raw)
 
 
 def test_files_from_an_earlier_version_still_replay_in_order(tmp_path):
@@ -79,6 +79,7 @@ def test_reopening_resumes_and_continues_the_sequence(tmp_path, caplog):
     for tag in range(3):
         spool.append(request(1, tag))
     spool.remove(spool.peek()[0])
+    spool.close()
     (tmp_path / ".00000000000000000009.tmp").write_bytes(b"half a write")  # a crash in the middle of append
     with caplog.at_level("WARNING"):
         again = Spool(str(tmp_path))
@@ -100,14 +101,39 @@ def test_bound_in_batches_drops_the_oldest_and_counts_them(tmp_path, caplog):
     assert tag_of(spool.peek()[1]) == 2
 
 
-def test_bound_in_bytes(tmp_path):
-    one = len(request(4, 0))
-    spool = Spool(str(tmp_path), max_bytes=int(one * 2.5))
-    for tag in range(4):
-        spool.append(request(4, tag))
-    assert len(spool) == 2 and spool.bytes <= one * 2.5
-    assert spool.dropped_batches == 2 and spool.dropped_points == 8
-    assert tag_of(spool.peek()[1]) == 2
+def disk_taken_by(path) -> int:
+    """What the file system says the file takes: its allocated blocks."""
+    return os.stat(path).st_blocks * 512
+
+
+def disk_taken_by_a_file_of(size: int, directory: Path) -> int:
+    """Skips where the file system keeps such a file in less than twice its size (small files inline, or
+    compressed): the blocks it takes are not what this test is about there."""
+    sample = directory / "sample"
+    sample.write_bytes(os.urandom(size))
+    taken = disk_taken_by(sample)
+    sample.unlink()
+    if taken < 2 * size:
+        pytest.skip(f"the file system of {directory} keeps {size} bytes in {taken} bytes of disk")
+    return taken
+
+
+def test_bound_in_bytes_counts_the_blocks_the_files_take_on_disk(tmp_path, caplog):
+    """Batches far smaller than a block each take a whole block: the bound is on those blocks (what du and a
+    sized emptyDir count), so the files kept take at most the bound, and the oldest are dropped and counted."""
+    block = disk_taken_by_a_file_of(len(request(1, 0)) + HEADER.size, tmp_path)
+    spool = Spool(str(tmp_path / "spool"), max_bytes=3 * block)
+    for tag in range(10):
+        spool.append(request(1, tag))
+    kept = spool.sequence_numbers()
+    on_disk = sum(disk_taken_by(spool.path(seq)) for seq in kept)
+    assert kept == [7, 8, 9] and on_disk <= spool.max_bytes
+    assert spool.bytes == spool.stats().bytes == on_disk  # /metrics' _spool_bytes
+    assert spool.dropped_batches == 7 and spool.dropped_points == 7
+    assert "dropped the 1 oldest batches" in caplog.text
+    spool.close()
+    again = Spool(str(tmp_path / "spool"), max_bytes=2 * block)  # the scan at start counts alike
+    assert again.sequence_numbers() == [8, 9] and again.dropped_batches == 1 and again.bytes == 2 * block
 
 
 def test_a_batch_larger_than_the_bound_is_dropped_and_counted(tmp_path):
@@ -116,10 +142,21 @@ def test_a_batch_larger_than_the_bound_is_dropped_and_counted(tmp_path):
     assert len(spool) == 0 and spool.dropped_batches == 1 and spool.dropped_points == 10
 
 
+def test_a_batch_whose_blocks_alone_pass_the_bound_is_dropped_and_counted(tmp_path, caplog):
+    """Its bytes fit the bound, the block they take does not: it is not stored, and nothing of it stays."""
+    record = len(request(2, 1)) + HEADER.size
+    disk_taken_by_a_file_of(record, tmp_path)
+    spool = Spool(str(tmp_path / "spool"), max_bytes=record)
+    assert spool.append(request(2, 1)) is None
+    assert len(spool) == 0 and spool.bytes == 0 and spool.dropped_batches == 1 and spool.dropped_points == 2
+    assert os.listdir(spool.directory) == [LOCK_FILE] and "bytes of disk it takes alone exceed" in caplog.text
+
+
 def test_reopening_with_a_smaller_bound_trims(tmp_path):
     spool = Spool(str(tmp_path))
     for tag in range(4):
         spool.append(request(1, tag))
+    spool.close()
     smaller = Spool(str(tmp_path), max_batches=2)
     assert smaller.sequence_numbers() == [2, 3] and smaller.dropped_batches == 2
 
@@ -149,9 +186,10 @@ def test_a_corrupt_file_is_set_aside_and_counted(tmp_path, caplog, damage, reaso
     seq, body, _ = spool.peek()
     assert seq == 1 and tag_of(body) == 1
     assert spool.corrupt_batches == 1 and spool.dropped_batches == 1 and spool.read_errors == 0
-    assert spool.sequence_numbers() == [1] and spool.bytes == os.path.getsize(spool.path(1))
+    assert spool.sequence_numbers() == [1] and spool.bytes == disk_taken_by(spool.path(1))
     assert (tmp_path / "corrupt" / f"{0:020d}.pb").exists()
     assert "batch 0 is corrupt" in caplog.text and reason in caplog.text
+    spool.close()
     assert Spool(str(tmp_path)).sequence_numbers() == [1]  # set aside for good, also after a restart
 
 
@@ -181,12 +219,13 @@ def test_a_transient_read_error_keeps_the_file_for_a_later_read(tmp_path):
     spool = Spool(str(tmp_path))
     spool.append(request(3, 0))
     spool.append(request(1, 1))
+    spool.close()
     out = subprocess.run([sys.executable, "-c", TRANSIENT_READ, str(tmp_path)], cwd=REPO, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["error 24", "kept [0, 1] 1 0 0", "read 0 3"]  # 24: EMFILE
     assert "could not be read" in out.stderr and "it stays" in out.stderr
-    assert sorted(os.listdir(tmp_path)) == [f"{0:020d}.pb", f"{1:020d}.pb"]
+    assert sorted(os.listdir(tmp_path)) == [LOCK_FILE, f"{0:020d}.pb", f"{1:020d}.pb"]
 
 
 def unreadable(monkeypatch, seq: int, code: int) -> None:
@@ -239,6 +278,7 @@ def test_reject_moves_a_batch_aside(tmp_path):
     assert spool.rejected_batches == 1 and spool.dropped_points == 3
     assert (tmp_path / "rejected" / f"{0:020d}.pb").exists()
     spool.reject(1, "that one too")
+    spool.close()
     again = Spool(str(tmp_path))  # a restart, its spool empty: new batches do not take set-aside names
     again.append(request(2, 2))
     again.reject(again.sequence_numbers()[0], "and the next run's")
@@ -267,5 +307,5 @@ def test_a_failed_write_leaves_nothing_and_says_only_why(tmp_path, monkeypatch, 
         monkeypatch.setattr(os, "unlink", lambda path: refused(path))
     assert spool.append(request(3)) is None
     monkeypatch.undo()
-    assert spool.dropped_batches == 1 and not os.listdir(tmp_path)
+    assert spool.dropped_batches == 1 and os.listdir(tmp_path) == [LOCK_FILE]
     assert "could not remove" not in caplog.text and caplog.text.count("Read-only file system") == 1
