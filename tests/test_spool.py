@@ -17,6 +17,7 @@ from collectors.otlp_metrics import MetricsBuilder, count_points, encode
 from collectors.spool import LOCK_FILE, UNREADABLE_TRIES, Spool
 from collectors.spool_format import HEADER, MAGIC, VERSION, decode_record
 from probes.sample import Sample
+from tests.conftest import need
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,14 +108,13 @@ def disk_taken_by(path) -> int:
 
 
 def disk_taken_by_a_file_of(size: int, directory: Path) -> int:
-    """Skips where the file system keeps such a file in less than twice its size (small files inline, or
-    compressed): the blocks it takes are not what this test is about there."""
+    """Skips (fails under SLOSCOPE_REQUIRE_PRIVILEGED=1) where the file system keeps such a file in less than
+    twice its size (small files inline, or compressed): the blocks it takes are not what this test is about."""
     sample = directory / "sample"
     sample.write_bytes(os.urandom(size))
     taken = disk_taken_by(sample)
     sample.unlink()
-    if taken < 2 * size:
-        pytest.skip(f"the file system of {directory} keeps {size} bytes in {taken} bytes of disk")
+    need(taken >= 2 * size, f"the file system of {directory} keeps {size} bytes in {taken} bytes of disk")
     return taken
 
 
