@@ -41,7 +41,7 @@ import polars as pl
 from sloscope import catalog, taxonomy
 from sloscope.taxonomy import BUILT_IN, Taxonomy
 
-from analytics.store import SERIES, Store
+from analytics.store import SERIES, Store, StoreError
 
 THRESHOLD = 3.0  # robust z above which a step counts as anomalous
 BASELINE = timedelta(minutes=10)
@@ -58,6 +58,7 @@ MIN_BASELINE_STEPS = 6  # fewer signal steps of history say nothing about a seri
 IQR_TO_SIGMA = 1.349
 MIN_SCALE = 1e-12  # a series that never varied still has a scale to divide by
 STEP_COLUMNS = ["series", *SERIES, "step", "value"]  # the frame of signal_steps
+FINGERPRINT_SEEDS = 4  # two of a fleet's few thousand series share a 64-bit fingerprint about once in 10^12 windows
 SERIES_KEY = ["series", "metric"]  # one series of that frame: a growth series shares its level's integer
 
 
@@ -127,16 +128,20 @@ def signal_steps(store: Store, window: Window, known: Taxonomy = BUILT_IN, evide
     metric) is the key."""
     params = {"since": window.baseline_start, "until": window.incident_end, "unknown_node": catalog.UNKNOWN_NODE,
               "metrics": list(known.evidence_signals) if evidence_only else [], "node": node or ""}
-    names = store.frame(store.sql("signal_series"), params).with_columns(pl.col(SERIES).cast(pl.Categorical))
-    by_name = bool(names["series"].is_duplicated().any())
-    steps = store.frame(store.sql("signal_steps"), {**params, "step_s": window.step_s, "by_name": by_name})
-    if by_name:  # two series share a fingerprint: number them by their names instead
-        steps = steps.with_columns(pl.col(SERIES).cast(pl.Categorical)).with_columns(
-            series=pl.struct(SERIES).rank("dense"))
-    else:
-        steps = steps.drop(SERIES).join(names, on="series")
-    steps = steps.select(STEP_COLUMNS)
+    params["seed"], names = _series_names(store, params)
+    steps = store.frame(store.sql("signal_steps"), {**params, "step_s": window.step_s})
+    steps = steps.join(names, on="series").select(STEP_COLUMNS)
     return pl.concat([steps, _growth_series(steps, window.step_s, known.growth_signals)])
+
+
+def _series_names(store: Store, params: dict) -> tuple[int, pl.DataFrame]:
+    """The seed of the first fingerprints (signal_series.sql) that name each series once, and the series' names:
+    two series that share a fingerprint are told apart by the fingerprints of another seed."""
+    for seed in range(FINGERPRINT_SEEDS):
+        names = store.frame(store.sql("signal_series"), {**params, "seed": seed})
+        if not names["series"].is_duplicated().any():
+            return seed, names.with_columns(pl.col(SERIES).cast(pl.Categorical))
+    raise StoreError(f"the series' fingerprints collide under {FINGERPRINT_SEEDS} seeds: the store's hash is broken")
 
 
 def _growth_lag(step_s: float) -> int:
@@ -245,7 +250,7 @@ def fleet_movement(store: Store, window: Window, known: Taxonomy = BUILT_IN) -> 
     readings = [_direction_and_floor(m, known) for m in metrics]
     lag = _growth_lag(window.step_s)
     params = {"since": window.baseline_start, "until": window.incident_end, "unknown_node": catalog.UNKNOWN_NODE,
-              "node": "", "metrics": levels, "step_s": window.step_s, "by_name": False,
+              "node": "", "metrics": levels, "step_s": window.step_s, "seed": 0,
               "readings": metrics, "directions": [d for d, _ in readings], "floors": [f for _, f in readings],
               "growth_metrics": list(known.growth_signals), "growth_suffix": GROWTH_SUFFIX, "growth_lag": lag,
               "growth_per_min": 60.0 / (lag * window.step_s), "analysis_start": window.analysis_start,

@@ -1,6 +1,6 @@
 -- The names of the series signal_steps.sql reads from the same range and node, with their fingerprints: the hash of
--- (node, metric, attributes). A fingerprint that names two series makes signal_steps.sql group by names.
-SELECT DISTINCT hash(node, metric, attributes) AS series, node, metric, attributes
+-- (node, metric, attributes, $seed). A fingerprint that names two series is taken again with another seed.
+SELECT DISTINCT hash(node, metric, attributes, $seed) AS series, node, metric, attributes
 FROM (
     SELECT node, metric, attributes FROM samples WHERE ts >= $since AND ts < $until
     UNION ALL

@@ -2,10 +2,10 @@
 -- empty: gauges as measured, counters as a rate per second (increase / interval), histograms as their mean
 -- (sum / count); only the metrics named in $metrics, or all when it is empty. Signals of the unknown node (sources
 -- that named none) are no node's evidence, nor part of any node's fleet.
--- A series is keyed by its fingerprint, the 64-bit hash of signal_series.sql: grouping on one integer rather
--- than three strings halves the time and the memory of this query. Its names come back only $by_name, for the
--- rare range in which two series share a fingerprint (they are then grouped by their names as well). node_key and
--- metric_key, the hashes of its node and metric, let fleet_movement.sql count nodes and metrics without the names.
+-- A series is keyed by its fingerprint, the 64-bit hash of signal_series.sql taken with $seed: grouping on one
+-- integer rather than three strings halves the time and the memory of this query, and its names come from
+-- signal_series.sql. node_key and metric_key, the hashes of its node and metric, let fleet_movement.sql count nodes
+-- and metrics without the names.
 WITH points AS (
     SELECT ts, node, metric, attributes, value
     FROM samples
@@ -19,10 +19,7 @@ WITH points AS (
     FROM histograms
     WHERE count > 0 AND ts >= $since AND ts < $until
 )
-SELECT hash(node, metric, attributes) AS series,
-       if($by_name, node, NULL) AS node,
-       if($by_name, metric, NULL) AS metric,
-       if($by_name, attributes, NULL) AS attributes,
+SELECT hash(node, metric, attributes, $seed) AS series,
        hash(node) AS node_key,
        hash(metric) AS metric_key,
        time_bucket(to_seconds($step_s), ts) AS step,

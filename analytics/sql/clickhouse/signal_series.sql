@@ -1,7 +1,7 @@
 -- The names of the series signal_steps.sql reads from the same range and node, with their fingerprints, as
 -- analytics/sql/signal_series.sql gives them (here the hash is ClickHouse's cityHash64, as a signed integer).
 -- Each table's names are grouped first and hashed after: once per series, not once per point.
-SELECT DISTINCT reinterpretAsInt64(cityHash64(node, metric, attributes)) AS series, node, metric, attributes
+SELECT DISTINCT reinterpretAsInt64(cityHash64(node, metric, attributes, {seed:UInt8})) AS series, node, metric, attributes
 FROM (
     SELECT SloscopeNode AS node, MetricName AS metric, SloscopeAttributes AS attributes
     FROM otel_metrics_gauge

@@ -1,8 +1,8 @@
 -- Every catalog signal's steps, one array per series, as analytics/sql/signal_steps.sql computes them: gauges as
 -- measured, counters as a rate per second, histograms as their mean; only the metrics named in {metrics}, or all
 -- when it is empty; for every node, or only node {node} when it is not empty; the unknown node's signals left out;
--- each series keyed by the fingerprint of signal_series.sql, with its names only {by_name}, and the hashes of its
--- node and metric (node_key, metric_key) for fleet_movement.sql. `steps` holds (step, value) in step order.
+-- each series keyed by the fingerprint of signal_series.sql under {seed}, with the hashes of its node and metric
+-- (node_key, metric_key) for fleet_movement.sql. `steps` holds (step, value) in step order.
 -- The points are read from the exporter's tables by the rules of samples.sql and histograms.sql, but only what a
 -- step's mean needs (no histogram slots), explicit-bucket histograms (metrics an SLO spec declares) beside the
 -- exponential ones. A point stored twice counts once: of a series' points that share a time only the last in
@@ -11,12 +11,9 @@
 -- series in one second carries the increase of both.
 WITH raw AS (
     SELECT SloscopeNode AS node, MetricName AS metric, SloscopeAttributes AS attributes,
-           reinterpretAsInt64(cityHash64(node, metric, attributes)) AS series,
+           reinterpretAsInt64(cityHash64(node, metric, attributes, {seed:UInt8})) AS series,
            reinterpretAsInt64(cityHash64(node)) AS node_key,
            reinterpretAsInt64(cityHash64(metric)) AS metric_key,
-           if({by_name:Bool}, node, NULL) AS name_node,
-           if({by_name:Bool}, metric, NULL) AS name_metric,
-           if({by_name:Bool}, attributes, NULL) AS name_attributes,
            toUnixTimestamp64Nano(toDateTime64(StartTimeUnix, 9)) AS start_ns,
            toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)) AS time_ns,
            Value AS value,
@@ -29,12 +26,9 @@ WITH raw AS (
 ),
 raw_histograms AS (
     SELECT node, metric, attributes,
-           reinterpretAsInt64(cityHash64(node, metric, attributes)) AS series,
+           reinterpretAsInt64(cityHash64(node, metric, attributes, {seed:UInt8})) AS series,
            reinterpretAsInt64(cityHash64(node)) AS node_key,
            reinterpretAsInt64(cityHash64(metric)) AS metric_key,
-           if({by_name:Bool}, node, NULL) AS name_node,
-           if({by_name:Bool}, metric, NULL) AS name_metric,
-           if({by_name:Bool}, attributes, NULL) AS name_attributes,
            start_ns, time_ns, count, sum, layout, temporality,
            -- Only a bucket that held something can go down: each point carries the run of buckets from its first
            -- to its last that is not empty, and where that run begins (0: none). Fixed layouts (sloscope's own
@@ -72,12 +66,9 @@ raw_histograms AS (
 -- Gauges and levels, and delta sums and histograms, as one value per point (a delta without a usable start
 -- time as it is), every stored copy.
 single AS (
-    SELECT reinterpretAsInt64(cityHash64(SloscopeNode, MetricName, SloscopeAttributes)) AS series,
+    SELECT reinterpretAsInt64(cityHash64(SloscopeNode, MetricName, SloscopeAttributes, {seed:UInt8})) AS series,
            reinterpretAsInt64(cityHash64(SloscopeNode)) AS node_key,
            reinterpretAsInt64(cityHash64(MetricName)) AS metric_key,
-           if({by_name:Bool}, SloscopeNode, NULL) AS name_node,
-           if({by_name:Bool}, MetricName, NULL) AS name_metric,
-           if({by_name:Bool}, SloscopeAttributes, NULL) AS name_attributes,
            toUnixTimestamp64Nano(toDateTime64(TimeUnix, 9)) AS time_ns, Value AS value
     FROM otel_metrics_gauge
     WHERE SloscopeKept AND SloscopeNode != {unknown_node:String}
@@ -85,12 +76,12 @@ single AS (
       AND (empty({metrics:Array(String)}) OR has({metrics:Array(String)}, MetricName))
       AND TimeUnix >= {since:DateTime64(6)} AND TimeUnix < {until:DateTime64(6)}
     UNION ALL
-    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns,
+    SELECT series, node_key, metric_key, time_ns,
            if(temporality = 1 AND start_ns > 0 AND start_ns < time_ns, value / ((time_ns - start_ns) / 1e9), value)
     FROM raw
     WHERE temporality IN (0, 1) AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
     UNION ALL
-    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, time_ns, sum / count
+    SELECT series, node_key, metric_key, time_ns, sum / count
     FROM raw_histograms
     WHERE temporality = 1 AND count > 0 AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)})
 ),
@@ -103,11 +94,11 @@ single AS (
 -- predecessor is the element beside it in the array shifted by one, which the per-point conditions read element by
 -- element; the points stay in the series' array up to the steps (see timed).
 cumulative AS (
-    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+    SELECT series, node_key, metric_key,
            arrayFilter((time_ns, use) -> use, time_ns, used) AS times,
            arrayFilter((rate, use) -> use, rates, used) AS values
     FROM (
-        SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+        SELECT series, node_key, metric_key,
                tupleElement(kept, 1) AS time_ns, tupleElement(kept, 2) AS value, tupleElement(kept, 3) AS start_ns,
                arrayPushFront(arrayPopBack(time_ns), time_ns[1]) AS prev_time_ns,
                arrayPushFront(arrayPopBack(value), value[1]) AS prev_value,
@@ -129,7 +120,7 @@ cumulative AS (
                             AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)}),
                         time_ns, restarted, from_start, went_down) AS used
         FROM (
-            SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+            SELECT series, node_key, metric_key,
                    arraySort(arrayZip(groupArray(time_ns), groupArray(value), groupArray(start_ns))) AS sorted,
                    arrayFilter((point, next) ->
                                    tupleElement(point, 1) != next
@@ -141,7 +132,7 @@ cumulative AS (
                        AS kept
             FROM raw
             WHERE temporality = 2
-            GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes
+            GROUP BY series, node_key, metric_key
         )
     )
 ),
@@ -150,11 +141,11 @@ cumulative AS (
 -- range only each series' last time is read into the arrays: carrying the others (a quarter of a 16-minute
 -- window's points, with their buckets) cost more than reading them twice.
 cumulative_histograms AS (
-    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+    SELECT series, node_key, metric_key,
            arrayFilter((time_ns, use) -> use, time_ns, used) AS times,
            arrayFilter((mean, use) -> use, means, used) AS values
     FROM (
-        SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+        SELECT series, node_key, metric_key,
                tupleElement(kept, 1) AS time_ns, tupleElement(kept, 2) AS count, tupleElement(kept, 3) AS start_ns,
                tupleElement(kept, 4) AS sum, tupleElement(kept, 5) AS layout,
                arrayMap(held_from -> toInt64(held_from), tupleElement(kept, 6)) AS held_from,
@@ -196,7 +187,7 @@ cumulative_histograms AS (
                             AND time_ns >= toUnixTimestamp64Nano({since:DateTime64(6)}),
                         time_ns, count, prev_count, restarted, from_start, went_down) AS used
         FROM (
-            SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+            SELECT series, node_key, metric_key,
                    arraySort(point -> (tupleElement(point, 1), tupleElement(point, 2)),
                              arrayZip(groupArray(time_ns), groupArray(count), groupArray(start_ns), groupArray(sum),
                                       groupArray(layout), groupArray(held_from), groupArray(held))) AS sorted,
@@ -211,7 +202,7 @@ cumulative_histograms AS (
                                             WHERE temporality = 2
                                               AND time_ns < toUnixTimestamp64Nano({since:DateTime64(6)})
                                             GROUP BY series))
-            GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes
+            GROUP BY series, node_key, metric_key
         )
     )
 ),
@@ -223,7 +214,7 @@ cumulative_histograms AS (
 -- than merging the arrays. A series' arrays (one, but for a metric stored as more than one kind) are merged
 -- before the copies are dropped, so that a time two branches share counts once.
 timed AS (
-    SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+    SELECT series, node_key, metric_key,
            arraySort(arrayZip(groupArrayArray(times), groupArrayArray(values))) AS sorted,
            arrayFilter((point, next) -> tupleElement(point, 1) != next, sorted,
                        arrayPushBack(arrayPopFront(arrayMap(point -> tupleElement(point, 1), sorted)), toInt64(-1)))
@@ -233,22 +224,22 @@ timed AS (
            arrayMap((number, previous) -> number != previous, step_numbers,
                     arrayPushFront(arrayPopBack(step_numbers), step_numbers[1] - 1)) AS step_begins
     FROM (
-        SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+        SELECT series, node_key, metric_key,
                groupArray(time_ns) AS times, groupArray(value) AS values
         FROM single
-        GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes
+        GROUP BY series, node_key, metric_key
         UNION ALL
-        SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, times, values
+        SELECT series, node_key, metric_key, times, values
         FROM cumulative
         WHERE notEmpty(times)
         UNION ALL
-        SELECT series, node_key, metric_key, name_node, name_metric, name_attributes, times, values
+        SELECT series, node_key, metric_key, times, values
         FROM cumulative_histograms
         WHERE notEmpty(times)
     )
-    GROUP BY series, node_key, metric_key, name_node, name_metric, name_attributes
+    GROUP BY series, node_key, metric_key
 )
-SELECT series, node_key, metric_key, name_node, name_metric, name_attributes,
+SELECT series, node_key, metric_key,
        arrayZip(arrayMap(number -> fromUnixTimestamp64Micro(toInt64(946857600000000
                                        + number * toInt64(round({step_s:Float64} * 1e6))), 'UTC'),
                          arrayFilter((number, begins) -> begins, step_numbers, step_begins)),
