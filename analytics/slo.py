@@ -54,12 +54,32 @@ def slow_allowance(objective: TierObjective) -> float:
     return 1.0 - objective.percentile / 100.0
 
 
+def _key_changes(frame: pl.DataFrame) -> np.ndarray:
+    """Whether each window's (tier, service, node) differs from the window's before it."""
+    return frame.select(pl.any_horizontal(pl.col(key).ne_missing(pl.col(key).shift()) for key in WINDOW_KEY)
+                        .fill_null(True)).to_series().to_numpy()
+
+
+def _key_hashes(frame: pl.DataFrame) -> pl.Series:
+    return frame.select(pl.struct(WINDOW_KEY).hash()).to_series()
+
+
+def _in_window_order(frame: pl.DataFrame) -> pl.DataFrame:
+    """The windows of each (tier, service, node) together, in time order. They are sorted by the hash of their
+    key, in a third of the time a sort by the names takes (the engine takes twice as long again). Two keys that
+    shared a hash would interleave, and then the key changes more often than the hash does: those windows are
+    sorted by their names."""
+    by_hash = frame.with_columns(key_hash=_key_hashes(frame)).sort("key_hash", "window_start")
+    if _key_changes(by_hash).sum() == by_hash["key_hash"].n_unique():
+        return by_hash.drop("key_hash")
+    return frame.sort(*WINDOW_KEY, "window_start")
+
+
 def _blocks(frame: pl.DataFrame, step_s: float) -> pl.Series:
     """Test ids: consecutive windows of one (tier, service, node) pooled until they hold MIN_BLOCK_REQUESTS
-    requests or span MAX_BLOCK_WINDOWS windows. The frame is sorted by tier, service, node, window_start."""
+    requests or span MAX_BLOCK_WINDOWS windows. The frame is in _in_window_order."""
     span_us = round(step_s * MAX_BLOCK_WINDOWS * 1e6)
-    new_key = frame.select(pl.any_horizontal(pl.col(key).ne_missing(pl.col(key).shift()) for key in WINDOW_KEY)
-                           .fill_null(True)).to_series().to_numpy()
+    new_key = _key_changes(frame)
     starts = frame["window_start"].dt.epoch("us").to_numpy()
     requests = frame["requests"].to_numpy()
     # A window that holds enough requests fills its block, so the window after it begins one: only the windows
@@ -86,8 +106,7 @@ def sli_windows(store: Store, spec: SloSpec, since: datetime, until: datetime) -
     frame = store.frame(store.sql("sli_windows"), {
         **store.tier_params(spec), "tiers": tiers, "thresholds_ms": [float(o.threshold_ms) for o in objectives],
         "step_s": spec.resolution_s, "since": since, "until": until})
-    # Sorted here, not in SQL: the engine takes twice as long to sort a fleet's windows by their names.
-    frame = frame.sort(*WINDOW_KEY, "window_start")
+    frame = _in_window_order(frame)
     frame = frame.with_columns(block=_blocks(frame, spec.resolution_s))
     expected = pl.DataFrame({"tier": tiers, "allowance": [slow_allowance(o) for o in objectives],
                              "budget": [o.error_budget for o in objectives]}, schema_overrides={"tier": pl.String})

@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 
 from analytics.significance import fleet_discoveries, poisson_critical_approx, poisson_tail
+from analytics import slo
 from analytics.slo import MAX_BLOCK_WINDOWS, MIN_BLOCK_REQUESTS, _blocks, find_incidents, sli_windows, window_latencies
 from analytics.store import Store
 from analytics.ingest import Ingestor
@@ -217,3 +218,27 @@ def test_windows_are_pooled_as_the_rule_says_whatever_their_sizes_and_gaps(seed)
     ids = _blocks(frame, 10.0)
     assert ids.to_list() == _pooled_one_by_one(rows, 10_000_000)
     assert ids.n_unique() < frame.height  # some windows were pooled
+
+
+def _sparse(node, seconds, latency_ms, base):
+    """A request every 5 s: two to a window, so that windows are pooled before they are judged."""
+    return traces([span(f"{base + i:032x}", f"{base + i:016x}", T0 + 5 * i * S, latency_ms, tier=["gold"])
+                   for i in range(seconds // 5)], node=node)
+
+
+def test_keys_that_share_a_hash_are_still_tested_apart(tmp_path, monkeypatch):
+    """Windows are put in order by the hash of their (tier, service, node): were every key's hash the same, the
+    windows of each key must still be pooled and judged as their own."""
+    spec = parse_spec(GOOD)
+    lines = [_sparse("n1", 300, 1500, 0), _sparse("n2", 300, 100, 10_000), _sparse("n3", 200, 100, 20_000)]
+    with _load(tmp_path, spec, lines) as store:
+        def judged():
+            windows = sli_windows(store, spec, datetime(2000, 1, 1), datetime(2100, 1, 1))["gold"]
+            blocks = windows.group_by("node", "block").agg(pl.col("window_start").min(), pl.len())
+            return blocks.drop("block").sort(pl.all()), find_incidents(store, spec, datetime(2000, 1, 1),
+                                                                       datetime(2100, 1, 1))
+        blocks, incidents = judged()
+        monkeypatch.setattr(slo, "_key_hashes", lambda frame: pl.Series([7] * frame.height, dtype=pl.UInt64))
+        colliding = judged()
+    assert blocks["len"].min() > 1 and [i.node for i in incidents] == ["n1"]
+    assert colliding[0].equals(blocks) and colliding[1] == incidents
