@@ -75,7 +75,7 @@ def _in_window_order(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.sort(*WINDOW_KEY, "window_start")
 
 
-def _blocks(frame: pl.DataFrame, step_s: float) -> pl.Series:
+def _blocks(frame: pl.DataFrame, step_s: float) -> np.ndarray:
     """Test ids: consecutive windows of one (tier, service, node) pooled until they hold MIN_BLOCK_REQUESTS
     requests or span MAX_BLOCK_WINDOWS windows. The frame is in _in_window_order."""
     span_us = round(step_s * MAX_BLOCK_WINDOWS * 1e6)
@@ -94,7 +94,7 @@ def _blocks(frame: pl.DataFrame, step_s: float) -> pl.Series:
             begins[i] = True
             first, pooled = int(starts[i]), 0
         pooled += int(requests[i])
-    return pl.Series(np.cumsum(begins) - 1, dtype=pl.Int64)
+    return np.cumsum(begins) - 1
 
 
 def sli_windows(store: Store, spec: SloSpec, since: datetime, until: datetime) -> dict[str, pl.DataFrame]:
@@ -107,14 +107,16 @@ def sli_windows(store: Store, spec: SloSpec, since: datetime, until: datetime) -
         **store.tier_params(spec), "tiers": tiers, "thresholds_ms": [float(o.threshold_ms) for o in objectives],
         "step_s": spec.resolution_s, "since": since, "until": until})
     frame = _in_window_order(frame)
-    frame = frame.with_columns(block=_blocks(frame, spec.resolution_s))
-    expected = pl.DataFrame({"tier": tiers, "allowance": [slow_allowance(o) for o in objectives],
-                             "budget": [o.error_budget for o in objectives]}, schema_overrides={"tier": pl.String})
-    tests = (frame.group_by("block").agg(pl.col("tier").first(), pl.col("requests", "slow", "failures").sum())
-             .join(expected, on="tier"))
-    tests = tests.with_columns(latency_p=_tails(tests["slow"], tests["requests"] * tests["allowance"]),
-                               error_p=_tails(tests["failures"], tests["requests"] * tests["budget"]))
-    frame = frame.join(tests.select("block", "latency_p", "error_p"), on="block", maintain_order="left")
+    block = _blocks(frame, spec.resolution_s)
+    # A block's windows are next to each other: its sums are taken over its run of rows, and its p-values are
+    # handed back to its windows by its number.
+    firsts = np.flatnonzero(_first_of_test(block))
+    requests, slow, failures = (np.add.reduceat(frame[c].to_numpy(), firsts) for c in ("requests", "slow", "failures"))
+    test_tier = frame["tier"].gather(firsts)
+    allowance = test_tier.replace_strict({o.name: slow_allowance(o) for o in objectives}, return_dtype=pl.Float64)
+    budget = test_tier.replace_strict({o.name: o.error_budget for o in objectives}, return_dtype=pl.Float64)
+    frame = frame.with_columns(block=pl.Series(block), latency_p=_tails(slow, requests * allowance.to_numpy())[block],
+                               error_p=_tails(failures, requests * budget.to_numpy())[block])
     return {tier: frame.filter(pl.col("tier") == tier).drop("tier") for tier in tiers}
 
 
@@ -131,32 +133,36 @@ def _window_params(store: Store, spec: SloSpec, objective: TierObjective, since:
             "until": until}
 
 
-def _tails(bad: pl.Series, expected: pl.Series) -> pl.Series:
+def _tails(bad: np.ndarray, expected: np.ndarray) -> np.ndarray:
     """poisson_tail of each test, computed only where it can be below 1 (more bad requests than expected): on a
     healthy fleet that is a few of the fleet's windows."""
-    bad, expected = bad.to_numpy(), expected.to_numpy()
     p = np.ones(len(bad))
     for i in np.flatnonzero(bad > expected):
         p[i] = poisson_tail(int(bad[i]), float(expected[i]))
-    return pl.Series(p, dtype=pl.Float64)
+    return p
 
 
 def judge_fleet(frames: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
     """Per tier, its windows with `latency_violation`, `error_violation` and `violating`, every test of every
-    tier judged together at FLEET_FDR."""
-    tests = {tier: f.select("block", "latency_p", "error_p").unique("block") for tier, f in frames.items()}
-    p_values = np.concatenate([np.concatenate([t["latency_p"].to_numpy(), t["error_p"].to_numpy()])
-                               for t in tests.values()] or [np.zeros(0)])
+    tier judged together at FLEET_FDR. Each tier's windows are in block order, as sli_windows gives them."""
+    first = {tier: _first_of_test(f["block"].to_numpy()) for tier, f in frames.items()}
+    p_values = np.concatenate([frames[tier][column].to_numpy()[is_first] for tier, is_first in first.items()
+                               for column in ("latency_p", "error_p")] or [np.zeros(0)])
     found = fleet_discoveries(p_values, FLEET_FDR)
     out, at = {}, 0
-    for tier, t in tests.items():
-        n = t.height
-        verdicts = t.select("block").with_columns(latency_violation=pl.Series(found[at:at + n]),
-                                                  error_violation=pl.Series(found[at + n:at + 2 * n]))
+    for tier, is_first in first.items():
+        n, number = int(is_first.sum()), np.cumsum(is_first) - 1
+        latency, error = found[at:at + n][number], found[at + n:at + 2 * n][number]
         at += 2 * n
-        out[tier] = frames[tier].join(verdicts, on="block").with_columns(
-            violating=pl.col("latency_violation") | pl.col("error_violation"))
+        out[tier] = frames[tier].with_columns(latency_violation=pl.Series(latency, dtype=pl.Boolean),
+                                              error_violation=pl.Series(error, dtype=pl.Boolean),
+                                              violating=pl.Series(latency | error, dtype=pl.Boolean))
     return out
+
+
+def _first_of_test(block: np.ndarray) -> np.ndarray:
+    """Whether each window is the first of its test: a test's windows are next to each other."""
+    return np.diff(block, prepend=-1) != 0
 
 
 def _runs(windows: pl.DataFrame, step_s: float) -> pl.DataFrame:

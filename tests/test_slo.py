@@ -216,8 +216,8 @@ def test_windows_are_pooled_as_the_rule_says_whatever_their_sizes_and_gaps(seed)
     frame = pl.DataFrame(rows, schema=["tier", "service", "node", "start_us", "requests"], orient="row").with_columns(
         window_start=pl.from_epoch("start_us", time_unit="us"))
     ids = _blocks(frame, 10.0)
-    assert ids.to_list() == _pooled_one_by_one(rows, 10_000_000)
-    assert ids.n_unique() < frame.height  # some windows were pooled
+    assert ids.tolist() == _pooled_one_by_one(rows, 10_000_000)
+    assert len(set(ids.tolist())) < frame.height  # some windows were pooled
 
 
 def _sparse(node, seconds, latency_ms, base):
