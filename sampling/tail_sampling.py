@@ -21,6 +21,13 @@ replaced, `${http://...}` fetched, an unknown scheme refuse the whole configurat
 word is therefore double-quoted, every `$` doubled (the Collector's escape for a literal `$`), and a name in the
 header comment has its line breaks escaped (a raw one would end the comment and write configuration).
 
+Policy names are made of their parts (prefix, tier, attribute index, service rank, service), each reduced to
+`[A-Za-z0-9._-]` and joined with `-`, so contrived names can give two policies the same name (tiers `gold` and
+`gold-1` beside a service `other`), and the processor refuses to start with a duplicate policy name. Where names
+would be the same, each of them gets `#` and a digest of its parts: `#` is not in the readable alphabet, so such a
+name never equals another one, and the digest depends on the policy's own parts, not on the order or number of
+the others. Sub-policies of an `and` follow the same rule among themselves.
+
 The tier attributes (`sloscope.catalog.TIER_ATTRIBUTES`) are `http.request.header.x-slo-tier` (Envoy custom tags
 send a plain string; the semantic-convention `string[]` form is not matched by string_attribute, which compares
 string values only) and `slo.tier` (the Istio custom tag of deploy/istio-telemetry.yaml, a plain string). Only the tiers of the SLO spec are ever
@@ -30,10 +37,13 @@ sampled as the default tier, whose match is "no other tier" (`invert_match` on t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import re
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -44,14 +54,46 @@ SERVICE_ATTRIBUTE = "service.name"
 HASH_SALT = "sloscope-adaptive-sampling"
 DEFAULT_DECISION_WAIT_S = 30
 MIN_NUM_TRACES = 50_000
+NAME_MAX = 120
+DISAMBIGUATOR = "#"  # outside the readable alphabet: a disambiguated name never equals a readable one
 
 
-def _name(*parts: str) -> str:
+def _name(*parts: str) -> tuple[str, ...]:
+    """A policy's identity while the configuration is built; `_named` makes it the readable, unique name."""
+    return parts
+
+
+def _readable(parts: tuple[str, ...]) -> str:
     text = "-".join(re.sub(r"[^A-Za-z0-9._-]+", "_", p) for p in parts if p)
-    return text[:120]
+    return text[:NAME_MAX]
 
 
-def _string(name: str, key: str, values: list[str], invert: bool = False) -> dict:
+def _digests(identities: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
+    """Short digests of distinct identities: 8 hex digits, longer only where two of them share those (the full
+    SHA-256 of distinct identities is taken to differ)."""
+    full = {parts: hashlib.sha256(json.dumps(parts).encode()).hexdigest() for parts in identities}
+    size = 8
+    while size < 64 and len({digest[:size] for digest in full.values()}) < len(full):
+        size *= 2
+    return {parts: digest[:size] for parts, digest in full.items()}
+
+
+def _named(policies: list[dict]) -> list[dict]:
+    """Copies of `policies` (and of their `and` sub-policies) with readable names, unique among siblings: a name
+    that two or more would share gets `#` and the digest of each one's identity."""
+    readable = [_readable(p["name"]) for p in policies]
+    shared = {text for text, count in Counter(readable).items() if count > 1}
+    digests = _digests([p["name"] for p, text in zip(policies, readable) if text in shared])
+    named = []
+    for policy, text in zip(policies, readable):
+        name = f"{text}{DISAMBIGUATOR}{digests[policy['name']]}" if text in shared else text
+        named.append({**policy, "name": name})
+        if policy["type"] == "and":  # sub-policy dicts are shared between policies: copied, never renamed in place
+            named[-1]["and"] = {"and_sub_policy": _named(policy["and"]["and_sub_policy"])}
+    return named
+
+
+def _string(name: tuple[str, ...], key: str, values: list[str], invert: bool = False) -> dict:
     body = {"key": key, "values": list(values)}
     if invert:
         body["invert_match"] = True
@@ -73,7 +115,7 @@ def tier_matchers(policy: dict, tier: str) -> list[list[dict]]:
     return [[_string(_name("not-other-tier", key), key, others, invert=True) for key in TIER_ATTRIBUTES]]
 
 
-def _and(name: str, subs: list[dict]) -> dict:
+def _and(name: tuple[str, ...], subs: list[dict]) -> dict:
     if len(subs) == 1:
         return {**subs[0], "name": name}
     return {"name": name, "type": "and", "and": {"and_sub_policy": subs}}
@@ -82,11 +124,12 @@ def _and(name: str, subs: list[dict]) -> dict:
 def render(policy: dict, *, decision_wait_s: int = DEFAULT_DECISION_WAIT_S, hash_salt: str = HASH_SALT,
            max_services: int = 200) -> dict:
     """The `processors:` configuration for a GET /sampling document."""
-    policies: list[dict] = [{"name": "errors", "type": "status_code", "status_code": {"status_codes": ["ERROR"]}}]
+    policies: list[dict] = [{"name": _name("errors"), "type": "status_code",
+                             "status_code": {"status_codes": ["ERROR"]}}]
     for tier, doc in policy["tiers"].items():
         threshold_ms = max(int(math.floor(float(doc["latency_threshold_ms"]))), 0)
         for i, match in enumerate(tier_matchers(policy, tier)):
-            latency = {"name": "latency", "type": "latency", "latency": {"threshold_ms": threshold_ms}}
+            latency = {"name": _name("latency"), "type": "latency", "latency": {"threshold_ms": threshold_ms}}
             policies.append(_and(_name("slow", tier, str(i)), [*match, latency]))
     hot = [t for t, doc in policy["tiers"].items() if doc.get("hot")]
     for key in TIER_ATTRIBUTES:
@@ -108,13 +151,13 @@ def render(policy: dict, *, decision_wait_s: int = DEFAULT_DECISION_WAIT_S, hash
         services = services[:max_services]
         for i, match in enumerate(tier_matchers(policy, tier)):
             for j, (service, sdoc) in enumerate(services):
-                prob = {"name": "probabilistic", "type": "probabilistic",
+                prob = {"name": _name("probabilistic"), "type": "probabilistic",
                         "probabilistic": {"hash_salt": hash_salt, "sampling_percentage": _percentage(sdoc["probability"])}}
                 policies.append(_and(_name("rate", tier, str(i), str(j), service),
-                                     [*match, _string("service", SERVICE_ATTRIBUTE, [service]), prob]))
-            rest = [_string("other-services", SERVICE_ATTRIBUTE, [s for s, _ in services], invert=True)] if services \
-                else []
-            prob = {"name": "probabilistic", "type": "probabilistic",
+                                     [*match, _string(_name("service"), SERVICE_ATTRIBUTE, [service]), prob]))
+            rest = [_string(_name("other-services"), SERVICE_ATTRIBUTE, [s for s, _ in services], invert=True)] \
+                if services else []
+            prob = {"name": _name("probabilistic"), "type": "probabilistic",
                     "probabilistic": {"hash_salt": hash_salt, "sampling_percentage": _percentage(doc["probability"])}}
             policies.append(_and(_name("rate", tier, str(i), "other"), [*match, *rest, prob]))
     rate = float(policy.get("observed_spans_per_s") or 0.0)
@@ -123,7 +166,7 @@ def render(policy: dict, *, decision_wait_s: int = DEFAULT_DECISION_WAIT_S, hash
         "decision_wait": f"{decision_wait_s}s",
         "num_traces": max(MIN_NUM_TRACES, 2 * expected * decision_wait_s),
         "expected_new_traces_per_sec": expected,
-        "policies": policies,
+        "policies": _named(policies),
     }}}
 
 
