@@ -111,13 +111,25 @@ class AuditStore:
         rows = self._open_actions(con, "o.fingerprint = ? AND o.starts_at = ?", [fingerprint, starts_at])
         return rows[0] if rows else None
 
-    def still_needed_by(self, con, target: str, fingerprint: str, starts_at: str) -> list[str]:
-        """Names of the alerts, other than this one, still firing with an action open on `target`."""
-        rows = con.execute(
-            f"SELECT DISTINCT alert FROM remediation_open o WHERE target = ? AND closed_at IS NULL "
-            f"AND NOT (fingerprint = ? AND starts_at = ?) AND NOT {_RESOLVED} ORDER BY alert",
-            [target, fingerprint, starts_at]).fetchall()
-        return [alert for (alert,) in rows]
+    def unresolved_firings(self, con, target: str) -> list[tuple[str, str, str, datetime]]:
+        """(alert, fingerprint, startsAt as sent, startsAt as audited) of the firing deliveries not resolved yet
+        of each alert with a firing decision about `target`, whatever the decision (acted on, or refused for the
+        cooldown, the budget or another action in progress). The audit holds startsAt parsed and the deliveries
+        as sent, so the caller tells which delivery was the one decided (a fingerprint fires again with another
+        startsAt)."""
+        return con.execute(
+            "SELECT DISTINCT a.alert, d.fingerprint, d.starts_at, a.starts_at FROM remediation_audit a "
+            "JOIN remediation_deliveries d ON d.fingerprint = a.fingerprint AND d.status = 'firing' "
+            "WHERE a.target = ? AND a.action NOT LIKE '%.undo' AND NOT EXISTS (SELECT 1 FROM remediation_deliveries "
+            "r WHERE r.fingerprint = d.fingerprint AND r.starts_at = d.starts_at AND r.status = 'resolved')",
+            [target]).fetchall()
+
+    def decided_target(self, con, fingerprint: str, starts_at: datetime) -> str | None:
+        """The target the firing of this alert was decided about (None: refused before it had one)."""
+        row = con.execute("SELECT target FROM remediation_audit WHERE fingerprint = ? AND starts_at = ? "
+                          "AND target IS NOT NULL AND action NOT LIKE '%.undo' LIMIT 1",
+                          [fingerprint, starts_at]).fetchone()
+        return row[0] if row else None
 
     def deferred_undos(self, con, target: str) -> list[dict]:
         """Open actions on `target` whose alerts have resolved (their undo deferred), the newest first."""

@@ -20,9 +20,9 @@ Safety, in the order it is applied to a firing alert: the (fingerprint, startsAt
 against a strict pattern before anything is built from it; the target was not acted on within the cooldown;
 the hourly budget is not spent; no other action on the target is in progress (lock per target); then the action
 runs, or is only recorded when execution is off. A resolved alert undoes what its firing opened, unless another
-alert that opened an action on the same target still fires: then the undo is deferred (audited so), and the last
-of them to resolve undoes every action on the target, the newest first. Every decision goes to the
-remediation_audit table (alerts/audit.py) and the log.
+alert about the same target still fires, whether its own action was taken or refused (cooldown, budget, another
+action in progress): then the undo is deferred (audited so), and the last of them to resolve undoes every action
+on the target, the newest first. Every decision goes to the remediation_audit table (alerts/audit.py) and the log.
 
 Only failures of the audit store itself (DuckDB busy or locked) raise `Transient`, which the webhook answers with
 a 5xx so that Alertmanager retries; nothing has been acted on when it is raised before an action.
@@ -316,26 +316,50 @@ class Engine:
                 return _result({**row, "decision": "duplicate", "reason": "already handled"})
             opened = self.audit.open_action(con, meta["fingerprint"], meta["starts_at"])
             if opened is None:
-                self.audit.claim(con, key, self.now())
-                return _result({**row, "decision": "ignored", "reason": "nothing was opened for this alert"})
-            row.update(action=opened["action"] + ".undo", target=opened["target"], dry_run=opened["dry_run"])
-            # Undoing now would undo it for the others too (a drained node put back while another alert on it
-            # fires): the action stays open, and the last of them to resolve undoes it.
-            needed_by = self.audit.still_needed_by(con, opened["target"], meta["fingerprint"], meta["starts_at"])
-            if needed_by:
-                row.update(decision="deferred", reason=f"undo deferred: still needed by {', '.join(needed_by)}")
-                return self._finish(con, row, before=lambda: self.audit.claim(con, key, self.now()))
-            lock = self._targets.setdefault(opened["target"], threading.Lock())
+                target = self._held_back(con, meta, row)
+                if target is None:
+                    self.audit.claim(con, key, self.now())
+                    return _result({**row, "decision": "ignored", "reason": "nothing was opened for this alert"})
+            else:
+                target = opened["target"]
+                row.update(action=opened["action"] + ".undo", target=target, dry_run=opened["dry_run"])
+                # Undoing now would undo it for the others too (a drained node put back while another alert on it
+                # fires): the action stays open, and the last of them to resolve undoes it.
+                needed_by = self._still_needed_by(con, target, meta)
+                if needed_by:
+                    row.update(decision="deferred", reason=f"undo deferred: still needed by {', '.join(needed_by)}")
+                    return self._finish(con, row, before=lambda: self.audit.claim(con, key, self.now()))
+            lock = self._targets.setdefault(target, threading.Lock())
             if not lock.acquire(blocking=False):
-                raise Transient(f"another action on {opened['target']} is in progress; retry the resolve later")
+                raise Transient(f"another action on {target} is in progress; retry the resolve later")
             self.audit.claim(con, key, self.now())
         try:
+            if opened is None:
+                self._undo_deferred(con, target, row["client"])
+                return _result({**row, "decision": "ignored", "target": target, "reason": (
+                    f"nothing was opened for this alert; the undos it held back on {target} were run")})
             result = self._undo(con, opened, meta, row)
             if row["decision"] in ("executed", "dry_run"):
-                self._undo_deferred(con, opened["target"], row["client"])
+                self._undo_deferred(con, target, row["client"])
             return result
         finally:
             lock.release()
+
+    def _still_needed_by(self, con, target: str, meta: dict) -> list[str]:
+        """Names of the alerts, other than this one, still firing about `target`. One whose own action was refused
+        (cooldown, budget, another action in progress) needs the target as much as one whose action was taken:
+        the node it fires about must stay drained."""
+        this = (meta["fingerprint"], meta["starts_at"])
+        return sorted({alert for alert, fingerprint, sent, decided in self.audit.unresolved_firings(con, target)
+                       if (fingerprint, sent) != this and parse_rfc3339(sent) == decided})
+
+    def _held_back(self, con, meta: dict, row: dict) -> str | None:
+        """The target of an alert that opened nothing, when its resolve is the last one the undos deferred on that
+        target waited for; None otherwise."""
+        target = self.audit.decided_target(con, meta["fingerprint"], row["starts_at"])
+        if target is None or self._still_needed_by(con, target, meta) or not self.audit.deferred_undos(con, target):
+            return None
+        return target
 
     def _undo_deferred(self, con, target: str, client: str | None) -> None:
         """The undos deferred while another alert needed `target`, now that none does; the newest action first,

@@ -67,7 +67,8 @@ def register(subparsers) -> None:
     push.add_argument("--token-file", type=Path, metavar="FILE",
                       help=f"file whose first line is the token (default: ${TOKEN_ENV})")
     push.add_argument("--token", nargs="?", action=_RefuseSecret, help=argparse.SUPPRESS)
-    push.add_argument("--folder-uid", default=DEFAULT_FOLDER_UID, help="folder uid (default: %(default)s)")
+    push.add_argument("--folder-uid", default=DEFAULT_FOLDER_UID,
+                      help="folder uid for new dashboards; one that exists stays in its folder (default: %(default)s)")
     push.add_argument("--folder-title", default=DEFAULT_FOLDER_TITLE,
                       help="folder title, used when it is created (default: %(default)s)")
     push.add_argument("--no-overwrite", action="store_true",

@@ -3,12 +3,14 @@
 What a push does, in Grafana HTTP API terms:
 1. GET /api/health: is Grafana there (and its database ok)?
 2. GET /api/folders/<uid>: the folder, by uid; 404: POST /api/folders {"uid", "title"} creates it.
-3. per dashboard, GET /api/dashboards/uid/<uid>: its version in Grafana, if it exists;
+3. per dashboard, GET /api/dashboards/uid/<uid>: its version and folder (`meta.folderUid`) in Grafana, if it
+   exists;
 4. POST /api/dashboards/db {"dashboard": {..., "uid", "id": null, "version"}, "folderUid", "overwrite": false,
    "message"}: the same uids every time, so a push replaces sloscope's own earlier versions (at the version just
-   read) and pushing twice leaves the same dashboards (Grafana keeps the versions in its history). Grafana's own
-   `overwrite: true` is never sent: besides the dashboard of our uid it replaces any other dashboard of the same
-   title in the folder, and the pushed one then takes that dashboard's uid.
+   read) and pushing twice leaves the same dashboards (Grafana keeps the versions in its history). `folderUid` is
+   the pushed folder for a new dashboard only: one that exists is saved in the folder it is in, where someone may
+   have moved it. Grafana's own `overwrite: true` is never sent: besides the dashboard of our uid it replaces any
+   other dashboard of the same title in the folder, and the pushed one then takes that dashboard's uid.
 
 The token goes in `Authorization: Bearer` (a Grafana service-account token; it needs to write dashboards and
 folders). Every documented error becomes a PushError whose message says what happened and what to do.
@@ -143,8 +145,16 @@ def ensure_folder(api: GrafanaApi, url: str, uid: str, title: str) -> bool:
     return True
 
 
-def existing_version(api: GrafanaApi, url: str, uid: str) -> int | None:
-    """The version of the dashboard `uid` in Grafana; None when there is none."""
+@dataclass(frozen=True)
+class Existing:
+    """A dashboard of the pushed uid already in Grafana: the version a push replaces, and the uid of the folder it
+    is in ("" for General; None when Grafana's answer did not say)."""
+    version: int
+    folder_uid: str | None
+
+
+def existing_dashboard(api: GrafanaApi, url: str, uid: str) -> Existing | None:
+    """The dashboard `uid` in Grafana: its version and folder; None when there is none."""
     try:
         found = api.dashboard.get_dashboard(uid)
     except GrafanaClientError as exc:
@@ -154,11 +164,13 @@ def existing_version(api: GrafanaApi, url: str, uid: str) -> int | None:
     except Exception as exc:
         raise _explain(exc, f"dashboard {uid!r}", url) from None
     found = found if isinstance(found, dict) else {}
-    version = (found.get("meta") or {}).get("version", (found.get("dashboard") or {}).get("version"))
+    meta = found.get("meta") or {}
+    version = meta.get("version", (found.get("dashboard") or {}).get("version"))
     if not isinstance(version, int):
         raise PushError(f"dashboard {uid!r}: Grafana at {url} answered GET /api/dashboards/uid/{uid} without its "
                         f"version")
-    return version
+    folder_uid = meta.get("folderUid")
+    return Existing(version, folder_uid if isinstance(folder_uid, str) else None)
 
 
 def _refusal(exc: GrafanaClientError, uid: str, title: str | None, folder_uid: str) -> PushError | None:
@@ -185,12 +197,16 @@ def _refusal(exc: GrafanaClientError, uid: str, title: str | None, folder_uid: s
     return None
 
 
-def save_dashboard(api: GrafanaApi, url: str, board: dict, folder_uid: str, version: int | None) -> dict:
-    """Create the dashboard (`version` None), or replace the one of its uid at `version`, the one read before."""
+def save_dashboard(api: GrafanaApi, url: str, board: dict, folder_uid: str, existing: Existing | None) -> dict:
+    """Create the dashboard in the folder `folder_uid` (`existing` None), or replace `existing`, the one of its uid
+    read before, at its version and in its folder."""
     uid = board.get("uid")
     dashboard = {**board, "id": None}
-    if version is not None:
-        dashboard["version"] = version  # an edit made in Grafana since it was read is a 412, not lost
+    if existing is not None:
+        dashboard["version"] = existing.version  # an edit made in Grafana since it was read is a 412, not lost
+        if existing.folder_uid is not None:
+            # Someone may have moved it there; and Grafana saves a dashboard sent without a folder into General.
+            folder_uid = existing.folder_uid
     payload = {"dashboard": dashboard, "folderUid": folder_uid, "overwrite": False, "message": PUSH_MESSAGE}
     try:
         return api.dashboard.update_dashboard(payload)
@@ -203,19 +219,20 @@ def save_dashboard(api: GrafanaApi, url: str, board: dict, folder_uid: str, vers
 
 def push(boards: dict[str, dict], url: str, token: str, *, folder_uid: str = DEFAULT_FOLDER_UID,
          folder_title: str = DEFAULT_FOLDER_TITLE, overwrite: bool = True, timeout: float = 10.0) -> PushResult:
-    """Provision `boards` (uid -> dashboard JSON) into the folder `folder_uid` (created if missing). Without
-    `overwrite`, nothing is pushed when any of them exists in Grafana."""
+    """Provision `boards` (uid -> dashboard JSON): a new one into the folder `folder_uid` (created if missing), one
+    that exists in Grafana replaced in the folder it is in. Without `overwrite`, nothing is pushed when any of them
+    exists in Grafana."""
     api = connect(url, token, timeout)
     info = health(api, url)
-    versions = {uid: existing_version(api, url, uid) for uid in boards}
-    kept = [f"{uid} (version {v})" for uid, v in versions.items() if v is not None]
+    found = {uid: existing_dashboard(api, url, uid) for uid in boards}
+    kept = [f"{uid} (version {e.version})" for uid, e in found.items() if e is not None]
     if kept and not overwrite:
         raise PushError(f"nothing pushed: {', '.join(kept)} exist in Grafana and --no-overwrite keeps them; push "
                         f"without --no-overwrite to replace them with the generated ones")
     created = ensure_folder(api, url, folder_uid, folder_title)
     result = PushResult(url, folder_uid, created, info.get("version"))
     for uid, board in boards.items():
-        answer = save_dashboard(api, url, board, folder_uid, versions[uid])
+        answer = save_dashboard(api, url, board, folder_uid, found[uid])
         answer = answer if isinstance(answer, dict) else {}
         result.dashboards.append({"uid": answer.get("uid", uid), "title": board.get("title"),
                                   "version": answer.get("version"), "url": answer.get("url"),

@@ -35,8 +35,8 @@ CREATE TABLE IF NOT EXISTS remediation_deliveries (
     PRIMARY KEY (fingerprint, starts_at, status)
 );
 
--- Actions a firing alert opened, closed (undone) when that alert resolves; while another alert with an action
--- open on the same target still fires, the undo is deferred (the row stays open, its resolve recorded in
+-- Actions a firing alert opened, closed (undone) when that alert resolves; while another alert about the same
+-- target still fires (its own action taken or refused), the undo is deferred (the row stays open, its resolve recorded in
 -- remediation_deliveries) until the last of them resolves. params: the action's configured parameters at the
 -- time (so a config change cannot strand an open action); undo: what the undo needs.
 CREATE TABLE IF NOT EXISTS remediation_open (

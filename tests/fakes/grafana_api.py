@@ -8,7 +8,8 @@ uses (Grafana HTTP API reference: Health, Folder, Dashboard), so the real grafan
 - `POST /api/folders` `{"uid"?, "title", "parentUid"?}`: 200 and the folder; 400 without a title or with a uid over
   40 characters; 409 when a folder with that uid, or that title, exists.
 - `POST /api/dashboards/db` `{"dashboard": {...}, "folderUid"?, "overwrite"?, "message"?}`: 200 `{"id", "uid",
-  "url", "status": "success", "version", "slug"}`, the version incremented per save. 400 for a body that is not a
+  "url", "status": "success", "version", "slug"}`, the version incremented per save; saved into `folderUid`, or into
+  the General folder without one (a dashboard that exists is moved there). 400 for a body that is not a
   JSON object with a `dashboard` object, an empty title, a uid over 40 characters, or an unknown `folderUid`
   ("Folder not found"); 404 for a `dashboard.id` that does not exist. Without `overwrite: true`: 412
   `{"status": "version-mismatch"}` when the uid exists with another version, 412 `{"status": "name-exists"}` when
@@ -16,7 +17,9 @@ uses (Grafana HTTP API reference: Health, Folder, Dashboard), so the real grafan
   getExistingDashboardByTitleAndFolder does it: the saved dashboard takes the same-titled one's id and uid. 400
   `{"message": "Cannot save provisioned dashboard"}` for a dashboard in `provisioned` (from a file, without
   allowUiUpdates).
-- `GET /api/dashboards/uid/:uid`: `{"dashboard", "meta": {"folderUid", "version", "provisioned", ...}}` or 404.
+- `GET /api/dashboards/uid/:uid`: `{"dashboard", "meta": {"folderId", "folderUid", "folderTitle", "folderUrl",
+  "version", "provisioned", ...}}` or 404; the folder fields as Grafana's GetDashboard fills them: the folder's id,
+  uid, title and url, or 0, "", "General" and "" for a dashboard in the General folder.
 
 `sub_path` (e.g. "/grafana") serves the API under it, as Grafana with `root_url` behind a reverse proxy; every other
 path answers the proxy's HTML 404 page. Every request is recorded (method, path without the sub-path, headers,
@@ -38,6 +41,10 @@ PROXY_404 = ("<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<
 
 def slugify(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+
+
+def folder_url(uid: str, title: str) -> str:
+    return f"/dashboards/f/{uid}/{slugify(title)}"
 
 
 class FakeGrafana:
@@ -156,10 +163,17 @@ class FakeGrafana:
             if not saved:
                 return 404, {"message": "Dashboard not found", "status": "not-found"}
             return 200, {"dashboard": saved["dashboard"],
-                         "meta": {"folderUid": saved["folderUid"], "version": saved["version"],
+                         "meta": {**self._folder_meta(saved["folderUid"]), "version": saved["version"],
                                   "slug": slugify(saved["dashboard"]["title"]), "url": saved["url"],
                                   "provisioned": saved["dashboard"]["uid"] in self.provisioned}}
         return 404, {"message": "Not found"}
+
+    def _folder_meta(self, folder_uid: str) -> dict:
+        folder = self.folders.get(folder_uid)
+        if not folder:
+            return {"folderId": 0, "folderUid": "", "folderTitle": "General", "folderUrl": ""}
+        return {"folderId": folder["id"], "folderUid": folder["uid"], "folderTitle": folder["title"],
+                "folderUrl": folder.get("url", folder_url(folder["uid"], folder["title"]))}
 
     def _create_folder(self, body: dict) -> tuple[int, object]:
         title = body.get("title")
@@ -172,7 +186,7 @@ class FakeGrafana:
             return 409, {"message": "a folder with the same uid already exists"}
         if any(f["title"] == title and f.get("parentUid") == body.get("parentUid") for f in self.folders.values()):
             return 409, {"message": "a folder or dashboard in the general folder with the same name already exists"}
-        folder = {"id": self._next_id, "uid": uid, "title": title, "url": f"/dashboards/f/{uid}/{slugify(title)}",
+        folder = {"id": self._next_id, "uid": uid, "title": title, "url": folder_url(uid, title),
                   "hasAcl": False, "canSave": True, "canEdit": True, "canAdmin": True, "version": 1}
         if body.get("parentUid"):
             folder["parentUid"] = body["parentUid"]
