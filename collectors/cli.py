@@ -73,10 +73,11 @@ export: OTLP metrics (the SDK's data model, sent as OTLP protobuf). Counters and
 no data loss: while the endpoint is down, slow, or busy, batches go to the spool (one checksummed OTLP
   ExportMetricsServiceRequest per file, fsynced, named by sequence number) and are replayed in order when
   it is back, also after a restart. An endpoint slower than the interval spools what waits behind the
-  batch in flight. Past spool.max_bytes (the disk the files take, in whole blocks, as du counts it) /
-  spool.max_batches, or on a full disk, the oldest batches are dropped, counted and logged. A collector
-  locks its spool directory while it runs: a second one given the same directory stops at once (exit
-  status 2). A batch the endpoint refuses twice while it accepts an empty request goes to
+  batch in flight. Past spool.max_bytes (the disk the files take, in whole blocks, as du counts it,
+  DIR/rejected/ and DIR/corrupt/ included; room is made before a batch is written) / spool.max_batches,
+  or on a full disk, the oldest set-aside files go first, then the oldest batches, counted and logged. A
+  collector locks its spool directory while it runs: a second one given the same directory stops at once
+  (exit status 2). A batch the endpoint refuses twice while it accepts an empty request goes to
   DIR/rejected/; a spool file that fails its checksum, or 5 reads in a row (EIO), goes to DIR/corrupt/.
 
 exit status: 0 after a clean stop (SIGTERM/SIGINT, --duration, --once), 1 when no probe can run,

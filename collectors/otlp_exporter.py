@@ -104,16 +104,22 @@ def _read(path: str | None) -> bytes | None:
 
 
 class HttpExporter:
-    """OTLP/HTTP protobuf, with one keep-alive session (the specification asks clients to keep the connection)."""
+    """OTLP/HTTP protobuf, with one keep-alive session (the specification asks clients to keep the connection).
+    An attempt takes at most `timeout_s` in all, however slowly the answer comes (http_deadline.py)."""
 
     def __init__(self, endpoint: str, headers: dict[str, str], timeout_s: float, transport: Transport = Transport()):
         import requests
+
+        from .http_deadline import DeadlineAdapter, attempt_deadline
 
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self._gzip = transport.compression == "gzip"
         self._requests = requests
+        self._attempt_deadline = attempt_deadline
         self._session = requests.Session()
+        for prefix in ("https://", "http://"):
+            self._session.mount(prefix, DeadlineAdapter())
         self._session.headers.update({**headers, "Content-Type": "application/x-protobuf", "User-Agent": USER_AGENT})
         if self._gzip:
             self._session.headers["Content-Encoding"] = "gzip"
@@ -125,16 +131,20 @@ class HttpExporter:
     def send(self, body: bytes) -> Answer:
         if self._gzip:
             body = gzip.compress(body, GZIP_LEVEL, mtime=0)
-        deadline = time.monotonic() + self.timeout_s
-        try:
-            with self._session.post(self.endpoint, data=body, timeout=self.timeout_s, allow_redirects=False,
-                                    stream=True, **self._tls) as response:
-                content = self._answer_body(response, deadline)
-        except self._requests.RequestException as exc:  # no answer: refused, reset, timed out, closed
-            return Answer(RETRY, printable(f"no answer: {type(exc).__name__}: {exc}"))
+        with self._attempt_deadline(self.timeout_s) as deadline:
+            try:
+                with self._session.post(self.endpoint, data=body, timeout=self.timeout_s, allow_redirects=False,
+                                        stream=True, **self._tls) as response:
+                    if deadline.passed:  # perhaps cut short in its headers: http.client takes the cut for their end
+                        return self._no_answer_in_time()
+                    content = self._answer_body(response, deadline)
+            except self._requests.RequestException as exc:  # no answer: refused, reset, timed out, closed
+                if deadline.passed:
+                    return self._no_answer_in_time()
+                return Answer(RETRY, printable(f"no answer: {type(exc).__name__}: {exc}"))
         code = response.status_code
         if content is None:  # the status says what happened; the body is left unread
-            what = f"HTTP {code}, its body longer than {ANSWER_MAX} bytes or {self.timeout_s:g} s, not read"
+            what = f"HTTP {code}, its body longer than {ANSWER_MAX} bytes or not in by {self.timeout_s:g} s, not read"
             return (Answer(DELIVERED, what) if 200 <= code < 300 else
                     Answer(RETRY if code in RETRYABLE_HTTP else REFUSED, what))
         if 200 <= code < 300:
@@ -144,16 +154,22 @@ class HttpExporter:
             return Answer(RETRY, detail, parse_retry_after(response.headers.get("Retry-After")))
         return Answer(REFUSED, detail)
 
-    @staticmethod
-    def _answer_body(response, deadline: float) -> bytes | None:
-        """The answer's body, read as it comes; None past ANSWER_MAX bytes or the deadline (each read waits at
-        most the timeout, so an endpoint that trickles or never ends its body costs at most twice it)."""
+    def _answer_body(self, response, deadline) -> bytes | None:
+        """The answer's body, read as it comes; None past ANSWER_MAX bytes or when the attempt's deadline cut it
+        short (the status came in time, and decides)."""
         content = b""
-        for chunk in response.iter_content(4096):
-            content += chunk
-            if len(content) > ANSWER_MAX or time.monotonic() > deadline:
-                return None
-        return content
+        try:
+            for chunk in response.iter_content(4096):
+                content += chunk
+                if len(content) > ANSWER_MAX:
+                    return None
+        except self._requests.RequestException:
+            if not deadline.passed:
+                raise
+        return None if deadline.passed else content  # a body without a length would seem to end where it was cut
+
+    def _no_answer_in_time(self) -> Answer:
+        return Answer(RETRY, f"no answer: Timeout: none within the attempt's {self.timeout_s:g} s")
 
     @staticmethod
     def _message(response, content: bytes) -> str:

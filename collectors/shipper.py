@@ -146,7 +146,7 @@ class Shipper:
                 log.warning("export still running after %.1f s: aborting it, the rest goes to the spool", grace_s)
                 self._aborted = True
                 self._shutdown_exporter()
-                self._thread.join(2 * self.timeout_s + 5.0)  # an attempt's bound (otlp_exporter.send)
+                self._thread.join(self.timeout_s + 5.0)  # an attempt's deadline (otlp_exporter.send), and slack
         if self._thread.is_alive():  # should not happen: every export attempt has a deadline
             log.error("export thread did not stop; %d batches still in memory were lost", len(self._queue))
         else:

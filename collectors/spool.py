@@ -10,20 +10,23 @@ Durability: a file is written as `.NAME.tmp` in the spool directory, fsynced, re
 directory fsynced, so after a crash or power loss a batch is either entirely in the spool or not there at all.
 A failed write removes its temporary file; one left by a crash is removed (and logged) when the spool opens.
 
-Bounds: at most `max_bytes` bytes of disk and `max_batches` files; past either, the oldest batches are
-dropped. A file counts for the disk it takes (`occupied`): its allocated blocks, as du, a disk quota and a
-sized volume (a Kubernetes emptyDir's sizeLimit) count them, so a batch of 1 KB in a 4 KiB block counts 4 KiB.
-A full disk (ENOSPC, EDQUOT) is a bound too: the oldest batches are dropped to make room for the new one and
-the write is tried once more; when that fails as well, the new batch is dropped. (A cumulative counter
-point dropped this way loses resolution, not counts: the next one carries the total.) Every drop is counted
-(batches and data points) and logged.
+Bounds: at most `max_bytes` bytes of disk, the files set aside in rejected/ and corrupt/ included (not the
+directories' own blocks), and `max_batches` batches waiting. A file counts for the disk it takes (`occupied`): its
+allocated blocks, as du, a disk quota and a sized volume (a Kubernetes emptyDir's sizeLimit) count them, so a
+batch of 1 KB in a 4 KiB block counts 4 KiB. The bounds hold while a batch is written, not only after: room for
+the whole blocks of the new file is made first, by removing set-aside files (they will never be sent), oldest
+first, then by dropping the oldest batches; a batch whose blocks alone exceed the bound is not written. A full
+disk (ENOSPC, EDQUOT) is a bound too: room is made the same way and the write is tried once more; when that fails
+as well, the new batch is dropped. (A cumulative counter point dropped this way loses resolution, not counts: the
+next one carries the total.) Every drop is counted (batches and data points) and logged; a set-aside file's
+batch was counted when it was set aside, and its removal is logged.
 
 Reading: a file that cannot be trusted (header, length or checksum wrong, or a request that does not parse)
 is moved to `corrupt/` and counted. A file that could not be read (EIO, EMFILE, ...) stays where it is: the
 read error is counted and peek() raises it, for the caller to try again later; after UNREADABLE_TRIES failed
 reads in a row for a reason of the file's own (EIO, not the process's EMFILE), it goes to `corrupt/` too. A
 batch the receiver refuses for good is moved to `rejected/` (`reject()`), counted. Both folders keep at most
-`QUARANTINE_KEEP` files, for people to look at.
+`QUARANTINE_KEEP` files, the newest, for people to look at.
 
 One at a time: a Spool holds an exclusive flock on `LOCK_FILE` in its directory from the moment it opens until
 close() (or until the process ends, however it ends: the kernel lets go, so no stale lock is ever left behind).
@@ -51,6 +54,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from sloscope.files import fsync_directory
 
 from .otlp_metrics import count_points
+from .spool_aside import SetAside
 from .spool_format import CorruptRecord, decode_record, encode_record
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,7 @@ log = logging.getLogger(__name__)
 SUFFIX = ".pb"
 NAME = re.compile(r"^(\d{20})\.pb$")
 QUARANTINE_KEEP = 64
+SET_ASIDE = ("rejected", "corrupt")
 # Neither a batch's name nor a temporary file's: the scan at start leaves it where it is.
 LOCK_FILE = ".lock"
 DEFAULT_MAX_BYTES = 256 * 2**20
@@ -100,6 +105,13 @@ def _lock_directory(directory: str) -> BinaryIO:
     return handle
 
 
+def _block_size(directory: str) -> int:
+    try:
+        return os.statvfs(directory).f_bsize
+    except OSError:
+        return 4096  # only how much room is made depends on it
+
+
 def _parse(payload: bytes) -> int:
     """Data points of a serialized request; raises when it does not parse."""
     return count_points(ExportMetricsServiceRequest.FromString(payload))
@@ -135,6 +147,7 @@ class Spool:
         self._failed_reads = (-1, 0)  # (batch, reads in a row it failed for a reason of its own)
         self._lock = threading.RLock()
         os.makedirs(self.directory, exist_ok=True)
+        self._block = _block_size(self.directory)
         self._directory_lock = _lock_directory(self.directory)  # before the scan, which removes and drops files
         try:
             self._resume()
@@ -147,23 +160,27 @@ class Spool:
         self._sizes: dict[int, int] = self._scan()
         self._order = deque(sorted(self._sizes))
         self._bytes = sum(self._sizes.values())
+        self._aside = SetAside(self._scan_set_aside())
         # Numbers go on from the highest ever given, set-aside batches' too: a new batch must not take the name of
         # one in rejected/ or corrupt/, which would replace it there and unsettle what "the last files" are.
-        self._next = max([*self._order, *self._set_aside()], default=-1) + 1
+        self._next = max([*self._order, *self._aside.numbers()], default=-1) + 1
         if self._order:
             log.info("spool %s: resuming %d batches (%d bytes on disk)", self.directory, len(self), self._bytes)
         self._enforce_bound()
 
-    def _set_aside(self) -> list[int]:
-        """The numbers of the batches in rejected/ and corrupt/."""
-        numbers = []
-        for sub in ("rejected", "corrupt"):
+    def _scan_set_aside(self) -> dict[str, tuple[int, int]]:
+        """The batches in rejected/ and corrupt/: path -> (number, bytes of disk)."""
+        found = {}
+        for sub in SET_ASIDE:
             try:
-                numbers += [int(m.group(1)) for m in map(NAME.match, os.listdir(os.path.join(self.directory, sub)))
-                            if m]
+                entries = list(os.scandir(os.path.join(self.directory, sub)))
             except OSError:  # not there (yet): nothing set aside
-                pass
-        return numbers
+                continue
+            for entry in entries:
+                m = NAME.match(entry.name)
+                if m and entry.is_file():
+                    found[entry.path] = (int(m.group(1)), occupied(entry.stat()))
+        return found
 
     def _scan(self) -> dict[int, int]:
         sizes, unfinished = {}, []
@@ -213,15 +230,18 @@ class Spool:
     def append(self, data: bytes, points: int | None = None) -> int | None:
         """Store one serialized export request after all others; durable when this returns its sequence
         number. None: it could not be stored (too large for the bound, no room, an unwritable directory), and
-        was counted and logged as dropped. Drops the oldest batches past the bounds."""
+        was counted and logged as dropped. Makes room within the bounds before it writes (see the module
+        docstring)."""
         with self._lock:
             seq = self._next
             self._next += 1
             record = encode_record(data)
-            if len(record) > self.max_bytes:  # not worth writing: its blocks would take more still
-                self.lose(points, f"batch {seq}: {len(record)} bytes alone exceed the bound of {self.max_bytes}",
-                          data)
+            needed = self._disk_for(len(record))
+            if needed > self.max_bytes:  # neither worth writing nor worth dropping anything for
+                self.lose(points, f"batch {seq}: the {needed} bytes of disk it takes alone exceed the bound of "
+                          f"{self.max_bytes}", data)
                 return None
+            self._enforce_bound(room=needed, batches=1)
             try:
                 taken = self._store(seq, record)
             except OSError as error:
@@ -229,7 +249,7 @@ class Spool:
                     self.disk_full_batches += 1
                 self.lose(points, f"batch {seq} could not be written to {self.directory}: {error}", data)
                 return None
-            if taken > self.max_bytes:  # its bytes fit, the blocks they take do not: keep the older batches
+            if taken > self.max_bytes:  # more blocks than its bytes fill (the file system's own): keep the others
                 self._unlink(seq)
                 self.lose(points, f"batch {seq}: the {taken} bytes of disk it takes alone exceed the bound of "
                           f"{self.max_bytes}", data)
@@ -237,7 +257,7 @@ class Spool:
             self._order.append(seq)
             self._sizes[seq] = taken
             self._bytes += taken
-            self._enforce_bound()
+            self._enforce_bound()  # it may take more blocks than its bytes fill
             return seq
 
     def lose(self, points: int | None, why: str, data: bytes | None = None) -> None:
@@ -288,26 +308,33 @@ class Spool:
             raise
         return taken
 
+    def _disk_for(self, size: int) -> int:
+        """The bytes of disk a file of `size` bytes takes: whole blocks."""
+        return -(-size // self._block) * self._block
+
     def _make_room(self, size: int) -> bool:
-        """Drop the oldest batches until their blocks would hold `size` bytes; False when there is nothing to
-        drop (the disk is full of something else)."""
-        try:
-            block = os.statvfs(self.directory).f_bsize
-        except OSError:
-            block = 4096  # only how much is dropped depends on it
-        needed = (size // block + 2) * block  # whole blocks, and one more for the directory and the inode
-        dropped = self._drop_oldest(lambda freed: freed >= needed, "disk full")
+        """Remove set-aside files, then drop the oldest batches, until their blocks would hold `size` bytes; False
+        when there is nothing to remove (the disk is full of something else)."""
+        needed = self._disk_for(size) + self._block  # and one block more for the directory and the inode
+        freed = self._aside.remove_oldest(lambda removed: removed >= needed, "disk full")
+        dropped = self._drop_oldest(lambda more: freed + more >= needed, "disk full")
         self.disk_full_batches += dropped
-        if dropped and self.fsync:
+        if (freed or dropped) and self.fsync:
             try:
                 fsync_directory(self.directory)  # also commits the file system's journal, which frees the blocks
             except OSError as exc:
                 log.warning("spool: fsync of %s after dropping batches: %s", self.directory, exc)
-        return dropped > 0
+        return freed > 0 or dropped > 0
 
-    def _enforce_bound(self) -> None:
-        self._drop_oldest(lambda _freed: self._bytes <= self.max_bytes and len(self) <= self.max_batches,
-                          f"full (bound {self.max_bytes} bytes, {self.max_batches} batches)")
+    def _enforce_bound(self, room: int = 0, batches: int = 0) -> None:
+        """Keep within the bounds with `room` bytes of disk and `batches` batches to spare, for a file about to be
+        written: set-aside files go first, since they will never be sent, then the oldest batches."""
+        def fits(_freed: int) -> bool:
+            return self._bytes + self._aside.bytes + room <= self.max_bytes
+
+        why = f"full (bound {self.max_bytes} bytes, {self.max_batches} batches)"
+        self._aside.remove_oldest(fits, why)
+        self._drop_oldest(lambda freed: fits(freed) and len(self) + batches <= self.max_batches, why)
 
     def _drop_oldest(self, enough: Callable[[int], bool], why: str) -> int:
         """Drop the oldest batches until enough(bytes of disk freed); counted and logged. How many."""
@@ -430,16 +457,18 @@ class Spool:
 
     def _quarantine(self, seq: int, sub: str) -> None:
         """Move a batch into a folder for people to look at. If it cannot be moved (a full disk) it stays
-        where it is, out of the queue until the spool is opened again."""
-        target = os.path.join(self.directory, sub)
+        where it is, out of the queue until the spool is opened again. Either way it is set aside: in the byte
+        bound, and the first to go when room is needed."""
+        taken = self._sizes.get(seq, 0)
         self._forget(seq)
+        source = self.path(seq)
+        target = os.path.join(self.directory, sub, os.path.basename(source))
         try:
-            os.makedirs(target, exist_ok=True)
-            os.replace(self.path(seq), os.path.join(target, os.path.basename(self.path(seq))))
-            kept = sorted(os.listdir(target))
-            for name in kept[:-QUARANTINE_KEEP] if len(kept) > QUARANTINE_KEEP else []:
-                os.unlink(os.path.join(target, name))
-        except FileNotFoundError:
-            pass
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.replace(source, target)
+        except FileNotFoundError:  # nothing left on disk to set aside
+            return
         except OSError as exc:
             log.error("spool: could not move batch %d to %s/: %s", seq, sub, exc)
+            target = source
+        self._aside.add(target, seq, taken, QUARANTINE_KEEP)
