@@ -98,6 +98,11 @@ class PodDirectory:
         for pod in pods:
             self.apply("ADDED", pod)
             listed.add(incarnation_of(pod)[0])
+        self.end_unlisted(listed)
+
+    def end_unlisted(self, listed: set[str]) -> None:
+        """After a fresh list (or a streaming list's initial events, applied as they came), the pods held but not
+        among the uids `listed` ended while no watch was open."""
         with self._lock:
             for uid, known in self._pods.items():
                 if uid not in listed and known.died is None:

@@ -91,19 +91,20 @@ def serving(tmp_path, kube):
     s.close()
 
 
-def test_sidecar_spans_are_placed_on_their_pods_node_at_intake(kube, tmp_path):
-    for i in range(5):  # more pods than one page of the list
-        kube.add_pod(f"filler-{i}", "bookinfo", "gpu-node-9", f"10.4.9.{i}")
-    kube.add_pod(SIDECAR["pod"], SIDECAR["namespace"], "gpu-node-2", SIDECAR["ip"])
-    serving = Serving(tmp_path / "intake.duckdb", kube.url)
-    try:
-        assert serving.post(envoy_request(SIDECAR, start=now_ns())) == 200
-        assert serving.nodes() == {"gpu-node-2": 4}
-        counters = serving.counters()
-        assert counters["spans_node_from_pod_name"] == 4 and "spans_node_unknown" not in counters
-        assert any("continue=" in path for path in kube.requests)  # the list was read page by page
-    finally:
-        serving.close()
+def test_sidecar_spans_are_placed_on_their_pods_node_at_intake(tmp_path):
+    with FakeKubeApi(page_size_limit=2, watch_list="off") as kube:  # a server that lists, not streams, the pods
+        for i in range(5):  # more pods than one page of the list
+            kube.add_pod(f"filler-{i}", "bookinfo", "gpu-node-9", f"10.4.9.{i}")
+        kube.add_pod(SIDECAR["pod"], SIDECAR["namespace"], "gpu-node-2", SIDECAR["ip"])
+        serving = Serving(tmp_path / "intake.duckdb", kube.url)
+        try:
+            assert serving.post(envoy_request(SIDECAR, start=now_ns())) == 200
+            assert serving.nodes() == {"gpu-node-2": 4}
+            counters = serving.counters()
+            assert counters["spans_node_from_pod_name"] == 4 and "spans_node_unknown" not in counters
+            assert any("continue=" in path for path in kube.requests)  # the list was read page by page
+        finally:
+            serving.close()
 
 
 def test_a_span_that_arrives_before_its_pod_is_moved_when_the_pod_appears(kube, serving):
@@ -200,7 +201,7 @@ def test_a_watch_that_ends_at_once_is_retried_with_backoff_not_in_a_loop():
 
 
 def test_a_list_whose_continue_token_expires_is_made_again_in_one_request():
-    with FakeKubeApi(page_size_limit=2) as kube:
+    with FakeKubeApi(page_size_limit=2, watch_list="off") as kube:
         for i in range(5):
             kube.add_pod(f"worker-{i}", "jobs", "cpu-node-1", f"10.7.0.{i + 1}")
         kube.continue_expires = True
