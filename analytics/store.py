@@ -1,8 +1,9 @@
 """The DuckDB store: schema (versioned), and batch writes that are idempotent.
 
 Every write of a batch is one transaction. Re-writing data that is already stored adds nothing: requests are
-keyed by their trace and span ids, samples by (node, metric, attributes, ts), and cumulative series continue from
-their last stored point, so a point at or before it is recognised as already seen.
+keyed by their trace and span ids, samples by (node, metric, attributes, ts), and a cumulative point at the time
+of a stored point of its series is recognised as already seen (analytics/cumulative.py, which also places points
+that arrive behind their series' last one).
 """
 
 from __future__ import annotations
@@ -18,15 +19,13 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from analytics.cumulative import SERIES, CumulativeWrites
 from analytics.frames import REQUEST_KEY, Frames
 
 SCHEMA_VERSION = 5
 # How DuckDB knows its own files: a block checksum of 8 bytes, then these magic bytes.
 DUCKDB_MAGIC, DUCKDB_MAGIC_OFFSET = b"DUCK", 8
 DEFAULT_DB = Path(os.environ.get("SLOSCOPE_DB", "var/sloscope.duckdb"))
-SERIES = ["node", "metric", "attributes"]
-# What the cumulative state of each kind of series keeps of its last point, besides its start and time.
-STATE_FIELDS = {"sum": ["value"], "histogram": ["count", "sum", "buckets"]}
 
 
 class StoreError(RuntimeError):
@@ -134,7 +133,7 @@ class Reader:
         return spec
 
 
-class Store(Reader):
+class Store(CumulativeWrites, Reader):
     def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False, memory_limit: str = "3GB"):
         self.path = Path(path)
         self.read_only = read_only
@@ -215,6 +214,7 @@ class Store(Reader):
                 self.con.close()
                 raise StoreError(f"{self.path}: cannot migrate from schema version {version - 1} to {version}: "
                                  f"{exc}") from None
+        self.con.execute(sql("cumulative_points_from_state"))
 
     def _check_version(self) -> None:
         try:
@@ -322,97 +322,28 @@ class Store(Reader):
         direct = frame.filter(~pl.col("cumulative")).with_columns(
             interval_s=pl.when(pl.col("is_sum") & (pl.col("start_ns") > 0) & (pl.col("start_ns") < pl.col("time_ns")))
             .then((pl.col("time_ns") - pl.col("start_ns")) / 1e9))
-        deltas, stale, no_baseline = self._cumulative_to_delta(frame.filter(pl.col("cumulative")), "sum")
+        cumulative = self._cumulative_to_delta(frame.filter(pl.col("cumulative")), "sum")
         rows = pl.concat([
             direct.select(SERIES + ["time_ns", "value", "interval_s"]),
-            deltas.select(SERIES + ["time_ns", "value", "interval_s"]),
+            cumulative.rows.select(SERIES + ["time_ns", "value", "interval_s"]),
         ]).with_columns(ts=pl.from_epoch("time_ns", time_unit="ns").dt.cast_time_unit("us")).drop("time_ns")
         added = self._insert_new("samples", rows, ["ts"] + SERIES, "ts")
-        return {"samples_loaded": added, "samples_duplicate": stale + len(rows) - added,
-                "points_without_baseline": no_baseline}
+        return {"samples_loaded": added, "samples_duplicate": cumulative.duplicates + len(rows) - added,
+                "samples_recounted": cumulative.recounted, "points_without_baseline": cumulative.without_baseline}
 
     def _write_histograms(self, frame: pl.DataFrame) -> dict[str, int]:
         direct = frame.filter(~pl.col("cumulative")).with_columns(
             interval_s=pl.when((pl.col("start_ns") > 0) & (pl.col("start_ns") < pl.col("time_ns")))
             .then((pl.col("time_ns") - pl.col("start_ns")) / 1e9))
-        deltas, stale, no_baseline = self._cumulative_to_delta(frame.filter(pl.col("cumulative")), "histogram")
+        cumulative = self._cumulative_to_delta(frame.filter(pl.col("cumulative")), "histogram")
         # Cumulative min/max cover the whole life of the series, not the interval: not kept for deltas.
-        deltas = deltas.with_columns(min=pl.lit(None, pl.Float64), max=pl.lit(None, pl.Float64))
+        deltas = cumulative.rows.with_columns(min=pl.lit(None, pl.Float64), max=pl.lit(None, pl.Float64))
         columns = SERIES + ["time_ns", "interval_s", "count", "sum", "min", "max", "buckets"]
         rows = pl.concat([direct.select(columns), deltas.select(columns)]).filter(pl.col("count") > 0).with_columns(
             ts=pl.from_epoch("time_ns", time_unit="ns").dt.cast_time_unit("us")).drop("time_ns")
         added = self._insert_new("histograms", rows, ["ts"] + SERIES, "ts")
-        return {"histograms_loaded": added, "histograms_duplicate": stale + len(rows) - added,
-                "points_without_baseline": no_baseline}
-
-    def _cumulative_to_delta(self, frame: pl.DataFrame, kind: str) -> tuple[pl.DataFrame, int, int]:
-        """Turn cumulative points of a kind of STATE_FIELDS into per-interval deltas, continuing from the stored
-        state of each series.
-
-        A reset is a new start time (the producer restarted) or a value that went down; the delta after a
-        reset is the value itself. A series' first point ever counts from its start time when it has one. A new
-        start time that cannot be used (none, or not before the point) leaves the interval unknown, since the
-        reporter may have restarted and not the counter; unless the value went down, when the counter restarted
-        after the previous point, as the Collector's prometheus receiver marks an exporter's restart.
-        """
-        if frame.is_empty():
-            return frame.with_columns(interval_s=pl.lit(None, pl.Float64)), 0, 0
-        fields = STATE_FIELDS[kind]
-        state = self._load_state(frame, kind)
-        data = frame.select(SERIES + ["start_ns", "time_ns"] + fields).with_columns(is_state=pl.lit(False))
-        data = data.join(state.select(SERIES + [pl.col("time_ns").alias("state_ns")]), on=SERIES, how="left")
-        stale = data.filter(pl.col("time_ns") <= pl.col("state_ns").fill_null(-1))
-        data = data.filter(pl.col("time_ns") > pl.col("state_ns").fill_null(-1)).drop("state_ns")
-        data = data.unique(subset=SERIES + ["time_ns"], keep="first")
-        merged = pl.concat([state.with_columns(is_state=pl.lit(True)).select(data.columns), data])
-        merged = merged.sort(SERIES + ["time_ns"])
-        prev = {c: pl.col(c).shift(1).over(SERIES) for c in ["start_ns", "time_ns"] + fields}
-        first_value = fields[0]  # "value" for sums, "count" for histograms
-        restarted = prev["start_ns"].is_null() | (pl.col("start_ns") != prev["start_ns"])
-        went_down = pl.col(first_value) < prev[first_value]
-        if "buckets" in fields:  # a bucket that went down is a reset too: its delta must not be negative (UBIGINT)
-            went_down = went_down | ((pl.col("buckets") - prev["buckets"]).list.min() < 0)
-        has_start = (pl.col("start_ns") > 0) & (pl.col("start_ns") < pl.col("time_ns"))
-        merged = merged.with_columns(
-            _restarted=restarted, _went_down=went_down.fill_null(False),
-            _first=prev["time_ns"].is_null(), _has_start=has_start,
-            **{f"_prev_{c}": prev[c] for c in ["time_ns"] + fields})
-        from_start = pl.col("_restarted") & pl.col("_has_start") & (
-            pl.col("_first") | (pl.col("start_ns") >= pl.col("_prev_time_ns")))
-        restarted_unknown_start = pl.col("_restarted") & ~from_start & ~pl.col("_went_down")
-        deltas = {}
-        for c in fields:
-            deltas[c] = (pl.when(from_start | pl.col("_went_down")).then(pl.col(c))
-                         .when(restarted_unknown_start).then(None)
-                         .otherwise(pl.col(c) - pl.col(f"_prev_{c}")))
-        interval = (pl.when(from_start).then((pl.col("time_ns") - pl.col("start_ns")) / 1e9)
-                    .when(restarted_unknown_start).then(None)
-                    .otherwise((pl.col("time_ns") - pl.col("_prev_time_ns")) / 1e9))
-        merged = merged.with_columns(interval_s=interval, **{f"_delta_{c}": d for c, d in deltas.items()})
-        new_state = merged.group_by(SERIES).agg(pl.all().sort_by("time_ns").last()).select(
-            SERIES + ["start_ns", "time_ns"] + fields)
-        self._save_state(new_state, kind)
-        fresh = merged.filter(~pl.col("is_state"))
-        out = fresh.filter(pl.col("interval_s").is_not_null()).with_columns(
-            **{c: pl.col(f"_delta_{c}") for c in fields})
-        return out, len(stale), len(fresh) - len(out)
-
-    def _load_state(self, frame: pl.DataFrame, kind: str) -> pl.DataFrame:
-        fields = STATE_FIELDS[kind]
-        keys = frame.select(SERIES).unique()
-        with self._registered("batch_series", keys):
-            state = self.frame(
-                f"SELECT s.node, s.metric, s.attributes, s.start_ns, s.time_ns, {', '.join('s.' + f for f in fields)} "
-                "FROM cumulative_state s JOIN batch_series USING (node, metric, attributes) WHERE s.kind = ?",
-                [kind])
-        casts = {"start_ns": pl.Int64, "time_ns": pl.Int64, "value": pl.Float64, "count": pl.Int64,
-                 "sum": pl.Float64, "buckets": pl.List(pl.Int64)}
-        return state.with_columns(*(pl.col(c).cast(casts[c]) for c in ["start_ns", "time_ns"] + fields))
-
-    def _save_state(self, state: pl.DataFrame, kind: str) -> None:
-        with self._registered("new_state", state.with_columns(kind=pl.lit(kind))):
-            cols = ", ".join(SERIES + ["kind", "start_ns", "time_ns"] + STATE_FIELDS[kind])
-            self.con.execute(f"INSERT OR REPLACE INTO cumulative_state ({cols}) SELECT {cols} FROM new_state")
+        return {"histograms_loaded": added, "histograms_duplicate": cumulative.duplicates + len(rows) - added,
+                "histograms_recounted": cumulative.recounted, "points_without_baseline": cumulative.without_baseline}
 
 
 class LiveReader(Reader):

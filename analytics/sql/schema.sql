@@ -66,6 +66,25 @@ CREATE TABLE IF NOT EXISTS cumulative_state (
     PRIMARY KEY (node, metric, attributes, kind)
 );
 
+-- The running totals of cumulative points that the stored deltas cannot give back, so that a point arriving behind
+-- its series' last one can be placed between its stored neighbours (analytics/cumulative.py): each reset (`reset`
+-- true; a series' first point is one) and the point before it (`reset` false). `reset` NULL marks a series' last
+-- point when the store began keeping them: nothing is placed at or before it.
+CREATE TABLE IF NOT EXISTS cumulative_points (
+    node       VARCHAR NOT NULL,
+    metric     VARCHAR NOT NULL,
+    attributes VARCHAR NOT NULL,
+    kind       VARCHAR NOT NULL,
+    start_ns   BIGINT NOT NULL,
+    time_ns    BIGINT NOT NULL,
+    reset      BOOLEAN,
+    value      DOUBLE,
+    count      UBIGINT,
+    sum        DOUBLE,
+    buckets    UBIGINT[],
+    PRIMARY KEY (node, metric, attributes, kind, time_ns)
+);
+
 -- Ingest and rejection counters, kept across runs (what was loaded, skipped, rejected, and why).
 CREATE TABLE IF NOT EXISTS ingest_counters (
     name  VARCHAR PRIMARY KEY,
