@@ -20,7 +20,7 @@ from sampling.tail_sampling import render, to_yaml
 from sloscope.catalog import TIER_ATTRIBUTES
 from sloscope.slo_spec import parse_spec
 from tests.test_sampling import T0, _walk
-from tests.test_tail_sampling import as_the_collector_reads, validate_tail_config
+from tests.test_tail_sampling import _JsonAnswer, as_the_collector_reads, validate_tail_config
 
 # The readable part (what `sampling.tail_sampling` reduces names to), then a digest only where names would be equal.
 POLICY_NAME = re.compile(r"(?P<readable>[A-Za-z0-9._-]{1,120})(#[0-9a-f]{8,64})?")
@@ -121,24 +121,10 @@ def test_tiers_gold_and_gold_1_beside_a_service_named_other_get_distinct_names()
     assert to_yaml(render(doc), doc) == text
 
 
-class _PolicyAnswer(http.server.BaseHTTPRequestHandler):
-    body = b""
-
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_the_cli_writes_the_same_bytes_run_after_run():
     """Two processes with different string hash seeds: no name depends on set or dict order of one run."""
     doc = policy_doc(**COLLIDING)
-    handler = type("Answer", (_PolicyAnswer,), {"body": json.dumps(doc).encode()})
+    handler = type("Answer", (_JsonAnswer,), {"body": json.dumps(doc).encode()})
     server = http.server.HTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
