@@ -252,14 +252,15 @@ class PodWatch:
     def _initial_event(self, response, deadline: float) -> dict:
         """The next event of a streaming list; NoWatchList where the stream ends or stalls before its initial
         events end, or they take past `deadline`: a server that ignored sendInitialEvents sends no such end."""
+        too_long = NoWatchList(f"its initial events did not end within {self.watch_list_wait_s:g} s")
         left = deadline - time.monotonic()
         if left <= 0:
-            raise NoWatchList(f"its initial events did not end within {self.watch_list_wait_s:g} s")
+            raise too_long
         response.socket.settimeout(left)
         try:
             event = self._next_event(response)
         except TimeoutError:
-            raise NoWatchList(f"its initial events did not end within {self.watch_list_wait_s:g} s") from None
+            raise too_long from None
         if event is None:
             raise NoWatchList("the watch ended before its initial events did")
         return event
