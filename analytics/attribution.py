@@ -109,8 +109,7 @@ class Window:
 
     @property
     def step_s(self) -> float:
-        """Signals are resampled twice as finely as the SLI, so an onset can be placed within a window."""
-        return self.resolution_s / 2
+        return signal_step_s(self.resolution_s)
 
     @property
     def precedence_tolerance(self) -> timedelta:
@@ -126,12 +125,25 @@ def signal_steps(store: Store, window: Window, known: Taxonomy = BUILT_IN, evide
     sloscope's collector are not). Each series is `series` (an integer) with its node, metric and attributes as
     categoricals; a growth series (see _growth_series) shares the integer of the level it grows from, so (series,
     metric) is the key."""
-    params = {"since": window.baseline_start, "until": window.incident_end, "unknown_node": catalog.UNKNOWN_NODE,
-              "metrics": list(known.evidence_signals) if evidence_only else [], "node": node or ""}
+    params = {**steps_params(window.baseline_start, window.incident_end, window.step_s, known), "node": node or ""}
+    if not evidence_only:
+        params["metrics"] = []
+    step_s = params.pop("step_s")  # of the steps only: a DuckDB query refuses parameters it does not read
     params["seed"], names = _series_names(store, params)
-    steps = store.frame(store.sql("signal_steps"), {**params, "step_s": window.step_s})
+    steps = store.computed("signal_steps", {**params, "step_s": step_s})
     steps = steps.join(names, on="series").select(STEP_COLUMNS)
     return pl.concat([steps, _growth_series(steps, window.step_s, known.growth_signals)])
+
+
+def signal_step_s(resolution_s: float) -> float:
+    """Signals are resampled twice as finely as the SLI, so an onset can be placed within a window."""
+    return resolution_s / 2
+
+
+def steps_params(since: datetime, until: datetime, step_s: float, known: Taxonomy = BUILT_IN) -> dict:
+    """The parameters of signal_steps.sql for the fleet's evidence signals in [since, until)."""
+    return {"since": since, "until": until, "step_s": step_s, "unknown_node": catalog.UNKNOWN_NODE, "node": "",
+            "metrics": list(known.evidence_signals), "seed": 0}
 
 
 def _series_names(store: Store, params: dict) -> tuple[int, pl.DataFrame]:
@@ -249,14 +261,12 @@ def fleet_movement(store: Store, window: Window, known: Taxonomy = BUILT_IN) -> 
     metrics = levels + [m + GROWTH_SUFFIX for m in known.growth_signals]
     readings = [_direction_and_floor(m, known) for m in metrics]
     lag = _growth_lag(window.step_s)
-    params = {"since": window.baseline_start, "until": window.incident_end, "unknown_node": catalog.UNKNOWN_NODE,
-              "node": "", "metrics": levels, "step_s": window.step_s, "seed": 0,
-              "readings": metrics, "directions": [d for d, _ in readings], "floors": [f for _, f in readings],
+    params = {**steps_params(window.baseline_start, window.incident_end, window.step_s, known), "readings": metrics, "directions": [d for d, _ in readings], "floors": [f for _, f in readings],
               "growth_metrics": list(known.growth_signals), "growth_suffix": GROWTH_SUFFIX, "growth_lag": lag,
               "growth_per_min": 60.0 / (lag * window.step_s), "analysis_start": window.analysis_start,
               "incident_start": window.incident_start, "min_baseline_steps": MIN_BASELINE_STEPS,
               "threshold": THRESHOLD, "iqr_to_sigma": IQR_TO_SIGMA, "min_scale": MIN_SCALE}
-    movement = store.frame(store.sql("fleet_movement"), params)
+    movement = store.computed("fleet_movement", params)
     moved = movement.filter("moved").group_by("metric").agg(nodes=pl.col("node_key").n_unique())
     return Fleet(movement["node_key"].n_unique(), dict(moved.iter_rows()))
 

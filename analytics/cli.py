@@ -26,7 +26,9 @@ def register(subparsers) -> None:
         "compression recognised. Malformed lines and requests "
         "are reported as FILE:LINE: reason (a request's number for length-prefixed ones), counted and skipped; the "
         "rest loads. Loading the same data twice "
-        "adds nothing. Exit status: 0 all loaded, 1 some lines rejected, 2 usage or spec error (a named file that "
+        "adds nothing. Into a ClickHouse store it then rolls up what analyses read (the SLI windows and the "
+        "fleet's signal steps, per minute, in sloscope_sli_rollup and sloscope_step_rollup), as a later analysis "
+        "would. Exit status: 0 all loaded, 1 some lines rejected, 2 usage or spec error (a named file that "
         "does not exist or is a directory, found before the store is opened).")
     ingest.add_argument("files", nargs="+", type=Path, metavar="FILE")
     add_store_arguments(ingest)
@@ -118,6 +120,7 @@ def _check_inputs(paths: list[Path]) -> None:
 
 def run_ingest(args) -> int:
     from analytics.ingest import Ingestor
+    from analytics.rca import roll_up
 
     try:
         _check_inputs(args.files)
@@ -130,6 +133,7 @@ def run_ingest(args) -> int:
         with store:
             report = Ingestor(store, TierResolver.from_spec(spec), batch_rows=args.batch_rows,
                               declared=spec.taxonomy.declared_metrics).ingest_files(args.files)
+            roll_up(store, spec)
     except StoreError as exc:
         print(f"sloscope ingest: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -25,6 +25,7 @@ import pyarrow.ipc as ipc
 
 from analytics import exporter_tables
 from analytics.frames import Frames
+from analytics.rollups import Rollups
 from analytics.store import Reader, StoreError, sql_of
 from receiver.otlp_common import FAMILY_PREFIX, FAMILY_RULE, kept_metrics
 
@@ -37,9 +38,10 @@ DISTRIBUTED = re.compile(r"Distributed\(\s*'?([^',()]*)'?\s*,\s*'?([^',()]*(?:\(
 DERIVED_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+)\s+.+?\s+MATERIALIZED\s+(.+)", re.S)
 
 
-def clickhouse_sql(name: str) -> str:
-    """The text of analytics/sql/clickhouse/NAME.sql with its {{relations}} inlined."""
-    return sql_of(("clickhouse",), name, lambda parameter: "{" + parameter + ":")
+def clickhouse_sql(name: str, instead: dict[str, str] | None = None) -> str:
+    """The text of analytics/sql/clickhouse/NAME.sql with its {{relations}} inlined (those named in `instead` by
+    the relation it maps them to)."""
+    return sql_of(("clickhouse",), name, lambda parameter: "{" + parameter + ":", instead)
 
 
 def statements(name: str) -> list[str]:
@@ -241,6 +243,7 @@ class ClickHouseStore(Reader):
         self._shadowed = {default for default, name in (names or {}).items() if name != default} - set(self._defaults)
         self._recorded_spec = None
         self._turn = threading.Lock()
+        self._rollups = Rollups(self)
         try:
             self._check_attribute_columns()
             if read_only:
@@ -304,9 +307,9 @@ class ClickHouseStore(Reader):
         return [(self._defaults.get(table, table), *rest) for table, *rest in self.rows(query)
                 if table not in self._shadowed]
 
-    def _execute(self, statement: str) -> None:
+    def _execute(self, statement: str, params: dict | None = None) -> None:
         try:
-            self.backend.execute(self._named(statement))
+            self.backend.execute(self._named(statement), _within_range(params))
         except Exception as exc:  # a refused grant, a server gone: the driver's errors have no common base
             raise StoreError(f"{self.path}: statement failed: {root_cause(exc)}") from None
 
@@ -386,8 +389,8 @@ class ClickHouseStore(Reader):
                              "creates them, or sloscope ingest; where the exporter's settings name them otherwise, "
                              "give those in the URL's query: ?traces_table_name=NAME&...)")
 
-    def sql(self, name: str) -> str:
-        text = clickhouse_sql(name)
+    def sql(self, name: str, instead: dict[str, str] | None = None) -> str:
+        text = clickhouse_sql(name, instead)
         for table, source in self._sources.items():
             text = re.sub(rf"\bFROM {table}\b", lambda _: f"FROM {source}", text)
         return text
@@ -420,6 +423,22 @@ class ClickHouseStore(Reader):
 
     def rows(self, query: str, params=None) -> list[tuple]:
         return self.frame(query, params).rows()
+
+    def computed(self, name: str, params: dict) -> pl.DataFrame:
+        """The rows of the query NAME, read from sloscope's rollups where it has them (analytics/rollups.py)."""
+        query, params = self._rollups.query(name, params) or (self.sql(name), params)
+        return self.frame(query, params)
+
+    def roll_up(self, name: str, params: dict) -> None:
+        self._rollups.fill(name, params)
+
+    def execute(self, statement: str, params: dict | None = None) -> None:
+        with self._turn:
+            self._execute(statement, params)
+
+    def insert(self, table: str, data: pa.Table) -> None:
+        with self._turn:
+            self._insert(table, data)
 
     def meta(self, key: str) -> str | None:
         return self.scalar(f"SELECT argMax(value, updated) FROM {META_TABLE} WHERE key = {{key:String}} "

@@ -13,8 +13,9 @@ from sloscope.durations import is_duration, parse_duration
 from sloscope.errors import ConfigError
 
 from analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, Fleet, Window, diagnose,
-                                   evidence_still_moved, fleet_movement, series_scores, signal_steps)
-from analytics.slo import Incident, find_incidents
+                                   evidence_still_moved, fleet_movement, series_scores, signal_step_s, signal_steps,
+                                   steps_params)
+from analytics.slo import Incident, find_incidents, sli_params
 from analytics.store import Store
 
 NO_REQUESTS = "holds no requests in the analysed range"
@@ -168,11 +169,23 @@ def analyse(store: Store, spec, since: datetime | None = None, until: datetime |
     out = []
     for incident, (start, end) in zip(incidents, spans):
         window = analysis.window(incident.node, start, end)
-        scores, fleet = analysis.scores(window, incident.node), analysis.fleet(window)
+        fleet = analysis.fleet(window)  # first: a store with rollups fills the window's for the whole fleet
+        scores = analysis.scores(window, incident.node)
         with timed("attribution"):
             causes, diagnosis = diagnose(scores, incident.node, window, top, spec.taxonomy, fleet)
         out.append(incident_json(incident, causes, diagnosis))
     return {"incidents": out}
+
+
+def roll_up(store: Store, spec) -> None:
+    """The store's rollups (a ClickHouse store's, analytics/rollups.py) made for everything it holds: the SLI
+    windows, and the steps of the fleet's evidence signals, that analyses read."""
+    first, last = store.rows(store.sql("data_range"))[0]
+    if first is not None:
+        until = last + timedelta(seconds=1)
+        store.roll_up("sli_windows", sli_params(store, spec, first, until))
+        store.roll_up("signal_steps", steps_params(first - BASELINE - LOOKBACK, until,
+                                                   signal_step_s(spec.resolution_s), spec.taxonomy))
 
 
 def explain_moment(store: Store, spec, at: datetime, node: str | None = None, top: int = 5,
@@ -240,7 +253,8 @@ class _Analysis:
 
     def top_cause(self, node: str, start: datetime, end: datetime) -> dict | None:
         window = self.window(node, start, end)
-        scores, fleet = self.scores(window, node), self.fleet(window)
+        fleet = self.fleet(window)
+        scores = self.scores(window, node)
         with self.timed("attribution"):
             causes, _ = diagnose(scores, node, window, known=self.known, fleet=fleet)
         return causes[0] if causes else None

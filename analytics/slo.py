@@ -97,16 +97,21 @@ def _blocks(frame: pl.DataFrame, step_s: float) -> np.ndarray:
     return np.cumsum(begins) - 1
 
 
+def sli_params(store: Store, spec: SloSpec, since: datetime, until: datetime) -> dict:
+    """The parameters of sli_windows.sql for every tier of the spec in [since, until)."""
+    objectives = list(spec.tiers.values())
+    return {**store.tier_params(spec), "tiers": [o.name for o in objectives],
+            "thresholds_ms": [float(o.threshold_ms) for o in objectives], "step_s": spec.resolution_s,
+            "since": since, "until": until}
+
+
 def sli_windows(store: Store, spec: SloSpec, since: datetime, until: datetime) -> dict[str, pl.DataFrame]:
     """Per tier of the spec, its windows per (service, node) with their test (`block`) and its p-values:
     `latency_p` for the slow requests, `error_p` for the failures, each against a service at exactly the
     objective. One query reads the requests for every tier."""
     objectives = list(spec.tiers.values())
     tiers = [o.name for o in objectives]
-    frame = store.frame(store.sql("sli_windows"), {
-        **store.tier_params(spec), "tiers": tiers, "thresholds_ms": [float(o.threshold_ms) for o in objectives],
-        "step_s": spec.resolution_s, "since": since, "until": until})
-    frame = _in_window_order(frame)
+    frame = _in_window_order(store.computed("sli_windows", sli_params(store, spec, since, until)))
     block = _blocks(frame, spec.resolution_s)
     # A block's windows are next to each other: its sums are taken over its run of rows, and its p-values are
     # handed back to its windows by its number.

@@ -54,14 +54,15 @@ def refuse_other_files(path: Path) -> None:
 RELATION = re.compile(r"\{\{(\w+)(?: (\w+) (\w+))?\}\}")
 
 
-def sql_of(folder: tuple[str, ...], name: str, reference) -> str:
-    """The text of analytics/sql/FOLDER/NAME.sql with its {{relations}} inlined; reference(p) is how the dialect
-    writes parameter p in a query, for the renaming of since and until."""
+def sql_of(folder: tuple[str, ...], name: str, reference, instead: dict[str, str] | None = None) -> str:
+    """The text of analytics/sql/FOLDER/NAME.sql with its {{relations}} inlined, each relation named in `instead`
+    replaced by the one it maps to; reference(p) is how the dialect writes parameter p in a query, for the renaming
+    of since and until."""
     text = resources.files("analytics").joinpath("sql", *folder, f"{name}.sql").read_text()
 
     def inlined(match: re.Match) -> str:
         relation, since, until = match.groups()
-        body = sql_of(folder, relation, reference)
+        body = sql_of(folder, (instead or {}).get(relation, relation), reference, instead)
         if since:
             body = body.replace(reference("since"), reference(since)).replace(reference("until"), reference(until))
         return f"(\n{body}\n)"
@@ -96,6 +97,14 @@ class Reader:
 
     def rows(self, query: str, params=None) -> list[tuple]:
         return self.con.execute(query, params or []).fetchall()
+
+    def computed(self, name: str, params: dict) -> pl.DataFrame:
+        """The rows of the query NAME: a store that keeps rollups of it may read them instead."""
+        return self.frame(self.sql(name), params)
+
+    def roll_up(self, name: str, params: dict) -> None:
+        """Rollups of the query NAME over [since, until) made ahead of analysis, in a store that keeps them (this
+        one computes as it writes)."""
 
     def scalar(self, query: str, params=None):
         rows = self.rows(query, params)

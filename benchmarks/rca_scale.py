@@ -3,7 +3,8 @@
 Prints, for the DuckDB store and (with --store) a ClickHouse store beside it, loaded from the same files: the
 ingest rate (rows/s), the bytes on disk, the rca wall time and peak memory (each in its own process, measured by
 the kernel's accounting of that process), and the seconds of each rca stage (SLI windows, incident merge, signal
-steps, attribution), so the next bottleneck shows. As baselines measured in the same run on the same files: the
+steps, attribution), so the next bottleneck shows. For the ClickHouse store also one analysis with its rollups
+emptied first: what the first analysis of tables a Collector wrote costs (`sloscope ingest` rolls up as it loads). As baselines measured in the same run on the same files: the
 rate at which the lines can merely be decompressed and parsed as JSON, and the time of one plain aggregate query
 over all requests in DuckDB.
 
@@ -30,6 +31,7 @@ from simulator.fleet import SimulationConfig, simulate
 
 SLOSCOPE = [sys.executable, "-m", "commands.cli"]
 STAGES = ("sli_windows", "incident_merge", "signal_steps", "attribution")
+ROLLUP_TABLES = ("sloscope_sli_rollup", "sloscope_step_rollup")
 RAW_ROWS = {"duckdb": "SELECT (SELECT count() FROM requests) + (SELECT count() FROM samples) + "
                       "(SELECT count() FROM histograms), (SELECT count() FROM requests)",
             "chdb": "SELECT (SELECT count() FROM otel_traces) + (SELECT count() FROM otel_metrics_gauge) + "
@@ -67,13 +69,17 @@ def parse_only_rate(files: list[Path], max_lines: int = 400) -> float:
     return rows / (time.monotonic() - started)
 
 
-def analyse_in_this_process(url: str) -> int:
-    """The rca document and its stage seconds as one JSON line (run as a child, so its peak RSS is its own)."""
+def analyse_in_this_process(url: str, without_rollups: bool = False) -> int:
+    """The rca document and its stage seconds as one JSON line (run as a child, so its peak RSS is its own);
+    `without_rollups`: a ClickHouse store's rollups emptied first, as where a Collector wrote the tables and nothing
+    has analysed them yet."""
     from analytics.rca import analyse
     from analytics.stores import open_store
 
     timings: dict[str, float] = {}
     with open_store(url, read_only=True) as store:
+        for table in ROLLUP_TABLES if without_rollups else ():
+            store.execute(f"TRUNCATE TABLE IF EXISTS {table}")
         result = analyse(store, store.slo_spec(), timings=timings)
     sys.stdout.write(json.dumps({"incidents": result["incidents"], "timings": timings}))
     return 0
@@ -103,12 +109,12 @@ def duckdb_aggregate_s(url: str) -> float:
         return time.monotonic() - t
 
 
-def analysed(url: str, runs: int) -> tuple[float, int, float, dict, list[float]]:
+def analysed(url: str, runs: int, *flags: str) -> tuple[float, int, float, dict, list[float]]:
     """rca `runs` times, each in a process of its own: the run of median analysis time (its wall seconds, peak
     RSS, CPU seconds and answer) and every run's analysis seconds, since one run on a shared machine says little."""
     measured = []
     for _ in range(runs):
-        rca_s, rca_rss, _, out, rca_cpu = run_measured([sys.executable, __file__, "--analyse", url])
+        rca_s, rca_rss, _, out, rca_cpu = run_measured([sys.executable, __file__, "--analyse", url, *flags])
         answer = json.loads(out)
         measured.append((sum(answer["timings"].values()), rca_s, rca_rss, rca_cpu, answer))
     measured.sort(key=lambda m: m[0])
@@ -137,6 +143,12 @@ def measure(url: str, files: list[Path], truth, floor: float, node_seconds: floa
     print(f"          median of {len(every)} runs; each run's analysis: " + ", ".join(f"{t:.2f}s" for t in every))
     print(f"          {len(incidents)} incidents, (node, top cause): {found}; injected "
           f"{truth.fault['cause']} on {truth.fault['node']}")
+    if not url.startswith("duckdb:"):
+        _, rss, _, cold, every = analysed(url, 1, "--without-rollups")
+        print(f"  rca without rollups (the first analysis of tables a Collector wrote, which makes them): "
+              f"{every[0]:.2f}s analysing, peak RSS {rss / 2**30:.2f} GiB; stages: "
+              + ", ".join(f"{s} {cold['timings'].get(s, 0.0):.2f}s" for s in STAGES)
+              + f"; same incidents: {cold['incidents'] == incidents}")
     print(f"          ({ingest_line})")
     return {"rca_s": rca_s, "rows": rows, "ingest_s": ingest_s, "found": found}
 
@@ -151,9 +163,10 @@ def main() -> int:
     parser.add_argument("--store", metavar="URL", help="a ClickHouse store to measure beside DuckDB "
                         "(chdb:///DIR; emptied first)")
     parser.add_argument("--analyse", metavar="URL", help=argparse.SUPPRESS)  # the measured child
+    parser.add_argument("--without-rollups", action="store_true", help=argparse.SUPPRESS)  # the child's
     args = parser.parse_args()
     if args.analyse:
-        return analyse_in_this_process(args.analyse)
+        return analyse_in_this_process(args.analyse, args.without_rollups)
     if args.store and not args.store.startswith("chdb:///"):
         parser.error("--store: a chdb:///DIR store (one this run may empty)")
     work = args.keep or Path(tempfile.mkdtemp(prefix="sloscope-scale-"))

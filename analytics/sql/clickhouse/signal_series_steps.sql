@@ -103,7 +103,10 @@ cumulative AS (
                arrayPushFront(arrayPopBack(time_ns), time_ns[1]) AS prev_time_ns,
                arrayPushFront(arrayPopBack(value), value[1]) AS prev_value,
                arrayPushFront(arrayPopBack(start_ns), start_ns[1]) AS prev_start_ns,
-               arrayMap(position -> position = 1, arrayEnumerate(kept)) AS first,
+               -- A point more than 5 minutes after the one before it starts afresh, as the range's first point
+               -- does: a step's value never depends on where the range begins (analytics/rollups.py).
+               arrayMap((position, time_ns, prev_time_ns) -> position = 1 OR time_ns - prev_time_ns > 300000000000,
+                        arrayEnumerate(kept), time_ns, prev_time_ns) AS first,
                arrayMap((first, start_ns, prev_start_ns) -> first OR start_ns != prev_start_ns,
                         first, start_ns, prev_start_ns) AS restarted,
                arrayMap((first, value, prev_value) -> NOT first AND value < prev_value,
@@ -157,7 +160,8 @@ cumulative_histograms AS (
                arrayPushFront(arrayPopBack(layout), layout[1]) AS prev_layout,
                arrayPushFront(arrayPopBack(held_from), held_from[1]) AS prev_held_from,
                arrayPushFront(arrayPopBack(held), held[1]) AS prev_held,
-               arrayMap(position -> position = 1, arrayEnumerate(kept)) AS first,
+               arrayMap((position, time_ns, prev_time_ns) -> position = 1 OR time_ns - prev_time_ns > 300000000000,
+                        arrayEnumerate(kept), time_ns, prev_time_ns) AS first,
                arrayMap((first, start_ns, prev_start_ns) -> first OR start_ns != prev_start_ns,
                         first, start_ns, prev_start_ns) AS restarted,
                -- A bucket went down where the predecessor held more than the point holds in that bucket: the

@@ -1,0 +1,275 @@
+"""Rollups: the ClickHouse store's SLI windows and signal steps kept per chunk of time in tables of sloscope's own,
+so that an analysis reads what earlier ones computed instead of every span and point again. The DuckDB store does
+the like as it writes (its deltas); the exporter's tables are written by the Collector, so the ClickHouse store
+rolls them up as it reads.
+
+The chunks lie on a grid of about a minute (a whole number of the query's steps) from 2000-01-03, where the
+queries align their windows and steps. A chunk's rows are one batch, and a header row, written after them, names
+the source rows they were computed from: the count and a digest of the exporter's rows in the chunk (for signal
+steps, also in the 5 minutes before it, where a counter's previous point may lie). A batch is read only while the
+tables still give that count and digest; rows that arrived late, a copy, or rows that TTL dropped make the chunk
+computed again. A header means the whole batch is in; a batch without one (a write cut short) is never read.
+
+The rolled-up rows are the raw query's exactly: a window's or a step's rows depend on its own spans or points and,
+for a cumulative series, on the point before each within 5 minutes (signal_series_steps.sql), never on where the
+range begins. A range that cuts a window or step holding rows outside the range is read from the raw tables, as is
+every range where sloscope may not create or write its tables (a read-only user): a warning says so once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+import math
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+
+from analytics.store import StoreError
+
+log = logging.getLogger("sloscope.rollups")
+GRID_ORIGIN = datetime(2000, 1, 3)  # where DuckDB's time_bucket, and the queries with it, align steps
+# Within the times the exporter's DateTime64(9) columns hold, a day inside at each end (a chunk's bounds stay in).
+FIRST_TIME, LAST_TIME = datetime(1900, 1, 2), datetime(2262, 4, 10)
+CHUNK_S = 60
+POINT_LOOKBACK = timedelta(minutes=5)  # signal_series_steps.sql: how far back a cumulative point's predecessor is
+# rollup_tables.sql drops a day's rollups this long after it, a part at a time: a header may outlive its rows, so
+# none is read within a day of that.
+KEPT = timedelta(days=35)
+SUPERSEDED_AFTER_S = 60  # a replaced batch is deleted once this old, so that a query reading it has finished
+# How long a single node's query reads the batches last chosen for the fleet's over the same range without checking
+# the tables again: an analysis reads a window for the fleet and then for its node, as one look at the tables.
+REUSE_S = 5.0
+RETRY_S = 600  # after the server refused a rollup's statement, analyses read the raw tables this long
+
+
+@dataclass(frozen=True)
+class Rollup:
+    """One rolled-up query: `relation` is what a query names in double braces and `reads` rolls it up."""
+
+    relation: str  # the query's own name, or the relation of it that the rollup stands for
+    table: str
+    fill: str  # writes whole chunks' batches (analytics/sql/clickhouse/)
+    reads: str  # the relation read from the chosen batches
+    slices: str  # counts and digests the source rows per chunk
+    keyed_by: tuple[str, ...]  # the parameters its rows depend on, besides the range
+    lookback: timedelta
+
+
+SLI = Rollup("sli_windows", "sloscope_sli_rollup", "sli_rollup_fill", "sli_rollup", "span_slices",
+             ("allowed_tiers", "default_tier", "tiers", "thresholds_ms", "step_s"), timedelta(0))
+STEPS = Rollup("signal_series_steps", "sloscope_step_rollup", "step_rollup_fill", "step_rollup", "point_slices",
+               ("seed", "metrics", "unknown_node", "step_s"), POINT_LOOKBACK)
+# The queries that read a rollup: sli_windows is the rollup's own query; signal_steps and fleet_movement read
+# its relation (the steps of one node, or of the fleet).
+READERS = {"sli_windows": SLI, "signal_steps": STEPS, "fleet_movement": STEPS}
+
+
+def _micros(t: datetime) -> int:
+    return (t - GRID_ORIGIN) // timedelta(microseconds=1)
+
+
+def _time(micros: int) -> datetime:
+    return GRID_ORIGIN + timedelta(microseconds=micros)
+
+
+def _horizon() -> datetime:
+    """The oldest time whose rollups are read: a day inside what the tables keep."""
+    return datetime.now(timezone.utc).replace(tzinfo=None) - KEPT + timedelta(days=1)
+
+
+def _wrapped(n: int) -> int:
+    """n as a signed 64-bit integer, as ClickHouse's sums of digests wrap."""
+    return (n + 2**63) % 2**64 - 2**63
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The steps and chunks that a range [since, until) lies on, in microseconds from GRID_ORIGIN."""
+
+    step: int
+    chunk: int
+    since: int
+    until: int
+
+    @classmethod
+    def of(cls, params: dict) -> "Grid":
+        step = round(params["step_s"] * 1e6)
+        since, until = max(params["since"], FIRST_TIME), min(params["until"], LAST_TIME)
+        return cls(step, step * math.ceil(CHUNK_S * 1e6 / step), _micros(since), _micros(until))
+
+    def floor(self, t: int, size: int) -> int:
+        return t // size * size
+
+    def ceil(self, t: int, size: int) -> int:
+        return -(-t // size) * size
+
+    @property
+    def first_chunk(self) -> int:
+        return self.floor(self.since, self.chunk)
+
+    @property
+    def end_chunk(self) -> int:
+        return self.ceil(self.until, self.chunk)
+
+
+class Rollups:
+    """The rollups of one ClickHouseStore."""
+
+    def __init__(self, store):
+        self.store = store
+        self._made = False  # whether the tables were made (or found)
+        self._retry_at = 0.0  # monotonic time before which the raw tables are read
+        self.kept_replaced = False  # whether deleting replaced batches was refused (said once)
+        self._recent: dict[tuple, tuple[float, dict]] = {}  # (rollup, key, since, until) -> (when, chosen)
+
+    def query(self, name: str, params: dict) -> tuple[str, dict] | None:
+        """The query NAME over its rollup, with its parameters, or None where it must read the raw tables. A query
+        of the whole fleet fills the chunks the rollup lacks; one of a single node only reads what is there."""
+        rollup = READERS.get(name)
+        if rollup is None or not self._ready():
+            return None
+        fill = not params.get("node")
+        try:
+            chosen = (None if fill else self._reused(rollup, params)) or self._batches(rollup, params, fill)
+        except StoreError as exc:
+            self._give_up(exc)
+            return None
+        if chosen is None:
+            return None
+        query = self.store.sql(rollup.reads) if name == rollup.relation else \
+            self.store.sql(name, {rollup.relation: rollup.reads})
+        return query, {**params, **chosen}
+
+    def fill(self, name: str, params: dict) -> None:
+        """The chunks of NAME's rollup that [since, until) touches, computed where they lack a batch."""
+        grid = Grid.of({**params, "since": max(params["since"], _horizon())})
+        if grid.first_chunk < grid.end_chunk:
+            self.query(name, {**params, "node": "", "since": _time(grid.first_chunk), "until": _time(grid.end_chunk)})
+
+    def _reused(self, rollup: Rollup, params: dict) -> dict | None:
+        when, chosen = self._recent.get(self._range(rollup, params), (0.0, None))
+        return chosen if time.monotonic() - when < REUSE_S else None
+
+    def _range(self, rollup: Rollup, params: dict) -> tuple:
+        return rollup, self._key(rollup, params), params["since"], params["until"]
+
+    def _ready(self) -> bool:
+        if time.monotonic() < self._retry_at:
+            return False
+        if not self._made:
+            try:
+                for statement in self.store.sql("rollup_tables").split("\n;\n"):
+                    self.store.execute(statement)
+            except StoreError as exc:
+                self._give_up(exc)
+                return False
+            self._made = True
+        return True
+
+    def _give_up(self, exc: StoreError) -> None:
+        log.warning("analyses read the exporter's tables without sloscope's rollups for %d minutes, since the "
+                    "server refused them: %s", RETRY_S // 60, exc)
+        self._retry_at = time.monotonic() + RETRY_S
+
+    def _batches(self, rollup: Rollup, params: dict, fill: bool) -> dict | None:
+        grid = Grid.of(params)
+        if _time(grid.first_chunk) < _horizon():
+            return None
+        slices = self._slices(rollup, params, grid)
+        if slices is None:
+            return None
+        key = self._key(rollup, params)
+        chosen = self._stored(rollup, key, grid, slices)
+        missing = [c for c in sorted(slices) if c not in chosen]
+        if missing and not fill:
+            return None
+        for run in _runs(missing, chosen):
+            chosen.update(self._fill(rollup, params, key, grid, run, slices))
+        found = {"rollup_parameters": key, "rollup_batches": sorted(chosen.values()),
+                 "chunk_origin": _time(grid.first_chunk), "first_step": _time(grid.floor(grid.since, grid.step))}
+        self._recent = {self._range(rollup, params): (time.monotonic(), found)}
+        return found
+
+    def _slices(self, rollup: Rollup, params: dict, grid: Grid) -> dict[int, tuple[int, int]] | None:
+        """Of each chunk of the range that holds source rows: (rows, digest) of the rows its batch is computed from
+        (its own and its lookback's). None where a window or step of the range holds rows outside it."""
+        lookback = grid.ceil(rollup.lookback // timedelta(microseconds=1), grid.chunk)
+        first = grid.first_chunk - lookback
+        slices = self.store.frame(self.store.sql(rollup.slices), {
+            "since": _time(first), "until": _time(grid.end_chunk), "chunk_origin": _time(first),
+            "chunk_us": grid.chunk, "range_start": params["since"], "range_end": params["until"],
+            "first_step": _time(grid.floor(grid.since, grid.step)),
+            "last_step_end": _time(grid.ceil(grid.until, grid.step))})
+        if slices["outside"].sum():
+            return None
+        own = {first + n * grid.chunk: (rows, digest) for n, rows, digest in
+               slices.select("chunk", "source_rows", "source_digest").iter_rows()}
+        around = [(c, [own.get(s, (0, 0)) for s in range(c - lookback, c + 1, grid.chunk)])
+                  for c in own if c >= grid.first_chunk]
+        return {c: (sum(rows for rows, _ in counted), _wrapped(sum(digest for _, digest in counted)))
+                for c, counted in around}
+
+    def _key(self, rollup: Rollup, params: dict) -> int:
+        """What a batch's rows depend on besides their range: the query's text and its parameters."""
+        text = self.store.sql(rollup.fill) + json.dumps({k: params[k] for k in rollup.keyed_by}, sort_keys=True)
+        return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
+
+    def _stored(self, rollup: Rollup, key: int, grid: Grid, sources: dict) -> dict[int, int]:
+        """chunk -> the newest batch stored for it that was computed from the rows the tables hold now."""
+        headers = self.store.rows(
+            f"SELECT chunk_start, batch, source_rows, source_digest FROM {rollup.table} "
+            "WHERE parameters = {key:Int64} AND header AND chunk_start >= {first:DateTime64(6)} "
+            "AND chunk_start < {until:DateTime64(6)} ORDER BY computed",
+            {"key": key, "first": _time(grid.first_chunk), "until": _time(grid.end_chunk)})
+        return {_micros(start): batch for start, batch, rows, digest in headers
+                if sources.get(_micros(start)) == (rows, digest)}
+
+    def _fill(self, rollup: Rollup, params: dict, key: int, grid: Grid, chunks: list[int],
+              sources: dict) -> dict[int, int]:
+        """Batches of these chunks (a run: no chunk between them has one), computed and written with their headers;
+        replaced batches of those chunks that are old enough are deleted."""
+        start, end = chunks[0], chunks[-1] + grid.chunk
+        batches = [secrets.randbits(63) for _ in chunks]
+        self.store.execute(self.store.sql(rollup.fill), {
+            **params, "node": "", "since": _time(start), "until": _time(end), "rollup_parameters": key,
+            "rollup_chunks": [(c - start) // grid.chunk for c in chunks], "rollup_batches": batches,
+            "chunk_origin": _time(start), "chunk_us": grid.chunk})
+        self.store.insert(rollup.table, pa.table({
+            "parameters": pa.array([key] * len(chunks), pa.int64()),
+            "chunk_start": pa.array([_time(c) for c in chunks], pa.timestamp("us", "UTC")),
+            "batch": pa.array(batches, pa.int64()), "header": pa.array([True] * len(chunks)),
+            "source_rows": pa.array([sources[c][0] for c in chunks], pa.int64()),
+            "source_digest": pa.array([sources[c][1] for c in chunks], pa.int64())}))
+        self._delete_replaced(rollup, key, chunks, batches)
+        return dict(zip(chunks, batches))
+
+    def _delete_replaced(self, rollup: Rollup, key: int, chunks: list[int], batches: list[int]) -> None:
+        """The other batches of these chunks deleted once old enough; where the server refuses (a lightweight
+        DELETE needs ClickHouse 23.3), they are left, and only cost room."""
+        try:
+            self.store.execute(
+                f"DELETE FROM {rollup.table} WHERE parameters = {{key:Int64}} AND "
+                "has({chunks:Array(DateTime64(6))}, chunk_start) AND NOT has({batches:Array(Int64)}, batch) "
+                f"AND computed < now() - {SUPERSEDED_AFTER_S}",
+                {"key": key, "chunks": [_time(c) for c in chunks], "batches": batches})
+        except StoreError as exc:
+            if not self.kept_replaced:
+                log.warning("replaced rollup batches are kept: %s", exc)
+            self.kept_replaced = True
+
+
+def _runs(missing: list[int], chosen: dict[int, int]) -> list[list[int]]:
+    """The chunks that lack a batch, in runs that no chunk with one interrupts: each run is computed at once."""
+    have, runs = sorted(chosen), []
+    for chunk in missing:
+        if runs and bisect.bisect_left(have, chunk) == bisect.bisect_right(have, runs[-1][-1]):
+            runs[-1].append(chunk)
+        else:
+            runs.append([chunk])
+    return runs

@@ -1,0 +1,177 @@
+"""The ClickHouse store's rollups (analytics/rollups.py): an analysis that reads them answers exactly as one of the
+raw tables, whatever the range, after rows arrive late, and after a batch was cut short; a second analysis reads
+them instead of computing them again; a store that cannot keep them reads the raw tables."""
+
+import logging
+import random
+from datetime import datetime, timedelta, timezone
+
+import polars as pl
+import pytest
+
+pytest.importorskip("chdb")
+
+from analytics.attribution import GROWTH_SUFFIX, Window, signal_steps  # noqa: E402
+from analytics.ingest import Ingestor  # noqa: E402
+from analytics.rca import analyse  # noqa: E402
+from analytics.slo import sli_windows  # noqa: E402
+from analytics.store import StoreError  # noqa: E402
+from analytics.stores import open_store  # noqa: E402
+from enrich.tiers import TierResolver  # noqa: E402
+from simulator.fleet import SimulationConfig, simulate  # noqa: E402
+from sloscope.slo_spec import load_spec  # noqa: E402
+
+# Recent: rollups are kept, and read, for the last 34 days only.
+START = (datetime.now(timezone.utc) - timedelta(minutes=20)).replace(tzinfo=None, second=0, microsecond=0)
+SPEC = load_spec(None)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """A chDB store of a 3-node fleet, 13 minutes with a storage fault."""
+    out = tmp_path_factory.mktemp("rollups")
+    simulate(SimulationConfig(out=out / "otlp", nodes=3, seed=4, fault="storage_queue", rate=4.0, duration_s=780,
+                              start=START.isoformat() + "Z"))
+    url = f"chdb:///{out}/ch"
+    with open_store(url) as store:
+        Ingestor(store, TierResolver.from_spec(SPEC), jobs=1).ingest_files(sorted((out / "otlp").glob("*.jsonl*")))
+    return url
+
+
+def _raw(store):
+    """The store with its rollups set aside: every query reads the exporter's tables."""
+    store._rollups.query = lambda name, params: None
+    return store
+
+
+def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.sort(frame.columns)
+
+
+def _headers(store, table: str) -> int:
+    return store.scalar(f"SELECT count() FROM {table} WHERE header")
+
+
+def _sli(store, since, until) -> pl.DataFrame:
+    return _sorted(pl.concat(list(sli_windows(store, SPEC, since, until).values())))
+
+
+def _steps(store, since, until, node=None) -> pl.DataFrame:
+    window = Window(since, since + (until - since) / 2, since + (until - since) / 2, until, SPEC.resolution_s)
+    return _sorted(signal_steps(store, window, SPEC.taxonomy, evidence_only=True, node=node))
+
+
+def test_a_second_analysis_reads_the_rollups_and_answers_as_the_raw_tables(fleet):
+    """The fleet is young: its windows begin at a node's first signal, inside a step that holds other nodes' earlier
+    points, so their steps are read raw; the SLI windows are rolled up."""
+    with open_store(fleet, read_only=True) as store:
+        first = analyse(store, SPEC)
+        headers = _headers(store, "sloscope_sli_rollup"), _headers(store, "sloscope_step_rollup")
+        assert headers[0]
+    with open_store(fleet, read_only=True) as store:
+        assert analyse(store, SPEC) == first
+        assert (_headers(store, "sloscope_sli_rollup"), _headers(store, "sloscope_step_rollup")) == headers
+    with open_store(fleet, read_only=True) as store:
+        assert analyse(_raw(store), SPEC) == first
+    assert first["incidents"]
+
+
+def test_any_range_gives_the_raw_tables_rows(fleet):
+    """Ranges that begin and end anywhere, inside a step or window or on the grid: those that cut one holding rows
+    outside them read the raw tables, the others the rollups, and both give the raw rows."""
+    rng = random.Random(7)
+    with open_store(fleet, read_only=True) as store, open_store(fleet, read_only=True) as raw:
+        _raw(raw)
+        ranges = [(START + timedelta(minutes=4), START + timedelta(minutes=9))]
+        for _ in range(6):
+            since = START + timedelta(seconds=rng.choice([0, 60, 130, 300]) + rng.choice([0, 0.5, 5, 7.25]))
+            ranges.append((since, since + timedelta(seconds=rng.choice([60, 200, 420]) + rng.choice([0, 3.5, 10]))))
+        for since, until in ranges:
+            assert _sli(store, since, until).equals(_sli(raw, since, until))
+            assert _steps(store, since, until).equals(_steps(raw, since, until))
+            node = "gpu-node-1"
+            assert _steps(store, since, until, node).equals(_steps(raw, since, until, node))
+        assert _headers(store, "sloscope_step_rollup")
+
+
+def test_rows_that_arrive_late_are_counted(fleet, tmp_path):
+    """Spans and points written after a chunk was rolled up (a Collector's retry, a late batch) change it."""
+    since, until = START + timedelta(minutes=2), START + timedelta(minutes=8)
+    late_from, late_to = START + timedelta(minutes=4, seconds=10), START + timedelta(minutes=4, seconds=40)
+    with open_store(fleet) as store:
+        before_sli, before_steps = _sli(store, since, until), _steps(store, since, until)
+        store.execute("INSERT INTO otel_traces SELECT * REPLACE (concat(SpanId, 'late') AS SpanId, "
+                      "Duration * 50 AS Duration) FROM otel_traces "
+                      "WHERE Timestamp >= {a:DateTime64(6)} AND Timestamp < {b:DateTime64(6)}",
+                      {"a": late_from, "b": late_to})
+        store.execute("INSERT INTO otel_metrics_gauge SELECT * REPLACE (Value * 10 + 1 AS Value, "
+                      "TimeUnix + toIntervalMillisecond(1) AS TimeUnix) FROM otel_metrics_gauge "
+                      "WHERE TimeUnix >= {a:DateTime64(6)} AND TimeUnix < {b:DateTime64(6)}",
+                      {"a": late_from, "b": late_to})
+        after_sli, after_steps = _sli(store, since, until), _steps(store, since, until)
+        assert not after_sli.equals(before_sli) and not after_steps.equals(before_steps)
+        assert after_sli.equals(_sli(_raw(store), since, until))
+        assert after_steps.equals(_steps(store, since, until))
+
+
+def test_a_batch_without_its_header_is_never_read(fleet):
+    """Rows of a batch whose header is missing (a write cut short) are left aside, and the chunk computed again."""
+    since, until = START + timedelta(minutes=1), START + timedelta(minutes=6)
+    with open_store(fleet) as store:
+        expected = _sli(store, since, until)
+        store.execute("DELETE FROM sloscope_sli_rollup WHERE header AND chunk_start = {c:DateTime64(6)}",
+                      {"c": START + timedelta(minutes=3)})
+        assert _sli(store, since, until).equals(expected)
+        assert store.scalar("SELECT count() FROM sloscope_sli_rollup WHERE header "
+                            "AND chunk_start = {c:DateTime64(6)}", {"c": START + timedelta(minutes=3)})
+
+
+def test_a_counter_silent_for_more_than_five_minutes_starts_afresh_wherever_the_range_begins(fleet, tmp_path):
+    """A step's value does not depend on where the range begins, which the rollups' exactness rests on: a point
+    more than 5 minutes after its series' last one is read as a first point, from a range that holds both or one
+    that begins after the gap alike."""
+    gap_from, gap_to = START + timedelta(minutes=3), START + timedelta(minutes=9, seconds=30)
+    url = f"chdb:///{tmp_path}/gap"
+    tables = ("otel_traces", "otel_metrics_sum", "otel_metrics_gauge", "otel_metrics_exponential_histogram")
+    with open_store(fleet) as source:  # chDB opens one database directory at a time in a process
+        rows = {table: source.backend.arrow(f"SELECT * FROM {table}") for table in tables}
+    with open_store(url) as store:
+        for table, data in rows.items():
+            store.insert(table, data)
+        store.execute("DELETE FROM otel_metrics_sum WHERE TimeUnix >= {a:DateTime64(6)} "
+                      "AND TimeUnix < {b:DateTime64(6)}", {"a": gap_from, "b": gap_to})
+        _raw(store)
+        wide = _steps(store, START + timedelta(minutes=1), START + timedelta(minutes=12))
+        narrow = _steps(store, gap_to, START + timedelta(minutes=12))
+        measured = ~pl.col("metric").cast(pl.String).str.ends_with(GROWTH_SUFFIX)  # growth reads steps before the range
+        after_gap = wide.filter(measured & (pl.col("step") >= narrow["step"].min()))
+        assert not narrow.is_empty() and after_gap.equals(narrow.filter(measured))
+
+
+def test_a_store_that_cannot_keep_rollups_reads_the_raw_tables(fleet, monkeypatch, caplog):
+    with open_store(fleet, read_only=True) as store:
+        expected = analyse(_raw(store), SPEC)
+    with open_store(fleet, read_only=True) as store:
+        refusals = []
+
+        def refused(statement, params=None):
+            refusals.append(statement)
+            raise StoreError(f"{fleet}: statement failed: Not enough privileges")
+
+        monkeypatch.setattr(store, "execute", refused)
+        with caplog.at_level(logging.WARNING, "sloscope.rollups"):
+            assert analyse(store, SPEC) == expected
+            assert analyse(store, SPEC) == expected
+        assert len([r for r in caplog.records if "Not enough privileges" in r.message]) == 1
+        assert len(refusals) == 1  # not asked again for every query
+
+
+def test_a_range_reaching_past_what_rollups_keep_reads_the_raw_tables(fleet):
+    """Rollups are dropped a day's part at a time 35 days on: a range that begins before the last 34 days is read
+    from the exporter's tables, and nothing is rolled up for it."""
+    since, until = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(days=40), START + timedelta(hours=1)
+    with open_store(fleet, read_only=True) as store:
+        headers = _headers(store, "sloscope_sli_rollup")
+        ours = _sli(store, since, until)
+        assert _headers(store, "sloscope_sli_rollup") == headers
+        assert not ours.is_empty() and ours.equals(_sli(_raw(store), since, until))
