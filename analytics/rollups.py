@@ -40,7 +40,7 @@ CHUNK_S = 60
 POINT_LOOKBACK = timedelta(minutes=5)  # signal_series_steps.sql: how far back a cumulative point's predecessor is
 # rollup_tables.sql drops a day's rollups this long after it, a part at a time: a header may outlive its rows, so
 # none is read within a day of that.
-KEPT = timedelta(days=35)
+KEPT = timedelta(days=8)
 SUPERSEDED_AFTER_S = 60  # a replaced batch is deleted once this old, so that a query reading it has finished
 # How long a single node's query reads the batches last chosen for the fleet's over the same range without checking
 # the tables again: an analysis reads a window for the fleet and then for its node, as one look at the tables.

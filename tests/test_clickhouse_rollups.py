@@ -21,7 +21,7 @@ from enrich.tiers import TierResolver  # noqa: E402
 from simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from sloscope.slo_spec import load_spec  # noqa: E402
 
-# Recent: rollups are kept, and read, for the last 34 days only.
+# Recent: rollups are kept, and read, for the last 7 days only.
 START = (datetime.now(timezone.utc) - timedelta(minutes=20)).replace(tzinfo=None, second=0, microsecond=0)
 SPEC = load_spec(None)
 
@@ -167,7 +167,7 @@ def test_a_store_that_cannot_keep_rollups_reads_the_raw_tables(fleet, monkeypatc
 
 
 def test_a_range_reaching_past_what_rollups_keep_reads_the_raw_tables(fleet):
-    """Rollups are dropped a day's part at a time 35 days on: a range that begins before the last 34 days is read
+    """Rollups are dropped a day's part at a time 8 days on: a range that begins before the last 7 days is read
     from the exporter's tables, and nothing is rolled up for it."""
     since, until = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(days=40), START + timedelta(hours=1)
     with open_store(fleet, read_only=True) as store:

@@ -1,7 +1,7 @@
 -- sloscope's rollups of the exporter's tables (analytics/rollups.py): per chunk of time, one batch of a query's
 -- rows and, written after them, a header row naming the source rows they were computed from. The columns before
 -- `computed` are every batch's; the others are the query's rows (a header leaves them at their defaults). A day's
--- chunks are dropped whole 35 days after it (ttl_only_drop_parts), and analytics/rollups.py reads none that old.
+-- chunks are dropped whole 8 days after it (ttl_only_drop_parts), and analytics/rollups.py reads none that old.
 -- Statements are separated by a line holding only ";".
 CREATE TABLE IF NOT EXISTS sloscope_sli_rollup (
     parameters Int64,
@@ -21,7 +21,7 @@ CREATE TABLE IF NOT EXISTS sloscope_sli_rollup (
 ) ENGINE = MergeTree
 PARTITION BY toDate(chunk_start)
 ORDER BY (parameters, chunk_start, batch)
-TTL toDateTime(chunk_start) + INTERVAL 35 DAY
+TTL toDateTime(chunk_start) + INTERVAL 8 DAY
 SETTINGS ttl_only_drop_parts = 1
 ;
 CREATE TABLE IF NOT EXISTS sloscope_step_rollup (
@@ -40,5 +40,5 @@ CREATE TABLE IF NOT EXISTS sloscope_step_rollup (
 ) ENGINE = MergeTree
 PARTITION BY toDate(chunk_start)
 ORDER BY (parameters, chunk_start, batch, node_key)
-TTL toDateTime(chunk_start) + INTERVAL 35 DAY
+TTL toDateTime(chunk_start) + INTERVAL 8 DAY
 SETTINGS ttl_only_drop_parts = 1
