@@ -261,7 +261,8 @@ def fleet_movement(store: Store, window: Window, known: Taxonomy = BUILT_IN) -> 
     metrics = levels + [m + GROWTH_SUFFIX for m in known.growth_signals]
     readings = [_direction_and_floor(m, known) for m in metrics]
     lag = _growth_lag(window.step_s)
-    params = {**steps_params(window.baseline_start, window.incident_end, window.step_s, known), "readings": metrics, "directions": [d for d, _ in readings], "floors": [f for _, f in readings],
+    params = {**steps_params(window.baseline_start, window.incident_end, window.step_s, known), "readings": metrics,
+              "directions": [d for d, _ in readings], "floors": [f for _, f in readings],
               "growth_metrics": list(known.growth_signals), "growth_suffix": GROWTH_SUFFIX, "growth_lag": lag,
               "growth_per_min": 60.0 / (lag * window.step_s), "analysis_start": window.analysis_start,
               "incident_start": window.incident_start, "min_baseline_steps": MIN_BASELINE_STEPS,

@@ -243,7 +243,7 @@ class ClickHouseStore(Reader):
         self._shadowed = {default for default, name in (names or {}).items() if name != default} - set(self._defaults)
         self._recorded_spec = None
         self._turn = threading.Lock()
-        self._rollups = Rollups(self)
+        self._rollups = Rollups(self, self._named, "\n".join(derived_column_statements()))
         try:
             self._check_attribute_columns()
             if read_only:

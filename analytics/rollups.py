@@ -45,6 +45,8 @@ SUPERSEDED_AFTER_S = 60  # a replaced batch is deleted once this old, so that a 
 # How long a single node's query reads the batches last chosen for the fleet's over the same range without checking
 # the tables again: an analysis reads a window for the fleet and then for its node, as one look at the tables.
 REUSE_S = 5.0
+MAX_CHUNKS = 1440  # a range of more chunks than this (a day's) is read raw: the batches chosen go in the query
+MAX_RUN = 60  # chunks computed by one query (an hour's), so that rolling up days holds an hour's rows at a time
 RETRY_S = 600  # after the server refused a rollup's statement, analyses read the raw tables this long
 
 
@@ -121,8 +123,10 @@ class Grid:
 class Rollups:
     """The rollups of one ClickHouseStore."""
 
-    def __init__(self, store):
-        self.store = store
+    def __init__(self, store, named, columns: str):
+        """`named` gives a query the tables' names as the exporter's settings have them; `columns` is the text of
+        sloscope's derived columns (derived_columns.sql), on which the rows depend."""
+        self.store, self.named, self.columns = store, named, columns
         self._made = False  # whether the tables were made (or found)
         self._retry_at = 0.0  # monotonic time before which the raw tables are read
         self.kept_replaced = False  # whether deleting replaced batches was refused (said once)
@@ -147,10 +151,14 @@ class Rollups:
         return query, {**params, **chosen}
 
     def fill(self, name: str, params: dict) -> None:
-        """The chunks of NAME's rollup that [since, until) touches, computed where they lack a batch."""
-        grid = Grid.of({**params, "since": max(params["since"], _horizon())})
-        if grid.first_chunk < grid.end_chunk:
-            self.query(name, {**params, "node": "", "since": _time(grid.first_chunk), "until": _time(grid.end_chunk)})
+        """The chunks of NAME's rollup that [since, until) touches, computed where they lack a batch (those of the
+        last 7 days: older ones are not kept)."""
+        grid = Grid.of(params)
+        # From a chunk after the horizon's, which moves on while this runs.
+        first = max(grid.first_chunk, grid.ceil(_micros(_horizon()), grid.chunk) + grid.chunk)
+        for start in range(first, grid.end_chunk, MAX_CHUNKS * grid.chunk):
+            end = min(start + MAX_CHUNKS * grid.chunk, grid.end_chunk)
+            self.query(name, {**params, "node": "", "since": _time(start), "until": _time(end)})
 
     def _reused(self, rollup: Rollup, params: dict) -> dict | None:
         when, chosen = self._recent.get(self._range(rollup, params), (0.0, None))
@@ -173,24 +181,26 @@ class Rollups:
         return True
 
     def _give_up(self, exc: StoreError) -> None:
-        log.warning("analyses read the exporter's tables without sloscope's rollups for %d minutes, since the "
-                    "server refused them: %s", RETRY_S // 60, exc)
+        log.warning("analyses read the exporter's tables without sloscope's rollups for %d minutes: %s",
+                    RETRY_S // 60, exc)
         self._retry_at = time.monotonic() + RETRY_S
 
     def _batches(self, rollup: Rollup, params: dict, fill: bool) -> dict | None:
         grid = Grid.of(params)
-        if _time(grid.first_chunk) < _horizon():
+        if _time(grid.first_chunk) < _horizon() or grid.end_chunk - grid.first_chunk > MAX_CHUNKS * grid.chunk:
             return None
         slices = self._slices(rollup, params, grid)
         if slices is None:
             return None
         key = self._key(rollup, params)
-        chosen = self._stored(rollup, key, grid, slices)
+        chosen, replaced = self._stored(rollup, key, grid, slices)
         missing = [c for c in sorted(slices) if c not in chosen]
         if missing and not fill:
             return None
         for run in _runs(missing, chosen):
             chosen.update(self._fill(rollup, params, key, grid, run, slices))
+        if missing and replaced:
+            self._delete(rollup, key, replaced)
         found = {"rollup_parameters": key, "rollup_batches": sorted(chosen.values()),
                  "chunk_origin": _time(grid.first_chunk), "first_step": _time(grid.floor(grid.since, grid.step))}
         self._recent = {self._range(rollup, params): (time.monotonic(), found)}
@@ -216,24 +226,29 @@ class Rollups:
                 for c, counted in around}
 
     def _key(self, rollup: Rollup, params: dict) -> int:
-        """What a batch's rows depend on besides their range: the query's text and its parameters."""
-        text = self.store.sql(rollup.fill) + json.dumps({k: params[k] for k in rollup.keyed_by}, sort_keys=True)
+        """What a batch's rows depend on besides their range: the query's text as sent (the tables' names), the
+        expressions of sloscope's columns, and the query's parameters."""
+        text = (self.named(self.store.sql(rollup.fill)) + self.columns
+                + json.dumps({k: params[k] for k in rollup.keyed_by}, sort_keys=True))
         return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
 
-    def _stored(self, rollup: Rollup, key: int, grid: Grid, sources: dict) -> dict[int, int]:
-        """chunk -> the newest batch stored for it that was computed from the rows the tables hold now."""
+    def _stored(self, rollup: Rollup, key: int, grid: Grid, sources: dict) -> tuple[dict[int, int], list[int]]:
+        """chunk -> the newest batch stored for it that was computed from the rows the tables hold now; and the
+        batches whole (they have a header) but computed from other rows."""
         headers = self.store.rows(
             f"SELECT chunk_start, batch, source_rows, source_digest FROM {rollup.table} "
             "WHERE parameters = {key:Int64} AND header AND chunk_start >= {first:DateTime64(6)} "
             "AND chunk_start < {until:DateTime64(6)} ORDER BY computed",
             {"key": key, "first": _time(grid.first_chunk), "until": _time(grid.end_chunk)})
-        return {_micros(start): batch for start, batch, rows, digest in headers
-                if sources.get(_micros(start)) == (rows, digest)}
+        current = {(_micros(start), batch): sources.get(_micros(start)) == (rows, digest)
+                   for start, batch, rows, digest in headers}
+        return ({chunk: batch for (chunk, batch), same in current.items() if same},
+                [batch for (_, batch), same in current.items() if not same])
 
     def _fill(self, rollup: Rollup, params: dict, key: int, grid: Grid, chunks: list[int],
               sources: dict) -> dict[int, int]:
-        """Batches of these chunks (a run: no chunk between them has one), computed and written with their headers;
-        replaced batches of those chunks that are old enough are deleted."""
+        """Batches of these chunks (a run: no chunk between them has one), computed and written with their
+        headers."""
         start, end = chunks[0], chunks[-1] + grid.chunk
         batches = [secrets.randbits(63) for _ in chunks]
         self.store.execute(self.store.sql(rollup.fill), {
@@ -246,18 +261,16 @@ class Rollups:
             "batch": pa.array(batches, pa.int64()), "header": pa.array([True] * len(chunks)),
             "source_rows": pa.array([sources[c][0] for c in chunks], pa.int64()),
             "source_digest": pa.array([sources[c][1] for c in chunks], pa.int64())}))
-        self._delete_replaced(rollup, key, chunks, batches)
         return dict(zip(chunks, batches))
 
-    def _delete_replaced(self, rollup: Rollup, key: int, chunks: list[int], batches: list[int]) -> None:
-        """The other batches of these chunks deleted once old enough; where the server refuses (a lightweight
-        DELETE needs ClickHouse 23.3), they are left, and only cost room."""
+    def _delete(self, rollup: Rollup, key: int, batches: list[int]) -> None:
+        """Replaced batches deleted once old enough that no query still reads them (a batch still being written has
+        no header, so is never among them); where the server refuses (a lightweight DELETE needs ClickHouse 23.3),
+        they are left, and only cost room until the tables' TTL."""
         try:
             self.store.execute(
-                f"DELETE FROM {rollup.table} WHERE parameters = {{key:Int64}} AND "
-                "has({chunks:Array(DateTime64(6))}, chunk_start) AND NOT has({batches:Array(Int64)}, batch) "
-                f"AND computed < now() - {SUPERSEDED_AFTER_S}",
-                {"key": key, "chunks": [_time(c) for c in chunks], "batches": batches})
+                f"DELETE FROM {rollup.table} WHERE parameters = {{key:Int64}} AND has({{batches:Array(Int64)}}, "
+                f"batch) AND computed < now() - {SUPERSEDED_AFTER_S}", {"key": key, "batches": batches})
         except StoreError as exc:
             if not self.kept_replaced:
                 log.warning("replaced rollup batches are kept: %s", exc)
@@ -265,10 +278,12 @@ class Rollups:
 
 
 def _runs(missing: list[int], chosen: dict[int, int]) -> list[list[int]]:
-    """The chunks that lack a batch, in runs that no chunk with one interrupts: each run is computed at once."""
+    """The chunks that lack a batch, in runs that no chunk with one interrupts, of at most MAX_RUN: each run is
+    computed by one query."""
     have, runs = sorted(chosen), []
     for chunk in missing:
-        if runs and bisect.bisect_left(have, chunk) == bisect.bisect_right(have, runs[-1][-1]):
+        if runs and len(runs[-1]) < MAX_RUN and \
+                bisect.bisect_left(have, chunk) == bisect.bisect_right(have, runs[-1][-1]):
             runs[-1].append(chunk)
         else:
             runs.append([chunk])

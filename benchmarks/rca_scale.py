@@ -150,7 +150,7 @@ def measure(url: str, files: list[Path], truth, floor: float, node_seconds: floa
               + ", ".join(f"{s} {cold['timings'].get(s, 0.0):.2f}s" for s in STAGES)
               + f"; same incidents: {cold['incidents'] == incidents}")
     print(f"          ({ingest_line})")
-    return {"rca_s": rca_s, "rows": rows, "ingest_s": ingest_s, "found": found}
+    return {"rca_s": rca_s, "analysis_s": sum(timings.values()), "rows": rows, "ingest_s": ingest_s, "found": found}
 
 
 def main() -> int:
@@ -188,7 +188,8 @@ def main() -> int:
         if args.store:
             shutil.rmtree(args.store.partition(":///")[2], ignore_errors=True)
             ch = measure(args.store, files, truth, floor, node_seconds, args.rca_runs)
-            print(f"chDB/DuckDB: rca {ch['rca_s'] / duck['rca_s']:.2f}x, ingest rows/s "
+            print(f"chDB/DuckDB: rca analysis {ch['analysis_s'] / duck['analysis_s']:.2f}x (process "
+                  f"{ch['rca_s'] / duck['rca_s']:.2f}x, chDB's library loading included), ingest rows/s "
                   f"{ch['rows'] / ch['ingest_s'] / (duck['rows'] / duck['ingest_s']):.2f}x; same (node, top cause): "
                   f"{ch['found'] == duck['found']}")
     finally:
