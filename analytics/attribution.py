@@ -125,12 +125,11 @@ def signal_steps(store: Store, window: Window, known: Taxonomy = BUILT_IN, evide
     sloscope's collector are not). Each series is `series` (an integer) with its node, metric and attributes as
     categoricals; a growth series (see _growth_series) shares the integer of the level it grows from, so (series,
     metric) is the key."""
-    params = {**steps_params(window.baseline_start, window.incident_end, window.step_s, known), "node": node or ""}
+    params = {**steps_params(window.baseline_start, window.incident_end, known), "node": node or ""}
     if not evidence_only:
         params["metrics"] = []
-    step_s = params.pop("step_s")  # of the steps only: a DuckDB query refuses parameters it does not read
     params["seed"], names = _series_names(store, params)
-    steps = store.computed("signal_steps", {**params, "step_s": step_s})
+    steps = store.computed("signal_steps", {**params, "step_s": window.step_s})
     steps = steps.join(names, on="series").select(STEP_COLUMNS)
     return pl.concat([steps, _growth_series(steps, window.step_s, known.growth_signals)])
 
@@ -140,9 +139,10 @@ def signal_step_s(resolution_s: float) -> float:
     return resolution_s / 2
 
 
-def steps_params(since: datetime, until: datetime, step_s: float, known: Taxonomy = BUILT_IN) -> dict:
-    """The parameters of signal_steps.sql for the fleet's evidence signals in [since, until)."""
-    return {"since": since, "until": until, "step_s": step_s, "unknown_node": catalog.UNKNOWN_NODE, "node": "",
+def steps_params(since: datetime, until: datetime, known: Taxonomy = BUILT_IN) -> dict:
+    """The parameters of signal_series.sql for the fleet's evidence signals in [since, until); signal_steps.sql
+    takes `step_s` besides."""
+    return {"since": since, "until": until, "unknown_node": catalog.UNKNOWN_NODE, "node": "",
             "metrics": list(known.evidence_signals), "seed": 0}
 
 
@@ -261,8 +261,8 @@ def fleet_movement(store: Store, window: Window, known: Taxonomy = BUILT_IN) -> 
     metrics = levels + [m + GROWTH_SUFFIX for m in known.growth_signals]
     readings = [_direction_and_floor(m, known) for m in metrics]
     lag = _growth_lag(window.step_s)
-    params = {**steps_params(window.baseline_start, window.incident_end, window.step_s, known), "readings": metrics,
-              "directions": [d for d, _ in readings], "floors": [f for _, f in readings],
+    params = {**steps_params(window.baseline_start, window.incident_end, known), "step_s": window.step_s,
+              "readings": metrics, "directions": [d for d, _ in readings], "floors": [f for _, f in readings],
               "growth_metrics": list(known.growth_signals), "growth_suffix": GROWTH_SUFFIX, "growth_lag": lag,
               "growth_per_min": 60.0 / (lag * window.step_s), "analysis_start": window.analysis_start,
               "incident_start": window.incident_start, "min_baseline_steps": MIN_BASELINE_STEPS,

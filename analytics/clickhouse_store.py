@@ -211,15 +211,13 @@ def _duckdb_types(table: pa.Table) -> pl.DataFrame:
     return frame.with_columns(casts) if casts else frame
 
 
-# The times a DateTime64(9) column holds (the exporter's): a bound outside them overflows in the comparison.
-FIRST_TIME, LAST_TIME = datetime(1900, 1, 1), datetime(2262, 4, 11, 23, 47, 16)
-
-
 def _within_range(params: dict | None) -> dict | None:
-    """Time parameters moved into FIRST_TIME..LAST_TIME: a bound beyond them selects the same rows."""
+    """Time parameters moved into the times the exporter's columns hold: a bound beyond them selects the same
+    rows."""
     if not params:
         return params
-    return {k: min(max(v, FIRST_TIME), LAST_TIME) if isinstance(v, datetime) else v for k, v in params.items()}
+    return {k: min(max(v, exporter_tables.FIRST_TIME), exporter_tables.LAST_TIME) if isinstance(v, datetime) else v
+            for k, v in params.items()}
 
 
 def _no_rows(columns: dict[str, str]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime
 
 import numpy as np
 import orjson
@@ -24,6 +25,8 @@ from analytics.frames import Frames
 TRACES, GAUGE, SUM, EXP_HISTOGRAM, HISTOGRAM = ("otel_traces", "otel_metrics_gauge", "otel_metrics_sum",
                                                 "otel_metrics_exponential_histogram", "otel_metrics_histogram")
 READ_TABLES = (TRACES, GAUGE, SUM)
+# The times a DateTime64(9) column holds (the exporter's): a bound outside them overflows in the comparison.
+FIRST_TIME, LAST_TIME = datetime(1900, 1, 1), datetime(2262, 4, 11, 23, 47, 16)
 # Read where present: sloscope before 0.5.8 made no explicit-bucket histogram table, and a Collector run with
 # `create_schema: false` has only the tables its administrator made (no exponential histograms where no producer
 # sends them). Where one is absent, its queries read no rows of these columns instead.

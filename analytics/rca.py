@@ -184,8 +184,8 @@ def roll_up(store: Store, spec) -> None:
     if first is not None:
         until = last + timedelta(seconds=1)
         store.roll_up("sli_windows", sli_params(store, spec, first, until))
-        store.roll_up("signal_steps", steps_params(first - BASELINE - LOOKBACK, until,
-                                                   signal_step_s(spec.resolution_s), spec.taxonomy))
+        store.roll_up("signal_steps", {**steps_params(first - BASELINE - LOOKBACK, until, spec.taxonomy),
+                                       "step_s": signal_step_s(spec.resolution_s)})
 
 
 def explain_moment(store: Store, spec, at: datetime, node: str | None = None, top: int = 5,

@@ -30,12 +30,11 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 
+from analytics import exporter_tables
 from analytics.store import StoreError
 
 log = logging.getLogger("sloscope.rollups")
 GRID_ORIGIN = datetime(2000, 1, 3)  # where DuckDB's time_bucket, and the queries with it, align steps
-# Within the times the exporter's DateTime64(9) columns hold, a day inside at each end (a chunk's bounds stay in).
-FIRST_TIME, LAST_TIME = datetime(1900, 1, 2), datetime(2262, 4, 10)
 CHUNK_S = 60
 POINT_LOOKBACK = timedelta(minutes=5)  # signal_series_steps.sql: how far back a cumulative point's predecessor is
 # rollup_tables.sql drops a day's rollups this long after it, a part at a time: a header may outlive its rows, so
@@ -102,22 +101,26 @@ class Grid:
     @classmethod
     def of(cls, params: dict) -> "Grid":
         step = round(params["step_s"] * 1e6)
-        since, until = max(params["since"], FIRST_TIME), min(params["until"], LAST_TIME)
+        # A day inside the times the exporter's columns hold, so that a chunk's bounds stay within them.
+        since = max(params["since"], exporter_tables.FIRST_TIME + timedelta(days=1))
+        until = min(params["until"], exporter_tables.LAST_TIME - timedelta(days=1))
         return cls(step, step * math.ceil(CHUNK_S * 1e6 / step), _micros(since), _micros(until))
-
-    def floor(self, t: int, size: int) -> int:
-        return t // size * size
-
-    def ceil(self, t: int, size: int) -> int:
-        return -(-t // size) * size
 
     @property
     def first_chunk(self) -> int:
-        return self.floor(self.since, self.chunk)
+        return _floor(self.since, self.chunk)
 
     @property
     def end_chunk(self) -> int:
-        return self.ceil(self.until, self.chunk)
+        return _ceil(self.until, self.chunk)
+
+
+def _floor(t: int, size: int) -> int:
+    return t // size * size
+
+
+def _ceil(t: int, size: int) -> int:
+    return -(-t // size) * size
 
 
 class Rollups:
@@ -129,8 +132,9 @@ class Rollups:
         self.store, self.named, self.columns = store, named, columns
         self._made = False  # whether the tables were made (or found)
         self._retry_at = 0.0  # monotonic time before which the raw tables are read
-        self.kept_replaced = False  # whether deleting replaced batches was refused (said once)
-        self._recent: dict[tuple, tuple[float, dict]] = {}  # (rollup, key, since, until) -> (when, chosen)
+        self._kept_replaced = False  # whether deleting replaced batches was refused (said once)
+        self._recent: tuple[tuple, float, dict] | None = None  # the last batches chosen: (range, when, batches)
+        self._texts: dict[Rollup, str] = {}  # what each rollup's key is taken over besides its parameters
 
     def query(self, name: str, params: dict) -> tuple[str, dict] | None:
         """The query NAME over its rollup, with its parameters, or None where it must read the raw tables. A query
@@ -138,9 +142,9 @@ class Rollups:
         rollup = READERS.get(name)
         if rollup is None or not self._ready():
             return None
-        fill = not params.get("node")
+        fill, key = not params.get("node"), self._key(rollup, params)
         try:
-            chosen = (None if fill else self._reused(rollup, params)) or self._batches(rollup, params, fill)
+            chosen = (None if fill else self._reused(rollup, key, params)) or self._batches(rollup, key, params, fill)
         except StoreError as exc:
             self._give_up(exc)
             return None
@@ -155,17 +159,17 @@ class Rollups:
         last 7 days: older ones are not kept)."""
         grid = Grid.of(params)
         # From a chunk after the horizon's, which moves on while this runs.
-        first = max(grid.first_chunk, grid.ceil(_micros(_horizon()), grid.chunk) + grid.chunk)
+        first = max(grid.first_chunk, _ceil(_micros(_horizon()), grid.chunk) + grid.chunk)
         for start in range(first, grid.end_chunk, MAX_CHUNKS * grid.chunk):
             end = min(start + MAX_CHUNKS * grid.chunk, grid.end_chunk)
             self.query(name, {**params, "node": "", "since": _time(start), "until": _time(end)})
 
-    def _reused(self, rollup: Rollup, params: dict) -> dict | None:
-        when, chosen = self._recent.get(self._range(rollup, params), (0.0, None))
-        return chosen if time.monotonic() - when < REUSE_S else None
-
-    def _range(self, rollup: Rollup, params: dict) -> tuple:
-        return rollup, self._key(rollup, params), params["since"], params["until"]
+    def _reused(self, rollup: Rollup, key: int, params: dict) -> dict | None:
+        if self._recent is None:
+            return None
+        asked, when, chosen = self._recent
+        return chosen if asked == (rollup, key, params["since"], params["until"]) and \
+            time.monotonic() - when < REUSE_S else None
 
     def _ready(self) -> bool:
         if time.monotonic() < self._retry_at:
@@ -185,14 +189,13 @@ class Rollups:
                     RETRY_S // 60, exc)
         self._retry_at = time.monotonic() + RETRY_S
 
-    def _batches(self, rollup: Rollup, params: dict, fill: bool) -> dict | None:
+    def _batches(self, rollup: Rollup, key: int, params: dict, fill: bool) -> dict | None:
         grid = Grid.of(params)
         if _time(grid.first_chunk) < _horizon() or grid.end_chunk - grid.first_chunk > MAX_CHUNKS * grid.chunk:
             return None
         slices = self._slices(rollup, params, grid)
         if slices is None:
             return None
-        key = self._key(rollup, params)
         chosen, replaced = self._stored(rollup, key, grid, slices)
         missing = [c for c in sorted(slices) if c not in chosen]
         if missing and not fill:
@@ -202,20 +205,20 @@ class Rollups:
         if missing and replaced:
             self._delete(rollup, key, replaced)
         found = {"rollup_parameters": key, "rollup_batches": sorted(chosen.values()),
-                 "chunk_origin": _time(grid.first_chunk), "first_step": _time(grid.floor(grid.since, grid.step))}
-        self._recent = {self._range(rollup, params): (time.monotonic(), found)}
+                 "chunk_origin": _time(grid.first_chunk), "first_step": _time(_floor(grid.since, grid.step))}
+        self._recent = (rollup, key, params["since"], params["until"]), time.monotonic(), found
         return found
 
     def _slices(self, rollup: Rollup, params: dict, grid: Grid) -> dict[int, tuple[int, int]] | None:
         """Of each chunk of the range that holds source rows: (rows, digest) of the rows its batch is computed from
         (its own and its lookback's). None where a window or step of the range holds rows outside it."""
-        lookback = grid.ceil(rollup.lookback // timedelta(microseconds=1), grid.chunk)
+        lookback = _ceil(rollup.lookback // timedelta(microseconds=1), grid.chunk)
         first = grid.first_chunk - lookback
         slices = self.store.frame(self.store.sql(rollup.slices), {
             "since": _time(first), "until": _time(grid.end_chunk), "chunk_origin": _time(first),
             "chunk_us": grid.chunk, "range_start": params["since"], "range_end": params["until"],
-            "first_step": _time(grid.floor(grid.since, grid.step)),
-            "last_step_end": _time(grid.ceil(grid.until, grid.step))})
+            "first_step": _time(_floor(grid.since, grid.step)),
+            "last_step_end": _time(_ceil(grid.until, grid.step))})
         if slices["outside"].sum():
             return None
         own = {first + n * grid.chunk: (rows, digest) for n, rows, digest in
@@ -228,8 +231,9 @@ class Rollups:
     def _key(self, rollup: Rollup, params: dict) -> int:
         """What a batch's rows depend on besides their range: the query's text as sent (the tables' names), the
         expressions of sloscope's columns, and the query's parameters."""
-        text = (self.named(self.store.sql(rollup.fill)) + self.columns
-                + json.dumps({k: params[k] for k in rollup.keyed_by}, sort_keys=True))
+        if rollup not in self._texts:  # the store's text of a query does not change while it is open
+            self._texts[rollup] = self.named(self.store.sql(rollup.fill)) + self.columns
+        text = self._texts[rollup] + json.dumps({k: params[k] for k in rollup.keyed_by}, sort_keys=True)
         return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
 
     def _stored(self, rollup: Rollup, key: int, grid: Grid, sources: dict) -> tuple[dict[int, int], list[int]]:
@@ -272,9 +276,9 @@ class Rollups:
                 f"DELETE FROM {rollup.table} WHERE parameters = {{key:Int64}} AND has({{batches:Array(Int64)}}, "
                 f"batch) AND computed < now() - {SUPERSEDED_AFTER_S}", {"key": key, "batches": batches})
         except StoreError as exc:
-            if not self.kept_replaced:
+            if not self._kept_replaced:
                 log.warning("replaced rollup batches are kept: %s", exc)
-            self.kept_replaced = True
+            self._kept_replaced = True
 
 
 def _runs(missing: list[int], chosen: dict[int, int]) -> list[list[int]]:
