@@ -25,7 +25,7 @@ import pyarrow.ipc as ipc
 
 from analytics import exporter_tables
 from analytics.frames import Frames
-from analytics.rollups import Rollups
+from analytics.rollups import KEPT, POINT_LOOKBACK, Rollups, readers
 from analytics.store import Reader, StoreError, sql_of
 from receiver.otlp_common import FAMILY_PREFIX, FAMILY_RULE, kept_metrics
 
@@ -241,7 +241,8 @@ class ClickHouseStore(Reader):
         self._shadowed = {default for default, name in (names or {}).items() if name != default} - set(self._defaults)
         self._recorded_spec = None
         self._turn = threading.Lock()
-        self._rollups = Rollups(self, self._named, "\n".join(derived_column_statements()))
+        self._rollups = Rollups(self, readers("signal_series_steps", POINT_LOOKBACK), named=self._named,
+                                columns="\n".join(derived_column_statements()), kept=KEPT)
         try:
             self._check_attribute_columns()
             if read_only:
@@ -437,6 +438,12 @@ class ClickHouseStore(Reader):
     def insert(self, table: str, data: pa.Table) -> None:
         with self._turn:
             self._insert(table, data)
+
+    @contextmanager
+    def transaction(self):
+        """The statements inside, one by one: ClickHouse has no transaction across them (a rollup's batch is
+        read only once its header, written last, is in)."""
+        yield
 
     def meta(self, key: str) -> str | None:
         return self.scalar(f"SELECT argMax(value, updated) FROM {META_TABLE} WHERE key = {{key:String}} "

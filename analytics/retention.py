@@ -1,7 +1,7 @@
 """Retention for the DuckDB store: rows older than the kept period go, in one transaction.
 
-Requests, samples and histograms older than `keep` before `now` are deleted; the cumulative state and the
-counters stay (deltas continue across the cut; counters count what was ever loaded), and the deleted requests
+Requests, samples and histograms older than `keep` before `now` are deleted, with the rollups of chunks that begin
+before then (analytics/rollups.py); the cumulative state and the counters stay (deltas continue across the cut; counters count what was ever loaded), and the deleted requests
 are counted into retired_requests first, so that /metrics' request counters never go down. DuckDB reuses the freed
 blocks for new rows; the file itself shrinks only on a copy (EXPORT/IMPORT). ClickHouse stores expire rows with
 the clickhouseexporter's `ttl` setting instead, in the engine.
@@ -22,6 +22,7 @@ from sloscope.durations import format_duration, parse_duration
 from sloscope.errors import ConfigError
 from sloscope.latency_buckets import bounds_ms
 
+from analytics.rollups import SLI_TABLE, STEP_TABLE
 from analytics.store import Store, StoreError
 
 log = logging.getLogger("sloscope.retention")
@@ -53,6 +54,8 @@ def apply_retention(store, keep: timedelta, now: datetime) -> dict[str, int]:
         for table, column in TIME_COLUMNS.items():
             (n,), = store.con.execute(f"DELETE FROM {table} WHERE {column} < ?", [cutoff]).fetchall()
             deleted[table] = n
+        for table in sorted(store.tables() & {SLI_TABLE, STEP_TABLE}):  # where a store made them
+            store.con.execute(f"DELETE FROM {table} WHERE chunk_start < ?", [cutoff])
         store.add_counters({"retention_runs": 1, **{f"retention_deleted_{table}": n for table, n in deleted.items()}})
     return deleted
 

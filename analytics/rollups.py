@@ -1,19 +1,22 @@
-"""Rollups: the ClickHouse store's SLI windows and signal steps kept per chunk of time in tables of sloscope's own,
-so that an analysis reads what earlier ones computed instead of every span and point again. The DuckDB store does
-the like as it writes (its deltas); the exporter's tables are written by the Collector, so the ClickHouse store
-rolls them up as it reads.
+"""Rollups: a store's SLI windows and signal steps kept per chunk of time in tables of sloscope's own, so that an
+analysis reads what earlier ones computed instead of every span and point again. The ClickHouse store fills them as
+it reads (the Collector writes the exporter's tables); the DuckDB store when it is open for writing (`sloscope
+ingest`), and reads them wherever they are current.
 
 The chunks lie on a grid of about a minute (a whole number of the query's steps) from 2000-01-03, where the
 queries align their windows and steps. A chunk's rows are one batch, and a header row, written after them, names
-the source rows they were computed from: the count and a digest of the exporter's rows in the chunk (for signal
-steps, also in the 5 minutes before it, where a counter's previous point may lie). A batch is read only while the
-tables still give that count and digest; rows that arrived late, a copy, or rows that TTL dropped make the chunk
-computed again. A header means the whole batch is in; a batch without one (a write cut short) is never read.
+the source rows they were computed from: the count and a digest of the rows in the chunk (for the ClickHouse
+store's signal steps, also in the 5 minutes before it, where a counter's previous point may lie). A batch is read
+only while the tables still give that count and digest; rows that arrived late, a copy, rows that changed (the
+DuckDB store's late cumulative points, requests moved to their node), or rows that TTL or retention dropped make
+the chunk computed again. A header means the whole batch is in; a batch without one (a write cut short) is never
+read.
 
 The rolled-up rows are the raw query's exactly: a window's or a step's rows depend on its own spans or points and,
-for a cumulative series, on the point before each within 5 minutes (signal_series_steps.sql), never on where the
-range begins. A range that cuts a window or step holding rows outside the range is read from the raw tables, as is
-every range where sloscope may not create or write its tables (a read-only user): a warning says so once.
+for a ClickHouse cumulative series, on the point before each within 5 minutes (signal_series_steps.sql), never on
+where the range begins. A range that cuts a window or step holding rows outside the range is read from the raw
+tables, as is every range where sloscope may not create or write its tables (a read-only ClickHouse user): a
+warning says so once.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -31,14 +35,14 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 
 from analytics import exporter_tables
-from analytics.store import StoreError
+from analytics.errors import StoreError
 
 log = logging.getLogger("sloscope.rollups")
 GRID_ORIGIN = datetime(2000, 1, 3)  # where DuckDB's time_bucket, and the queries with it, align steps
 CHUNK_S = 60
 POINT_LOOKBACK = timedelta(minutes=5)  # signal_series_steps.sql: how far back a cumulative point's predecessor is
-# rollup_tables.sql drops a day's rollups this long after it, a part at a time: a header may outlive its rows, so
-# none is read within a day of that.
+# ClickHouse's rollup_tables.sql drops a day's rollups this long after it, a part at a time: a header may outlive
+# its rows, so none is read within a day of that.
 KEPT = timedelta(days=8)
 SUPERSEDED_AFTER_S = 60  # a replaced batch is deleted once this old, so that a query reading it has finished
 # How long a single node's query reads the batches last chosen for the fleet's over the same range without checking
@@ -47,6 +51,7 @@ REUSE_S = 5.0
 MAX_CHUNKS = 1440  # a range of more chunks than this (a day's) is read raw: the batches chosen go in the query
 MAX_RUN = 60  # chunks computed by one query (an hour's), so that rolling up days holds an hour's rows at a time
 RETRY_S = 600  # after the server refused a rollup's statement, analyses read the raw tables this long
+SLI_TABLE, STEP_TABLE = "sloscope_sli_rollup", "sloscope_step_rollup"  # made by rollup_tables.sql
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,15 @@ class Rollup:
     lookback: timedelta
 
 
-SLI = Rollup("sli_windows", "sloscope_sli_rollup", "sli_rollup_fill", "sli_rollup", "span_slices",
-             ("allowed_tiers", "default_tier", "tiers", "thresholds_ms", "step_s"), timedelta(0))
-STEPS = Rollup("signal_series_steps", "sloscope_step_rollup", "step_rollup_fill", "step_rollup", "point_slices",
-               ("seed", "metrics", "unknown_node", "step_s"), POINT_LOOKBACK)
-# The queries that read a rollup: sli_windows is the rollup's own query; signal_steps and fleet_movement read
-# its relation (the steps of one node, or of the fleet).
-READERS = {"sli_windows": SLI, "signal_steps": STEPS, "fleet_movement": STEPS}
+def readers(steps_relation: str, point_lookback: timedelta) -> dict[str, "Rollup"]:
+    """The queries that read a rollup, in a dialect whose signal steps are the relation `steps_relation` and depend
+    on points up to `point_lookback` before them: sli_windows is its rollup's own query; signal_steps and
+    fleet_movement read the steps' relation."""
+    sli = Rollup("sli_windows", SLI_TABLE, "sli_rollup_fill", "sli_rollup", "span_slices",
+                 ("allowed_tiers", "default_tier", "tiers", "thresholds_ms", "step_s"), timedelta(0))
+    steps = Rollup(steps_relation, STEP_TABLE, "step_rollup_fill", "step_rollup", "point_slices",
+                   ("seed", "metrics", "unknown_node", "step_s"), point_lookback)
+    return {"sli_windows": sli, "signal_steps": steps, "fleet_movement": steps}
 
 
 def _micros(t: datetime) -> int:
@@ -77,11 +84,6 @@ def _micros(t: datetime) -> int:
 
 def _time(micros: int) -> datetime:
     return GRID_ORIGIN + timedelta(microseconds=micros)
-
-
-def _horizon() -> datetime:
-    """The oldest time whose rollups are read: a day inside what the tables keep."""
-    return datetime.now(timezone.utc).replace(tzinfo=None) - KEPT + timedelta(days=1)
 
 
 def _wrapped(n: int) -> int:
@@ -124,12 +126,16 @@ def _ceil(t: int, size: int) -> int:
 
 
 class Rollups:
-    """The rollups of one ClickHouseStore."""
+    """The rollups of one store: of the queries `readers` names (readers())."""
 
-    def __init__(self, store, named, columns: str):
-        """`named` gives a query the tables' names as the exporter's settings have them; `columns` is the text of
-        sloscope's derived columns (derived_columns.sql), on which the rows depend."""
-        self.store, self.named, self.columns = store, named, columns
+    def __init__(self, store, readers: dict[str, Rollup], *, fills: bool = True, named=lambda text: text,
+                 columns: str = "", kept: timedelta | None = None):
+        """`fills`: whether the store may make and write the rollups (else it reads those that are current).
+        `named` gives a query the tables' names as the exporter's settings have them; `columns` is the text of
+        sloscope's derived columns (derived_columns.sql), on which the rows depend. `kept`: how long the tables
+        keep a day's rollups, where they drop them by themselves."""
+        self.store, self.readers, self.fills, self.named, self.columns = store, readers, fills, named, columns
+        self.kept = kept
         self._made = False  # whether the tables were made (or found)
         self._retry_at = 0.0  # monotonic time before which the raw tables are read
         self._kept_replaced = False  # whether deleting replaced batches was refused (said once)
@@ -139,10 +145,10 @@ class Rollups:
     def query(self, name: str, params: dict) -> tuple[str, dict] | None:
         """The query NAME over its rollup, with its parameters, or None where it must read the raw tables. A query
         of the whole fleet fills the chunks the rollup lacks; one of a single node only reads what is there."""
-        rollup = READERS.get(name)
+        rollup = self.readers.get(name)
         if rollup is None or not self._ready():
             return None
-        fill, key = not params.get("node"), self._key(rollup, params)
+        fill, key = self.fills and not params.get("node"), self._key(rollup, params)
         try:
             chosen = (None if fill else self._reused(rollup, key, params)) or self._batches(rollup, key, params, fill)
         except StoreError as exc:
@@ -155,11 +161,15 @@ class Rollups:
         return query, {**params, **chosen}
 
     def fill(self, name: str, params: dict) -> None:
-        """The chunks of NAME's rollup that [since, until) touches, computed where they lack a batch (those of the
-        last 7 days: older ones are not kept)."""
+        """The chunks of NAME's rollup that [since, until) touches, computed where they lack a batch (in a store
+        that keeps them for a while, those inside it: older ones would be dropped)."""
+        if not self.fills:
+            return
         grid = Grid.of(params)
-        # From a chunk after the horizon's, which moves on while this runs.
-        first = max(grid.first_chunk, _ceil(_micros(_horizon()), grid.chunk) + grid.chunk)
+        first = grid.first_chunk
+        horizon = self._horizon()
+        if horizon is not None:  # from a chunk after the horizon's, which moves on while this runs
+            first = max(first, _ceil(_micros(horizon), grid.chunk) + grid.chunk)
         for start in range(first, grid.end_chunk, MAX_CHUNKS * grid.chunk):
             end = min(start + MAX_CHUNKS * grid.chunk, grid.end_chunk)
             self.query(name, {**params, "node": "", "since": _time(start), "until": _time(end)})
@@ -175,6 +185,11 @@ class Rollups:
         if time.monotonic() < self._retry_at:
             return False
         if not self._made:
+            if not self.fills:  # a reader uses the tables where a writer made them
+                self._made = {r.table for r in self.readers.values()} <= self.store.tables()
+                if not self._made:
+                    self._retry_at = time.monotonic() + RETRY_S
+                return self._made
             try:
                 for statement in self.store.sql("rollup_tables").split("\n;\n"):
                     self.store.execute(statement)
@@ -185,13 +200,20 @@ class Rollups:
         return True
 
     def _give_up(self, exc: StoreError) -> None:
-        log.warning("analyses read the exporter's tables without sloscope's rollups for %d minutes: %s",
-                    RETRY_S // 60, exc)
+        log.warning("analyses read the raw tables without sloscope's rollups for %d minutes: %s", RETRY_S // 60, exc)
         self._retry_at = time.monotonic() + RETRY_S
+
+    def _horizon(self) -> datetime | None:
+        """The oldest time whose rollups are read, in a store that drops them: a day inside what it keeps."""
+        if self.kept is None:
+            return None
+        return datetime.now(timezone.utc).replace(tzinfo=None) - self.kept + timedelta(days=1)
 
     def _batches(self, rollup: Rollup, key: int, params: dict, fill: bool) -> dict | None:
         grid = Grid.of(params)
-        if _time(grid.first_chunk) < _horizon() or grid.end_chunk - grid.first_chunk > MAX_CHUNKS * grid.chunk:
+        horizon = self._horizon()
+        if horizon is not None and _time(grid.first_chunk) < horizon or \
+                grid.end_chunk - grid.first_chunk > MAX_CHUNKS * grid.chunk:
             return None
         slices = self._slices(rollup, params, grid)
         if slices is None:
@@ -233,17 +255,15 @@ class Rollups:
         expressions of sloscope's columns, and the query's parameters."""
         if rollup not in self._texts:  # the store's text of a query does not change while it is open
             self._texts[rollup] = self.named(self.store.sql(rollup.fill)) + self.columns
-        text = self._texts[rollup] + json.dumps({k: params[k] for k in rollup.keyed_by}, sort_keys=True)
+        text = self._texts[rollup] + json.dumps({k: params[k] for k in rollup.keyed_by if k in params},
+                                                sort_keys=True)
         return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
 
     def _stored(self, rollup: Rollup, key: int, grid: Grid, sources: dict) -> tuple[dict[int, int], list[int]]:
         """chunk -> the newest batch stored for it that was computed from the rows the tables hold now; and the
         batches whole (they have a header) but computed from other rows."""
-        headers = self.store.rows(
-            f"SELECT chunk_start, batch, source_rows, source_digest FROM {rollup.table} "
-            "WHERE parameters = {key:Int64} AND header AND chunk_start >= {first:DateTime64(6)} "
-            "AND chunk_start < {until:DateTime64(6)} ORDER BY computed",
-            {"key": key, "first": _time(grid.first_chunk), "until": _time(grid.end_chunk)})
+        headers = self.store.rows(self._of(rollup, "rollup_headers"),
+                                  {"key": key, "first": _time(grid.first_chunk), "until": _time(grid.end_chunk)})
         current = {(_micros(start), batch): sources.get(_micros(start)) == (rows, digest)
                    for start, batch, rows, digest in headers}
         return ({chunk: batch for (chunk, batch), same in current.items() if same},
@@ -255,26 +275,30 @@ class Rollups:
         headers."""
         start, end = chunks[0], chunks[-1] + grid.chunk
         batches = [secrets.randbits(63) for _ in chunks]
-        self.store.execute(self.store.sql(rollup.fill), {
-            **params, "node": "", "since": _time(start), "until": _time(end), "rollup_parameters": key,
-            "rollup_chunks": [(c - start) // grid.chunk for c in chunks], "rollup_batches": batches,
-            "chunk_origin": _time(start), "chunk_us": grid.chunk})
-        self.store.insert(rollup.table, pa.table({
-            "parameters": pa.array([key] * len(chunks), pa.int64()),
-            "chunk_start": pa.array([_time(c) for c in chunks], pa.timestamp("us", "UTC")),
-            "batch": pa.array(batches, pa.int64()), "header": pa.array([True] * len(chunks)),
-            "source_rows": pa.array([sources[c][0] for c in chunks], pa.int64()),
-            "source_digest": pa.array([sources[c][1] for c in chunks], pa.int64())}))
+        with self.store.transaction():
+            self.store.execute(self.store.sql(rollup.fill), {
+                **params, "node": "", "since": _time(start), "until": _time(end), "rollup_parameters": key,
+                "rollup_chunks": [(c - start) // grid.chunk for c in chunks], "rollup_batches": batches,
+                "chunk_origin": _time(start), "chunk_us": grid.chunk})
+            self.store.insert(rollup.table, pa.table({
+                "parameters": pa.array([key] * len(chunks), pa.int64()),
+                "chunk_start": pa.array([_time(c) for c in chunks], pa.timestamp("us", "UTC")),
+                "batch": pa.array(batches, pa.int64()), "header": pa.array([True] * len(chunks)),
+                "source_rows": pa.array([sources[c][0] for c in chunks], pa.int64()),
+                "source_digest": pa.array([sources[c][1] for c in chunks], pa.int64())}))
         return dict(zip(chunks, batches))
+
+    def _of(self, rollup: Rollup, name: str) -> str:
+        """The query NAME, of the rollup's table (written `rollup_table` in it)."""
+        return re.sub(r"\brollup_table\b", rollup.table, self.store.sql(name))
 
     def _delete(self, rollup: Rollup, key: int, batches: list[int]) -> None:
         """Replaced batches deleted once old enough that no query still reads them (a batch still being written has
         no header, so is never among them); where the server refuses (a lightweight DELETE needs ClickHouse 23.3),
         they are left, and only cost room until the tables' TTL."""
         try:
-            self.store.execute(
-                f"DELETE FROM {rollup.table} WHERE parameters = {{key:Int64}} AND has({{batches:Array(Int64)}}, "
-                f"batch) AND computed < now() - {SUPERSEDED_AFTER_S}", {"key": key, "batches": batches})
+            self.store.execute(self._of(rollup, "replaced_rollups"),
+                               {"key": key, "batches": batches, "superseded_after_s": SUPERSEDED_AFTER_S})
         except StoreError as exc:
             if not self._kept_replaced:
                 log.warning("replaced rollup batches are kept: %s", exc)

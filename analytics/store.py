@@ -13,23 +13,24 @@ import re
 import time
 from collections import Counter
 from contextlib import contextmanager, suppress
+from datetime import timedelta
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 
 from analytics.cumulative import SERIES, CumulativeWrites
+from analytics.errors import StoreError
 from analytics.frames import REQUEST_KEY, Frames
+from analytics.rollups import Rollups, readers
 
 SCHEMA_VERSION = 5
 # How DuckDB knows its own files: a block checksum of 8 bytes, then these magic bytes.
 DUCKDB_MAGIC, DUCKDB_MAGIC_OFFSET = b"DUCK", 8
 DEFAULT_DB = Path(os.environ.get("SLOSCOPE_DB", "var/sloscope.duckdb"))
-
-
-class StoreError(RuntimeError):
-    pass
 
 
 NOT_A_DATABASE_FILE = "not a DuckDB database file; give a database sloscope wrote, or a new path to create one"
@@ -70,9 +71,21 @@ def sql_of(folder: tuple[str, ...], name: str, reference, instead: dict[str, str
     return RELATION.sub(inlined, text)
 
 
-def sql(name: str) -> str:
-    """The text of analytics/sql/NAME.sql, its {{relations}} inlined."""
-    return sql_of((), name, lambda parameter: f"${parameter}")
+def sql(name: str, instead: dict[str, str] | None = None) -> str:
+    """The text of analytics/sql/NAME.sql, its {{relations}} inlined (those named in `instead` replaced)."""
+    return sql_of((), name, lambda parameter: f"${parameter}", instead)
+
+
+PARAMETER, COMMENT = re.compile(r"\$(\w+)"), re.compile(r"--[^\n]*")
+
+
+def bound(query: str, params):
+    """The parameters of `params` (a dict) that the query names: DuckDB refuses others, and a query read from a
+    rollup names fewer than the one it stands for."""
+    if not isinstance(params, dict):
+        return params
+    named = set(PARAMETER.findall(COMMENT.sub("", query)))
+    return {k: v for k, v in params.items() if k in named}
 
 
 class Reader:
@@ -84,27 +97,34 @@ class Reader:
     def __init__(self, con, path: str | Path = "<cursor>"):
         self.con, self.path = con, Path(path)
 
-    def sql(self, name: str) -> str:
-        """The query NAME in this store's dialect (analytics/sql/, or analytics/sql/clickhouse/)."""
-        return sql(name)
+    def sql(self, name: str, instead: dict[str, str] | None = None) -> str:
+        """The query NAME in this store's dialect (analytics/sql/, or analytics/sql/clickhouse/), the relations
+        named in `instead` replaced by those they map to."""
+        return sql(name, instead)
+
+    @cached_property
+    def _rollups(self) -> Rollups:
+        """Rollups made where this store is open for writing, read wherever they are current."""
+        return Rollups(self, readers("signal_steps", timedelta(0)), fills=not self.read_only)
 
     def tier_params(self, spec) -> dict:
         """Parameters a requests query needs to resolve tiers: none here, where ingest resolved them."""
         return {}
 
     def frame(self, query: str, params=None) -> pl.DataFrame:
-        return self.con.sql(query, params=params).pl()
+        return self.con.sql(query, params=bound(query, params)).pl()
 
     def rows(self, query: str, params=None) -> list[tuple]:
-        return self.con.execute(query, params or []).fetchall()
+        return self.con.execute(query, bound(query, params) or []).fetchall()
 
     def computed(self, name: str, params: dict) -> pl.DataFrame:
-        """The rows of the query NAME: a store that keeps rollups of it may read them instead."""
-        return self.frame(self.sql(name), params)
+        """The rows of the query NAME, read from sloscope's rollups where they are current (analytics/rollups.py)."""
+        query, params = self._rollups.query(name, params) or (self.sql(name), params)
+        return self.frame(query, params)
 
     def roll_up(self, name: str, params: dict) -> None:
-        """Rollups of the query NAME over [since, until) made ahead of analysis, in a store that keeps them (this
-        one computes as it writes)."""
+        """Rollups of the query NAME over [since, until) made ahead of analysis, where this store may write them."""
+        self._rollups.fill(name, params)
 
     def scalar(self, query: str, params=None):
         rows = self.rows(query, params)
@@ -179,6 +199,19 @@ class Store(CumulativeWrites, Reader):
         with suppress(duckdb.Error):  # an invalidated connection may fail to close; it is dropped either way
             self.con.close()
         self.con = self._connect()
+
+    def execute(self, statement: str, params: dict | None = None) -> None:
+        try:
+            self.con.execute(statement, bound(statement, params) or [])
+        except duckdb.Error as exc:
+            raise StoreError(f"{self.path}: statement failed: {exc}") from None
+
+    def insert(self, table: str, data: pa.Table) -> None:
+        """The rows of `data` into `table`, by column name; its times with a time zone are UTC, as the store's."""
+        naive = pa.schema([f.with_type(pa.timestamp(f.type.unit)) if pa.types.is_timestamp(f.type) else f
+                           for f in data.schema])
+        with self._registered("incoming", data.cast(naive)):
+            self.execute(f"INSERT INTO {table} BY NAME SELECT * FROM incoming")
 
     def probe(self) -> None:
         """A small committed write: raises when the store cannot commit at all."""
@@ -311,7 +344,7 @@ class Store(CumulativeWrites, Reader):
         return added
 
     @contextmanager
-    def _registered(self, name: str, frame: pl.DataFrame):
+    def _registered(self, name: str, frame: pl.DataFrame | pa.Table):
         """frame as a view for the statements inside; a failed statement's error is the one that surfaces (an
         aborted transaction also fails the unregistering, which would hide why)."""
         self.con.register(name, frame)

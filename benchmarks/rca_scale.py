@@ -3,8 +3,10 @@
 Prints, for the DuckDB store and (with --store) a ClickHouse store beside it, loaded from the same files: the
 ingest rate (rows/s), the bytes on disk, the rca wall time and peak memory (each in its own process, measured by
 the kernel's accounting of that process), and the seconds of each rca stage (SLI windows, incident merge, signal
-steps, attribution), so the next bottleneck shows. For the ClickHouse store also one analysis with its rollups
-emptied first: what the first analysis of tables a Collector wrote costs (`sloscope ingest` rolls up as it loads). As baselines measured in the same run on the same files: the
+steps, attribution), so the next bottleneck shows. `sloscope ingest` rolls up what it loads (analytics/rollups.py);
+each store is also analysed once without rollups: a ClickHouse store's emptied first, as in the first analysis of
+tables a Collector wrote, and a copy of the DuckDB store without them, as one `sloscope serve` wrote. As baselines
+measured in the same run on the same files: the
 rate at which the lines can merely be decompressed and parsed as JSON, and the time of one plain aggregate query
 over all requests in DuckDB.
 
@@ -22,16 +24,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
 
+from analytics.rollups import SLI_TABLE, STEP_TABLE
 from receiver.otlp_files import read_lines
 from simulator.fleet import SimulationConfig, simulate
 
 SLOSCOPE = [sys.executable, "-m", "commands.cli"]
 STAGES = ("sli_windows", "incident_merge", "signal_steps", "attribution")
-ROLLUP_TABLES = ("sloscope_sli_rollup", "sloscope_step_rollup")
 RAW_ROWS = {"duckdb": "SELECT (SELECT count() FROM requests) + (SELECT count() FROM samples) + "
                       "(SELECT count() FROM histograms), (SELECT count() FROM requests)",
             "chdb": "SELECT (SELECT count() FROM otel_traces) + (SELECT count() FROM otel_metrics_gauge) + "
@@ -78,7 +81,7 @@ def analyse_in_this_process(url: str, without_rollups: bool = False) -> int:
 
     timings: dict[str, float] = {}
     with open_store(url, read_only=True) as store:
-        for table in ROLLUP_TABLES if without_rollups else ():
+        for table in (SLI_TABLE, STEP_TABLE) if without_rollups else ():
             store.execute(f"TRUNCATE TABLE IF EXISTS {table}")
         result = analyse(store, store.slo_spec(), timings=timings)
     sys.stdout.write(json.dumps({"incidents": result["incidents"], "timings": timings}))
@@ -122,6 +125,28 @@ def analysed(url: str, runs: int, *flags: str) -> tuple[float, int, float, dict,
     return rca_s, rca_rss, rca_cpu, answer, [m[0] for m in measured]
 
 
+@contextmanager
+def unrolled(url: str):
+    """(url, flags of the child, what it measures) of the store as analysed before it has rollups: a ClickHouse
+    store's emptied by the child, whose analysis makes them again; a copy of a DuckDB store without them, which a
+    read-only analysis does not make."""
+    if not url.startswith("duckdb:"):
+        yield url, ("--without-rollups",), "the first analysis of tables a Collector wrote, which makes them"
+        return
+    from analytics.stores import open_store
+
+    path = Path(url.partition(":///")[2])
+    copy = path.with_name(f"unrolled-{path.name}")
+    shutil.copyfile(path, copy)
+    try:
+        with open_store(f"duckdb:///{copy}") as store:
+            for table in (SLI_TABLE, STEP_TABLE):
+                store.execute(f"DROP TABLE IF EXISTS {table}")
+        yield f"duckdb:///{copy}", (), "a store that `sloscope serve` wrote, or one analysed read-only before"
+    finally:
+        copy.unlink(missing_ok=True)
+
+
 def measure(url: str, files: list[Path], truth, floor: float, node_seconds: float, rca_runs: int) -> dict:
     """Load, size and analyse one store, printing its figures; returns them."""
     ingest_s, ingest_rss, ingest_line, _, ingest_cpu = run_measured(SLOSCOPE + ["ingest", "--store", url,
@@ -143,12 +168,11 @@ def measure(url: str, files: list[Path], truth, floor: float, node_seconds: floa
     print(f"          median of {len(every)} runs; each run's analysis: " + ", ".join(f"{t:.2f}s" for t in every))
     print(f"          {len(incidents)} incidents, (node, top cause): {found}; injected "
           f"{truth.fault['cause']} on {truth.fault['node']}")
-    if not url.startswith("duckdb:"):
-        _, rss, _, cold, every = analysed(url, 1, "--without-rollups")
-        print(f"  rca without rollups (the first analysis of tables a Collector wrote, which makes them): "
-              f"{every[0]:.2f}s analysing, peak RSS {rss / 2**30:.2f} GiB; stages: "
-              + ", ".join(f"{s} {cold['timings'].get(s, 0.0):.2f}s" for s in STAGES)
-              + f"; same incidents: {cold['incidents'] == incidents}")
+    with unrolled(url) as (plain, flags, what):
+        _, rss, _, cold, every = analysed(plain, 1, *flags)
+    print(f"  rca without rollups ({what}): {every[0]:.2f}s analysing, peak RSS {rss / 2**30:.2f} GiB; stages: "
+          + ", ".join(f"{s} {cold['timings'].get(s, 0.0):.2f}s" for s in STAGES)
+          + f"; same incidents: {cold['incidents'] == incidents}")
     print(f"          ({ingest_line})")
     return {"rca_s": rca_s, "analysis_s": sum(timings.values()), "rows": rows, "ingest_s": ingest_s, "found": found}
 

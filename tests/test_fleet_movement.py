@@ -104,7 +104,7 @@ def test_an_incident_reads_only_its_own_node_step_by_step(files):
 
         def frame(query, params=None):
             result = real_frame(query, params)
-            if query == store.sql("signal_steps"):
+            if query in (store.sql("signal_steps"), store.sql("step_rollup")):  # raw, or the fleet's rollup
                 asked.append((params["node"], result["node_key"].n_unique()))
             return result
 

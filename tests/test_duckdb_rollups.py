@@ -1,0 +1,179 @@
+"""The DuckDB store's rollups (analytics/rollups.py): `sloscope ingest` makes them, a read-only analysis reads them
+and answers exactly as one of the raw tables, whatever the range and after rows are added, changed in place or
+deleted; a store without them reads the raw tables, and retention deletes them with the rows they came from."""
+
+import logging
+import random
+from datetime import datetime, timedelta
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from analytics.attribution import Window, signal_steps
+from analytics.ingest import Ingestor
+from analytics.rca import analyse
+from analytics.retention import apply_retention
+from analytics.slo import sli_windows
+from analytics.stores import open_store
+from commands.cli import main
+from enrich.tiers import TierResolver
+from simulator.fleet import SimulationConfig, simulate
+from sloscope.slo_spec import load_spec
+
+START = datetime(2026, 11, 2, 9, 0)  # the DuckDB store keeps rollups as long as their rows, however old
+SPEC = load_spec(None)
+ROLLUP_READS = ("sli_rollup", "step_rollup")
+
+
+@pytest.fixture(scope="module")
+def otlp(tmp_path_factory):
+    """A 3-node fleet, 13 minutes with a storage fault, as OTLP files."""
+    out = tmp_path_factory.mktemp("duckdb-rollups") / "otlp"
+    simulate(SimulationConfig(out=out, nodes=3, seed=4, fault="storage_queue", rate=4.0, duration_s=780,
+                              start=START.isoformat() + "Z"))
+    return sorted(out.glob("*.jsonl*"))
+
+
+@pytest.fixture
+def ingested(otlp, tmp_path):
+    """The fleet loaded by `sloscope ingest`, which rolls up what it loads."""
+    db = tmp_path / "fleet.duckdb"
+    assert main(["ingest", "--db", str(db), *map(str, otlp)]) == 0
+    return f"duckdb:///{db}"
+
+
+def _raw(store):
+    """The store with its rollups set aside: every query reads the raw tables."""
+    store._rollups.query = lambda name, params: None
+    return store
+
+
+def _spied(store) -> list[str]:
+    """The rollup queries the store reads from now on, by name."""
+    reads, real_frame = [], store.frame
+    texts = {store.sql(name): name for name in ROLLUP_READS}
+
+    def frame(query, params=None):
+        reads.extend(name for text, name in texts.items() if text in query)
+        return real_frame(query, params)
+
+    store.frame = frame
+    return reads
+
+
+def _headers(store, table: str) -> int:
+    return store.scalar(f"SELECT count(*) FROM {table} WHERE header")
+
+
+def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.sort(frame.columns)
+
+
+def _same(ours: pl.DataFrame, raw: pl.DataFrame) -> bool:
+    """Equal, but for the last bits of a mean: DuckDB adds a step's points in the order its threads met them."""
+    try:
+        assert_frame_equal(ours, raw, check_exact=False, rel_tol=1e-12, abs_tol=0.0, categorical_as_str=True)
+    except AssertionError:
+        return False
+    return True
+
+
+def _sli(store, since, until) -> pl.DataFrame:
+    return _sorted(pl.concat(list(sli_windows(store, SPEC, since, until).values())))
+
+
+def _steps(store, since, until, node=None) -> pl.DataFrame:
+    window = Window(since, since + (until - since) / 2, since + (until - since) / 2, until, SPEC.resolution_s)
+    return _sorted(signal_steps(store, window, SPEC.taxonomy, evidence_only=True, node=node))
+
+
+def test_ingest_rolls_up_and_a_read_only_analysis_reads_the_rollups(ingested):
+    """The fleet is young: an incident's window begins at its node's first signal, inside a step that holds other
+    nodes' earlier points, so its steps are read raw; the SLI windows are rolled up."""
+    with open_store(ingested, read_only=True) as store:
+        assert _headers(store, "sloscope_sli_rollup") >= 13 and _headers(store, "sloscope_step_rollup") >= 13
+        reads = _spied(store)
+        rolled = analyse(store, SPEC)
+        assert "sli_rollup" in reads
+    with open_store(ingested, read_only=True) as store:
+        assert analyse(_raw(store), SPEC) == rolled
+    assert rolled["incidents"] and rolled["incidents"][0]["causes"][0]["cause"] == "storage_queue"
+
+
+def test_any_range_gives_the_raw_tables_rows(ingested):
+    """Ranges that begin and end anywhere: those that cut a step or window holding rows outside them read the raw
+    tables, the others the rollups, and both give the raw rows."""
+    rng = random.Random(11)
+    ranges = [(START + timedelta(minutes=4), START + timedelta(minutes=9))]
+    for _ in range(8):
+        since = START + timedelta(seconds=rng.choice([0, 60, 130, 300]) + rng.choice([0, 0.5, 5, 7.25]))
+        ranges.append((since, since + timedelta(seconds=rng.choice([60, 200, 420]) + rng.choice([0, 3.5, 10]))))
+    with open_store(ingested, read_only=True) as store, open_store(ingested, read_only=True) as raw:
+        reads = _spied(store)
+        _raw(raw)
+        for since, until in ranges:
+            assert _sli(store, since, until).equals(_sli(raw, since, until)), (since, until)
+            assert _same(_steps(store, since, until), _steps(raw, since, until)), (since, until)
+            assert _same(_steps(store, since, until, "gpu-node-1"), _steps(raw, since, until, "gpu-node-1"))
+    assert set(reads) == set(ROLLUP_READS)
+
+
+def test_rows_added_changed_or_deleted_after_the_roll_up_are_counted(ingested):
+    """What the writer does to stored rows: a late batch adds some, a late cumulative point recounts the value of
+    the one after it, a span's node is corrected, retention deletes. Each changes the answer, which stays the raw
+    tables' until rolled up again."""
+    since, until = START + timedelta(minutes=2), START + timedelta(minutes=8)
+    a, b = START + timedelta(minutes=4, seconds=10), START + timedelta(minutes=4, seconds=40)
+    changes = [
+        "INSERT INTO requests SELECT * REPLACE (span_id + 1 AS span_id, duration_ms * 50 AS duration_ms) "
+        "FROM requests WHERE start_time >= $a AND start_time < $b",
+        "UPDATE samples SET value = value * 10 + 1 WHERE ts >= $a AND ts < $b",
+        "UPDATE requests SET node = 'gpu-node-2' WHERE node = 'gpu-node-1' AND start_time >= $a AND start_time < $b",
+        "DELETE FROM histograms WHERE ts >= $a AND ts < $b",
+    ]
+    for change in changes:
+        with open_store(ingested) as store:
+            before = _sli(store, since, until), _steps(store, since, until)
+            store.execute(change, {"a": a, "b": b})
+        with open_store(ingested, read_only=True) as store, open_store(ingested, read_only=True) as raw:
+            after = _sli(store, since, until), _steps(store, since, until)
+            assert not (after[0].equals(before[0]) and _same(after[1], before[1])), change
+            _raw(raw)
+            assert after[0].equals(_sli(raw, since, until)) and _same(after[1], _steps(raw, since, until)), change
+    with open_store(ingested) as store:  # a writable store's fleet-wide query computes the changed chunks again
+        headers = _headers(store, "sloscope_step_rollup")
+        again = _sli(store, since, until), _steps(store, since, until)
+        # The changed minute's batch anew; the one it replaces is deleted by a fill a minute on.
+        assert _headers(store, "sloscope_step_rollup") == headers + 1
+    with open_store(ingested, read_only=True) as store:
+        reads = _spied(store)
+        assert _sli(store, since, until).equals(again[0]) and _same(_steps(store, since, until), again[1])
+        assert set(reads) == set(ROLLUP_READS)
+
+
+def test_a_store_without_rollups_reads_the_raw_tables_and_a_writable_one_makes_them(otlp, tmp_path, caplog):
+    url = f"duckdb:///{tmp_path}/plain.duckdb"
+    with open_store(url) as store:  # what `sloscope serve`'s writer leaves: rows, no rollups
+        Ingestor(store, TierResolver.from_spec(SPEC), jobs=1).ingest_files(otlp)
+        assert not {"sloscope_sli_rollup", "sloscope_step_rollup"} & store.tables()
+    with caplog.at_level(logging.WARNING, "sloscope.rollups"), open_store(url, read_only=True) as store:
+        reads = _spied(store)
+        plain = analyse(store, SPEC)
+        assert not reads and not caplog.records
+    with open_store(url) as store:
+        assert analyse(store, SPEC) == plain
+        assert _headers(store, "sloscope_sli_rollup")  # (this young fleet's steps are read raw: see the first test)
+
+
+def test_retention_deletes_the_rollups_of_what_it_deletes(ingested):
+    cutoff = START + timedelta(minutes=5, seconds=30)
+    with open_store(ingested) as store:
+        apply_retention(store, timedelta(minutes=1), cutoff + timedelta(minutes=1))
+        for table in ("sloscope_sli_rollup", "sloscope_step_rollup"):
+            first = store.scalar(f"SELECT min(chunk_start) FROM {table}")
+            assert first == START + timedelta(minutes=6), table  # the chunk the cutoff cuts goes too
+    with open_store(ingested, read_only=True) as store, open_store(ingested, read_only=True) as raw:
+        since, until = START, START + timedelta(minutes=13)
+        assert _sli(store, since, until).equals(_sli(_raw(raw), since, until))
+        assert _same(_steps(store, since, until), _steps(raw, since, until))
