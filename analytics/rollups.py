@@ -215,10 +215,16 @@ class Rollups:
         if horizon is not None and _time(grid.first_chunk) < horizon or \
                 grid.end_chunk - grid.first_chunk > MAX_CHUNKS * grid.chunk:
             return None
+        headers = self._headers(rollup, key, grid)
+        inside = range(grid.first_chunk + grid.chunk, grid.end_chunk - grid.chunk, grid.chunk)
+        if not fill and not {chunk for chunk, *_ in headers}.issuperset(inside):
+            # A chunk it cannot fill (new rows not rolled up yet) makes it read the raw tables: the source rows are
+            # not fingerprinted for nothing. The range's first and last chunk may hold no rows, so have no batch.
+            return None
         slices = self._slices(rollup, params, grid)
         if slices is None:
             return None
-        chosen, replaced = self._stored(rollup, key, grid, slices)
+        chosen, replaced = _current(headers, slices)
         missing = [c for c in sorted(slices) if c not in chosen]
         if missing and not fill:
             return None
@@ -259,15 +265,11 @@ class Rollups:
                                                 sort_keys=True)
         return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
 
-    def _stored(self, rollup: Rollup, key: int, grid: Grid, sources: dict) -> tuple[dict[int, int], list[int]]:
-        """chunk -> the newest batch stored for it that was computed from the rows the tables hold now; and the
-        batches whole (they have a header) but computed from other rows."""
-        headers = self.store.rows(self._of(rollup, "rollup_headers"),
-                                  {"key": key, "first": _time(grid.first_chunk), "until": _time(grid.end_chunk)})
-        current = {(_micros(start), batch): sources.get(_micros(start)) == (rows, digest)
-                   for start, batch, rows, digest in headers}
-        return ({chunk: batch for (chunk, batch), same in current.items() if same},
-                [batch for (_, batch), same in current.items() if not same])
+    def _headers(self, rollup: Rollup, key: int, grid: Grid) -> list[tuple[int, int, int, int]]:
+        """(chunk, batch, source rows, source digest) of the whole batches stored for the range, oldest first."""
+        return [(_micros(start), batch, rows, digest) for start, batch, rows, digest in self.store.rows(
+            self._of(rollup, "rollup_headers"),
+            {"key": key, "first": _time(grid.first_chunk), "until": _time(grid.end_chunk)})]
 
     def _fill(self, rollup: Rollup, params: dict, key: int, grid: Grid, chunks: list[int],
               sources: dict) -> dict[int, int]:
@@ -303,6 +305,14 @@ class Rollups:
             if not self._kept_replaced:
                 log.warning("replaced rollup batches are kept: %s", exc)
             self._kept_replaced = True
+
+
+def _current(headers: list[tuple[int, int, int, int]], sources: dict) -> tuple[dict[int, int], list[int]]:
+    """chunk -> the newest batch of `headers` computed from the rows the tables hold now (`sources`); and the
+    batches computed from other rows."""
+    current = {(chunk, batch): sources.get(chunk) == (rows, digest) for chunk, batch, rows, digest in headers}
+    return ({chunk: batch for (chunk, batch), same in current.items() if same},
+            [batch for (_, batch), same in current.items() if not same])
 
 
 def _runs(missing: list[int], chosen: dict[int, int]) -> list[list[int]]:

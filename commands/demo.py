@@ -114,7 +114,7 @@ def _step(message: str) -> float:
 
 def run_simulated(args) -> int:
     from analytics.ingest import Ingestor
-    from analytics.rca import analyse, format_table
+    from analytics.rca import analyse, format_table, roll_up
     from analytics.store import Store
     from enrich.tiers import TierResolver
     from simulator.fleet import SimulationConfig, simulate
@@ -133,6 +133,7 @@ def run_simulated(args) -> int:
     t = _step(f"ingesting into {db_path}")
     with Store(db_path) as store:
         report = Ingestor(store, TierResolver.from_spec(spec)).ingest_files(sorted(otlp_dir.glob("*.jsonl*")))
+        roll_up(store, spec)  # as `sloscope ingest` does
     print(f"    {report.rows_loaded:,} rows in {report.seconds:.1f}s, {report.rejected_count} lines rejected",
           file=sys.stderr)
 

@@ -14,7 +14,7 @@ from analytics.attribution import Window, signal_steps
 from analytics.ingest import Ingestor
 from analytics.rca import analyse
 from analytics.retention import apply_retention
-from analytics.slo import sli_windows
+from analytics.slo import sli_params, sli_windows
 from analytics.stores import open_store
 from commands.cli import main
 from enrich.tiers import TierResolver
@@ -177,3 +177,28 @@ def test_retention_deletes_the_rollups_of_what_it_deletes(ingested):
         since, until = START, START + timedelta(minutes=13)
         assert _sli(store, since, until).equals(_sli(_raw(raw), since, until))
         assert _same(_steps(store, since, until), _steps(raw, since, until))
+
+
+def test_rows_not_rolled_up_yet_are_read_raw_without_fingerprinting_them(otlp, tmp_path):
+    """As where `sloscope serve` wrote after an ingest: a read-only analysis cannot fill the newer chunks, so it
+    reads their range from the raw tables and spends nothing on fingerprints; the older range still reads the
+    rollups."""
+    url = f"duckdb:///{tmp_path}/partly.duckdb"
+    older = (START, START + timedelta(minutes=6))
+    with open_store(url) as store:
+        Ingestor(store, TierResolver.from_spec(SPEC), jobs=1).ingest_files(otlp)
+        store.roll_up("sli_windows", sli_params(store, SPEC, *older))
+    with open_store(url, read_only=True) as store, open_store(url, read_only=True) as raw:
+        fingerprints, real_frame = [], store.frame
+
+        def frame(query, params=None):
+            fingerprints.extend([query] if query == store.sql("span_slices") else [])
+            return real_frame(query, params)
+
+        store.frame = frame
+        reads = _spied(store)
+        whole = (START, START + timedelta(minutes=13))
+        assert _sli(store, *whole).equals(_sli(_raw(raw), *whole))
+        assert not reads and not fingerprints
+        assert _sli(store, *older).equals(_sli(raw, *older))
+        assert reads == ["sli_rollup"] and len(fingerprints) == 1
