@@ -5,7 +5,9 @@ ingest rate (rows/s), the bytes on disk, the rca wall time and peak memory (each
 the kernel's accounting of that process), and the seconds of each rca stage (SLI windows, incident merge, signal
 steps, attribution), so the next bottleneck shows. `sloscope ingest` rolls up what it loads (analytics/rollups.py);
 each store is also analysed once without rollups: a ClickHouse store's emptied first, as in the first analysis of
-tables a Collector wrote, and a copy of the DuckDB store without them, as one `sloscope serve` wrote. As baselines
+tables a Collector wrote, and a copy of the DuckDB store without them, as one `sloscope serve` wrote. A ClickHouse
+store's rca runs start once the engine's background merges of the load are done, as a server's are between
+loads (how long that took is printed). As baselines
 measured in the same run on the same files: the
 rate at which the lines can merely be decompressed and parsed as JSON, and the time of one plain aggregate query
 over all requests in DuckDB.
@@ -102,6 +104,23 @@ def stored_rows(url: str) -> tuple[int, int]:
         return store.rows(RAW_ROWS[url.partition(":")[0]])[0]
 
 
+def settled(url: str, most_s: float = 300.0) -> float | None:
+    """Seconds until a ClickHouse store's background merges of the load are done (None for DuckDB, which has
+    none): as a server's, between loads, so that they do not share the 2 cores with the rca runs."""
+    if url.startswith("duckdb:"):
+        return None
+    from analytics.stores import open_store
+
+    started = time.monotonic()
+    with open_store(url, read_only=True) as store:
+        quiet = 0
+        while quiet < 3 and time.monotonic() - started < most_s:
+            busy = store.scalar("SELECT count() FROM system.merges")
+            quiet = 0 if busy else quiet + 1
+            time.sleep(1.0)
+    return time.monotonic() - started
+
+
 def duckdb_aggregate_s(url: str) -> float:
     """One plain aggregate over all requests: what a scan of the table costs, for scale."""
     from analytics.stores import open_store
@@ -152,6 +171,7 @@ def measure(url: str, files: list[Path], truth, floor: float, node_seconds: floa
     ingest_s, ingest_rss, ingest_line, _, ingest_cpu = run_measured(SLOSCOPE + ["ingest", "--store", url,
                                                                             *map(str, files)])
     os.sync()  # the store's writeback done before it is read, so that it does not share the rca's time
+    merging_s = settled(url)
     rows, spans = stored_rows(url)
     disk = bytes_on_disk(Path(url.partition(":///")[2]))
     rca_s, rca_rss, rca_cpu, answer, every = analysed(url, rca_runs)
@@ -174,6 +194,8 @@ def measure(url: str, files: list[Path], truth, floor: float, node_seconds: floa
           + ", ".join(f"{s} {cold['timings'].get(s, 0.0):.2f}s" for s in STAGES)
           + f"; same incidents: {cold['incidents'] == incidents}")
     print(f"          ({ingest_line})")
+    if merging_s is not None:
+        print(f"          (the engine's merges after the load ended {merging_s:.0f}s later, before the rca runs)")
     return {"rca_s": rca_s, "analysis_s": sum(timings.values()), "rows": rows, "ingest_s": ingest_s, "found": found}
 
 

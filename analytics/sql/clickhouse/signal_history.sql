@@ -12,9 +12,10 @@ WITH points AS (
     UNION ALL
     SELECT SloscopeNode, TimeUnix FROM otel_metrics_histogram WHERE bitAnd(Flags, 1) = 0 AND Count > 0
 )
-SELECT if((SELECT count() FROM (SELECT 1 FROM points
-                                WHERE SloscopeNode = {node:String} AND TimeUnix < {since:DateTime64(6)} LIMIT 1)) = 0,
-          (SELECT fromUnixTimestamp64Micro(toUnixTimestamp64Micro(toDateTime64(minOrNull(TimeUnix), 6)), 'UTC')
-           FROM points
-           WHERE SloscopeNode = {node:String} AND TimeUnix >= {since:DateTime64(6)}),
-          NULL) AS first
+SELECT fromUnixTimestamp64Micro(toUnixTimestamp64Micro(toDateTime64(minOrNull(TimeUnix), 6)), 'UTC') AS first
+FROM points
+WHERE SloscopeNode = {node:String} AND TimeUnix >= {since:DateTime64(6)}
+  -- A condition, not a branch of if(): ClickHouse computes every scalar subquery, but reads nothing for a constant
+  -- false filter, so the node's later points are read only when none precedes {since}.
+  AND (SELECT count() FROM (SELECT 1 FROM points
+                            WHERE SloscopeNode = {node:String} AND TimeUnix < {since:DateTime64(6)} LIMIT 1)) = 0
