@@ -1,10 +1,11 @@
 """Retention for the DuckDB store: rows older than the kept period go, in one transaction.
 
 Requests, samples and histograms older than `keep` before `now` are deleted, with the rollups of chunks that begin
-before then (analytics/rollups.py); the cumulative state and the counters stay (deltas continue across the cut; counters count what was ever loaded), and the deleted requests
-are counted into retired_requests first, so that /metrics' request counters never go down. DuckDB reuses the freed
-blocks for new rows; the file itself shrinks only on a copy (EXPORT/IMPORT). ClickHouse stores expire rows with
-the clickhouseexporter's `ttl` setting instead, in the engine.
+before then (analytics/rollups.py); the cumulative state and the counters stay (deltas continue across the cut;
+counters count what was ever loaded), and the deleted requests are counted into retired_requests first, so that
+/metrics' request counters never go down. DuckDB reuses the freed blocks for new rows; the file itself shrinks only
+on a copy (EXPORT/IMPORT). ClickHouse stores expire rows with the clickhouseexporter's `ttl` setting instead, in the
+engine.
 
 `serve --retention` applies it at start and every RETENTION_INTERVAL_S on the writer's thread, between two
 writes, so that it has the store's one connection to itself and never races a write.

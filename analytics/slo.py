@@ -189,7 +189,8 @@ def _rounded(ms) -> float | None:
     return round(float(ms), 1) if ms is not None and math.isfinite(ms) else None
 
 
-def _incident_slis(store: Store, spec: SloSpec, objective: TierObjective, runs: list[dict], step: timedelta) -> list[dict]:
+def _incident_slis(store: Store, spec: SloSpec, objective: TierObjective, runs: list[dict],
+                   step: timedelta) -> list[dict]:
     """The SLI of each of a tier's runs over its whole incident, from one query (incident_sli.sql)."""
     if not runs:
         return []
@@ -197,7 +198,8 @@ def _incident_slis(store: Store, spec: SloSpec, objective: TierObjective, runs: 
     measured = {incident: rest for incident, *rest in store.rows(store.sql("incident_sli"), {
         **store.tier_params(spec), "tier": objective.name, "quantile": objective.percentile / 100,
         "threshold_ms": objective.threshold_ms, "services": [run["service"] for run in runs],
-        "nodes": [run["node"] for run in runs], "starts": starts, "ends": ends, "start": min(starts), "end": max(ends)})}
+        "nodes": [run["node"] for run in runs], "starts": starts, "ends": ends,
+        "start": min(starts), "end": max(ends)})}
     return [_incident_sli(objective, run, *measured.get(place, (0, 0, 0, None)))
             for place, run in enumerate(runs, start=1)]
 

@@ -122,6 +122,24 @@ def test_violating_windows_merge_into_incidents_per_tier_service_node(tmp_path):
     assert n2.sli["observed_error_ratio"] == pytest.approx(0.1, abs=0.01)  # half the traffic failing 1 in 5
 
 
+def test_each_of_a_nodes_incidents_reports_its_own_sli(tmp_path):
+    """A tier's incidents get their SLI from one query: two on the same service and node, apart, each its own."""
+    spec = parse_spec(GOOD)
+    lines = [
+        _spans("n1", 0, 300, 100),
+        _spans("n1", 300, 40, 1500, base=10_000),
+        _spans("n1", 340, 200, 100, base=20_000),
+        _spans("n1", 540, 40, 3000, base=30_000),
+        _spans("n1", 580, 60, 100, base=40_000),
+    ]
+    with Store(tmp_path / "x.duckdb") as store:
+        Ingestor(store, TierResolver.from_spec(spec)).ingest_files([write_lines(tmp_path / "s.jsonl", lines)])
+        incidents = find_incidents(store, spec, datetime(2000, 1, 1), datetime(2100, 1, 1))
+    assert [i.node for i in incidents] == ["n1", "n1"]
+    assert [i.sli["observed_ms"] for i in incidents] == [pytest.approx(1500, rel=0.01), pytest.approx(3000, rel=0.01)]
+    assert [i.sli["observed_slow_ratio"] for i in incidents] == [1.0, 1.0]
+
+
 def _lognormal_spans(node, start_s, seconds, rate, median_ms, sigma, seed, base, tier="gold"):
     rng = np.random.default_rng(seed)
     n = seconds * rate
