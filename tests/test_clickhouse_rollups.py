@@ -12,20 +12,18 @@ import pytest
 
 pytest.importorskip("chdb")
 
-from analytics.attribution import GROWTH_SUFFIX, Window, signal_steps  # noqa: E402
+from analytics.attribution import GROWTH_SUFFIX  # noqa: E402
 from analytics.ingest import Ingestor  # noqa: E402
 from analytics.rca import analyse  # noqa: E402
-from analytics.slo import sli_windows  # noqa: E402
 from analytics.store import StoreError  # noqa: E402
 from analytics.stores import open_store  # noqa: E402
 from enrich.tiers import TierResolver  # noqa: E402
 from simulator.fleet import SimulationConfig, simulate  # noqa: E402
-from sloscope.slo_spec import load_spec  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402
+from tests.rollup_reads import SPEC, headers, raw_only, sli, steps  # noqa: E402
 
 # Recent: rollups are kept, and read, for the last 7 days only.
 START = (datetime.now(timezone.utc) - timedelta(minutes=20)).replace(tzinfo=None, second=0, microsecond=0)
-SPEC = load_spec(None)
 
 
 @pytest.fixture(scope="module")
@@ -43,41 +41,18 @@ def _loaded(url: str, otlp) -> str:
     return url
 
 
-def _raw(store):
-    """The store with its rollups set aside: every query reads the exporter's tables."""
-    store._rollups.query = lambda name, params: None
-    return store
-
-
-def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
-    return frame.sort(frame.columns)
-
-
-def _headers(store, table: str) -> int:
-    return store.scalar(f"SELECT count() FROM {table} WHERE header")
-
-
-def _sli(store, since, until) -> pl.DataFrame:
-    return _sorted(pl.concat(list(sli_windows(store, SPEC, since, until).values())))
-
-
-def _steps(store, since, until, node=None) -> pl.DataFrame:
-    window = Window(since, since + (until - since) / 2, since + (until - since) / 2, until, SPEC.resolution_s)
-    return _sorted(signal_steps(store, window, SPEC.taxonomy, evidence_only=True, node=node))
-
-
 def test_a_second_analysis_reads_the_rollups_and_answers_as_the_raw_tables(fleet):
     """The fleet is young: its windows begin at a node's first signal, inside a step that holds other nodes' earlier
     points, so their steps are read raw; the SLI windows are rolled up."""
     with open_store(fleet, read_only=True) as store:
         first = analyse(store, SPEC)
-        headers = _headers(store, "sloscope_sli_rollup"), _headers(store, "sloscope_step_rollup")
-        assert headers[0]
+        batches = headers(store, "sloscope_sli_rollup"), headers(store, "sloscope_step_rollup")
+        assert batches[0]
     with open_store(fleet, read_only=True) as store:
         assert analyse(store, SPEC) == first
-        assert (_headers(store, "sloscope_sli_rollup"), _headers(store, "sloscope_step_rollup")) == headers
+        assert (headers(store, "sloscope_sli_rollup"), headers(store, "sloscope_step_rollup")) == batches
     with open_store(fleet, read_only=True) as store:
-        assert analyse(_raw(store), SPEC) == first
+        assert analyse(raw_only(store), SPEC) == first
     assert first["incidents"]
 
 
@@ -86,17 +61,17 @@ def test_any_range_gives_the_raw_tables_rows(fleet):
     outside them read the raw tables, the others the rollups, and both give the raw rows."""
     rng = random.Random(7)
     with open_store(fleet, read_only=True) as store, open_store(fleet, read_only=True) as raw:
-        _raw(raw)
+        raw_only(raw)
         ranges = [(START + timedelta(minutes=4), START + timedelta(minutes=9))]
         for _ in range(6):
             since = START + timedelta(seconds=rng.choice([0, 60, 130, 300]) + rng.choice([0, 0.5, 5, 7.25]))
             ranges.append((since, since + timedelta(seconds=rng.choice([60, 200, 420]) + rng.choice([0, 3.5, 10]))))
         for since, until in ranges:
-            assert _sli(store, since, until).equals(_sli(raw, since, until))
-            assert _steps(store, since, until).equals(_steps(raw, since, until))
+            assert sli(store, since, until).equals(sli(raw, since, until))
+            assert steps(store, since, until).equals(steps(raw, since, until))
             node = "gpu-node-1"
-            assert _steps(store, since, until, node).equals(_steps(raw, since, until, node))
-        assert _headers(store, "sloscope_step_rollup")
+            assert steps(store, since, until, node).equals(steps(raw, since, until, node))
+        assert headers(store, "sloscope_step_rollup")
 
 
 def test_rows_that_arrive_late_are_counted(fleet):
@@ -104,7 +79,7 @@ def test_rows_that_arrive_late_are_counted(fleet):
     since, until = START + timedelta(minutes=2), START + timedelta(minutes=8)
     late_from, late_to = START + timedelta(minutes=4, seconds=10), START + timedelta(minutes=4, seconds=40)
     with open_store(fleet) as store:
-        before_sli, before_steps = _sli(store, since, until), _steps(store, since, until)
+        before_sli, before_steps = sli(store, since, until), steps(store, since, until)
         store.execute("INSERT INTO otel_traces SELECT * REPLACE (concat(SpanId, 'late') AS SpanId, "
                       "Duration * 50 AS Duration) FROM otel_traces "
                       "WHERE Timestamp >= {a:DateTime64(6)} AND Timestamp < {b:DateTime64(6)}",
@@ -113,21 +88,21 @@ def test_rows_that_arrive_late_are_counted(fleet):
                       "TimeUnix + toIntervalMillisecond(1) AS TimeUnix) FROM otel_metrics_gauge "
                       "WHERE TimeUnix >= {a:DateTime64(6)} AND TimeUnix < {b:DateTime64(6)}",
                       {"a": late_from, "b": late_to})
-        after_sli, after_steps = _sli(store, since, until), _steps(store, since, until)
+        after_sli, after_steps = sli(store, since, until), steps(store, since, until)
         assert not after_sli.equals(before_sli) and not after_steps.equals(before_steps)
-        _raw(store)
-        assert after_sli.equals(_sli(store, since, until))
-        assert after_steps.equals(_steps(store, since, until))
+        raw_only(store)
+        assert after_sli.equals(sli(store, since, until))
+        assert after_steps.equals(steps(store, since, until))
 
 
 def test_a_batch_without_its_header_is_never_read(fleet):
     """Rows of a batch whose header is missing (a write cut short) are left aside, and the chunk computed again."""
     since, until = START + timedelta(minutes=1), START + timedelta(minutes=6)
     with open_store(fleet) as store:
-        expected = _sli(store, since, until)
+        expected = sli(store, since, until)
         store.execute("DELETE FROM sloscope_sli_rollup WHERE header AND chunk_start = {c:DateTime64(6)}",
                       {"c": START + timedelta(minutes=3)})
-        assert _sli(store, since, until).equals(expected)
+        assert sli(store, since, until).equals(expected)
         assert store.scalar("SELECT count() FROM sloscope_sli_rollup WHERE header "
                             "AND chunk_start = {c:DateTime64(6)}", {"c": START + timedelta(minutes=3)})
 
@@ -146,9 +121,9 @@ def test_a_counter_silent_for_more_than_five_minutes_starts_afresh_wherever_the_
             store.insert(table, data)
         store.execute("DELETE FROM otel_metrics_sum WHERE TimeUnix >= {a:DateTime64(6)} "
                       "AND TimeUnix < {b:DateTime64(6)}", {"a": gap_from, "b": gap_to})
-        _raw(store)
-        wide = _steps(store, START + timedelta(minutes=1), START + timedelta(minutes=12))
-        narrow = _steps(store, gap_to, START + timedelta(minutes=12))
+        raw_only(store)
+        wide = steps(store, START + timedelta(minutes=1), START + timedelta(minutes=12))
+        narrow = steps(store, gap_to, START + timedelta(minutes=12))
         measured = ~pl.col("metric").cast(pl.String).str.ends_with(GROWTH_SUFFIX)  # growth reads steps before the range
         after_gap = wide.filter(measured & (pl.col("step") >= narrow["step"].min()))
         assert not narrow.is_empty() and after_gap.equals(narrow.filter(measured))
@@ -156,7 +131,7 @@ def test_a_counter_silent_for_more_than_five_minutes_starts_afresh_wherever_the_
 
 def test_a_store_that_cannot_keep_rollups_reads_the_raw_tables(fleet, monkeypatch, caplog):
     with open_store(fleet, read_only=True) as store:
-        expected = analyse(_raw(store), SPEC)
+        expected = analyse(raw_only(store), SPEC)
     with open_store(fleet, read_only=True) as store:
         refusals = []
 
@@ -177,10 +152,10 @@ def test_a_range_reaching_past_what_rollups_keep_reads_the_raw_tables(fleet):
     from the exporter's tables, and nothing is rolled up for it."""
     since, until = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(days=40), START + timedelta(hours=1)
     with open_store(fleet, read_only=True) as store:
-        headers = _headers(store, "sloscope_sli_rollup")
-        ours = _sli(store, since, until)
-        assert _headers(store, "sloscope_sli_rollup") == headers
-        assert not ours.is_empty() and ours.equals(_sli(_raw(store), since, until))
+        batches = headers(store, "sloscope_sli_rollup")
+        ours = sli(store, since, until)
+        assert headers(store, "sloscope_sli_rollup") == batches
+        assert not ours.is_empty() and ours.equals(sli(raw_only(store), since, until))
 
 
 def test_tables_a_collector_made_with_whole_seconds_are_rolled_up_alike(fleet, tmp_path):
@@ -190,7 +165,7 @@ def test_tables_a_collector_made_with_whole_seconds_are_rolled_up_alike(fleet, t
     url = _loaded(f"chdb:///{tmp_path}/ch", Path(fleet.partition(":///")[2]).parent / "otlp")
     since, until = START + timedelta(minutes=4), START + timedelta(minutes=9)
     with open_store(url, read_only=True) as store, open_store(url, read_only=True) as raw:
-        _raw(raw)
-        assert _steps(store, since, until).equals(_steps(raw, since, until))
-        assert _sli(store, since, until).equals(_sli(raw, since, until))
-        assert _headers(store, "sloscope_step_rollup") and _headers(store, "sloscope_sli_rollup")
+        raw_only(raw)
+        assert steps(store, since, until).equals(steps(raw, since, until))
+        assert sli(store, since, until).equals(sli(raw, since, until))
+        assert headers(store, "sloscope_step_rollup") and headers(store, "sloscope_sli_rollup")

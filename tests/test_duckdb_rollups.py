@@ -10,19 +10,17 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from analytics.attribution import Window, signal_steps
 from analytics.ingest import Ingestor
 from analytics.rca import analyse
 from analytics.retention import apply_retention
-from analytics.slo import sli_params, sli_windows
+from analytics.slo import sli_params
 from analytics.stores import open_store
 from commands.cli import main
 from enrich.tiers import TierResolver
 from simulator.fleet import SimulationConfig, simulate
-from sloscope.slo_spec import load_spec
+from tests.rollup_reads import SPEC, headers, raw_only, sli, steps
 
 START = datetime(2026, 11, 2, 9, 0)  # the DuckDB store keeps rollups as long as their rows, however old
-SPEC = load_spec(None)
 ROLLUP_READS = ("sli_rollup", "step_rollup")
 
 
@@ -43,12 +41,6 @@ def ingested(otlp, tmp_path):
     return f"duckdb:///{db}"
 
 
-def _raw(store):
-    """The store with its rollups set aside: every query reads the raw tables."""
-    store._rollups.query = lambda name, params: None
-    return store
-
-
 def _spied(store) -> list[str]:
     """The rollup queries the store reads from now on, by name."""
     reads, real_frame = [], store.frame
@@ -62,42 +54,25 @@ def _spied(store) -> list[str]:
     return reads
 
 
-def _headers(store, table: str) -> int:
-    return store.scalar(f"SELECT count(*) FROM {table} WHERE header")
-
-
-def _sorted(frame: pl.DataFrame) -> pl.DataFrame:
-    return frame.sort(frame.columns)
-
-
-def _same(ours: pl.DataFrame, raw: pl.DataFrame) -> bool:
+def _same(ours: pl.DataFrame, expected: pl.DataFrame) -> bool:
     """Equal, but for the last bits of a mean: DuckDB adds a step's points in the order its threads met them."""
     try:
-        assert_frame_equal(ours, raw, check_exact=False, rel_tol=1e-12, abs_tol=0.0, categorical_as_str=True)
+        assert_frame_equal(ours, expected, check_exact=False, rel_tol=1e-12, abs_tol=0.0, categorical_as_str=True)
     except AssertionError:
         return False
     return True
-
-
-def _sli(store, since, until) -> pl.DataFrame:
-    return _sorted(pl.concat(list(sli_windows(store, SPEC, since, until).values())))
-
-
-def _steps(store, since, until, node=None) -> pl.DataFrame:
-    window = Window(since, since + (until - since) / 2, since + (until - since) / 2, until, SPEC.resolution_s)
-    return _sorted(signal_steps(store, window, SPEC.taxonomy, evidence_only=True, node=node))
 
 
 def test_ingest_rolls_up_and_a_read_only_analysis_reads_the_rollups(ingested):
     """The fleet is young: an incident's window begins at its node's first signal, inside a step that holds other
     nodes' earlier points, so its steps are read raw; the SLI windows are rolled up."""
     with open_store(ingested, read_only=True) as store:
-        assert _headers(store, "sloscope_sli_rollup") >= 13 and _headers(store, "sloscope_step_rollup") >= 13
+        assert headers(store, "sloscope_sli_rollup") >= 13 and headers(store, "sloscope_step_rollup") >= 13
         reads = _spied(store)
         rolled = analyse(store, SPEC)
         assert "sli_rollup" in reads
     with open_store(ingested, read_only=True) as store:
-        assert analyse(_raw(store), SPEC) == rolled
+        assert analyse(raw_only(store), SPEC) == rolled
     assert rolled["incidents"] and rolled["incidents"][0]["causes"][0]["cause"] == "storage_queue"
 
 
@@ -111,11 +86,11 @@ def test_any_range_gives_the_raw_tables_rows(ingested):
         ranges.append((since, since + timedelta(seconds=rng.choice([60, 200, 420]) + rng.choice([0, 3.5, 10]))))
     with open_store(ingested, read_only=True) as store, open_store(ingested, read_only=True) as raw:
         reads = _spied(store)
-        _raw(raw)
+        raw_only(raw)
         for since, until in ranges:
-            assert _sli(store, since, until).equals(_sli(raw, since, until)), (since, until)
-            assert _same(_steps(store, since, until), _steps(raw, since, until)), (since, until)
-            assert _same(_steps(store, since, until, "gpu-node-1"), _steps(raw, since, until, "gpu-node-1"))
+            assert sli(store, since, until).equals(sli(raw, since, until)), (since, until)
+            assert _same(steps(store, since, until), steps(raw, since, until)), (since, until)
+            assert _same(steps(store, since, until, "gpu-node-1"), steps(raw, since, until, "gpu-node-1"))
     assert set(reads) == set(ROLLUP_READS)
 
 
@@ -134,21 +109,21 @@ def test_rows_added_changed_or_deleted_after_the_roll_up_are_counted(ingested):
     ]
     for change in changes:
         with open_store(ingested) as store:
-            before = _sli(store, since, until), _steps(store, since, until)
+            before = sli(store, since, until), steps(store, since, until)
             store.execute(change, {"a": a, "b": b})
         with open_store(ingested, read_only=True) as store, open_store(ingested, read_only=True) as raw:
-            after = _sli(store, since, until), _steps(store, since, until)
+            after = sli(store, since, until), steps(store, since, until)
             assert not (after[0].equals(before[0]) and _same(after[1], before[1])), change
-            _raw(raw)
-            assert after[0].equals(_sli(raw, since, until)) and _same(after[1], _steps(raw, since, until)), change
+            raw_only(raw)
+            assert after[0].equals(sli(raw, since, until)) and _same(after[1], steps(raw, since, until)), change
     with open_store(ingested) as store:  # a writable store's fleet-wide query computes the changed chunks again
-        headers = _headers(store, "sloscope_step_rollup")
-        again = _sli(store, since, until), _steps(store, since, until)
+        batches = headers(store, "sloscope_step_rollup")
+        again = sli(store, since, until), steps(store, since, until)
         # The changed minute's batch anew; the one it replaces is deleted by a fill a minute on.
-        assert _headers(store, "sloscope_step_rollup") == headers + 1
+        assert headers(store, "sloscope_step_rollup") == batches + 1
     with open_store(ingested, read_only=True) as store:
         reads = _spied(store)
-        assert _sli(store, since, until).equals(again[0]) and _same(_steps(store, since, until), again[1])
+        assert sli(store, since, until).equals(again[0]) and _same(steps(store, since, until), again[1])
         assert set(reads) == set(ROLLUP_READS)
 
 
@@ -163,7 +138,7 @@ def test_a_store_without_rollups_reads_the_raw_tables_and_a_writable_one_makes_t
         assert not reads and not caplog.records
     with open_store(url) as store:
         assert analyse(store, SPEC) == plain
-        assert _headers(store, "sloscope_sli_rollup")  # (this young fleet's steps are read raw: see the first test)
+        assert headers(store, "sloscope_sli_rollup")  # (this young fleet's steps are read raw: see the first test)
 
 
 def test_retention_deletes_the_rollups_of_what_it_deletes(ingested):
@@ -175,8 +150,8 @@ def test_retention_deletes_the_rollups_of_what_it_deletes(ingested):
             assert first == START + timedelta(minutes=6), table  # the chunk the cutoff cuts goes too
     with open_store(ingested, read_only=True) as store, open_store(ingested, read_only=True) as raw:
         since, until = START, START + timedelta(minutes=13)
-        assert _sli(store, since, until).equals(_sli(_raw(raw), since, until))
-        assert _same(_steps(store, since, until), _steps(raw, since, until))
+        assert sli(store, since, until).equals(sli(raw_only(raw), since, until))
+        assert _same(steps(store, since, until), steps(raw, since, until))
 
 
 def test_rows_not_rolled_up_yet_are_read_raw_without_fingerprinting_them(otlp, tmp_path):
@@ -198,7 +173,7 @@ def test_rows_not_rolled_up_yet_are_read_raw_without_fingerprinting_them(otlp, t
         store.frame = frame
         reads = _spied(store)
         whole = (START, START + timedelta(minutes=13))
-        assert _sli(store, *whole).equals(_sli(_raw(raw), *whole))
+        assert sli(store, *whole).equals(sli(raw_only(raw), *whole))
         assert not reads and not fingerprints
-        assert _sli(store, *older).equals(_sli(raw, *older))
+        assert sli(store, *older).equals(sli(raw, *older))
         assert reads == ["sli_rollup"] and len(fingerprints) == 1
