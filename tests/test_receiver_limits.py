@@ -224,11 +224,19 @@ def _grpc_request(n: int, first: int = 1) -> trace_service_pb2.ExportTraceServic
     return request
 
 
+# As the OTLP exporters do, a call refused with UNAVAILABLE is tried again: with one stream per connection, a stream
+# the client opens as the one before it closes may reach the server first and be refused (HTTP/2 REFUSED_STREAM).
+RETRY_UNAVAILABLE = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps({"methodConfig": [{
+    "name": [{}], "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                                  "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}))]
+
+
 def test_grpc_message_size_and_concurrent_calls_are_bounded(serve):
     own_connection = [("grpc.use_local_subchannel_pool", 1)]  # each channel its own connection
     gate = threading.Event()
     per_connection = serve(gate=gate, grpc_max_message_bytes=20_000, grpc_max_concurrent_streams=1)
-    with grpc.insecure_channel(f"127.0.0.1:{per_connection.grpc_port}", options=own_connection) as channel:
+    with grpc.insecure_channel(f"127.0.0.1:{per_connection.grpc_port}",
+                               options=own_connection + RETRY_UNAVAILABLE) as channel:
         stub = trace_service_pb2_grpc.TraceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as err:
             stub.Export(_grpc_request(1000), timeout=10)
