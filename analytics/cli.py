@@ -26,9 +26,9 @@ def register(subparsers) -> None:
         "compression recognised. Malformed lines and requests "
         "are reported as FILE:LINE: reason (a request's number for length-prefixed ones), counted and skipped; the "
         "rest loads. Loading the same data twice "
-        "adds nothing. Into a ClickHouse store it then rolls up what analyses read (the SLI windows and the "
-        "fleet's signal steps, per minute, in sloscope_sli_rollup and sloscope_step_rollup), as a later analysis "
-        "would. Exit status: 0 all loaded, 1 some lines rejected, 2 usage or spec error (a named file that "
+        "adds nothing. It then rolls up what analyses read (the SLI windows and the fleet's signal steps, per "
+        "minute, in sloscope_sli_rollup and sloscope_step_rollup), so that rca and serve need not compute them. "
+        "Exit status: 0 all loaded, 1 some lines rejected, 2 usage or spec error (a named file that "
         "does not exist or is a directory, found before the store is opened).")
     ingest.add_argument("files", nargs="+", type=Path, metavar="FILE")
     add_store_arguments(ingest)

@@ -178,8 +178,8 @@ def analyse(store: Store, spec, since: datetime | None = None, until: datetime |
 
 
 def roll_up(store: Store, spec) -> None:
-    """The store's rollups (a ClickHouse store's, analytics/rollups.py) made for everything it holds: the SLI
-    windows, and the steps of the fleet's evidence signals, that analyses read."""
+    """The store's rollups (analytics/rollups.py) made for everything it holds: the SLI windows, and the steps of
+    the fleet's evidence signals, that analyses read."""
     first, last = store.rows(store.sql("data_range"))[0]
     if first is not None:
         until = last + timedelta(seconds=1)

@@ -190,11 +190,12 @@ def _rounded(ms) -> float | None:
 
 
 def _incident_slis(store: Store, spec: SloSpec, objective: TierObjective, runs: list[dict],
-                   step: timedelta) -> list[dict]:
-    """The SLI of each of a tier's runs over its whole incident, from one query (incident_sli.sql)."""
+                   ends: list[datetime]) -> list[dict]:
+    """The SLI of each of a tier's runs over its whole incident (to its end in `ends`), from one query
+    (incident_sli.sql)."""
     if not runs:
         return []
-    starts, ends = [run["start"] for run in runs], [run["last"] + step for run in runs]
+    starts = [run["start"] for run in runs]
     measured = {incident: rest for incident, *rest in store.rows(store.sql("incident_sli"), {
         **store.tier_params(spec), "tier": objective.name, "quantile": objective.percentile / 100,
         "threshold_ms": objective.threshold_ms, "services": [run["service"] for run in runs],
@@ -220,7 +221,7 @@ def find_incidents(store: Store, spec: SloSpec, since: datetime, until: datetime
     step = timedelta(seconds=spec.resolution_s)
     for tier, windows in judge_fleet(frames).items():
         runs = list(_runs(windows, spec.resolution_s).iter_rows(named=True))
-        for run, sli in zip(runs, _incident_slis(store, spec, spec.tiers[tier], runs, step)):
-            incidents.append(Incident(tier, run["service"], run["node"], run["start"], run["last"] + step, sli,
-                                      run["windows"]))
+        ends = [run["last"] + step for run in runs]
+        for run, end, sli in zip(runs, ends, _incident_slis(store, spec, spec.tiers[tier], runs, ends)):
+            incidents.append(Incident(tier, run["service"], run["node"], run["start"], end, sli, run["windows"]))
     return sorted(incidents, key=lambda i: (i.start, i.tier, i.service, i.node))

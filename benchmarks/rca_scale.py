@@ -7,10 +7,9 @@ steps, attribution), so the next bottleneck shows. `sloscope ingest` rolls up wh
 each store is also analysed once without rollups: a ClickHouse store's emptied first, as in the first analysis of
 tables a Collector wrote, and a copy of the DuckDB store without them, as one `sloscope serve` wrote. A ClickHouse
 store's rca runs start once the engine's background merges of the load are done, as a server's are between
-loads (how long that took is printed). As baselines
-measured in the same run on the same files: the
-rate at which the lines can merely be decompressed and parsed as JSON, and the time of one plain aggregate query
-over all requests in DuckDB.
+loads (how long that took is printed). As baselines measured in the same run on the same files: the rate at which
+the lines can merely be decompressed and parsed as JSON, and the time of one plain aggregate query over all
+requests in DuckDB.
 
     .venv/bin/python benchmarks/rca_scale.py [--nodes 100] [--minutes 60] [--rate 4.6] [--keep DIR]
                                              [--store chdb:///DIR] [--rca-runs 3]
