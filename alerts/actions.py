@@ -304,7 +304,7 @@ class SpdkQosLimit(Action):
 
     def _plan(self, ctx, node, bdev, socket_path, limits, phase):
         def execute():
-            from probes.spdk.rpc_client import SpdkError
+            from sloscope.probes.spdk.rpc_client import SpdkError
 
             try:
                 with ctx.spdk(socket_path) as client:

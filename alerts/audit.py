@@ -17,7 +17,7 @@ from typing import Callable
 
 import duckdb
 
-from alerts.actions import NOTIFY
+from sloscope.alerts.actions import NOTIFY
 
 COUNTED = ("executed", "dry_run", "failed")  # decisions that use up cooldown and budget
 AUDIT_COLUMNS = ("ts", "alert", "fingerprint", "starts_at", "action", "target", "params", "decision", "reason",
@@ -45,7 +45,7 @@ def transaction(con):
 
 
 def _sql():
-    from analytics.store import sql
+    from sloscope.analytics.store import sql
 
     return sql("remediation")
 

@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from receiver.limits import parse_size
+from sloscope.receiver.limits import parse_size
 from sloscope.arguments import above_zero
 
 log = logging.getLogger("sloscope.alerts")
@@ -19,7 +19,7 @@ EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def register(subparsers) -> None:
-    from analytics.store import DEFAULT_DB
+    from sloscope.analytics.store import DEFAULT_DB
 
     rules = subparsers.add_parser(
         "rules", help="write Prometheus recording and alerting rules for an SLO spec",
@@ -155,7 +155,7 @@ def _rules_usage_error(args) -> str | None:
 
 def _rules_text(args, spec) -> str:
     """The document asked for; raises ValueError (a bad --label, an unsupported SLO window) with the reason."""
-    from alerts.rules import DEFAULT_RUNBOOK_BASE_URL, RuleOptions, prometheus_rule, render_rules, render_yaml
+    from sloscope.alerts.rules import DEFAULT_RUNBOOK_BASE_URL, RuleOptions, prometheus_rule, render_rules, render_yaml
 
     opts = RuleOptions(args.hold, args.page_severity, args.ticket_severity,
                        args.runbook_base_url or DEFAULT_RUNBOOK_BASE_URL)
@@ -204,7 +204,7 @@ def _spec(db: Path, slo: Path | None):
 
     if slo is not None:
         return load_spec(slo)
-    from analytics.store import Reader
+    from sloscope.analytics.store import Reader
 
     if not db.exists():
         return load_spec(None)
@@ -219,13 +219,13 @@ def _spec(db: Path, slo: Path | None):
 
 
 def run_webhook(args) -> int:
-    from analytics.store import StoreError, refuse_other_files
+    from sloscope.analytics.store import StoreError, refuse_other_files
     from sloscope.slo_spec import SpecError
 
-    from alerts.actions import ConfigError
-    from alerts.audit import AuditStore
-    from alerts.remediation import Engine, load_config
-    from alerts.webhook import TokenError, WebhookApp, WebhookServer, load_token, parse_listen
+    from sloscope.alerts.actions import ConfigError
+    from sloscope.alerts.audit import AuditStore
+    from sloscope.alerts.remediation import Engine, load_config
+    from sloscope.alerts.webhook import TokenError, WebhookApp, WebhookServer, load_token, parse_listen
 
     try:
         refuse_other_files(args.db)  # the audit goes there: a file DuckDB would open in memory would lose it

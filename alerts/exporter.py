@@ -39,7 +39,7 @@ from prometheus_client.registry import Collector
 from sloscope.latency_buckets import bounds_ms
 from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
 
-from alerts import metric_names as x
+from sloscope.alerts import metric_names as x
 
 log = logging.getLogger("sloscope.exporter")
 
@@ -234,7 +234,7 @@ class StoreCollector(Collector):
             return scores
 
     def _analyse(self, reader, now: float):
-        from analytics.rca import analyse, parse_time
+        from sloscope.analytics.rca import analyse, parse_time
 
         until = _utc(now)
         result = analyse(reader, self.spec, since=until - timedelta(seconds=self.incident_lookback_s),

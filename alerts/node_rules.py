@@ -9,10 +9,10 @@ import re
 from sloscope import taxonomy
 from sloscope.slo_spec import PhysicalLimits
 
-from alerts import metric_names as x
-from alerts.actions import DRAIN, NOTIFY, QOS, RESTART
-from alerts.rule_text import (ACTION_TEXT, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED, ms, num, pct,
-                              poisson_critical, q, sentence)
+from sloscope.alerts import metric_names as x
+from sloscope.alerts.actions import DRAIN, NOTIFY, QOS, RESTART
+from sloscope.alerts.rule_text import (ACTION_TEXT, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED, ms, num, pct,
+                                       poisson_critical, q, sentence)
 
 MIN_REQUESTS_PER_MINUTE = 10  # below this, a minute's error ratio is noise
 # A drain also needs more failures in the minute than a node at exactly the allowed ratio would have but with

@@ -42,8 +42,8 @@ import yaml
 
 from sloscope.errors import read_config_text
 
-from alerts.actions import REGISTRY, ActionFailed, ConfigError, Context, Refused, Runner
-from alerts.audit import TRANSIENT_ERRORS, AuditStore, Transient, transaction
+from sloscope.alerts.actions import REGISTRY, ActionFailed, ConfigError, Context, Refused, Runner
+from sloscope.alerts.audit import TRANSIENT_ERRORS, AuditStore, Transient, transaction
 
 log = logging.getLogger("sloscope.remediation")
 
@@ -413,6 +413,6 @@ def _result(row: dict) -> dict:
 
 
 def _spdk_client(path: str):
-    from probes.spdk.rpc_client import SpdkRpcClient
+    from sloscope.probes.spdk.rpc_client import SpdkRpcClient
 
     return SpdkRpcClient(path)

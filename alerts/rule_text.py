@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from analytics.significance import z_for
+from sloscope.analytics.significance import z_for
 
-from alerts.actions import DRAIN, NOTIFY, QOS, RAISE_SAMPLING, RESTART
+from sloscope.alerts.actions import DRAIN, NOTIFY, QOS, RAISE_SAMPLING, RESTART
 
 UNATTRIBUTED = "unattributed"
 DEFAULT_RUNBOOK_BASE_URL = "https://github.com/sloscope/sloscope/blob/main/docs/runbooks.md"

@@ -48,14 +48,15 @@ import yaml
 
 from sloscope.slo_spec import SloSpec, TierObjective
 
-from analytics.slo import FLEET_FDR, slow_allowance
+from sloscope.analytics.slo import FLEET_FDR, slow_allowance
 
-from alerts import metric_names as x
-from alerts.actions import NOTIFY, RAISE_SAMPLING
-from alerts.burn import (DAY_S, PAGE, TICKET, budget_spent_in, burn_windows, promql_duration, sli_windows,
-                         window_days)
-from alerts.node_rules import cause_group, physical_group
-from alerts.rule_text import ACTION_TEXT, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED, ms, num, pct, poisson_critical, q
+from sloscope.alerts import metric_names as x
+from sloscope.alerts.actions import NOTIFY, RAISE_SAMPLING
+from sloscope.alerts.burn import (DAY_S, PAGE, TICKET, budget_spent_in, burn_windows, promql_duration, sli_windows,
+                                  window_days)
+from sloscope.alerts.node_rules import cause_group, physical_group
+from sloscope.alerts.rule_text import (ACTION_TEXT, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED, ms, num, pct,
+                                       poisson_critical, q)
 
 PROMETHEUS_RULE_API = "monitoring.coreos.com/v1"
 # The rules judge each (tier, service, node) minute alone: at the level the analysis applies to the first

@@ -34,12 +34,12 @@ from io import BufferedReader
 from pathlib import Path
 from typing import Callable
 
-from alerts.actions import shown
-from alerts.audit import Transient
-from alerts.remediation import ALERT_NAME, Engine, parse_rfc3339
-from receiver.draining import DRAIN_GRACE_S, KeepAliveHandler
-from receiver.http_body import plain_length
-from receiver.http_conn import DeadlineReader, LimitedHTTPServer
+from sloscope.alerts.actions import shown
+from sloscope.alerts.audit import Transient
+from sloscope.alerts.remediation import ALERT_NAME, Engine, parse_rfc3339
+from sloscope.receiver.draining import DRAIN_GRACE_S, KeepAliveHandler
+from sloscope.receiver.http_body import plain_length
+from sloscope.receiver.http_conn import DeadlineReader, LimitedHTTPServer
 
 log = logging.getLogger("sloscope.webhook")
 

@@ -41,7 +41,7 @@ import polars as pl
 from sloscope import catalog, taxonomy
 from sloscope.taxonomy import BUILT_IN, Taxonomy
 
-from analytics.store import SERIES, Store, StoreError
+from sloscope.analytics.store import SERIES, Store, StoreError
 
 THRESHOLD = 3.0  # robust z above which a step counts as anomalous
 BASELINE = timedelta(minutes=10)

@@ -6,13 +6,13 @@ import json
 import sys
 from pathlib import Path
 
-from enrich.tiers import TierResolver
+from sloscope.enrich.tiers import TierResolver
 from sloscope.arguments import above_zero
 from sloscope.slo_spec import SpecError
 
-from analytics.store import StoreError
-from analytics import exporter_tables
-from analytics.stores import add_store_arguments, open_from_args, parse_store_url, store_url
+from sloscope.analytics.store import StoreError
+from sloscope.analytics import exporter_tables
+from sloscope.analytics.stores import add_store_arguments, open_from_args, parse_store_url, store_url
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
 
@@ -119,8 +119,8 @@ def _check_inputs(paths: list[Path]) -> None:
 
 
 def run_ingest(args) -> int:
-    from analytics.ingest import Ingestor
-    from analytics.rca import roll_up
+    from sloscope.analytics.ingest import Ingestor
+    from sloscope.analytics.rca import roll_up
 
     try:
         _check_inputs(args.files)
@@ -152,7 +152,7 @@ def run_ingest(args) -> int:
 
 
 def run_rca(args) -> int:
-    from analytics.rca import NO_REQUESTS, Query, format_table
+    from sloscope.analytics.rca import NO_REQUESTS, Query, format_table
 
     query = Query(args.since or "", args.until or "", args.at or "", args.node or "", args.top, args.baseline,
                   args.lookback)
@@ -173,8 +173,8 @@ def run_rca(args) -> int:
 
 
 def run_retention(args) -> int:
-    from analytics.rca import rfc3339
-    from analytics.retention import DUCKDB_ONLY, apply_retention, kept_period, utc_now
+    from sloscope.analytics.rca import rfc3339
+    from sloscope.analytics.retention import DUCKDB_ONLY, apply_retention, kept_period, utc_now
 
     try:
         keep = kept_period(args.keep, "--keep")
@@ -216,7 +216,7 @@ def _table_suffix(text: str) -> str:
 def run_clickhouse_columns(args) -> int:
     import re
 
-    from analytics.clickhouse_store import derived_column_statements, modifying, sql_literal
+    from sloscope.analytics.clickhouse_store import derived_column_statements, modifying, sql_literal
 
     try:
         url = parse_store_url(args.store) if args.store else None

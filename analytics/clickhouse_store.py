@@ -23,11 +23,11 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from analytics import exporter_tables
-from analytics.frames import Frames
-from analytics.rollups import KEPT, POINT_LOOKBACK, Rollups, readers
-from analytics.store import Reader, StoreError, sql_of
-from receiver.otlp_common import FAMILY_PREFIX, FAMILY_RULE, kept_metrics
+from sloscope.analytics import exporter_tables
+from sloscope.analytics.frames import Frames
+from sloscope.analytics.rollups import KEPT, POINT_LOOKBACK, Rollups, readers
+from sloscope.analytics.store import Reader, StoreError, sql_of
+from sloscope.receiver.otlp_common import FAMILY_PREFIX, FAMILY_RULE, kept_metrics
 
 log = logging.getLogger("sloscope.clickhouse_store")
 META_TABLE, COUNTERS_TABLE = "sloscope_meta", "sloscope_counters"

@@ -20,7 +20,7 @@ import pyarrow as pa
 from sloscope.ids import hex_of_words
 from sloscope.records import HISTOGRAM_OFFSET
 
-from analytics.frames import Frames
+from sloscope.analytics.frames import Frames
 
 TRACES, GAUGE, SUM, EXP_HISTOGRAM, HISTOGRAM = ("otel_traces", "otel_metrics_gauge", "otel_metrics_sum",
                                                 "otel_metrics_exponential_histogram", "otel_metrics_histogram")

@@ -17,17 +17,17 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from receiver.otlp_files import FileReadError, ProtobufRequest, read_lines
-from receiver.otlp_json import DecodeError, Decoder, decode_line
-from receiver.otlp_proto import ProtoDecoder
-from receiver.otlp_proto_signal import decode_request
-from enrich.tiers import TierResolver
-from enrich.topology import GpuTopology
+from sloscope.receiver.otlp_files import FileReadError, ProtobufRequest, read_lines
+from sloscope.receiver.otlp_json import DecodeError, Decoder, decode_line
+from sloscope.receiver.otlp_proto import ProtoDecoder
+from sloscope.receiver.otlp_proto_signal import decode_request
+from sloscope.enrich.tiers import TierResolver
+from sloscope.enrich.topology import GpuTopology
 from sloscope.records import Batch
 
-from analytics.intake import Enrichment
-from analytics.frames import Frames
-from analytics.store import Store
+from sloscope.analytics.intake import Enrichment
+from sloscope.analytics.frames import Frames
+from sloscope.analytics.store import Store
 
 log = logging.getLogger("sloscope.ingest")
 MAX_REPORTED_ERRORS = 20

@@ -9,14 +9,14 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from enrich.pods import PodDirectory, place_points, place_requests
-from enrich.tiers import TierResolver, resolve_tiers
-from enrich.topology import GpuTopology
-from receiver.otlp_common import DecodeError
+from sloscope.enrich.pods import PodDirectory, place_points, place_requests
+from sloscope.enrich.tiers import TierResolver, resolve_tiers
+from sloscope.enrich.topology import GpuTopology
+from sloscope.receiver.otlp_common import DecodeError
 from sloscope.records import Batch
 
-from analytics.frames import Frames
-from analytics.writer import COMMITTED, POISON
+from sloscope.analytics.frames import Frames
+from sloscope.analytics.writer import COMMITTED, POISON
 
 ACK_WAIT_S = 5.0  # longest a request waits for its commit before it is told to retry (exporters wait 10 s)
 LINGER_S = 1.0  # with acks before the commit, how long the writer may wait for a fuller one (analytics/writer.py)
@@ -80,7 +80,7 @@ class Intake:
 
     def offer_frames(self, frames: Frames, counts: Counter, peer: str | None = None):
         """Place the frames' requests and queue them for the writer; with ack="commit", wait for the commit."""
-        from receiver.server import Outcome  # the HTTP and gRPC servers: loaded by serve, not by every command
+        from sloscope.receiver.server import Outcome  # the HTTP and gRPC servers: loaded by serve, not by every command
 
         counts += self.enrichment.place(frames, peer)
         pending = self.writer.offer(frames, counts)
@@ -92,7 +92,7 @@ class Intake:
     def _settled(verdict):
         """The commit's verdict as an outcome: a request the store refuses (poison) is invalid, a timeout or a
         failing store retryable (and the retry then adds nothing: the store's writes are idempotent)."""
-        from receiver.server import Outcome
+        from sloscope.receiver.server import Outcome
 
         if verdict is not None and verdict.outcome == POISON:
             raise DecodeError(verdict.reason)
@@ -101,7 +101,7 @@ class Intake:
     def offload(self, pool):
         """The receiver's offload: decode in the pool's workers, then place and queue here."""
 
-        from receiver.server import Outcome
+        from sloscope.receiver.server import Outcome
 
         def decode_elsewhere(signal_name, body, is_json, peer=None):
             decoded = pool.decode(signal_name, body, is_json)

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from sloscope.files import fsync_directory
 
-from analytics.intake_record import CorruptRecord, Record, later_record, read_record
+from sloscope.analytics.intake_record import CorruptRecord, Record, later_record, read_record
 
 log = logging.getLogger("sloscope.intake_log")
 SEGMENT_BYTES = 16 * 2**20  # a crash replays at most about this much that was already committed

@@ -27,7 +27,7 @@ import polars as pl
 
 from sloscope.ids import SPAN_WORDS, TRACE_WORDS, words_of_hex
 
-from analytics.frames import REQUEST_COLUMNS, Frames
+from sloscope.analytics.frames import REQUEST_COLUMNS, Frames
 
 MAGIC = b"SLIL"
 VERSION = 5

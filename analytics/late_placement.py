@@ -12,10 +12,10 @@ from datetime import datetime, timedelta, timezone
 
 import duckdb
 
-from analytics.frames import REQUEST_KEY, Frames
+from sloscope.analytics.frames import REQUEST_KEY, Frames
 
-from analytics.store import sql
-from enrich.pods import RETENTION_S, PodDirectory
+from sloscope.analytics.store import sql
+from sloscope.enrich.pods import RETENTION_S, PodDirectory
 from sloscope.catalog import UNKNOWN_NODE
 from sloscope.records import Batch
 

@@ -12,11 +12,11 @@ import polars as pl
 from sloscope.durations import is_duration, parse_duration
 from sloscope.errors import ConfigError
 
-from analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, Fleet, Window, diagnose,
-                                   evidence_still_moved, fleet_movement, series_scores, signal_step_s, signal_steps,
-                                   steps_params)
-from analytics.slo import Incident, find_incidents, sli_params
-from analytics.store import Store
+from sloscope.analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, Fleet, Window, diagnose,
+                                            evidence_still_moved, fleet_movement, series_scores, signal_step_s,
+                                            signal_steps, steps_params)
+from sloscope.analytics.slo import Incident, find_incidents, sli_params
+from sloscope.analytics.store import Store
 
 NO_REQUESTS = "holds no requests in the analysed range"
 EPISODE_GAP = timedelta(minutes=2)

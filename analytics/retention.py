@@ -23,8 +23,8 @@ from sloscope.durations import format_duration, parse_duration
 from sloscope.errors import ConfigError
 from sloscope.latency_buckets import bounds_ms
 
-from analytics.rollups import SLI_TABLE, STEP_TABLE
-from analytics.store import Store, StoreError
+from sloscope.analytics.rollups import SLI_TABLE, STEP_TABLE
+from sloscope.analytics.store import Store, StoreError
 
 log = logging.getLogger("sloscope.retention")
 RETENTION_INTERVAL_S = 3600.0

@@ -34,8 +34,8 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 
-from analytics import exporter_tables
-from analytics.errors import StoreError
+from sloscope.analytics import exporter_tables
+from sloscope.analytics.errors import StoreError
 
 log = logging.getLogger("sloscope.rollups")
 GRID_ORIGIN = datetime(2000, 1, 3)  # where DuckDB's time_bucket, and the queries with it, align steps

@@ -26,8 +26,8 @@ import polars as pl
 
 from sloscope.slo_spec import SloSpec, TierObjective
 
-from analytics.significance import fleet_discoveries, poisson_tail
-from analytics.store import Store
+from sloscope.analytics.significance import fleet_discoveries, poisson_tail
+from sloscope.analytics.store import Store
 
 FLEET_FDR = 0.01
 MIN_BLOCK_REQUESTS = 10  # fewer and a window is pooled with its neighbours before it is judged

@@ -22,10 +22,10 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from analytics.cumulative import SERIES, CumulativeWrites
-from analytics.errors import StoreError
-from analytics.frames import REQUEST_KEY, Frames
-from analytics.rollups import Rollups, readers
+from sloscope.analytics.cumulative import SERIES, CumulativeWrites
+from sloscope.analytics.errors import StoreError
+from sloscope.analytics.frames import REQUEST_KEY, Frames
+from sloscope.analytics.rollups import Rollups, readers
 
 SCHEMA_VERSION = 5
 # How DuckDB knows its own files: a block checksum of 8 bytes, then these magic bytes.

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from analytics import exporter_tables
-from analytics.store import DEFAULT_DB, Store, StoreError
+from sloscope.analytics import exporter_tables
+from sloscope.analytics.store import DEFAULT_DB, Store, StoreError
 
 DEFAULT_STORE = f"duckdb:///{DEFAULT_DB}"
 PASSWORD_ENV = "SLOSCOPE_CLICKHOUSE_PASSWORD"
@@ -107,7 +107,7 @@ def open_store(text: str, *, read_only: bool = False, password_file: Path | None
     url = parse_store_url(text)
     if url.scheme == "duckdb":
         return Store(url.path, read_only=read_only)
-    from analytics.clickhouse_store import ChdbBackend, ClickHouseStore, HttpBackend
+    from sloscope.analytics.clickhouse_store import ChdbBackend, ClickHouseStore, HttpBackend
 
     names = url.table_names()
     if url.scheme == "chdb":

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 
 import duckdb
 
-from analytics.intake_log import Entry, IntakeLog, LogAppendError
-from analytics.intake_record import decode, encode
-from analytics.frames import Frames
-from analytics.store import Store
+from sloscope.analytics.intake_log import Entry, IntakeLog, LogAppendError
+from sloscope.analytics.intake_record import decode, encode
+from sloscope.analytics.frames import Frames
+from sloscope.analytics.store import Store
 
 log = logging.getLogger("sloscope.writer")
 COMMITTED, RETRY, POISON = "committed", "retry", "poison"

@@ -96,7 +96,7 @@ def measure(argv: list[str], seconds: int) -> tuple[float, float, float]:
 
 
 def collect_argv(port: int, spool: Path, probes: tuple[str, ...]) -> list[str]:
-    argv = [sys.executable, "-m", "commands.cli", "collect", "--endpoint", f"http://127.0.0.1:{port}",
+    argv = [sys.executable, "-m", "sloscope.commands.cli", "collect", "--endpoint", f"http://127.0.0.1:{port}",
             "--interval", "1", "--spool-dir", str(spool)]
     for p in probes:
         argv += ["--probe", p]
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="sloscope-footprint-") as tmp:
         work = Path(tmp)
         port = free_port()
-        serve = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "--db", str(work / "c.duckdb"),
+        serve = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "serve", "--db", str(work / "c.duckdb"),
                                   "--grpc", f"127.0.0.1:{port}", "--http", "off"], cwd=ROOT,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:

@@ -20,10 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cramjam  # noqa: E402
 import lz4.frame  # noqa: E402
 
-from receiver.content_coding import decode  # noqa: E402
-from receiver.zstd_module import zstd  # noqa: E402
-from receiver.limits import Limits  # noqa: E402
-from receiver.server import fast_decode  # noqa: E402
+from sloscope.receiver.content_coding import decode  # noqa: E402
+from sloscope.receiver.zstd_module import zstd  # noqa: E402
+from sloscope.receiver.limits import Limits  # noqa: E402
+from sloscope.receiver.server import fast_decode  # noqa: E402
 from tests.envoy_spans import SIDECAR, envoy_request  # noqa: E402
 
 ENCODERS = {  # as the Collector's encoders write them, at their default levels

@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
-from analytics.frames import Frames  # noqa: E402
-from enrich.tiers import TierResolver, resolve_tiers  # noqa: E402
-from receiver.server import Decoders, fast_decode  # noqa: E402
+from sloscope.analytics.frames import Frames  # noqa: E402
+from sloscope.enrich.tiers import TierResolver, resolve_tiers  # noqa: E402
+from sloscope.receiver.server import Decoders, fast_decode  # noqa: E402
 from tests.envoy_spans import SIDECAR, envoy_request  # noqa: E402
 
 

@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probes.base import ProbeError, ProbeUnavailable  # noqa: E402
-from probes.gpu.dcgm_exporter import DEFAULT_URL, DcgmExporterProbe  # noqa: E402
-from probes.gpu.nvml import NvmlProbe  # noqa: E402
+from sloscope.probes.base import ProbeError, ProbeUnavailable  # noqa: E402
+from sloscope.probes.gpu.dcgm_exporter import DEFAULT_URL, DcgmExporterProbe  # noqa: E402
+from sloscope.probes.gpu.nvml import NvmlProbe  # noqa: E402
 
 KERNEL_BUSY = "sloscope.gpu.kernel.busy.max"
 SM_ACTIVE = "sloscope.gpu.sm.active"

@@ -29,7 +29,7 @@ LIMITS = ["--read-header-timeout", "2", "--read-timeout", "2", "--max-request-bo
 
 def phase(db: Path, seconds: float, good: int, malformed: int, slow: int) -> dict:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "--db", str(db), "--grpc", "off",
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "serve", "--db", str(db), "--grpc", "off",
                              "--http", f"127.0.0.1:{port}", "--decode-workers", "0", "--log-level", "error",
                              *LIMITS])
     try:

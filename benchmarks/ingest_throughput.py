@@ -105,11 +105,11 @@ def bare_parse_rate(payloads: list[bytes], message_type, items: int) -> float:
 def stage_rates(payloads: list[bytes], items: int, workdir: Path) -> dict[str, float]:
     """Spans per second of each stage alone, on one core: fast path and general decoder from bytes to frames
     (tiers resolved), and the store writing those frames in the writer's batches."""
-    from analytics.frames import Frames
-    from analytics.store import Store
-    from receiver import otlp_spans
-    from receiver.server import Decoders, fast_decode
-    from enrich.tiers import TierResolver, resolve_tiers
+    from sloscope.analytics.frames import Frames
+    from sloscope.analytics.store import Store
+    from sloscope.receiver import otlp_spans
+    from sloscope.receiver.server import Decoders, fast_decode
+    from sloscope.enrich.tiers import TierResolver, resolve_tiers
 
     def frames_by(decode) -> tuple[float, list]:
         resolver, out = TierResolver(frozenset({"standard", "p99-latency-critical"}), "standard"), []
@@ -208,7 +208,7 @@ def _serve(db: Path, port: int, serve_args: tuple[str, ...]) -> subprocess.Popen
 
 
 def _serve_on(db: Path, serve_args: tuple[str, ...], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "--db", str(db), *serve_args],
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "serve", "--db", str(db), *serve_args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_listening(port, proc, "sloscope serve")
     return proc
@@ -335,7 +335,7 @@ def collector_footprint(workdir: Path, seconds: int = 20) -> str:
     port, http_port = free_port(), free_port()
     serve = _serve_on(workdir / "c.duckdb", ("--grpc", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http_port}"),
                       http_port)
-    collect = subprocess.Popen([sys.executable, "-m", "commands.cli", "collect", "--endpoint", f"http://127.0.0.1:{port}",
+    collect = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "collect", "--endpoint", f"http://127.0.0.1:{port}",
                                 "--interval", "1", "--duration", str(seconds + 200), "--probe", "node",
                                 "--spool-dir", str(workdir / "spool")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from analytics.intake_log import IntakeLog  # noqa: E402
-from analytics.intake_record import encode  # noqa: E402
-from analytics.frames import Frames  # noqa: E402
+from sloscope.analytics.intake_log import IntakeLog  # noqa: E402
+from sloscope.analytics.intake_record import encode  # noqa: E402
+from sloscope.analytics.frames import Frames  # noqa: E402
 from benchmarks.ingest_throughput import trace_payloads  # noqa: E402
-from enrich.tiers import TierResolver, resolve_tiers  # noqa: E402
-from receiver.server import Decoders, fast_decode  # noqa: E402
+from sloscope.enrich.tiers import TierResolver, resolve_tiers  # noqa: E402
+from sloscope.receiver.server import Decoders, fast_decode  # noqa: E402
 
 
 def request_frames(requests: int, per_request: int) -> list[Frames]:

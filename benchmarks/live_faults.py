@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from commands.live.run import FAULT_NAMES, LiveConfig, LiveDemo, unavailable
+from sloscope.commands.live.run import FAULT_NAMES, LiveConfig, LiveDemo, unavailable
 
 TARGET_S = 30.0
 

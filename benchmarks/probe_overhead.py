@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probes.ebpf.syscall_latency import SyscallLatencyProbe  # noqa: E402
+from sloscope.probes.ebpf.syscall_latency import SyscallLatencyProbe  # noqa: E402
 
 SYSCOUNT = "syscount-bpfcc"
 

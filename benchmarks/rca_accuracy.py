@@ -28,14 +28,14 @@ from pathlib import Path
 
 import polars as pl
 
-from analytics.attribution import GROWTH_SUFFIX, Window, series_scores, signal_steps
-from analytics.ingest import Ingestor
-from analytics.rca import analyse
-from analytics.slo import MIN_BLOCKS, find_incidents
-from analytics.store import Store
-from analytics.stores import open_store
-from enrich.tiers import TierResolver
-from simulator.fleet import SimulationConfig, simulate
+from sloscope.analytics.attribution import GROWTH_SUFFIX, Window, series_scores, signal_steps
+from sloscope.analytics.ingest import Ingestor
+from sloscope.analytics.rca import analyse
+from sloscope.analytics.slo import MIN_BLOCKS, find_incidents
+from sloscope.analytics.store import Store
+from sloscope.analytics.stores import open_store
+from sloscope.enrich.tiers import TierResolver
+from sloscope.simulator.fleet import SimulationConfig, simulate
 from sloscope import taxonomy
 from sloscope.slo_spec import load_spec
 

@@ -30,11 +30,11 @@ from pathlib import Path
 
 import orjson
 
-from analytics.rollups import SLI_TABLE, STEP_TABLE
-from receiver.otlp_files import read_lines
-from simulator.fleet import SimulationConfig, simulate
+from sloscope.analytics.rollups import SLI_TABLE, STEP_TABLE
+from sloscope.receiver.otlp_files import read_lines
+from sloscope.simulator.fleet import SimulationConfig, simulate
 
-SLOSCOPE = [sys.executable, "-m", "commands.cli"]
+SLOSCOPE = [sys.executable, "-m", "sloscope.commands.cli"]
 STAGES = ("sli_windows", "incident_merge", "signal_steps", "attribution")
 RAW_ROWS = {"duckdb": "SELECT (SELECT count() FROM requests) + (SELECT count() FROM samples) + "
                       "(SELECT count() FROM histograms), (SELECT count() FROM requests)",
@@ -77,8 +77,8 @@ def analyse_in_this_process(url: str, without_rollups: bool = False) -> int:
     """The rca document and its stage seconds as one JSON line (run as a child, so its peak RSS is its own);
     `without_rollups`: a ClickHouse store's rollups emptied first, as where a Collector wrote the tables and nothing
     has analysed them yet."""
-    from analytics.rca import analyse
-    from analytics.stores import open_store
+    from sloscope.analytics.rca import analyse
+    from sloscope.analytics.stores import open_store
 
     timings: dict[str, float] = {}
     with open_store(url, read_only=True) as store:
@@ -97,7 +97,7 @@ def bytes_on_disk(path: Path) -> int:
 
 def stored_rows(url: str) -> tuple[int, int]:
     """(all rows, request spans) as the store holds them (ClickHouse: the exporter's rows, duplicates and all)."""
-    from analytics.stores import open_store
+    from sloscope.analytics.stores import open_store
 
     with open_store(url, read_only=True) as store:
         return store.rows(RAW_ROWS[url.partition(":")[0]])[0]
@@ -108,7 +108,7 @@ def settled(url: str, most_s: float = 300.0) -> float | None:
     none): as a server's, between loads, so that they do not share the 2 cores with the rca runs."""
     if url.startswith("duckdb:"):
         return None
-    from analytics.stores import open_store
+    from sloscope.analytics.stores import open_store
 
     started = time.monotonic()
     with open_store(url, read_only=True) as store:
@@ -122,7 +122,7 @@ def settled(url: str, most_s: float = 300.0) -> float | None:
 
 def duckdb_aggregate_s(url: str) -> float:
     """One plain aggregate over all requests: what a scan of the table costs, for scale."""
-    from analytics.stores import open_store
+    from sloscope.analytics.stores import open_store
 
     with open_store(url, read_only=True) as store:
         t = time.monotonic()
@@ -151,7 +151,7 @@ def unrolled(url: str):
     if not url.startswith("duckdb:"):
         yield url, ("--without-rollups",), "the first analysis of tables a Collector wrote, which makes them"
         return
-    from analytics.stores import open_store
+    from sloscope.analytics.stores import open_store
 
     path = Path(url.partition(":///")[2])
     copy = path.with_name(f"unrolled-{path.name}")

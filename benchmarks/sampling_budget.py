@@ -37,13 +37,13 @@ from opentelemetry.sdk.trace.sampling import TraceIdRatioBased  # noqa: E402
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags  # noqa: E402
 from opentelemetry.trace.span import TraceState  # noqa: E402
 
-from sampling.head_sampler import RANDOM_MASK, AdaptiveSampler, threshold_for  # noqa: E402
-from sampling.policy import SamplingConfig, SamplingPolicy, observe  # noqa: E402
-from analytics.ingest import Ingestor  # noqa: E402
-from analytics.slo import find_incidents  # noqa: E402
-from analytics.store import Store  # noqa: E402
-from enrich.tiers import TierResolver  # noqa: E402
-from simulator.fleet import SimulationConfig, simulate  # noqa: E402
+from sloscope.sampling.head_sampler import RANDOM_MASK, AdaptiveSampler, threshold_for  # noqa: E402
+from sloscope.sampling.policy import SamplingConfig, SamplingPolicy, observe  # noqa: E402
+from sloscope.analytics.ingest import Ingestor  # noqa: E402
+from sloscope.analytics.slo import find_incidents  # noqa: E402
+from sloscope.analytics.store import Store  # noqa: E402
+from sloscope.enrich.tiers import TierResolver  # noqa: E402
+from sloscope.simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from sloscope.slo_spec import load_spec  # noqa: E402
 
 TRACE_ID = "(trace_hi::UHUGEINT << 64) | trace_lo"  # the trace id as one integer, as the SDK samplers see it

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest  # noqa: E402
 
-from collectors.spool import Spool  # noqa: E402
+from sloscope.collectors.spool import Spool  # noqa: E402
 from sloscope.files import fsync_directory  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analytics.store import Store  # noqa: E402
+from sloscope.analytics.store import Store  # noqa: E402
 from tests.alerting_stack import BACKENDS, AlertingStack  # noqa: E402
 from tests.test_alerting_end_to_end import _traffic  # noqa: E402
 

@@ -25,9 +25,9 @@ from typing import Any, Mapping
 
 from opentelemetry.sdk.resources import Resource
 
-from probes import registry
-from probes.registry import ProbeSet
-from probes.tracefs_mount import ensure_tracefs
+from sloscope.probes import registry
+from sloscope.probes.registry import ProbeSet
+from sloscope.probes.tracefs_mount import ensure_tracefs
 
 from .config import CollectorConfig, ConfigError, check_probes
 from .otlp_exporter import make_exporter

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 from urllib.parse import unquote, urlparse
 
-from probes import registry
+from sloscope.probes import registry
 from sloscope.durations import parse_duration
 from sloscope.errors import ConfigError
 

@@ -58,7 +58,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from probes.sample import AnySample, HistogramSample, Sample
+from sloscope.probes.sample import AnySample, HistogramSample, Sample
 from sloscope import catalog
 
 SCOPE_NAME = "sloscope.collector"

@@ -10,20 +10,20 @@ import sys
 from sloscope.arguments import Parser
 
 STAGE_COMMANDS = (
-    "simulator.cli",
-    "analytics.cli",
-    "commands.demo",
-    "commands.serve",
-    "probes.cli",
-    "alerts.cli",
-    "sampling.cli",
-    "collectors.cli",
-    "dashboards.cli",
+    "sloscope.simulator.cli",
+    "sloscope.analytics.cli",
+    "sloscope.commands.demo",
+    "sloscope.commands.serve",
+    "sloscope.probes.cli",
+    "sloscope.alerts.cli",
+    "sloscope.sampling.cli",
+    "sloscope.collectors.cli",
+    "sloscope.dashboards.cli",
 )
 
 # Commands one module serves alone: the node collector runs everywhere and for good, and registering every
 # stage would load the analytics stack (DuckDB, Arrow, Polars, NumPy: over 100 MiB) that it never uses.
-LEAN_COMMANDS = {"collect": "collectors.cli"}
+LEAN_COMMANDS = {"collect": "sloscope.collectors.cli"}
 
 
 def package_version() -> str:

@@ -28,9 +28,9 @@ def decode_request(signal: str, body: bytes, is_json: bool, allowed: frozenset, 
                    declared: frozenset = frozenset()):
     """(frames, enrich counts, decoding counts) of one request body; raises DecodeError. Runs in a worker, which
     keeps its decoders (and their caches) and its tier resolver between requests."""
-    from analytics.intake import Enrichment
-    from enrich.tiers import TierResolver
-    from receiver.server import Decoders
+    from sloscope.analytics.intake import Enrichment
+    from sloscope.enrich.tiers import TierResolver
+    from sloscope.receiver.server import Decoders
 
     key = (allowed, default_tier, declared)
     if _worker.get("key") != key:
@@ -43,8 +43,8 @@ def decode_request(signal: str, body: bytes, is_json: bool, allowed: frozenset, 
 
 def _warm() -> None:
     """Imports a worker needs, done at start rather than in the first request."""
-    import analytics.intake  # noqa: F401
-    import receiver.server  # noqa: F401
+    import sloscope.analytics.intake  # noqa: F401
+    import sloscope.receiver.server  # noqa: F401
 
 
 def _end_with_the_server(server_pid: int) -> None:

@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from commands.live.run import FAULT_NAMES
-from simulator.cli import cause_argument
+from sloscope.commands.live.run import FAULT_NAMES
+from sloscope.simulator.cli import cause_argument
 
 DEFAULT_DIR = Path("var/demo")
 LIVE_DIR = Path("var/demo-live")
@@ -61,7 +61,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     if args.mode == "simulated":
         return run_simulated(args)
-    from commands.live.run import unavailable
+    from sloscope.commands.live.run import unavailable
 
     why = unavailable()
     if args.mode == "live" and why:
@@ -75,8 +75,8 @@ def run(args) -> int:
 
 
 def run_live(args) -> int:
-    from commands.live.judging import summary_table
-    from commands.live.run import LiveConfig, LiveDemo
+    from sloscope.commands.live.judging import summary_table
+    from sloscope.commands.live.run import LiveConfig, LiveDemo
 
     faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
     unknown = [f for f in faults if f not in FAULT_NAMES]
@@ -113,11 +113,11 @@ def _step(message: str) -> float:
 
 
 def run_simulated(args) -> int:
-    from analytics.ingest import Ingestor
-    from analytics.rca import analyse, format_table, roll_up
-    from analytics.store import Store
-    from enrich.tiers import TierResolver
-    from simulator.fleet import SimulationConfig, simulate
+    from sloscope.analytics.ingest import Ingestor
+    from sloscope.analytics.rca import analyse, format_table, roll_up
+    from sloscope.analytics.store import Store
+    from sloscope.enrich.tiers import TierResolver
+    from sloscope.simulator.fleet import SimulationConfig, simulate
     from sloscope.slo_spec import load_spec
 
     started = time.monotonic()
@@ -152,7 +152,7 @@ def run_simulated(args) -> int:
           f"total {time.monotonic() - started:.1f}s")
     print(f"try: .venv/bin/sloscope rca --db {db_path} --format table")
 
-    from dashboards.cli import build_files, write_report
+    from sloscope.dashboards.cli import build_files, write_report
 
     _step("report and dashboards")
     report = write_report(db_path, None, args.dir / "report.html")

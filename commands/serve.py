@@ -22,7 +22,7 @@ DEFAULT_GRPC = "127.0.0.1:4317"
 
 
 def register(subparsers) -> None:
-    from analytics.intake import ACKS
+    from sloscope.analytics.intake import ACKS
 
     serve = subparsers.add_parser(
         "serve", help="receive OTLP (HTTP and gRPC) into the DuckDB store; or answer /metrics, /rca and "
@@ -39,12 +39,12 @@ def register(subparsers) -> None:
         "can write and serve is not shutting down. SIGTERM writes everything accepted before exiting. "
         "With --store chdb:///PATH or clickhouse://USER@HOST:PORT/DATABASE, serve is the read side of the "
         "OpenTelemetry Collector clickhouseexporter's tables instead: the GET pages only, computed in ClickHouse.")
-    from analytics.stores import add_store_arguments
+    from sloscope.analytics.stores import add_store_arguments
     from sloscope import logs
     from sloscope.arguments import above_zero
 
-    from commands.serve_ops import add_edge_arguments, add_limit_arguments
-    from receiver.limits import parse_size
+    from sloscope.commands.serve_ops import add_edge_arguments, add_limit_arguments
+    from sloscope.receiver.limits import parse_size
 
     add_store_arguments(serve)
     serve.add_argument("--slo", type=Path, metavar="SLO.yaml",
@@ -97,7 +97,7 @@ def register(subparsers) -> None:
 def _retention_period(text: str):
     import argparse
 
-    from analytics.retention import kept_period
+    from sloscope.analytics.retention import kept_period
     from sloscope.errors import ConfigError
 
     try:
@@ -123,10 +123,10 @@ def listen_address(text: str) -> tuple[str, int] | None:
 
 def _webhook_app(args, store, spec):
     """The webhook and its remediation engine, auditing into this process's store."""
-    from alerts.actions import ConfigError
-    from alerts.audit import AuditStore
-    from alerts.remediation import Engine, load_config
-    from alerts.webhook import TokenError, WebhookApp, load_token
+    from sloscope.alerts.actions import ConfigError
+    from sloscope.alerts.audit import AuditStore
+    from sloscope.alerts.remediation import Engine, load_config
+    from sloscope.alerts.webhook import TokenError, WebhookApp, load_token
 
     if args.remediation is None:
         raise ValueError("--webhook needs --remediation (the allow-list of alert -> action)")
@@ -147,7 +147,7 @@ def rca_page(store, spec):
              lookback: str = "1m"):
         import json
 
-        from analytics.rca import Query
+        from sloscope.analytics.rca import Query
 
         if not top.isdigit():
             raise ValueError(f"top: expected a whole number, got {top[:40]!r}")
@@ -160,9 +160,9 @@ def rca_page(store, spec):
 
 def run(args) -> int:
     faulthandler.enable(sys.__stderr__)  # a fatal error in native code still leaves every thread's stack in the log
-    from analytics.cli import EXIT_USAGE
-    from analytics.store import StoreError
-    from analytics.stores import parse_store_url, store_url
+    from sloscope.analytics.cli import EXIT_USAGE
+    from sloscope.analytics.store import StoreError
+    from sloscope.analytics.stores import parse_store_url, store_url
 
     try:
         url = parse_store_url(store_url(args))
@@ -170,7 +170,7 @@ def run(args) -> int:
         print(f"sloscope serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if url.scheme != "duckdb":
-        from commands.serve_clickhouse import run as read_clickhouse
+        from sloscope.commands.serve_clickhouse import run as read_clickhouse
 
         return read_clickhouse(args)
     args.db = url.path
@@ -178,20 +178,20 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from analytics.cli import EXIT_USAGE
-    from analytics.store import Store, StoreError
-    from analytics.intake import LINGER_S, Intake
-    from analytics.writer import Writer
-    from sampling.policy import SamplingService, load_config as load_sampling_config
-    from receiver.server import Receiver
-    from enrich.tiers import TierResolver
-    from analytics.late_placement import LatePlacement
-    from analytics.retention import RetentionSchedule
-    from enrich.kube_watch import KubeApi, PodWatch
-    from enrich.pods import PodDirectory
-    from enrich.topology import GpuTopology
-    from commands.decode_pool import OFFLOAD_ABOVE_BYTES, DecodePool
-    from commands.serve_ops import Listeners, edge_of, intake_collector, limits_of
+    from sloscope.analytics.cli import EXIT_USAGE
+    from sloscope.analytics.store import Store, StoreError
+    from sloscope.analytics.intake import LINGER_S, Intake
+    from sloscope.analytics.writer import Writer
+    from sloscope.sampling.policy import SamplingService, load_config as load_sampling_config
+    from sloscope.receiver.server import Receiver
+    from sloscope.enrich.tiers import TierResolver
+    from sloscope.analytics.late_placement import LatePlacement
+    from sloscope.analytics.retention import RetentionSchedule
+    from sloscope.enrich.kube_watch import KubeApi, PodWatch
+    from sloscope.enrich.pods import PodDirectory
+    from sloscope.enrich.topology import GpuTopology
+    from sloscope.commands.decode_pool import OFFLOAD_ABOVE_BYTES, DecodePool
+    from sloscope.commands.serve_ops import Listeners, edge_of, intake_collector, limits_of
     from sloscope.slo_spec import SpecError
 
     try:
@@ -283,7 +283,7 @@ def _freeze_start_up_objects() -> None:
 def _intake_log(args):
     """The intake log that --ack log acknowledges from (None for the other modes); ValueError when it cannot be
     opened."""
-    from analytics.intake_log import IntakeLog
+    from sloscope.analytics.intake_log import IntakeLog
 
     directory = args.intake_log or args.db.with_name(args.db.name + ".intake")
     if args.ack != "log":
@@ -309,8 +309,8 @@ def _replay(writer) -> None:
 
 def _pages(store, spec, sampling, writer, stopping, intake_metrics) -> dict:
     """GET endpoints on the OTLP/HTTP port."""
-    from alerts.exporter import render
-    from commands.serve_ops import healthz, readiness_page
+    from sloscope.alerts.exporter import render
+    from sloscope.commands.serve_ops import healthz, readiness_page
 
     return {"/metrics": lambda: render(store, spec, intake_metrics), "/sampling": sampling.page,
             "/rca": rca_page(store, spec), "/healthz": healthz, "/readyz": readiness_page(store, writer, stopping)}
@@ -318,8 +318,8 @@ def _pages(store, spec, sampling, writer, stopping, intake_metrics) -> dict:
 
 def bind_listeners(listeners, addresses, webhook_app, receiver, pages, edge) -> None:
     """Every listener serve is asked for, bound (not yet started); OSError names the one that cannot be."""
-    from alerts.webhook import WebhookServer
-    from receiver.server import grpc_server, http_server
+    from sloscope.alerts.webhook import WebhookServer
+    from sloscope.receiver.server import grpc_server, http_server
 
     http_addr, grpc_addr, webhook_addr = addresses
 

@@ -25,13 +25,13 @@ WRITER_ONLY = (  # (argument, what it is set to where it does something here, wh
 
 
 def run(args) -> int:
-    from analytics.cli import EXIT_USAGE
-    from analytics.store import StoreError
-    from analytics.stores import open_from_args
-    from alerts.exporter import render
-    from commands.serve import bind_listeners, listen_address, rca_page, serve_until_stopped, stop_on_signals
-    from commands.serve_ops import Listeners, edge_of, healthz, readiness_page
-    from sampling.policy import SamplingService, load_config as load_sampling_config
+    from sloscope.analytics.cli import EXIT_USAGE
+    from sloscope.analytics.store import StoreError
+    from sloscope.analytics.stores import open_from_args
+    from sloscope.alerts.exporter import render
+    from sloscope.commands.serve import bind_listeners, listen_address, rca_page, serve_until_stopped, stop_on_signals
+    from sloscope.commands.serve_ops import Listeners, edge_of, healthz, readiness_page
+    from sloscope.sampling.policy import SamplingService, load_config as load_sampling_config
     from sloscope.slo_spec import SpecError
 
     refused = [why for name, allowed, why in WRITER_ONLY if getattr(args, name) not in allowed]

@@ -19,7 +19,7 @@ OPEN_PAGES = frozenset({"/healthz", "/readyz"})  # the kubelet's probes carry no
 
 
 def add_limit_arguments(parser) -> None:
-    from receiver.limits import Limits, parse_size, size_text
+    from sloscope.receiver.limits import Limits, parse_size, size_text
 
     d = Limits()
     group = parser.add_argument_group("limits", "what one client, and all together, may hold of serve's memory "
@@ -88,9 +88,9 @@ class Edge:
 
 def edge_of(args, env: dict | None = None) -> Edge:
     """TLS and the bearer token from the flags (and $SLOSCOPE_BEARER_TOKEN); ValueError says what is wrong."""
-    from alerts.webhook import load_token
-    from receiver.auth import BearerAuth
-    from receiver.tls import TlsFiles
+    from sloscope.alerts.webhook import load_token
+    from sloscope.receiver.auth import BearerAuth
+    from sloscope.receiver.tls import TlsFiles
 
     env = os.environ if env is None else env
     if (args.tls_cert_file is None) != (args.tls_key_file is None):
@@ -108,7 +108,7 @@ def edge_of(args, env: dict | None = None) -> Edge:
 
 
 def limits_of(args):
-    from receiver.limits import Limits
+    from sloscope.receiver.limits import Limits
 
     return Limits(max_body_bytes=args.max_request_body_size, max_inflight_bytes=args.max_inflight_bytes,
                   max_header_bytes=args.max_header_bytes,
@@ -179,7 +179,7 @@ def healthz() -> tuple[bytes, str]:
 def readiness_page(store, writer, stopping: threading.Event):
     """GET /readyz: 200 while the store is open, the writer (if serve writes) can write and serve is not
     shutting down; else a 503 that says which, so that a load balancer sends exporters elsewhere."""
-    from receiver.server import Unavailable
+    from sloscope.receiver.server import Unavailable
 
     def page() -> tuple[bytes, str]:
         problems = ["shutting down"] if stopping.is_set() else []
@@ -203,7 +203,7 @@ def _store_problem(store) -> str | None:
 def intake_collector(receiver, writer, listeners: Listeners, watch=None):
     """The intake's own /metrics families (alerts/intake_metrics.py) for this process's receiver and writer, and
     its pod watch when it has one."""
-    from alerts.intake_metrics import IntakeCollector
+    from sloscope.alerts.intake_metrics import IntakeCollector
 
     def stats() -> dict:
         found = {"receiver": receiver.snapshot(), "inflight_bytes": receiver.inflight.held, "writer": writer.stats(),

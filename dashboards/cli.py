@@ -23,11 +23,11 @@ class _RefuseSecret(argparse.Action):
 
 
 def register(subparsers) -> None:
-    from analytics.cli import add_range_arguments
-    from analytics.stores import add_store_arguments
+    from sloscope.analytics.cli import add_range_arguments
+    from sloscope.analytics.stores import add_store_arguments
 
-    from dashboards.grafana import DEFAULT_DATASOURCE_UID
-    from dashboards.provision import DEFAULT_FOLDER_TITLE, DEFAULT_FOLDER_UID
+    from sloscope.dashboards.grafana import DEFAULT_DATASOURCE_UID
+    from sloscope.dashboards.provision import DEFAULT_FOLDER_TITLE, DEFAULT_FOLDER_UID
 
     dash = subparsers.add_parser(
         "dashboards", help="build Grafana dashboards from the SLO spec, or provision them into Grafana",
@@ -96,7 +96,7 @@ def register(subparsers) -> None:
 
 
 def _spec(path: Path | None, command: str):
-    from alerts.burn import UnsupportedWindow, burn_windows
+    from sloscope.alerts.burn import UnsupportedWindow, burn_windows
     from sloscope.slo_spec import SpecError, load_spec
 
     try:
@@ -109,7 +109,7 @@ def _spec(path: Path | None, command: str):
 
 
 def _print_gaps() -> None:
-    from dashboards.grafana import exporter_gaps
+    from sloscope.dashboards.grafana import exporter_gaps
 
     gaps = exporter_gaps()
     if gaps:
@@ -118,7 +118,7 @@ def _print_gaps() -> None:
 
 
 def build_files(spec, out: Path, datasource_uid: str) -> list[Path]:
-    from dashboards.grafana import build_all, file_name
+    from sloscope.dashboards.grafana import build_all, file_name
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -162,8 +162,8 @@ def read_token(token_file: Path | None) -> str:
 
 
 def run_push(args) -> int:
-    from dashboards.grafana import build_all
-    from dashboards.provision import PushError, push
+    from sloscope.dashboards.grafana import build_all
+    from sloscope.dashboards.provision import PushError, push
 
     spec = _spec(args.slo, "dashboards push")
     if spec is None:
@@ -193,10 +193,10 @@ def write_report(db: Path | str, spec_path: Path | None, out: Path, *, since: st
                  password_file: Path | None = None) -> dict:
     """Write the HTML report from `db`, a DuckDB file or a store URL (analytics/stores.py); returns {"path",
     "incidents", "charts"}. Raises StoreError, SpecError, ValueError."""
-    from analytics.rca import analysed_range, newest_request
-    from analytics.stores import open_store
+    from sloscope.analytics.rca import analysed_range, newest_request
+    from sloscope.analytics.stores import open_store
 
-    from dashboards.report import Report
+    from sloscope.dashboards.report import Report
 
     url = db if isinstance(db, str) else f"duckdb:///{db}"
     with open_store(url, read_only=True, password_file=password_file) as store:
@@ -212,8 +212,8 @@ def write_report(db: Path | str, spec_path: Path | None, out: Path, *, since: st
 
 
 def run_report(args) -> int:
-    from analytics.store import StoreError
-    from analytics.stores import store_url
+    from sloscope.analytics.store import StoreError
+    from sloscope.analytics.stores import store_url
     from sloscope.slo_spec import SpecError
 
     try:

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 from sloscope.slo_spec import SloSpec
 
-from dashboards.grafana_incidents import INCIDENT_LINK_AFTER_S, INCIDENT_LINK_BEFORE_S, incidents_dashboard
-from dashboards.grafana_node import Gap, exporter_gaps, node_dashboard
-from dashboards.grafana_overview import slo_overview
-from dashboards.grafana_panels import (ALERTS_SERIES, DEFAULT_DATASOURCE_UID, INCIDENTS_UID, NODE_UID, OVERVIEW_UID,
-                                       dumps, parse, to_json)
+from sloscope.dashboards.grafana_incidents import INCIDENT_LINK_AFTER_S, INCIDENT_LINK_BEFORE_S, incidents_dashboard
+from sloscope.dashboards.grafana_node import Gap, exporter_gaps, node_dashboard
+from sloscope.dashboards.grafana_overview import slo_overview
+from sloscope.dashboards.grafana_panels import (ALERTS_SERIES, DEFAULT_DATASOURCE_UID, INCIDENTS_UID, NODE_UID,
+                                                OVERVIEW_UID, dumps, parse, to_json)
 
 __all__ = ["ALERTS_SERIES", "BUILDERS", "DEFAULT_DATASOURCE_UID", "Gap", "INCIDENTS_UID", "INCIDENT_LINK_AFTER_S",
            "INCIDENT_LINK_BEFORE_S", "NODE_UID", "OVERVIEW_UID", "build_all", "dumps", "exporter_gaps", "file_name",

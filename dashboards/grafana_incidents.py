@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from sloscope.slo_spec import SloSpec
 
-from alerts import metric_names as x
-from dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, INCIDENTS_UID, NODE_UID, PromQueryFormat, dashboard,
-                                       dm, ds_ref, gc, gd, matchers, query, series_panel, stat_panel, table)
+from sloscope.alerts import metric_names as x
+from sloscope.dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, INCIDENTS_UID, NODE_UID, PromQueryFormat,
+                                                dashboard, dm, ds_ref, gc, gd, matchers, query, series_panel,
+                                                stat_panel, table)
 
 INCIDENT_LINK_BEFORE_S = 600  # the node dashboard opens 10 min before a cause was first reported (its baseline)
 INCIDENT_LINK_AFTER_S = 300

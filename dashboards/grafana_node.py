@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from sloscope import taxonomy
 from sloscope.slo_spec import PhysicalLimits, SloSpec
 
-from alerts import metric_names as x
-from dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, INCIDENTS_UID, NODE_UID, OVERVIEW_UID, above, cm,
-                                       dashboard, dm, ds_ref, exported, exported_names, fmt_ms, fmt_num, gd,
-                                       heat_panel, matchers, query, series_panel, statetimeline, threshold_steps,
-                                       with_row)
+from sloscope.alerts import metric_names as x
+from sloscope.dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, INCIDENTS_UID, NODE_UID, OVERVIEW_UID, above,
+                                                cm, dashboard, dm, ds_ref, exported, exported_names, fmt_ms, fmt_num,
+                                                gd, heat_panel, matchers, query, series_panel, statetimeline,
+                                                threshold_steps, with_row)
 
 # Series the node dashboard wants that the exporter may not export yet: the constant expected in
 # alerts/metric_names.py, the series name expected, the catalog signal it comes from, its labels and its kind.

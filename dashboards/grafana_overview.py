@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from sloscope.slo_spec import SloSpec, TierObjective
 
-from alerts import metric_names as x
-from alerts.burn import PAGE, burn_windows, promql_duration
-from dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, OVERVIEW_UID, above, dashboard, fmt_ms, fmt_num,
-                                       fmt_pct, gd, matchers, query, series_panel, stat_panel, threshold_steps,
-                                       with_row)
+from sloscope.alerts import metric_names as x
+from sloscope.alerts.burn import PAGE, burn_windows, promql_duration
+from sloscope.dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, OVERVIEW_UID, above, dashboard, fmt_ms,
+                                                fmt_num, fmt_pct, gd, matchers, query, series_panel, stat_panel,
+                                                threshold_steps, with_row)
 
 
 def _latency_burn(t: TierObjective, window: str) -> str:

@@ -23,8 +23,8 @@ with warnings.catch_warnings():  # the classic (v1) dashboard model warns at imp
 
 from sloscope.slo_spec import SloSpec
 
-from alerts import metric_names as x
-from alerts.actions import NOTIFY
+from sloscope.alerts import metric_names as x
+from sloscope.alerts.actions import NOTIFY
 
 DEFAULT_DATASOURCE_UID = "prometheus"
 OVERVIEW_UID = "sloscope-slo-overview"

@@ -29,13 +29,13 @@ import polars as pl
 from sloscope import catalog
 from sloscope.slo_spec import SloSpec
 
-from analytics.attribution import BASELINE, GROWTH_SUFFIX, LOOKBACK, Window, signal_steps
-from analytics.rca import EPISODE_GAP, NO_REQUESTS, analyse, holds_requests, parse_time, rfc3339
-from analytics.slo import MIN_REQUESTS, sli_windows, window_latencies
-from analytics.store import Store
+from sloscope.analytics.attribution import BASELINE, GROWTH_SUFFIX, LOOKBACK, Window, signal_steps
+from sloscope.analytics.rca import EPISODE_GAP, NO_REQUESTS, analyse, holds_requests, parse_time, rfc3339
+from sloscope.analytics.slo import MIN_REQUESTS, sli_windows, window_latencies
+from sloscope.analytics.store import Store
 
-from dashboards import grafana
-from dashboards.svg import Chart, Marker, Series, Shade, format_value, time_chart
+from sloscope.dashboards import grafana
+from sloscope.dashboards.svg import Chart, Marker, Series, Shade, format_value, time_chart
 
 AFTER = timedelta(minutes=2)  # shown after an episode ends
 REMEDIATION_BEFORE = timedelta(minutes=10)

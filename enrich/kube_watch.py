@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from urllib.parse import urlencode, urlsplit
 
-from enrich.pods import PodDirectory, incarnation_of
+from sloscope.enrich.pods import PodDirectory, incarnation_of
 
 log = logging.getLogger("sloscope.kube")
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"

@@ -23,9 +23,9 @@ import cramjam
 import google_crc32c
 import lz4.frame
 
-from receiver.http_body import BodyError, too_large
-from receiver.limits import Reservation
-from receiver.zstd_module import zstd
+from sloscope.receiver.http_body import BodyError, too_large
+from sloscope.receiver.limits import Reservation
+from sloscope.receiver.zstd_module import zstd
 
 INFLATE_STEP = 2**16  # decompressed bytes reserved at a time (zlib is several times slower at 1 MiB steps)
 CODINGS = ("gzip", "zstd", "zlib", "deflate", "snappy", "x-snappy-framed", "lz4")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from receiver.limits import Reservation
+from sloscope.receiver.limits import Reservation
 
 _DECIMAL = re.compile(rb"[0-9]{1,18}")
 _HEX = re.compile(rb"[0-9a-fA-F]{1,15}")

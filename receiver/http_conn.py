@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Callable
 
-from receiver.draining import DrainingServer
-from receiver.tls import NotTls, TlsFiles, accept_tls
+from sloscope.receiver.draining import DrainingServer
+from sloscope.receiver.tls import NotTls, TlsFiles, accept_tls
 
 log = logging.getLogger("sloscope.receiver")
 ACCEPT_WAIT_S = 0.5  # how long one accept waits for a free slot before the server loop looks at shutdown again

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import re
 
-from receiver.wire import (END_GROUP, FIXED_SIZES, LENGTH_DELIMITED, START_GROUP, VARINT, NotWireFormat,
-                           encoded_varint, varint)
+from sloscope.receiver.wire import (END_GROUP, FIXED_SIZES, LENGTH_DELIMITED, START_GROUP, VARINT, NotWireFormat,
+                                    encoded_varint, varint)
 
 # Message levels kept (the request is level 0): upb takes 100. The deepest legitimate content, a depth-8 attribute
 # value of a histogram exemplar, ends by level 33; what lies past level 64 is at least 20 AnyValues deep.

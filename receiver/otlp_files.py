@@ -20,7 +20,7 @@ import gzip
 from collections.abc import Iterator
 from pathlib import Path
 
-from receiver.zstd_module import zstd
+from sloscope.receiver.zstd_module import zstd
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

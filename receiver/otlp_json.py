@@ -22,12 +22,12 @@ import orjson
 
 from sloscope.records import Batch
 
-from receiver import nesting
-from receiver.otlp_common import (
-    FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, MAX_INT64, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
-    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips, SpanResource,
-    TextCache, append_span, explicit_buckets, histogram_totals, kept_metrics, point_times, scale0_buckets,
-    valueless_point)
+from sloscope.receiver import nesting
+from sloscope.receiver.otlp_common import (FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, MAX_INT64, SPAN_ATTRIBUTES,
+                                           SPAN_KIND_SERVER, STATUS_CODE_ERROR, TEMPORALITY_CUMULATIVE,
+                                           TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips,
+                                           SpanResource, TextCache, append_span, explicit_buckets, histogram_totals,
+                                           kept_metrics, point_times, scale0_buckets, valueless_point)
 
 _HEX_TRACE = re.compile(r"[0-9a-fA-F]{32}")
 _HEX_SPAN = re.compile(r"[0-9a-fA-F]{16}")

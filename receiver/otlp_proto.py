@@ -18,12 +18,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from sloscope.records import Batch
 
-from receiver import nesting
-from receiver.otlp_common import (
-    FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, SPAN_ATTRIBUTES, SPAN_KIND_SERVER, STATUS_CODE_ERROR,
-    TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips, SpanResource,
-    TextCache, append_span, explicit_buckets, histogram_totals, kept_metrics, point_times, scale0_buckets,
-    valueless_point)
+from sloscope.receiver import nesting
+from sloscope.receiver.otlp_common import (FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, SPAN_ATTRIBUTES,
+                                           SPAN_KIND_SERVER, STATUS_CODE_ERROR, TEMPORALITY_CUMULATIVE,
+                                           TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips,
+                                           SpanResource, TextCache, append_span, explicit_buckets, histogram_totals,
+                                           kept_metrics, point_times, scale0_buckets, valueless_point)
 
 REQUEST_TYPES = {"traces": ExportTraceServiceRequest, "metrics": ExportMetricsServiceRequest,
                  "logs": ExportLogsServiceRequest}

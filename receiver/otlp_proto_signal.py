@@ -29,9 +29,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from sloscope.records import Batch
 
-from receiver.otlp_common import DecodeError
-from receiver.otlp_proto import ProtoDecoder, parse
-from receiver.wire import FIXED32, FIXED64, FIXED_SIZES, LENGTH_DELIMITED, VARINT, NotWireFormat, varint
+from sloscope.receiver.otlp_common import DecodeError
+from sloscope.receiver.otlp_proto import ProtoDecoder, parse
+from sloscope.receiver.wire import FIXED32, FIXED64, FIXED_SIZES, LENGTH_DELIMITED, VARINT, NotWireFormat, varint
 
 _FIXED64_TYPES = {FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64, FieldDescriptor.TYPE_DOUBLE}
 _FIXED32_TYPES = {FieldDescriptor.TYPE_FIXED32, FieldDescriptor.TYPE_SFIXED32, FieldDescriptor.TYPE_FLOAT}

@@ -13,12 +13,12 @@ import pyarrow as pa
 from sloscope import catalog
 from sloscope.records import SpanTable
 
-from receiver.otlp_common import (
-    CANONICAL_SERVICE_ATTRIBUTE, ENVOY_NODE_ATTRIBUTE, GPU_ATTRIBUTE, NAMESPACE_ATTRIBUTE, POD_ATTRIBUTE,
-    POD_IP_ATTRIBUTE, ROUTE_ATTRIBUTE, STATUS_ATTRIBUTES, TIER_ATTRIBUTES)
+from sloscope.receiver.otlp_common import (CANONICAL_SERVICE_ATTRIBUTE, ENVOY_NODE_ATTRIBUTE, GPU_ATTRIBUTE,
+                                           NAMESPACE_ATTRIBUTE, POD_ATTRIBUTE, POD_IP_ATTRIBUTE, ROUTE_ATTRIBUTE,
+                                           STATUS_ATTRIBUTES, TIER_ATTRIBUTES)
 
 try:
-    from receiver import _otlp_spans
+    from sloscope.receiver import _otlp_spans
 except ImportError:  # installed where no C compiler was found: every request takes the general path
     _otlp_spans = None
 

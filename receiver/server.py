@@ -31,16 +31,16 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from sloscope.records import Batch
 
-from receiver import content_coding, otlp_json, otlp_proto, otlp_spans
-from receiver.auth import BearerAuth, BearerInterceptor
-from receiver.draining import KeepAliveHandler
-from receiver.grpc_admission import REFUSING_THREADS, Admission
-from receiver.http_body import BodyError, declared_length, read_body
-from receiver.http_conn import DeadlineReader, LimitedHTTPServer
-from receiver.limits import ByteBudget, Exhausted, Limits, Reservation
-from receiver.otlp_common import REFUSAL_REASONS, UNKEPT_REASONS, DecodeError, refusal_message
-from receiver.otlp_json import Decoder
-from receiver.tls import TlsFiles
+from sloscope.receiver import content_coding, otlp_json, otlp_proto, otlp_spans
+from sloscope.receiver.auth import BearerAuth, BearerInterceptor
+from sloscope.receiver.draining import KeepAliveHandler
+from sloscope.receiver.grpc_admission import REFUSING_THREADS, Admission
+from sloscope.receiver.http_body import BodyError, declared_length, read_body
+from sloscope.receiver.http_conn import DeadlineReader, LimitedHTTPServer
+from sloscope.receiver.limits import ByteBudget, Exhausted, Limits, Reservation
+from sloscope.receiver.otlp_common import REFUSAL_REASONS, UNKEPT_REASONS, DecodeError, refusal_message
+from sloscope.receiver.otlp_json import Decoder
+from sloscope.receiver.tls import TlsFiles
 
 log = logging.getLogger("sloscope.receiver")
 RETRY_AFTER_S = 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from sampling.observations import Observations
+from sloscope.sampling.observations import Observations
 
 Key = tuple[str, str, str]  # (tier, service, route)
 

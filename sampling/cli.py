@@ -10,7 +10,7 @@ EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def register(subparsers) -> None:
-    from analytics.store import DEFAULT_DB
+    from sloscope.analytics.store import DEFAULT_DB
 
     sampling = subparsers.add_parser(
         "sampling", help="adaptive trace sampling: the policy, and an OpenTelemetry Collector tail_sampling config",
@@ -53,10 +53,10 @@ def _sampling_policy(args, config, spec_path) -> dict:
     import time
     from datetime import timedelta, timezone
 
-    from analytics.rca import newest_request, parse_rfc3339
-    from analytics.store import DEFAULT_DB, Store
+    from sloscope.analytics.rca import newest_request, parse_rfc3339
+    from sloscope.analytics.store import DEFAULT_DB, Store
 
-    from sampling.policy import evaluate_once
+    from sloscope.sampling.policy import evaluate_once
 
     if args.url:
         return _served_policy(args.url)
@@ -79,7 +79,7 @@ def _served_policy(url: str) -> dict:
     import urllib.error
     import urllib.request
 
-    from sampling.policy import SCHEMA
+    from sloscope.sampling.policy import SCHEMA
 
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -99,7 +99,7 @@ def _served_policy(url: str) -> dict:
 def _check_at(text: str | None) -> None:
     """--at is an RFC 3339 time or `latest`: a duration, as rca takes, has no newest request here to count back
     from (and a served policy is always the current one)."""
-    from analytics.rca import parse_rfc3339
+    from sloscope.analytics.rca import parse_rfc3339
 
     if text and text != "latest" and parse_rfc3339(text) is None:
         raise ValueError(f"--at: expected an RFC 3339 time or 'latest'; got {text!r}")
@@ -109,11 +109,11 @@ def run_sampling(args) -> int:
     import json
     import time
 
-    from analytics.store import StoreError
+    from sloscope.analytics.store import StoreError
     from sloscope.durations import parse_duration
 
-    from sampling.policy import load_config
-    from sampling.tail_sampling import render, to_yaml, write_atomic
+    from sloscope.sampling.policy import load_config
+    from sloscope.sampling.tail_sampling import render, to_yaml, write_atomic
 
     prog = f"sloscope sampling {args.sampling_command}"
     try:

@@ -2,7 +2,7 @@
 OpenTelemetry's consistent probability sampling, so that every service of a trace agrees.
 
     from opentelemetry.sdk.trace import TracerProvider
-    from sampling.head_sampler import AdaptiveSampler
+    from sloscope.sampling.head_sampler import AdaptiveSampler
     provider = TracerProvider(sampler=AdaptiveSampler("http://sloscope-serve:4318/sampling", service="llm-gateway"))
 
 Threshold math (OpenTelemetry "TraceState: Probability Sampling"):
@@ -47,7 +47,7 @@ from opentelemetry.trace import Link, SpanKind, get_current_span
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
-from enrich.tiers import TierResolver
+from sloscope.enrich.tiers import TierResolver
 from sloscope.catalog import TIER_HEADER_ATTRIBUTE, TIER_ISTIO_TAG
 
 log = logging.getLogger("sloscope.head_sampler")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from sampling.observations import Observations, Sli
+from sloscope.sampling.observations import Observations, Sli
 
 
 def rfc3339(seconds: float) -> str:

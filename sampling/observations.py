@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 if TYPE_CHECKING:
-    from sampling.policy import SamplingConfig
+    from sloscope.sampling.policy import SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,8 @@ def _naive_utc(seconds: float) -> datetime:
 
 def observe(reader, spec, config: SamplingConfig, now: float) -> Observations:
     """Observations at `now` (seconds since the epoch) from a store or reader (analytics.store.Reader)."""
-    from analytics.slo import find_incidents
-    from alerts.remediation import active_sampling_overrides
+    from sloscope.analytics.slo import find_incidents
+    from sloscope.alerts.remediation import active_sampling_overrides
 
     until = _naive_utc(now)
     tiers = {"allowed_tiers": sorted(spec.tiers), "default_tier": spec.default_tier}

@@ -41,14 +41,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-from enrich.tiers import TierResolver
+from sloscope.enrich.tiers import TierResolver
 from sloscope.catalog import TIER_ATTRIBUTES
 from sloscope.errors import ConfigError, read_config_text
 
-from sampling.budget import Budget, cap_keys
-from sampling.head_sampler import encode_th, probability_of, threshold_for
-from sampling.hot import HotSet, node_reasons, rfc3339, tier_reasons
-from sampling.observations import Observations, observe
+from sloscope.sampling.budget import Budget, cap_keys
+from sloscope.sampling.head_sampler import encode_th, probability_of, threshold_for
+from sloscope.sampling.hot import HotSet, node_reasons, rfc3339, tier_reasons
+from sloscope.sampling.observations import Observations, observe
 
 log = logging.getLogger("sloscope.sampling")
 

@@ -18,8 +18,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dashboards.grafana import build_all, file_name  # noqa: E402
-from dashboards.provision import DEFAULT_FOLDER_TITLE  # noqa: E402
+from sloscope.dashboards.grafana import build_all, file_name  # noqa: E402
+from sloscope.dashboards.provision import DEFAULT_FOLDER_TITLE  # noqa: E402
 from sloscope.slo_spec import DEFAULT_SPEC_YAML, parse_spec  # noqa: E402
 
 OUT = ROOT / "deploy" / "grafana-dashboards.yaml"

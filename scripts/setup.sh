@@ -55,7 +55,7 @@ mount_tracefs() {
 }
 
 fast_path_built() {
-    "$VENV/bin/python" -c 'import receiver._otlp_spans' 2>/dev/null
+    "$VENV/bin/python" -c 'import sloscope.receiver._otlp_spans' 2>/dev/null
 }
 
 make_venv() {
@@ -72,7 +72,8 @@ make_venv() {
     want=$({ cat pyproject.toml setup.py receiver/otlp_spans.c receiver/arrow_c_data.h; printf '%s\n' */__init__.py; } | sha256sum | cut -d' ' -f1)
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! fast_path_built; then
         say "installing sloscope and its dependencies into $VENV"
-        "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+        # setuptools and wheel in the venv too: the packaging tests build the wheel without fetching them
+        "$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=68" wheel >/dev/null
         "$VENV/bin/python" -m pip install -q -e ".$EXTRAS"
         # Not up to date until the fast path is built: the next run tries again (say, once gcc is there).
         if fast_path_built; then echo "$want" > "$stamp"; else rm -f "$stamp"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator import faults
+from sloscope.simulator import faults
 
 BLIPS_PER_NODE_HOUR = 3.0
 LENGTH_S = (15.0, 40.0)

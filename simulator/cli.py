@@ -72,7 +72,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator.fleet import SimulationConfig, simulate
+    from sloscope.simulator.fleet import SimulationConfig, simulate
 
     services = tuple(s.strip() for s in args.services.split(",") if s.strip())
     cfg = SimulationConfig(

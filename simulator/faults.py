@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sloscope import catalog, taxonomy
-from simulator.signals import Counter, Gauge, Histogram, NodeSeries
+from sloscope.simulator.signals import Counter, Gauge, Histogram, NodeSeries
 
 BASELINE_S = 600  # reference-score baseline: up to 10 min before the anomaly
 GUARD_S = 30  # ... ending this long before it

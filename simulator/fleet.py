@@ -4,7 +4,7 @@ fault, plus a separate ground-truth file.
 Root-cause analysis may only read what a real fleet would show, so everything the simulator knows beyond
 the telemetry (the fault, its onset, the confounders) goes to `ground_truth.json` and nowhere else.
 
-    from simulator.fleet import SimulationConfig, simulate
+    from sloscope.simulator.fleet import SimulationConfig, simulate
     truth = simulate(SimulationConfig(out="/tmp/run", nodes=4, duration_s=1200, fault="cpu_contention"))
 
 Output, in `out`: `metrics.jsonl.gz`, `traces.jsonl.gz` (one Export*ServiceRequest per line, one line per
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from sloscope import catalog, taxonomy
-from simulator import blips, otlp_json, planning, signals, traffic
-from simulator.signals import Counter, Gauge, Histogram, NodeSeries
+from sloscope.simulator import blips, otlp_json, planning, signals, traffic
+from sloscope.simulator.signals import Counter, Gauge, Histogram, NodeSeries
 
 METRICS_FILE = "metrics.jsonl"
 TRACES_FILE = "traces.jsonl"

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from sloscope import taxonomy
-from simulator import faults, traffic
+from sloscope.simulator import faults, traffic
 
 RESTART_GAP_S = 3
 RESTART_CLEARANCE_S = 120  # a restart this close to the fault's onset is moved before it

@@ -19,7 +19,7 @@ import numpy as np
 
 from sloscope.catalog import TIER_HEADER_ATTRIBUTE, TIER_ISTIO_TAG
 
-from simulator.otlp_json import attribute as _kv
+from sloscope.simulator.otlp_json import attribute as _kv
 
 # the built-in SLO spec (docs/slo-spec.md)
 TIERS = {

@@ -64,9 +64,9 @@ class AlertingStack:
         nft(self.netns, "add", "element", "inet", "lb", "backends", "{ " + ", ".join(BACKENDS.values()) + " }")
         (self.workdir / "token").write_text(TOKEN + "\n")
         self._write_remediation()
-        subprocess.run([sys.executable, "-m", "commands.cli", "rules", "--hold", self.hold,
+        subprocess.run([sys.executable, "-m", "sloscope.commands.cli", "rules", "--hold", self.hold,
                         "-o", str(self.workdir / "rules.yml")], check=True, capture_output=True)
-        self._start("serve", [sys.executable, "-m", "commands.cli", "serve", "--db", str(self.db),
+        self._start("serve", [sys.executable, "-m", "sloscope.commands.cli", "serve", "--db", str(self.db),
                               "--http", f"127.0.0.1:{self.ports['otlp']}", "--grpc", "off",
                               "--webhook", f"127.0.0.1:{self.ports['webhook']}",
                               "--remediation", str(self.workdir / "remediation.yaml"),

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from analytics.exporter_tables import EXP_HISTOGRAM, GAUGE, HISTOGRAM, MAP_TYPE, NS, SUM, TRACES, attribute_text
+from sloscope.analytics.exporter_tables import (EXP_HISTOGRAM, GAUGE, HISTOGRAM, MAP_TYPE, NS, SUM, TRACES,
+                                                attribute_text)
 
 SPAN_KINDS = ("Unspecified", "Internal", "Server", "Client", "Producer", "Consumer")
 STATUS_CODES = ("Unset", "Ok", "Error")

@@ -4,8 +4,8 @@ analytics/sql/clickhouse/exporter_tables.sql)."""
 
 from pathlib import Path
 
-from analytics.clickhouse_store import ChdbBackend
-from analytics.stores import CHDB_DATABASE
+from sloscope.analytics.clickhouse_store import ChdbBackend
+from sloscope.analytics.stores import CHDB_DATABASE
 
 SINCE_V0160 = Path(__file__).parent / "data" / "clickhouse" / "exporter_tables_v0160.sql"
 

@@ -4,13 +4,13 @@
 import http.client
 import threading
 
-from analytics.intake import Intake
-from analytics.store import Store
-from analytics.writer import Writer
-from enrich.tiers import TierResolver
-from enrich.topology import GpuTopology
-from receiver.limits import Limits
-from receiver.server import Receiver, grpc_server, http_server
+from sloscope.analytics.intake import Intake
+from sloscope.analytics.store import Store
+from sloscope.analytics.writer import Writer
+from sloscope.enrich.tiers import TierResolver
+from sloscope.enrich.topology import GpuTopology
+from sloscope.receiver.limits import Limits
+from sloscope.receiver.server import Receiver, grpc_server, http_server
 from sloscope.slo_spec import load_spec
 
 

@@ -1,6 +1,6 @@
 """Finding and checking probe samples, for the GPU and storage probe tests."""
 
-from probes.sample import Sample
+from sloscope.probes.sample import Sample
 from sloscope import catalog
 
 

@@ -3,8 +3,8 @@ range in a fixed order, from a store with its rollups or with them set aside."""
 
 import polars as pl
 
-from analytics.attribution import Window, signal_steps
-from analytics.slo import sli_windows
+from sloscope.analytics.attribution import Window, signal_steps
+from sloscope.analytics.slo import sli_windows
 from sloscope.slo_spec import load_spec
 
 SPEC = load_spec(None)

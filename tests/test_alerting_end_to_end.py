@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from analytics.store import Store
+from sloscope.analytics.store import Store
 from tests.alerting_stack import ALERTMANAGER, BACKENDS, PROMETHEUS, TOKEN, AlertingStack
 from tests.conftest import need
 from tests.otlp_builders import gauge, metrics, span, traces

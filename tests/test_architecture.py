@@ -4,11 +4,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOORS = {
-    "sloscope": 0,  # the contracts (`from sloscope import catalog` names its module below)
-    "probes": 1, "simulator": 1, "collectors": 2, "receiver": 2, "enrich": 3, "analytics": 4, "alerts": 5,
-    "sampling": 6, "dashboards": 6, "commands": 7,
-}
+STAGES = {"probes": 1, "simulator": 1, "collectors": 2, "receiver": 2, "enrich": 3, "analytics": 4, "alerts": 5,
+          "sampling": 6, "dashboards": 6, "commands": 7}
+# Installed names: sloscope/ is the package `sloscope` (floor 0, the contracts), and each stage folder at the
+# repository's top level is its subpackage (analytics/ is `sloscope.analytics`), as setup.py maps them.
+FLOORS = {"sloscope": 0, **{f"sloscope.{stage}": floor for stage, floor in STAGES.items()}}
 
 
 def package_of(module: str) -> str:
@@ -31,14 +31,16 @@ def imports(path: Path, module: str) -> list[tuple[int, str]]:
             # `from sloscope import catalog`: the names may be modules, each on its own floor
             found += [(node.lineno, f"{target}.{alias.name}" if f"{target}.{alias.name}" in FLOORS else target)
                       for alias in node.names]
-    return [(line, name) for line, name in found if name.split(".")[0] in {p.split(".")[0] for p in FLOORS}]
+    return [(line, name) for line, name in found if name.split(".")[0] in {p.split(".")[0] for p in FLOORS}
+            or name.split(".")[0] in STAGES]
 
 
 def modules():
-    for top in {p.split(".")[0] for p in FLOORS}:
-        for path in sorted((ROOT / top).rglob("*.py")):
+    for folder in ("sloscope", *STAGES):
+        for path in sorted((ROOT / folder).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
-            yield path, ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            yield path, ".".join(parts if folder == "sloscope" else ("sloscope", *parts))
 
 
 def test_no_import_goes_up_a_floor():
@@ -58,9 +60,17 @@ def test_every_module_has_a_floor():
     assert all(package_of(module) for _, module in modules())
 
 
+def test_every_import_names_the_installed_package():
+    """`analytics.store` does not exist once installed: every import of a stage goes through `sloscope.`."""
+    bare = [f"{path.relative_to(ROOT)}:{line}: {name}" for path, module in modules()
+            for line, name in imports(path, module) if name.split(".")[0] in STAGES]
+    assert not bare, "imports outside the sloscope namespace:\n" + "\n".join(bare)
+
+
 def test_the_rule_sees_an_upward_import(tmp_path):
     """The check itself: a function-level import of analytics from collectors is found."""
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from analytics.store import Store\n")
-    (line, name), = imports(bad, "collectors.bad")
-    assert (line, package_of(name)) == (2, "analytics") and FLOORS["analytics"] > FLOORS["collectors"]
+    bad.write_text("def f():\n    from sloscope.analytics.store import Store\n")
+    (line, name), = imports(bad, "sloscope.collectors.bad")
+    assert (line, package_of(name)) == (2, "sloscope.analytics")
+    assert FLOORS["sloscope.analytics"] > FLOORS["sloscope.collectors"]

@@ -7,11 +7,11 @@ from datetime import datetime
 import polars as pl
 import pytest
 
-from analytics.attribution import Window, signal_steps
-from analytics.ingest import Ingestor
-from analytics.rca import analyse
-from analytics.store import Store
-from enrich.tiers import TierResolver
+from sloscope.analytics.attribution import Window, signal_steps
+from sloscope.analytics.ingest import Ingestor
+from sloscope.analytics.rca import analyse
+from sloscope.analytics.store import Store
+from sloscope.enrich.tiers import TierResolver
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import counter, gauge, metrics, span, traces, write_lines
 

@@ -6,7 +6,7 @@ import sys
 
 
 def test_a_reader_that_stops_early_gets_no_traceback():
-    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "clickhouse-columns"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "clickhouse-columns"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     fcntl.fcntl(proc.stdout, fcntl.F_SETPIPE_SZ, 4096)  # smaller than the output: it cannot all be written ahead
     assert proc.stdout.readline().startswith(b"-- ")  # then the reader goes, as `| head -1` does
@@ -16,7 +16,7 @@ def test_a_reader_that_stops_early_gets_no_traceback():
 
 
 def test_a_probe_whose_reader_stops_early_ends_as_every_command_does():
-    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "probe", "pressure", "--duration", "30",
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "probe", "pressure", "--duration", "30",
                              "--interval", "0.2", "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.readline().startswith(b"{")
     proc.stdout.close()

@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from analytics.store import Store, StoreError
-from commands.cli import build_parser, main
+from sloscope.analytics.store import Store, StoreError
+from sloscope.commands.cli import build_parser, main
 from tests.otlp_builders import gauge, metrics, span, traces, write_lines
 
 T0 = 1_764_410_400_000_000_000  # 2025-11-29T10:00:00Z
@@ -196,7 +196,7 @@ def test_webhook_max_body_takes_serves_sizes():
 
 
 def test_serve_refuses_a_retention_without_a_unit():
-    done = subprocess.run([sys.executable, "-m", "commands.cli", "serve", "--retention", "7"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "sloscope.commands.cli", "serve", "--retention", "7"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and "argument --retention: '7' has no unit" in done.stderr
 
@@ -232,7 +232,7 @@ def test_rules_hold_takes_the_one_duration_grammar_and_writes_prometheus_duratio
     (["serve", "--http", "localhost", "--db", "{tmp}/s.duckdb"], "'localhost': expected HOST:PORT"),
 ])
 def test_counts_and_addresses_are_refused_in_one_line(tmp_path, argv, says):
-    done = subprocess.run([sys.executable, "-m", "commands.cli", *[a.format(tmp=tmp_path) for a in argv]],
+    done = subprocess.run([sys.executable, "-m", "sloscope.commands.cli", *[a.format(tmp=tmp_path) for a in argv]],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
 
@@ -253,6 +253,6 @@ def test_options_that_would_do_nothing_are_refused(capsys, argv, says):
     (["collect", "--interval"], "sloscope collect: argument --interval: expected one argument"),
 ])
 def test_a_flag_the_parser_refuses_is_one_line_without_the_usage_block(argv, says):
-    done = subprocess.run([sys.executable, "-m", "commands.cli", *argv], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "sloscope.commands.cli", *argv], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "usage:" not in done.stderr
     _one_line_error(done.stderr, says)

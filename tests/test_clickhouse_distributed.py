@@ -10,10 +10,10 @@ import pytest
 
 chdb_session = pytest.importorskip("chdb.session")
 
-from analytics.clickhouse_store import ChdbBackend, derived_columns  # noqa: E402
-from analytics.exporter_tables import EXP_HISTOGRAM, GAUGE, HISTOGRAM, READ_TABLES, SUM, TRACES  # noqa: E402
-from analytics.stores import CHDB_DATABASE, open_store  # noqa: E402
-from commands.cli import main  # noqa: E402
+from sloscope.analytics.clickhouse_store import ChdbBackend, derived_columns  # noqa: E402
+from sloscope.analytics.exporter_tables import EXP_HISTOGRAM, GAUGE, HISTOGRAM, READ_TABLES, SUM, TRACES  # noqa: E402
+from sloscope.analytics.stores import CHDB_DATABASE, open_store  # noqa: E402
+from sloscope.commands.cli import main  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402
 from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces, write_lines  # noqa: E402
 

@@ -7,13 +7,13 @@ import pytest
 
 pytest.importorskip("chdb")
 
-from analytics.attribution import signal_steps  # noqa: E402
-from analytics.ingest import Ingestor  # noqa: E402
-from analytics.rca import analyse  # noqa: E402
-from analytics.slo import sli_windows  # noqa: E402
-from analytics.stores import open_store  # noqa: E402
-from enrich.tiers import TierResolver  # noqa: E402
-from simulator.fleet import SimulationConfig, simulate  # noqa: E402
+from sloscope.analytics.attribution import signal_steps  # noqa: E402
+from sloscope.analytics.ingest import Ingestor  # noqa: E402
+from sloscope.analytics.rca import analyse  # noqa: E402
+from sloscope.analytics.slo import sli_windows  # noqa: E402
+from sloscope.analytics.stores import open_store  # noqa: E402
+from sloscope.enrich.tiers import TierResolver  # noqa: E402
+from sloscope.simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from sloscope.slo_spec import load_spec  # noqa: E402
 from tests.otlp_builders import span, traces, write_lines  # noqa: E402
 from tests.store_parity import incident_summary  # noqa: E402

@@ -20,11 +20,11 @@ import pytest
 pytest.importorskip("chdb")
 pytest.importorskip("clickhouse_connect")
 
-from analytics.clickhouse_store import COUNTERS_TABLE, META_TABLE  # noqa: E402
-from analytics.exporter_tables import READ_TABLES, TRACES  # noqa: E402
-from analytics.stores import PASSWORD_ENV, open_store  # noqa: E402
-from commands.cli import main  # noqa: E402
-from simulator.fleet import SimulationConfig, simulate  # noqa: E402
+from sloscope.analytics.clickhouse_store import COUNTERS_TABLE, META_TABLE  # noqa: E402
+from sloscope.analytics.exporter_tables import READ_TABLES, TRACES  # noqa: E402
+from sloscope.analytics.stores import PASSWORD_ENV, open_store  # noqa: E402
+from sloscope.commands.cli import main  # noqa: E402
+from sloscope.simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from sloscope.slo_spec import load_spec  # noqa: E402
 from tests import clickhouse_http  # noqa: E402
 from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces, write_lines  # noqa: E402
@@ -193,7 +193,7 @@ def test_a_server_that_is_not_there_is_one_line():
     from tests.alerting_stack import free_port
 
     url = f"clickhouse://{USER}@127.0.0.1:{free_port()}/otel"  # nothing listens there
-    proc = subprocess.run([sys.executable, "-m", "commands.cli", "rca", "--store", url], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "sloscope.commands.cli", "rca", "--store", url], capture_output=True,
                           text=True, timeout=120, env={**os.environ, PASSWORD_ENV: PASSWORD})
     assert proc.returncode == 2
     assert proc.stderr == f"sloscope rca: {url}: cannot connect: Connection refused\n"  # not the driver's wrapping

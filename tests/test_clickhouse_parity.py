@@ -7,12 +7,12 @@ import pytest
 
 pytest.importorskip("chdb")
 
-from analytics.exporter_tables import attribute_text  # noqa: E402
-from analytics.ingest import Ingestor  # noqa: E402
-from analytics.rca import analyse  # noqa: E402
-from analytics.stores import open_store  # noqa: E402
-from enrich.tiers import TierResolver  # noqa: E402
-from simulator.fleet import SimulationConfig, simulate  # noqa: E402
+from sloscope.analytics.exporter_tables import attribute_text  # noqa: E402
+from sloscope.analytics.ingest import Ingestor  # noqa: E402
+from sloscope.analytics.rca import analyse  # noqa: E402
+from sloscope.analytics.stores import open_store  # noqa: E402
+from sloscope.enrich.tiers import TierResolver  # noqa: E402
+from sloscope.simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from sloscope.slo_spec import load_spec  # noqa: E402
 from tests.collector_exporter import rows_of_files  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402

@@ -12,13 +12,13 @@ import pytest
 
 pytest.importorskip("chdb")
 
-from analytics.attribution import GROWTH_SUFFIX  # noqa: E402
-from analytics.ingest import Ingestor  # noqa: E402
-from analytics.rca import analyse  # noqa: E402
-from analytics.store import StoreError  # noqa: E402
-from analytics.stores import open_store  # noqa: E402
-from enrich.tiers import TierResolver  # noqa: E402
-from simulator.fleet import SimulationConfig, simulate  # noqa: E402
+from sloscope.analytics.attribution import GROWTH_SUFFIX  # noqa: E402
+from sloscope.analytics.ingest import Ingestor  # noqa: E402
+from sloscope.analytics.rca import analyse  # noqa: E402
+from sloscope.analytics.store import StoreError  # noqa: E402
+from sloscope.analytics.stores import open_store  # noqa: E402
+from sloscope.enrich.tiers import TierResolver  # noqa: E402
+from sloscope.simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402
 from tests.rollup_reads import SPEC, headers, raw_only, sli, steps  # noqa: E402
 

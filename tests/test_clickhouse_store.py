@@ -11,15 +11,15 @@ import pytest
 
 pytest.importorskip("chdb")
 
-from analytics.attribution import Window, signal_steps  # noqa: E402
-from analytics.clickhouse_store import derived_columns  # noqa: E402
-from analytics.exporter_tables import EXP_HISTOGRAM, GAUGE, MAP_TYPE, SUM, TRACES, attribute_text  # noqa: E402
-from analytics.exporter_tables import renaming, table_names  # noqa: E402
-from analytics.slo import sli_windows, window_latencies  # noqa: E402
-from analytics.store import Store, StoreError  # noqa: E402
-from analytics.stores import PASSWORD_ENV, open_store, parse_store_url, _password  # noqa: E402
-from commands.cli import main  # noqa: E402
-from enrich.tiers import MAX_HEADER_LENGTH, TierResolver  # noqa: E402
+from sloscope.analytics.attribution import Window, signal_steps  # noqa: E402
+from sloscope.analytics.clickhouse_store import derived_columns  # noqa: E402
+from sloscope.analytics.exporter_tables import EXP_HISTOGRAM, GAUGE, MAP_TYPE, SUM, TRACES, attribute_text  # noqa: E402
+from sloscope.analytics.exporter_tables import renaming, table_names  # noqa: E402
+from sloscope.analytics.slo import sli_windows, window_latencies  # noqa: E402
+from sloscope.analytics.store import Store, StoreError  # noqa: E402
+from sloscope.analytics.stores import PASSWORD_ENV, open_store, parse_store_url, _password  # noqa: E402
+from sloscope.commands.cli import main  # noqa: E402
+from sloscope.enrich.tiers import MAX_HEADER_LENGTH, TierResolver  # noqa: E402
 from sloscope.slo_spec import load_spec  # noqa: E402
 from tests.collector_exporter import rows  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402
@@ -695,7 +695,7 @@ def test_dcgm_fields_go_on_when_a_new_pod_takes_the_gpu_and_a_declared_one_is_re
 def test_a_node_whose_clock_runs_ahead_does_not_move_what_relative_times_count_back_from(tmp_path):
     """`rca --since 1h` counts back from the newest request that is not in the future (this host's clock and a
     skew allowance), on both stores: a year-ahead node's span would leave the hour empty."""
-    from analytics.rca import CLOCK_SKEW, newest_request
+    from sloscope.analytics.rca import CLOCK_SKEW, newest_request
 
     now = datetime(2025, 11, 29, 10, 30)
     spans = [span(f"{i + 1:032x}", f"{i + 1:016x}", T0 + i * 60 * S, 100) for i in range(20)]

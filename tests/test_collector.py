@@ -17,13 +17,13 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.sdk.resources import Resource
 
-from collectors import config as cfgmod
-from collectors.agent import Agent, resolve_probe_names
-from collectors.otlp_metrics import MetricsBuilder, count_points, encode, metrics_data_from_request
-from collectors.spool_format import decode_record
-from probes import registry
-from probes.base import Availability, Probe, ProbeError
-from probes.sample import HistogramSample, Sample, log2_histogram
+from sloscope.collectors import config as cfgmod
+from sloscope.collectors.agent import Agent, resolve_probe_names
+from sloscope.collectors.otlp_metrics import MetricsBuilder, count_points, encode, metrics_data_from_request
+from sloscope.collectors.spool_format import decode_record
+from sloscope.probes import registry
+from sloscope.probes.base import Availability, Probe, ProbeError
+from sloscope.probes.sample import HistogramSample, Sample, log2_histogram
 from tests.conftest import need
 from tests.fakes.otlp_sink import OtlpSink, free_port
 from tests.test_collector_config import write_config
@@ -325,7 +325,7 @@ def test_a_slow_endpoint_does_not_stall_collection_and_loses_nothing(tmp_path, c
 # -- the command, as a process ------------------------------------------------------------------------------------
 
 def collect_cmd(*args):
-    return [sys.executable, "-m", "collectors.cli", "collect", *args]
+    return [sys.executable, "-m", "sloscope.collectors.cli", "collect", *args]
 
 
 def read_spool(directory):
@@ -386,7 +386,7 @@ def test_signal_stops_cleanly_and_flushes_to_the_spool(tmp_path, signum):
 
 
 def test_help_and_usage_errors():
-    out = subprocess.run([sys.executable, "-m", "commands.cli", "collect", "--help"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "sloscope.commands.cli", "collect", "--help"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
     for text in ("OTEL_EXPORTER_OTLP_ENDPOINT", "--spool-max-bytes", "--once", "--duration", "flags > environment"):
@@ -414,7 +414,7 @@ def test_print_config_shows_the_resolved_values(tmp_path):
 
 @pytest.mark.privileged
 def test_ebpf_tcp_probe_exports_through_otlp(tmp_path):
-    from probes.ebpf.tcp import TcpProbe
+    from sloscope.probes.ebpf.tcp import TcpProbe
 
     availability = TcpProbe().check()
     need(availability.ok, availability.explain())

@@ -3,8 +3,8 @@ errors for bad values, and the resource attributes they give."""
 
 import pytest
 
-from collectors import config as cfgmod
-from collectors.agent import build_resource
+from sloscope.collectors import config as cfgmod
+from sloscope.collectors.agent import build_resource
 
 
 def write_config(tmp_path, text):

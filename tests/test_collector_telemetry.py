@@ -15,13 +15,13 @@ import uuid
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from collectors.agent import Agent
-from collectors.spool import Spool
+from sloscope.collectors.agent import Agent
+from sloscope.collectors.spool import Spool
 from tests.conftest import need
 from tests.fakes.otlp_sink import OtlpSink, free_port
 from tests.test_collector import counting_probe, make_config, run_in_thread, wait_for  # noqa: F401 (a fixture)
 
-SLOSCOPE = [sys.executable, "-m", "commands.cli"]
+SLOSCOPE = [sys.executable, "-m", "sloscope.commands.cli"]
 
 
 def get(port, path):

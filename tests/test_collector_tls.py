@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from collectors import config as cfgmod
-from collectors.agent import Agent
-from collectors.otlp_exporter import DELIVERED, RETRY, GrpcExporter, HttpExporter, Transport
+from sloscope.collectors import config as cfgmod
+from sloscope.collectors.agent import Agent
+from sloscope.collectors.otlp_exporter import DELIVERED, RETRY, GrpcExporter, HttpExporter, Transport
 from tests.conftest import need
 from tests.fakes.otlp_sink import OtlpSink
 from tests.fakes.tls import make_pki

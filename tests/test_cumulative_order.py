@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from analytics.store import Store
-from commands.cli import main
+from sloscope.analytics.store import Store
+from sloscope.commands.cli import main
 from tests.otlp_builders import counter, exp_histogram, metrics, write_lines
 
 T0 = 1_764_410_400_000_000_000  # 2025-11-29T10:00:00Z

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import metric_names as x
-from alerts.rules import rules_dict
-from analytics.ingest import Ingestor
-from analytics.rca import analyse, parse_time
-from analytics.store import Store, sql
-from dashboards import grafana as g
-from dashboards.report import Episode, _grafana_link, episodes, render, signal_unit
-from enrich.tiers import TierResolver
-from simulator.fleet import SimulationConfig, simulate
-from commands.cli import main
+from sloscope.alerts import metric_names as x
+from sloscope.alerts.rules import rules_dict
+from sloscope.analytics.ingest import Ingestor
+from sloscope.analytics.rca import analyse, parse_time
+from sloscope.analytics.store import Store, sql
+from sloscope.dashboards import grafana as g
+from sloscope.dashboards.report import Episode, _grafana_link, episodes, render, signal_unit
+from sloscope.enrich.tiers import TierResolver
+from sloscope.simulator.fleet import SimulationConfig, simulate
+from sloscope.commands.cli import main
 from sloscope.slo_spec import load_spec, parse_spec
 from tests.conftest import need
 
@@ -173,7 +173,7 @@ def test_every_query_names_only_series_that_serve_exports(boards):
 def test_queried_series_are_what_the_exporter_renders(sim_db, boards):
     from prometheus_client.parser import text_string_to_metric_families
 
-    from alerts.exporter import render as render_metrics
+    from sloscope.alerts.exporter import render as render_metrics
 
     db, _, _ = sim_db
     with Store(db, read_only=True) as store:
@@ -228,7 +228,7 @@ def test_dashboards_are_pure_functions_of_the_spec(boards):
 @pytest.mark.parametrize("spec", [SPEC, OTHER_SPEC], ids=["30d", "7d"])
 def test_burn_panels_read_the_alerts_burn_windows(spec):
     """The burn-rate panels plot each alert's long window with the alert's own factors as thresholds."""
-    from alerts.burn import PAGE, burn_windows
+    from sloscope.alerts.burn import PAGE, burn_windows
 
     burns = burn_windows(spec.window_s)
     overview = g.build_all(spec)[g.OVERVIEW_UID]

@@ -8,10 +8,10 @@ import pytest
 from google.protobuf.json_format import ParseDict
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from alerts.rules import NOTIFY, alert_names, rules_dict
-from commands.cli import main
-from receiver.otlp_json import Decoder
-from receiver.server import Decoders
+from sloscope.alerts.rules import NOTIFY, alert_names, rules_dict
+from sloscope.commands.cli import main
+from sloscope.receiver.otlp_json import Decoder
+from sloscope.receiver.server import Decoders
 from sloscope import catalog, taxonomy
 from sloscope.records import HISTOGRAM_OFFSET
 from sloscope.slo_spec import SpecError, parse_spec

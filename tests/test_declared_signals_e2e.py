@@ -10,11 +10,11 @@ import urllib.request
 
 import pytest
 
-from alerts import metric_names as x
-from analytics.store import Store
-from commands.cli import main
-from dashboards.grafana import build_all
-from dashboards.report import render
+from sloscope.alerts import metric_names as x
+from sloscope.analytics.store import Store
+from sloscope.commands.cli import main
+from sloscope.dashboards.grafana import build_all
+from sloscope.dashboards.report import render
 from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port
 from tests.otlp_builders import attr, span, traces, write_lines
@@ -124,7 +124,7 @@ def test_serve_keeps_the_metrics_its_spec_declares(tmp_path):
     spec = tmp_path / "slo.yaml"
     spec.write_text(SPEC_TEXT)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "--db", str(tmp_path / "s.duckdb"),
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "serve", "--db", str(tmp_path / "s.duckdb"),
                              "--slo", str(spec), "--decode-workers", "0", "--http", f"127.0.0.1:{port}",
                              "--grpc", "off"], stderr=subprocess.PIPE, text=True)
     try:

@@ -9,13 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from analytics.frames import Frames
+from sloscope.analytics.frames import Frames
 
-from analytics.store import Store
-from receiver.otlp_json import DecodeError, Decoder, decode_line
-from receiver.server import Decoders
-from enrich.tiers import TierResolver, resolve_tiers
-from enrich.topology import GpuTopology
+from sloscope.analytics.store import Store
+from sloscope.receiver.otlp_json import DecodeError, Decoder, decode_line
+from sloscope.receiver.server import Decoders
+from sloscope.enrich.tiers import TierResolver, resolve_tiers
+from sloscope.enrich.topology import GpuTopology
 from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces
 
 T0 = 1_764_410_400_000_000_000

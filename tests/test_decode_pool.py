@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from commands.decode_pool import DecodePool
+from sloscope.commands.decode_pool import DecodePool
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import exp_histogram, gauge, metrics, resource, span, traces
 from tests.in_process import InProcessReceiver

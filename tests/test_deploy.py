@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collectors import config as cfgmod
-from probes import registry
-from probes.base import CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, Host, privilege_missing
+from sloscope.collectors import config as cfgmod
+from sloscope.probes import registry
+from sloscope.probes.base import CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, Host, privilege_missing
 from sloscope.slo_spec import DEFAULT_SPEC_YAML, parse_spec
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -313,7 +313,7 @@ def test_daemonset_env_resources_and_tolerations():
 
 
 def test_daemonset_runs_the_collector_with_its_configmap(tmp_path):
-    from commands.cli import build_parser
+    from sloscope.commands.cli import build_parser
 
     docs = daemonset_docs()
     _, pod, container = collector_container()

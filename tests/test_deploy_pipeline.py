@@ -7,7 +7,7 @@ import json
 
 import yaml
 
-from collectors import config as cfgmod
+from sloscope.collectors import config as cfgmod
 from tests.test_deploy import DEPLOY, expand, load
 
 # another ----------------------------------------------------------------------------------------------------------
@@ -44,7 +44,7 @@ def selects(selector, labels):
 
 
 def test_every_container_runs_the_image_of_this_version():
-    from commands.cli import package_version
+    from sloscope.commands.cli import package_version
 
     images = [c["image"] for _, d in manifests() if d["kind"] in ("Deployment", "DaemonSet", "StatefulSet")
               for c in pod_of(d)["spec"]["containers"]]
@@ -60,7 +60,7 @@ def test_every_namespaced_object_lives_in_the_namespace_the_daemonset_file_creat
 
 
 def test_serve_listens_inside_the_pod_where_its_service_and_probes_point():
-    from commands.cli import build_parser
+    from sloscope.commands.cli import build_parser
 
     deployment, service = find("Deployment", "sloscope-serve"), find("Service", "sloscope-serve")
     pod = pod_of(deployment)
@@ -83,7 +83,7 @@ def test_serve_listens_inside_the_pod_where_its_service_and_probes_point():
 
 
 def test_serve_keeps_its_store_on_the_claim():
-    from commands.cli import build_parser
+    from sloscope.commands.cli import build_parser
 
     pod = pod_of(find("Deployment", "sloscope-serve"))
     (container,) = pod["spec"]["containers"]
@@ -107,7 +107,7 @@ def test_the_gateway_sends_to_the_serve_service():
 
 
 def test_collector_telemetry_is_where_its_probes_and_pod_monitor_look():
-    from commands.cli import build_parser
+    from sloscope.commands.cli import build_parser
 
     pod = pod_of(find("DaemonSet", "sloscope-collector"))
     (container,) = pod["spec"]["containers"]

@@ -5,7 +5,7 @@ import http.client
 import threading
 import time
 
-from receiver.server import http_server
+from sloscope.receiver.server import http_server
 
 
 def _serving(pages):

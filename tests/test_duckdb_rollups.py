@@ -10,14 +10,14 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from analytics.ingest import Ingestor
-from analytics.rca import analyse
-from analytics.retention import apply_retention
-from analytics.slo import sli_params
-from analytics.stores import open_store
-from commands.cli import main
-from enrich.tiers import TierResolver
-from simulator.fleet import SimulationConfig, simulate
+from sloscope.analytics.ingest import Ingestor
+from sloscope.analytics.rca import analyse
+from sloscope.analytics.retention import apply_retention
+from sloscope.analytics.slo import sli_params
+from sloscope.analytics.stores import open_store
+from sloscope.commands.cli import main
+from sloscope.enrich.tiers import TierResolver
+from sloscope.simulator.fleet import SimulationConfig, simulate
 from tests.rollup_reads import SPEC, headers, raw_only, sli, steps
 
 START = datetime(2026, 11, 2, 9, 0)  # the DuckDB store keeps rollups as long as their rows, however old

@@ -17,12 +17,12 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from analytics.frames import Frames
+from sloscope.analytics.frames import Frames
 
-from analytics.store import Store
-from analytics.writer import COMMITTED, Writer, frame_bytes
-from receiver.server import fast_decode
-from enrich.tiers import TierResolver, resolve_tiers
+from sloscope.analytics.store import Store
+from sloscope.analytics.writer import COMMITTED, Writer, frame_bytes
+from sloscope.receiver.server import fast_decode
+from sloscope.enrich.tiers import TierResolver, resolve_tiers
 from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port, wait_listening
 from tests.otlp_builders import SPAN_ID, TRACE_ID, gauge, metrics

@@ -3,9 +3,9 @@ with where the value was and what a duration looks like, and every configuration
 
 import pytest
 
-from alerts.actions import ConfigError as RemediationConfigError
-from collectors.config import ConfigError as CollectorConfigError
-from sampling.policy import ConfigError as SamplingConfigError
+from sloscope.alerts.actions import ConfigError as RemediationConfigError
+from sloscope.collectors.config import ConfigError as CollectorConfigError
+from sloscope.sampling.policy import ConfigError as SamplingConfigError
 from sloscope.durations import format_duration, parse_duration
 from sloscope.errors import ConfigError
 from sloscope.slo_spec import SpecError, parse_spec

@@ -1,10 +1,10 @@
 import polars as pl
 
-from analytics.store import Store
-from enrich.tiers import MAX_HEADER_LENGTH, TierResolver
-from enrich.topology import GpuTopology
+from sloscope.analytics.store import Store
+from sloscope.enrich.tiers import MAX_HEADER_LENGTH, TierResolver
+from sloscope.enrich.topology import GpuTopology
 from sloscope.catalog import UNKNOWN_NODE
-from commands.cli import main
+from sloscope.commands.cli import main
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import attr, gauge, metrics, resource, span, traces, write_lines
 

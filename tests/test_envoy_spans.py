@@ -4,7 +4,7 @@ istio.canonical_service, the tier from the Telemetry custom tag, and the status 
 
 import pytest
 
-from receiver.otlp_common import envoy_node, mesh_service
+from sloscope.receiver.otlp_common import envoy_node, mesh_service
 from tests.envoy_spans import GATEWAY, SIDECAR, envoy_request, node_id
 from tests.test_otlp_spans import assert_same_as_general, fast_rows, general_rows
 

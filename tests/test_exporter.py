@@ -6,12 +6,12 @@ from datetime import datetime, timezone
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from alerts import metric_names as x
-from alerts.exporter import StoreCollector, registry_for, render
-from alerts.rules import rules_dict
-from analytics.ingest import Ingestor
-from analytics.store import Store
-from enrich.tiers import TierResolver
+from sloscope.alerts import metric_names as x
+from sloscope.alerts.exporter import StoreCollector, registry_for, render
+from sloscope.alerts.rules import rules_dict
+from sloscope.analytics.ingest import Ingestor
+from sloscope.analytics.store import Store
+from sloscope.enrich.tiers import TierResolver
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces, write_lines
 from tests.test_rules import series_names
@@ -168,7 +168,7 @@ def test_render_serves_the_text_format_and_scrapes_beside_a_writer(store, tmp_pa
 
 @pytest.mark.slow
 def test_incident_cause_scores_of_open_incidents_and_every_rule_series_exported(tmp_path):
-    from simulator.fleet import SimulationConfig, simulate
+    from sloscope.simulator.fleet import SimulationConfig, simulate
 
     out = tmp_path / "otlp"
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -7,11 +7,11 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from analytics.attribution import Fleet, Window, fleet_movement, series_scores, signal_steps
-from analytics.ingest import Ingestor
-from analytics.rca import analyse
-from analytics.stores import open_store
-from enrich.tiers import TierResolver
+from sloscope.analytics.attribution import Fleet, Window, fleet_movement, series_scores, signal_steps
+from sloscope.analytics.ingest import Ingestor
+from sloscope.analytics.rca import analyse
+from sloscope.analytics.stores import open_store
+from sloscope.enrich.tiers import TierResolver
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import gauge, metrics, write_lines
 from tests.test_attribution import FAULT_AT, MINUTES, NODES, T0, S, _requests, _signals

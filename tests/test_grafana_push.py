@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from commands.cli import main
-from dashboards import grafana as g
-from dashboards.cli import read_token
-from dashboards.provision import PushError, push
+from sloscope.commands.cli import main
+from sloscope.dashboards import grafana as g
+from sloscope.dashboards.cli import read_token
+from sloscope.dashboards.provision import PushError, push
 from tests.fakes.grafana_api import FakeGrafana
 from tests.test_dashboards import boards  # noqa: F401 (a fixture)
 

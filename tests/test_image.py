@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from commands.cli import package_version
+from sloscope.commands.cli import package_version
 from tests.conftest import need
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from analytics.cli import EXIT_OK, EXIT_REJECTED
-from analytics.store import Store
-from commands.cli import main
+from sloscope.analytics.cli import EXIT_OK, EXIT_REJECTED
+from sloscope.analytics.store import Store
+from sloscope.commands.cli import main
 from tests.otlp_builders import TRACE_ID, counter, exp_histogram, gauge, metrics, span, traces, write_lines
 
 T0 = 1_764_410_400_000_000_000  # 2025-11-29T10:00:00Z
@@ -191,7 +191,7 @@ def test_the_spec_given_at_ingest_is_remembered_for_later_commands(tmp_path):
 
 def _exporter_files(tmp_path) -> tuple[list[dict], dict]:
     """The same requests in each layout the Collector's file exporter writes with format: json."""
-    from receiver.zstd_module import zstd
+    from sloscope.receiver.zstd_module import zstd
 
     docs = [traces([span(trace_id(i), span_id(i), T0 + i * S, 100) for i in range(n, n + 20)]) for n in (0, 20)]
     docs.append(metrics([gauge("hw.gpu.temperature", [(T0 + i * S, 60.0 + i) for i in range(5)], {"hw.id": "G"})]))
@@ -218,7 +218,7 @@ def test_the_file_exporters_zstd_layouts_load_as_its_lines_do(tmp_path, layout):
 def test_protobuf_requests_of_no_signal_are_refused_saying_so(tmp_path, capsys):
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-    from receiver.zstd_module import zstd
+    from sloscope.receiver.zstd_module import zstd
 
     request = trace_service_pb2.ExportTraceServiceRequest(resource_spans=[{}]).SerializeToString()
     proto = tmp_path / "spans.proto"
@@ -235,7 +235,7 @@ def test_protobuf_requests_of_no_signal_are_refused_saying_so(tmp_path, capsys):
 
 
 def test_damaged_length_prefixed_files_are_refused_without_allocating_their_lengths(tmp_path, capsys):
-    from receiver.zstd_module import zstd
+    from sloscope.receiver.zstd_module import zstd
 
     huge = tmp_path / "huge.zst"
     huge.write_bytes(b"\x00\xff\xff\xff" + zstd.compress(b"{}"))  # a length of 16 MiB before a tiny frame

@@ -18,14 +18,14 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import Gauge, Metric, NumberDataPoint
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from analytics.cli import EXIT_OK, EXIT_REJECTED
-from analytics.ingest import Ingestor
-from analytics.store import Store
-from commands.cli import main
-from enrich.tiers import TierResolver
-from receiver.otlp_common import DecodeError
-from receiver.otlp_proto_signal import signal_of
-from receiver.zstd_module import zstd
+from sloscope.analytics.cli import EXIT_OK, EXIT_REJECTED
+from sloscope.analytics.ingest import Ingestor
+from sloscope.analytics.store import Store
+from sloscope.commands.cli import main
+from sloscope.enrich.tiers import TierResolver
+from sloscope.receiver.otlp_common import DecodeError
+from sloscope.receiver.otlp_proto_signal import signal_of
+from sloscope.receiver.zstd_module import zstd
 from tests.declared_specs import BOUNDS, QUEUE_TIME
 from tests.otlp_builders import counter, exp_histogram, gauge, metrics, span, traces, write_lines
 from tests.receiver_otlp import explicit_histogram
@@ -151,7 +151,7 @@ def test_a_mixed_file_of_plain_and_compressed_requests_loads_through_the_command
     bodies = [protobuf(r) for r in requests]
     mixed = tmp_path / "mixed.pb"  # every other request zstd-compressed
     mixed.write_bytes(b"".join(framed([b], compress_each=i % 2 == 1) for i, b in enumerate(bodies)))
-    done = subprocess.run([sys.executable, "-m", "commands.cli", "ingest", "--db", str(tmp_path / "proto.duckdb"),
+    done = subprocess.run([sys.executable, "-m", "sloscope.commands.cli", "ingest", "--db", str(tmp_path / "proto.duckdb"),
                            "--slo", str(slo_spec(tmp_path)), str(mixed)], capture_output=True, text=True, timeout=120)
     assert done.returncode == EXIT_OK, done.stderr
     assert "ingested 5 lines" in done.stderr and "lines rejected: 0, partly refused: 0" in done.stderr

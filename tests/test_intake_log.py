@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from analytics.intake_log import IntakeLog
-from analytics.intake_record import HEADER, HEADER_V5_BYTES, decode, encode, read_record
-from analytics.store import Store
-from analytics.writer import Writer
+from sloscope.analytics.intake_log import IntakeLog
+from sloscope.analytics.intake_record import HEADER, HEADER_V5_BYTES, decode, encode, read_record
+from sloscope.analytics.store import Store
+from sloscope.analytics.writer import Writer
 from tests.alerting_stack import free_port
 from tests.otlp_builders import TRACE_ID
 from tests.test_durability import SLOSCOPE, Serve, _post, _spans, _traces
@@ -59,7 +59,7 @@ def test_a_records_frames_are_arrow_ipc_streams_any_arrow_reader_takes():
     """The log outlives the polars that wrote it: its frames must stay in the Arrow IPC stream format."""
     import pyarrow as pa
 
-    from analytics.intake_record import PARTS
+    from sloscope.analytics.intake_record import PARTS
 
     frames = _spans(4)
     payload, _ = read_record(_joined(encode(frames, {})), 0)
@@ -78,7 +78,7 @@ def test_a_record_of_an_earlier_version_still_reads_back(version):
 
     import polars as pl
 
-    from analytics.intake_record import MAGIC, PARTS
+    from sloscope.analytics.intake_record import MAGIC, PARTS
 
     frames = _spans(2)
     requests = frames.requests
@@ -131,7 +131,7 @@ def test_concurrent_appenders_share_fsyncs_and_every_record_is_kept(tmp_path):
 
 
 def test_an_append_after_close_is_refused_and_nothing_is_written(tmp_path):
-    from analytics.intake_log import LogAppendError
+    from sloscope.analytics.intake_log import LogAppendError
 
     log = IntakeLog(tmp_path / "log")
     log.close()
@@ -153,7 +153,7 @@ def _appended_and_recovered(directory, records, segment_bytes=2**24) -> list[byt
 
 
 def test_records_larger_than_the_direct_write_buffer_go_out_in_several_writes(tmp_path, monkeypatch):
-    import analytics.intake_log as intake_log
+    import sloscope.analytics.intake_log as intake_log
 
     monkeypatch.setattr(intake_log, "DIRECT_BUFFER_BYTES", 2 * intake_log.BLOCK)
     records = [encode(_spans(seq), {"tier_invalid": seq}) for seq in range(4)]  # of lengths in no block multiple
@@ -166,7 +166,7 @@ def test_a_file_system_without_o_direct_gets_the_same_log_through_the_page_cache
     """Some refuse O_DIRECT when the file is opened (tmpfs before Linux 6.6), others only at its writes."""
     import errno
 
-    import analytics.intake_log as intake_log
+    import sloscope.analytics.intake_log as intake_log
 
     def invalid(*_):
         raise OSError(errno.EINVAL, "Invalid argument")
@@ -195,7 +195,7 @@ def test_a_failed_fsync_takes_its_round_back_and_the_next_records_follow_on(tmp_
     replay would take for damage (and set aside with the acknowledged records after it)."""
     import errno
 
-    from analytics.intake_log import LogAppendError
+    from sloscope.analytics.intake_log import LogAppendError
 
     log, records = IntakeLog(tmp_path / "log"), [encode(_spans(seq), {}) for seq in range(3)]
     log.append(records[0])
@@ -267,7 +267,7 @@ def test_a_spare_is_written_over_and_its_earlier_records_are_not_replayed(tmp_pa
 def test_spares_are_bounded_and_go_when_an_append_fails_and_at_a_stop(tmp_path, monkeypatch):
     import errno
 
-    from analytics.intake_log import LogAppendError
+    from sloscope.analytics.intake_log import LogAppendError
 
     directory, record = tmp_path / "log", encode(_spans(0), {})
     log = IntakeLog(directory, segment_bytes=len(record), spare_bytes=2 * len(record))  # a record per segment

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from enrich.kube_watch import KubeApi, PodWatch
-from enrich.pods import PodDirectory
+from sloscope.enrich.kube_watch import KubeApi, PodWatch
+from sloscope.enrich.pods import PodDirectory
 from tests.fakes.kube_api import FakeKubeApi
 
 WAIT_S = 10.0

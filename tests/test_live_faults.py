@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from commands.live import faults
-from commands.live.run import LiveConfig, LiveDemo, unavailable
+from sloscope.commands.live import faults
+from sloscope.commands.live.run import LiveConfig, LiveDemo, unavailable
 from tests.conftest import need
 
 pytestmark = [pytest.mark.slow, pytest.mark.privileged]
@@ -74,7 +74,7 @@ def test_cpu_disk_and_packet_loss_are_found_and_attributed(tmp_path):
 def test_ctrl_c_during_a_fault_stops_everything(tmp_path):
     _require_live()
     workdir = tmp_path / "live"
-    demo = subprocess.Popen([sys.executable, "-m", "commands.cli", "demo", "--live", "--dir", str(workdir),
+    demo = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "demo", "--live", "--dir", str(workdir),
                              "--faults", "network", "--warmup-seconds", "5", "--fault-seconds", "60"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []

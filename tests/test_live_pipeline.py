@@ -13,11 +13,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from analytics.store import Store
+from sloscope.analytics.store import Store
 from tests.alerting_stack import free_port, wait_listening
 from tests.conftest import need
 
-SLOSCOPE = [sys.executable, "-m", "commands.cli"]
+SLOSCOPE = [sys.executable, "-m", "sloscope.commands.cli"]
 
 
 def _send_spans(http_port, node, n_per_tier=40):

@@ -13,16 +13,16 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from analytics.late_placement import LatePlacement
-from analytics.store import Store
-from analytics.writer import Writer
-from receiver.server import Receiver, http_server
-from enrich.kube_watch import KubeApi, PodWatch
-from enrich.pods import PodDirectory
-from enrich.tiers import TierResolver
-from enrich.topology import GpuTopology
+from sloscope.analytics.late_placement import LatePlacement
+from sloscope.analytics.store import Store
+from sloscope.analytics.writer import Writer
+from sloscope.receiver.server import Receiver, http_server
+from sloscope.enrich.kube_watch import KubeApi, PodWatch
+from sloscope.enrich.pods import PodDirectory
+from sloscope.enrich.tiers import TierResolver
+from sloscope.enrich.topology import GpuTopology
 from sloscope.catalog import UNKNOWN_NODE
-from analytics.intake import Intake
+from sloscope.analytics.intake import Intake
 from sloscope.slo_spec import load_spec
 from tests.envoy_spans import GATEWAY, SIDECAR, envoy_request
 from tests.fakes.kube_api import FakeKubeApi
@@ -270,7 +270,7 @@ def test_metrics_show_the_pod_watch(kube, serving):
     """serve's /metrics families of the watch: pods held, synced, events by type, lists."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from commands.serve_ops import Listeners, intake_collector
+    from sloscope.commands.serve_ops import Listeners, intake_collector
 
     kube.add_pod("watched-0", "bookinfo", "gpu-node-3", "10.4.3.1")
     wait_for(lambda: len(serving.pods) == 1, 5, "the watch event")
@@ -289,8 +289,8 @@ def test_pod_series_that_name_no_node_are_placed_on_their_pods_node():
 
     import polars as pl
 
-    from analytics.intake import Enrichment
-    from analytics.frames import POINT_SCHEMA, Frames
+    from sloscope.analytics.intake import Enrichment
+    from sloscope.analytics.frames import POINT_SCHEMA, Frames
 
     pods = PodDirectory()
     pods.apply("ADDED", {"metadata": {"uid": "u1", "name": "embedder-0", "namespace": "inference",

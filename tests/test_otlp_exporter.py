@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from collectors.otlp_exporter import DELIVERED, REFUSED, RETRY, GrpcExporter, HttpExporter, parse_retry_after
+from sloscope.collectors.otlp_exporter import DELIVERED, REFUSED, RETRY, GrpcExporter, HttpExporter, parse_retry_after
 from tests.fakes.otlp_sink import OtlpSink, free_port
 from tests.test_spool import request
 

@@ -12,11 +12,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from analytics.frames import Frames
-from receiver import otlp_spans
-from receiver.otlp_common import REFUSAL_REASONS, DecodeError
-from receiver.server import FAST_PATH, GENERAL_PATH, Decoders, fast_decode
-from enrich.tiers import TierResolver, resolve_tiers
+from sloscope.analytics.frames import Frames
+from sloscope.receiver import otlp_spans
+from sloscope.receiver.otlp_common import REFUSAL_REASONS, DecodeError
+from sloscope.receiver.server import FAST_PATH, GENERAL_PATH, Decoders, fast_decode
+from sloscope.enrich.tiers import TierResolver, resolve_tiers
 from sloscope.records import Batch
 
 TIERS = frozenset({"standard", "p99-latency-critical"})

@@ -11,12 +11,12 @@ import pytest
 from google.protobuf.json_format import ParseDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from analytics.attribution import Window, signal_steps
-from analytics.rca import analyse
-from analytics.slo import sli_windows
-from analytics.store import Store
+from sloscope.analytics.attribution import Window, signal_steps
+from sloscope.analytics.rca import analyse
+from sloscope.analytics.slo import sli_windows
+from sloscope.analytics.store import Store
 from sloscope.catalog import UNKNOWN_NODE
-from commands.cli import main
+from sloscope.commands.cli import main
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import SPAN_ID, TRACE_ID, gauge, metrics, resource, span, write_lines
 from tests.in_process import InProcessReceiver
@@ -159,8 +159,8 @@ def test_a_declared_summary_is_reported_back_point_by_point():
     of its data points is reported back, not one per metric."""
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-    from receiver.otlp_json import Decoder
-    from receiver.otlp_proto import ProtoDecoder
+    from sloscope.receiver.otlp_json import Decoder
+    from sloscope.receiver.otlp_proto import ProtoDecoder
 
     summary = {"name": "go_gc_duration_seconds", "summary": {"dataPoints": [
         {"timeUnixNano": str(T0), "count": "3", "sum": 0.5,

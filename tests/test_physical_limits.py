@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from alerts.rules import RuleOptions, prometheus_rule, render_rules, rules_dict
-from analytics.store import Store
-from commands.cli import main
-from dashboards import grafana as g
+from sloscope.alerts.rules import RuleOptions, prometheus_rule, render_rules, rules_dict
+from sloscope.analytics.store import Store
+from sloscope.commands.cli import main
+from sloscope.dashboards import grafana as g
 from sloscope.slo_spec import DEFAULT_SPEC_YAML, PHYSICAL_LIMIT_KEYS, PhysicalLimits, SpecError, load_spec, parse_spec
 from tests.test_rules import PROMTOOL_TESTS, alerts_of, promtool, write_rules
 

@@ -11,10 +11,10 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 
-from analytics.store import Store
-from receiver.otlp_common import TextCache
-from receiver.otlp_json import Decoder
-from commands.cli import main
+from sloscope.analytics.store import Store
+from sloscope.receiver.otlp_common import TextCache
+from sloscope.receiver.otlp_json import Decoder
+from sloscope.commands.cli import main
 from tests.otlp_builders import TRACE_ID, attr, exp_histogram, gauge, metrics, span, traces, write_lines
 from tests.in_process import InProcessReceiver
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from probes.base import Host, ProbeUnavailable
-from probes.ebpf.block_io import BlockIoProbe
-from probes.ebpf.runqueue import RunqueueProbe
-from probes.ebpf.syscall_latency import SyscallLatencyProbe
-from probes.ebpf.tcp import TcpProbe
-from probes.registry import Decision, ProbeSet
+from sloscope.probes.base import Host, ProbeUnavailable
+from sloscope.probes.ebpf.block_io import BlockIoProbe
+from sloscope.probes.ebpf.runqueue import RunqueueProbe
+from sloscope.probes.ebpf.syscall_latency import SyscallLatencyProbe
+from sloscope.probes.ebpf.tcp import TcpProbe
+from sloscope.probes.registry import Decision, ProbeSet
 from tests.conftest import need
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,7 +192,7 @@ def test_an_unprivileged_process_reports_what_is_missing_and_falls_back(request)
 
     pythons = [p for p in (sys.executable, "/usr/bin/python3") if os.path.exists(p) and runs_as_nobody(p)]
     need(bool(pythons), "no Python interpreter that user nobody can run")
-    proc = subprocess.run([pythons[0], "-m", "probes.cli", "probe", "tcp", "--duration", "0.3",
+    proc = subprocess.run([pythons[0], "-m", "sloscope.probes.cli", "probe", "tcp", "--duration", "0.3",
                            "--interval", "0.3", "--format", "json"], cwd=readable, env=env, preexec_fn=drop,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from probes.base import Availability, Probe, ProbeError, ProbeUnavailable
-from probes.sample import Sample
+from sloscope.probes.base import Availability, Probe, ProbeError, ProbeUnavailable
+from sloscope.probes.sample import Sample
 
 
 class RecordingProbe(Probe):
@@ -54,10 +54,10 @@ def test_collect_needs_a_start_and_intervals_follow_each_other():
 
 
 def test_a_probe_with_a_period_reads_once_per_period_and_its_first_collect_reads(monkeypatch):
-    import probes.base
+    from sloscope.probes import base
 
     clock = [10**18]
-    monkeypatch.setattr(probes.base, "now_ns", lambda: clock[0])
+    monkeypatch.setattr(base, "now_ns", lambda: clock[0])
     probe = RecordingProbe()
     probe.period_s = 10.0
     read = []

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.cli import main
-from probes.procfs.pressure import PressureProbe
+from sloscope.probes.cli import main
+from sloscope.probes.procfs.pressure import PressureProbe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ def test_help_lists_probes_and_fallbacks(capsys):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_stops_cleanly(signum):
     names = ["pressure"] + (["tcp"] if os.geteuid() == 0 else [])  # with root, through the eBPF stop path too
-    proc = subprocess.Popen([sys.executable, "-m", "probes.cli", "probe", *names, "--duration", "60",
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.probes.cli", "probe", *names, "--duration", "60",
                              "--interval", "0.2", "--format", "json"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from probes.base import ProbeError
-from probes.gpu import dcgm_exporter as dcgm
-from probes.gpu.dcgm_exporter import DcgmExporterProbe, parse_exposition, TruncatedExposition
-from probes.registry import ProbeSet
+from sloscope.probes.base import ProbeError
+from sloscope.probes.gpu import dcgm_exporter as dcgm
+from sloscope.probes.gpu.dcgm_exporter import DcgmExporterProbe, parse_exposition, TruncatedExposition
+from sloscope.probes.registry import ProbeSet
 from tests.fakes.dcgm_exporter import (STOCK_COUNTERS, FakeDcgmExporter, FakeGpu as DcgmGpu, default_fields,
                                        load_counters)
 from tests.fakes.dcgm_fields import DCGM_FIELDS, NOT_DCGM_FIELDS
@@ -202,7 +202,7 @@ def test_the_stand_in_serves_the_stock_counters_by_default():
 
 def test_against_a_stock_exporter_the_probe_names_each_missing_field_once(caplog):
     with FakeDcgmExporter() as exporter, ProbeSet(["dcgm"], options={"dcgm": {"url": exporter.url}}) as probes:
-        with caplog.at_level(logging.WARNING, logger="probes.gpu.dcgm_exporter"):
+        with caplog.at_level(logging.WARNING, logger="sloscope.probes.gpu.dcgm_exporter"):
             for _ in range(3):
                 samples = probes.collect()
         probe = probes.probes["dcgm"]
@@ -233,9 +233,9 @@ def test_sloscopes_counters_file_enables_every_field_the_probe_needs():
 
 def test_a_missing_field_shows_on_metrics(tmp_path):
     """From the probe set's health samples through the store to sloscope serve's /metrics text."""
-    from alerts import metric_names as x
-    from alerts.exporter import StoreCollector
-    from analytics.store import Store
+    from sloscope.alerts import metric_names as x
+    from sloscope.alerts.exporter import StoreCollector
+    from sloscope.analytics.store import Store
     from sloscope.slo_spec import load_spec
     from tests.otlp_builders import gauge, metrics
     from tests.test_exporter import ingest, scrape, value

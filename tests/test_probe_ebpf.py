@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from probes import registry
-from probes.base import ProbeUnavailable
-from probes.ebpf.block_io import BlockIoProbe
-from probes.ebpf.runqueue import RunqueueProbe
-from probes.ebpf.syscall_latency import SyscallLatencyProbe, cgroup2_mounts
-from probes.ebpf.tcp import TcpProbe
-from probes.procfs.diskstats import DiskstatsProbe
-from probes.procfs.netstat import NetstatProbe
-from probes.procfs.pressure import PressureProbe
-from probes.registry import ProbeSet
-from probes.sample import HistogramSample
+from sloscope.probes import registry
+from sloscope.probes.base import ProbeUnavailable
+from sloscope.probes.ebpf.block_io import BlockIoProbe
+from sloscope.probes.ebpf.runqueue import RunqueueProbe
+from sloscope.probes.ebpf.syscall_latency import SyscallLatencyProbe, cgroup2_mounts
+from sloscope.probes.ebpf.tcp import TcpProbe
+from sloscope.probes.procfs.diskstats import DiskstatsProbe
+from sloscope.probes.procfs.netstat import NetstatProbe
+from sloscope.probes.procfs.pressure import PressureProbe
+from sloscope.probes.registry import ProbeSet
+from sloscope.probes.sample import HistogramSample
 from tests.conftest import need
 
 pytestmark = pytest.mark.privileged
@@ -157,7 +157,7 @@ def test_the_process_holding_the_probes_never_loads_the_compiler():
     """bcc, clang and LLVM stay in the compiling child: the process that runs the probes maps none of them."""
     script = """
 import os, sys
-from probes.ebpf.runqueue import RunqueueProbe
+from sloscope.probes.ebpf.runqueue import RunqueueProbe
 with RunqueueProbe() as probe:
     os.sched_yield()
     samples = probe.collect()
@@ -415,7 +415,7 @@ def test_a_program_that_fails_to_compile_is_reported_and_falls_back(monkeypatch,
 
 
 def test_cli_prints_a_syscall_histogram(capsys):
-    from probes.cli import main
+    from sloscope.probes.cli import main
 
     code = main(["probe", "syscall", "--syscalls", "clock_nanosleep", "--pid", str(os.getpid()),
                  "--duration", "0.3", "--interval", "0.3", "--format", "json"])

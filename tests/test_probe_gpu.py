@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from probes import base as probe_base
-from probes.base import ProbeError, ProbeUnavailable
-from probes.gpu.dcgm_exporter import DcgmExporterProbe
-from probes.gpu.nvml import NvmlProbe
-from probes.registry import ProbeSet
-from alerts.node_rules import LEAK_HOLD
-from alerts.rules import render_rules
+from sloscope.probes import base as probe_base
+from sloscope.probes.base import ProbeError, ProbeUnavailable
+from sloscope.probes.gpu.dcgm_exporter import DcgmExporterProbe
+from sloscope.probes.gpu.nvml import NvmlProbe
+from sloscope.probes.registry import ProbeSet
+from sloscope.alerts.node_rules import LEAK_HOLD
+from sloscope.alerts.rules import render_rules
 from sloscope import catalog, taxonomy
 from sloscope.slo_spec import DEFAULT_SPEC_YAML, parse_spec
 from tests.conftest import need
@@ -201,7 +201,7 @@ def test_unsupported_fields_are_skipped_once_with_one_log_line(gpu, caplog):
     gpu.fail["nvmlDeviceGetTemperatureV"] = (fake_nvml.NVML_ERROR_NOT_SUPPORTED, None)
     gpu.fail["nvmlDeviceGetTemperature"] = (fake_nvml.NVML_ERROR_NOT_SUPPORTED, None)
     probe = NvmlProbe(nvml=FakeNvml([gpu]))
-    with caplog.at_level(logging.INFO, logger="probes.gpu.nvml"), probe:
+    with caplog.at_level(logging.INFO, logger="sloscope.probes.gpu.nvml"), probe:
         for _ in range(4):
             samples = probe.collect()
     assert by(samples, "hw.gpu.io") == [] and by(samples, "hw.gpu.temperature") == []

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from probes.base import ProbeUnavailable
-from probes.procfs.diskstats import DiskstatsProbe, parse_diskstats
-from probes.procfs.netstat import NetstatProbe, parse_netstat
-from probes.procfs.pressure import PressureProbe, parse_pressure
-from probes.procfs.schedstat import SchedstatProbe, parse_schedstat
-from probes.procfs.tcp_connections import TcpConnectionsProbe, parse_proc_net_tcp
-from probes.procfs.vmstat import parse_vmstat, vmstat_value
-from probes.sample import Sample
+from sloscope.probes.base import ProbeUnavailable
+from sloscope.probes.procfs.diskstats import DiskstatsProbe, parse_diskstats
+from sloscope.probes.procfs.netstat import NetstatProbe, parse_netstat
+from sloscope.probes.procfs.pressure import PressureProbe, parse_pressure
+from sloscope.probes.procfs.schedstat import SchedstatProbe, parse_schedstat
+from sloscope.probes.procfs.tcp_connections import TcpConnectionsProbe, parse_proc_net_tcp
+from sloscope.probes.procfs.vmstat import parse_vmstat, vmstat_value
+from sloscope.probes.sample import Sample
 from tests.conftest import need
 from sloscope import catalog
 

@@ -5,9 +5,9 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from probes.ebpf.loader import HIST_SLOTS, HistogramDeltas, histogram
-from probes.sample import (UNIT_SHIFT, HistogramSample, Sample, counter_delta, exponential_index,
-                           log2_histogram, slot_to_index)
+from sloscope.probes.ebpf.loader import HIST_SLOTS, HistogramDeltas, histogram
+from sloscope.probes.sample import (UNIT_SHIFT, HistogramSample, Sample, counter_delta, exponential_index,
+                                    log2_histogram, slot_to_index)
 
 
 def kernel_slot(ns: int) -> int:

@@ -10,14 +10,14 @@ import time
 
 import pytest
 
-from probes.base import ProbeError, ProbeUnavailable
-from probes.cli import main
-from probes.registry import ProbeSet
-from probes.sample import Sample
-from probes.spdk.nvme_sysfs import read_nvme_temperatures
-from probes.spdk.rpc_client import (INVALID_STATE, JsonStreamDecoder, SpdkConnectionError, SpdkProtocolError,
-                                    SpdkRpcClient, SpdkRpcError, SpdkTimeout)
-from probes.spdk.spdk import SpdkProbe, health_temperature
+from sloscope.probes.base import ProbeError, ProbeUnavailable
+from sloscope.probes.cli import main
+from sloscope.probes.registry import ProbeSet
+from sloscope.probes.sample import Sample
+from sloscope.probes.spdk.nvme_sysfs import read_nvme_temperatures
+from sloscope.probes.spdk.rpc_client import (INVALID_STATE, JsonStreamDecoder, SpdkConnectionError, SpdkProtocolError,
+                                             SpdkRpcClient, SpdkRpcError, SpdkTimeout)
+from sloscope.probes.spdk.spdk import SpdkProbe, health_temperature
 from sloscope import catalog
 from tests.fakes.spdk_target import FakeSpdkTarget, TICK_RATE
 from tests.probe_asserts import by, one

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.procfs.vmstat import SIGNAL, VmstatProbe, parse_vmstat
+from sloscope.probes.procfs.vmstat import SIGNAL, VmstatProbe, parse_vmstat
 from sloscope import catalog
 from tests.conftest import need
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from grafana_client import GrafanaApi
 
-from dashboards import grafana as g
-from dashboards.provision import push
+from sloscope.dashboards import grafana as g
+from sloscope.dashboards.provision import push
 from tests.fakes.grafana_api import FakeGrafana
 from tests.test_dashboards import boards  # noqa: F401 (a fixture)
 

@@ -4,11 +4,11 @@ apart are two episodes, each explained by its own cause; an incident whose node'
 
 import random
 
-from analytics.attribution import CLEAR_CAUSE_FLOOR
-from analytics.ingest import Ingestor
-from analytics.rca import analyse, format_table
-from analytics.store import Store
-from enrich.tiers import TierResolver
+from sloscope.analytics.attribution import CLEAR_CAUSE_FLOOR
+from sloscope.analytics.ingest import Ingestor
+from sloscope.analytics.rca import analyse, format_table
+from sloscope.analytics.store import Store
+from sloscope.enrich.tiers import TierResolver
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import gauge, metrics, span, traces, write_lines
 

@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from analytics.ingest import Ingestor
-from analytics.rca import analyse
-from analytics.store import Store
-from enrich.tiers import TierResolver
-from simulator.fleet import SimulationConfig, simulate
+from sloscope.analytics.ingest import Ingestor
+from sloscope.analytics.rca import analyse
+from sloscope.analytics.store import Store
+from sloscope.enrich.tiers import TierResolver
+from sloscope.simulator.fleet import SimulationConfig, simulate
 from sloscope import taxonomy
-from commands.cli import main
+from sloscope.commands.cli import main
 from sloscope.slo_spec import load_spec
 
 SPEC = load_spec(None)

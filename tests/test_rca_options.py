@@ -10,10 +10,10 @@ from datetime import datetime, timedelta
 import polars as pl
 import pytest
 
-from analytics.attribution import BASELINE, LOOKBACK, Window, rank_causes
-from analytics.rca import analyse
-from receiver.server import http_server
-from commands.serve import rca_page
+from sloscope.analytics.attribution import BASELINE, LOOKBACK, Window, rank_causes
+from sloscope.analytics.rca import analyse
+from sloscope.receiver.server import http_server
+from sloscope.commands.serve import rca_page
 from sloscope.slo_spec import load_spec
 from tests.test_attribution import store  # noqa: F401 - the hand-built fleet (cpu_contention on n1 at 12 min)
 
@@ -121,7 +121,7 @@ def test_slow_syscalls_are_explained_away_by_the_resource_they_wait_for():
 def test_rca_at_explains_a_moment_without_an_slo_breach(store, tmp_path, capsys):  # noqa: F811
     """The cause on n1 began at 12 min: asked about that moment, rca ranks (n1, cpu_contention) first; asked
     about a quiet moment, it finds no clear cause and says why."""
-    from analytics.rca import explain_moment
+    from sloscope.analytics.rca import explain_moment
     moment = explain_moment(store, SPEC, T0 + timedelta(minutes=12))["moment"]
     assert moment["causes"][0]["node"] == "n1" and moment["causes"][0]["cause"] == "cpu_contention"
     assert moment["diagnosis"]["verdict"] == "ranked"
@@ -134,7 +134,7 @@ def test_rca_at_explains_a_moment_without_an_slo_breach(store, tmp_path, capsys)
 
 
 def test_rca_at_on_the_command_line(store, capsys):  # noqa: F811
-    from commands.cli import main
+    from sloscope.commands.cli import main
     db = store.con.execute("PRAGMA database_list").fetchall()[0][2]
     assert main(["rca", "--db", db, "--at", "2025-11-29T10:12:00Z", "--node", "n1", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -3,9 +3,9 @@ them reports its stages without changing its answer."""
 
 import time
 
-from analytics.rca import StageTimer, analyse
-from analytics.store import Store
-from commands.cli import main
+from sloscope.analytics.rca import StageTimer, analyse
+from sloscope.analytics.store import Store
+from sloscope.commands.cli import main
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import span, traces, write_lines
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from analytics.store import Store
-from commands.live import faults
+from sloscope.analytics.store import Store
+from sloscope.commands.live import faults
 from tests.alerting_stack import free_port, wait_listening
 from tests.collector_receivers import HogCpu, ModelHost, Pod, ReceiverMetrics, SteadyCpu
 from tests.conftest import need
@@ -38,7 +38,7 @@ from tests.test_node_from_pod import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
-SLOSCOPE = [sys.executable, "-m", "commands.cli"]
+SLOSCOPE = [sys.executable, "-m", "sloscope.commands.cli"]
 FAULTY, HEALTHY = "gpu-node-a", "gpu-node-b"
 PROXIES = {
     FAULTY: [{**SIDECAR, "pod": "ratings-v1-5f9c8d6b4-x7k2p", "ip": "10.4.1.7"},

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from analytics.store import Store
+from sloscope.analytics.store import Store
 from tests.alerting_stack import free_port, wait_listening
 from tests.in_process import InProcessReceiver
 from tests.otlp_builders import gauge, metrics, span, traces
@@ -140,7 +140,7 @@ def test_mutated_valid_protobuf_never_breaks_the_server(server, data):
 
 def test_sigterm_writes_everything_accepted(tmp_path):
     db, http_port = tmp_path / "s.duckdb", free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "--db", str(db),
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "serve", "--db", str(db),
                              "--http", f"127.0.0.1:{http_port}", "--grpc", "off"],
                             stderr=subprocess.PIPE, text=True)
     try:

@@ -16,8 +16,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest, ExportTraceServiceResponse)
 
-from receiver.nesting import is_depth_error, pruned_json, pruned_protobuf
-from receiver.wire import encoded_varint
+from sloscope.receiver.nesting import is_depth_error, pruned_json, pruned_protobuf
+from sloscope.receiver.wire import encoded_varint
 from tests.in_process import InProcessReceiver
 from tests.otlp_builders import gauge, metrics, span, traces
 

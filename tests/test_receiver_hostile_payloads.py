@@ -10,8 +10,8 @@ from google.protobuf.json_format import ParseDict
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
-from receiver.auth import BearerAuth
-from receiver.limits import Limits
+from sloscope.receiver.auth import BearerAuth
+from sloscope.receiver.limits import Limits
 from tests.in_process import InProcessReceiver
 from tests.otlp_builders import counter, gauge, metrics
 from tests.raw_http import RawClient, request

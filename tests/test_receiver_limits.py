@@ -11,7 +11,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from receiver.limits import Limits
+from sloscope.receiver.limits import Limits
 from tests.in_process import InProcessReceiver
 from tests.otlp_builders import span, traces
 from tests.raw_http import RawClient, chunked, request

@@ -10,12 +10,12 @@ import pytest
 from google.protobuf.json_format import ParseDict
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from analytics.attribution import Window, signal_steps
-from analytics.ingest import Ingestor
-from analytics.store import Store
-from enrich.tiers import TierResolver
-from receiver.otlp_json import Decoder
-from receiver.otlp_proto import ProtoDecoder
+from sloscope.analytics.attribution import Window, signal_steps
+from sloscope.analytics.ingest import Ingestor
+from sloscope.analytics.store import Store
+from sloscope.enrich.tiers import TierResolver
+from sloscope.receiver.otlp_json import Decoder
+from sloscope.receiver.otlp_proto import ProtoDecoder
 from sloscope import catalog, taxonomy
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import metrics as own_metrics

@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from analytics.ingest import Ingestor
-from analytics.rca import analyse
-from analytics.store import Store
-from enrich.tiers import TierResolver
+from sloscope.analytics.ingest import Ingestor
+from sloscope.analytics.rca import analyse
+from sloscope.analytics.store import Store
+from sloscope.enrich.tiers import TierResolver
 from sloscope import catalog
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import counter as own_counter

@@ -12,10 +12,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from alerts.actions import ActionFailed, ConfigError, Runner
-from analytics.store import Reader
-from alerts.audit import AuditStore
-from alerts.remediation import Engine, active_sampling_overrides, load_config, parse_config
+from sloscope.alerts.actions import ActionFailed, ConfigError, Runner
+from sloscope.analytics.store import Reader
+from sloscope.alerts.audit import AuditStore
+from sloscope.alerts.remediation import Engine, active_sampling_overrides, load_config, parse_config
 from sloscope.slo_spec import load_spec
 from tests.conftest import need
 
@@ -384,7 +384,7 @@ def test_bad_configs_are_refused_with_the_reason(text, message):
 def test_the_example_config_loads_and_is_dry_run():
     cfg = load_config(Path(__file__).parent.parent / "alerts" / "remediation.example.yaml")
     assert cfg.execute is False and cfg.actions["SloscopeGpuSaturated"].action == "nft_drain_backend"
-    from alerts.rules import alert_names
+    from sloscope.alerts.rules import alert_names
 
     assert set(cfg.actions) <= set(alert_names(load_spec(None)))
 

@@ -5,9 +5,9 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 
-from analytics.retention import RetentionSchedule
-from analytics.store import Store
-from commands.cli import main
+from sloscope.analytics.retention import RetentionSchedule
+from sloscope.analytics.store import Store
+from sloscope.commands.cli import main
 from tests.in_process import InProcessReceiver
 from tests.otlp_builders import exp_histogram, gauge, metrics, span, traces, write_lines
 
@@ -129,8 +129,8 @@ def _request_families(store, spec) -> dict:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from alerts import metric_names as x
-    from alerts.exporter import StoreCollector, registry_for
+    from sloscope.alerts import metric_names as x
+    from sloscope.alerts.exporter import StoreCollector, registry_for
 
     text = generate_latest(registry_for(StoreCollector(store.reading, spec))).decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
@@ -142,7 +142,7 @@ def test_request_counters_never_go_down_when_retention_deletes(tmp_path):
     again): what retention deletes stays counted, at every bucket, through a spec that adds a bound between runs."""
     import pytest
 
-    from analytics.retention import apply_retention
+    from sloscope.analytics.retention import apply_retention
 
     tighter = "default_tier: standard\ntiers:\n  standard:\n    latency: {percentile: 95, threshold_ms: 300}\n" \
               "    availability: 99.0\n"
@@ -170,8 +170,8 @@ def test_a_scrape_during_a_retention_run_counts_each_request_once(tmp_path):
     between them is seen by both or neither, never counted twice."""
     from contextlib import contextmanager
 
-    from alerts.exporter import StoreCollector, registry_for
-    from analytics.retention import apply_retention
+    from sloscope.alerts.exporter import StoreCollector, registry_for
+    from sloscope.analytics.retention import apply_retention
     from prometheus_client import generate_latest
 
     _load(tmp_path)

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts import metric_names as exposition
-from alerts.actions import ACTIONS
-from alerts.burn import UnsupportedWindow, burn_windows, sli_windows
-from alerts.node_rules import CAUSE_ACTIONS, cause_alert_name
-from alerts.rule_text import DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED
-from alerts.rules import ALERT_ALPHA, RuleOptions, alert_names, render_rules, rules_dict
-from analytics.significance import poisson_tail
+from sloscope.alerts import metric_names as exposition
+from sloscope.alerts.actions import ACTIONS
+from sloscope.alerts.burn import UnsupportedWindow, burn_windows, sli_windows
+from sloscope.alerts.node_rules import CAUSE_ACTIONS, cause_alert_name
+from sloscope.alerts.rule_text import DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED
+from sloscope.alerts.rules import ALERT_ALPHA, RuleOptions, alert_names, render_rules, rules_dict
+from sloscope.analytics.significance import poisson_tail
 from sloscope import taxonomy
-from commands.cli import main
+from sloscope.commands.cli import main
 from sloscope.slo_spec import DEFAULT_SPEC_YAML, load_spec, parse_spec
 from tests.conftest import need
 
@@ -360,7 +360,7 @@ def test_cli_refuses_bad_prometheus_rule_flags(flags, complaint, capsys):
 @pytest.mark.privileged
 def test_the_prometheus_rule_s_groups_pass_promtool_check(tmp_path):
     doc = yaml.safe_load(subprocess.run(
-        [sys.executable, "-m", "commands.cli", "rules", "--format", "prometheusrule", "--label", "release=kps"],
+        [sys.executable, "-m", "sloscope.commands.cli", "rules", "--format", "prometheusrule", "--label", "release=kps"],
         capture_output=True, text=True, check=True).stdout)
     path = tmp_path / "from-prometheusrule.yml"
     path.write_text(yaml.safe_dump(doc["spec"]))

@@ -16,15 +16,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from sampling.head_sampler import (MAX_THRESHOLD, AdaptiveSampler, decode_th, encode_th, parse_ot, probability_of,
-                                 threshold_for)
-from sampling.budget import fair_shares
-from sampling.observations import Observations, Sli
-from sampling.policy import ConfigError, SamplingConfig, SamplingPolicy, SamplingService, parse_config
-from sampling.tail_sampling import render
-from analytics.frames import Frames
-from analytics.store import Store
-from enrich.tiers import TierResolver, resolve_tiers
+from sloscope.sampling.head_sampler import (MAX_THRESHOLD, AdaptiveSampler, decode_th, encode_th, parse_ot,
+                                            probability_of, threshold_for)
+from sloscope.sampling.budget import fair_shares
+from sloscope.sampling.observations import Observations, Sli
+from sloscope.sampling.policy import ConfigError, SamplingConfig, SamplingPolicy, SamplingService, parse_config
+from sloscope.sampling.tail_sampling import render
+from sloscope.analytics.frames import Frames
+from sloscope.analytics.store import Store
+from sloscope.enrich.tiers import TierResolver, resolve_tiers
 from sloscope.records import Batch
 from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port, wait_listening
@@ -358,7 +358,7 @@ def test_the_head_sampler_against_a_real_sloscope_serve_and_when_unreachable(tmp
     db, http_port, grpc_port = tmp_path / "serve.duckdb", free_port(), free_port()
     config = tmp_path / "sampling.yaml"
     config.write_text("budget_spans_per_s: 0.5\ninterval: 1s\nmin_probability: 0.01\n")
-    serve = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "--db", str(db), "--http",
+    serve = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "serve", "--db", str(db), "--http",
                               f"127.0.0.1:{http_port}", "--grpc", "off", "--sampling", str(config)],
                              stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{http_port}/sampling"
@@ -406,7 +406,7 @@ def test_the_head_sampler_against_a_real_sloscope_serve_and_when_unreachable(tmp
 
 
 def test_the_background_refresh_thread_fetches_and_stops(tmp_path):
-    from receiver.server import Receiver, http_server
+    from sloscope.receiver.server import Receiver, http_server
 
     doc = _doc({STD: 0.5, CRIT: 1.0})
     httpd = http_server(Receiver(lambda *a: None), "127.0.0.1", 0,

@@ -16,12 +16,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from analytics.store import Store
+from sloscope.analytics.store import Store
 from tests.alerting_stack import free_port, wait_listening
 from tests.fakes.kube_api import FakeKubeApi
 from tests.test_node_from_pod import wait_for
 
-SLOSCOPE = [sys.executable, "-m", "commands.cli"]
+SLOSCOPE = [sys.executable, "-m", "sloscope.commands.cli"]
 
 
 def serve_requests(provider: TracerProvider, n: int, tier: str) -> None:

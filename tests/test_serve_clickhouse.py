@@ -13,10 +13,10 @@ import pytest
 
 pytest.importorskip("chdb")
 
-from alerts import metric_names as x  # noqa: E402
-from analytics.stores import open_store  # noqa: E402
-from commands.cli import main  # noqa: E402
-from simulator.fleet import SimulationConfig, simulate  # noqa: E402
+from sloscope.alerts import metric_names as x  # noqa: E402
+from sloscope.analytics.stores import open_store  # noqa: E402
+from sloscope.commands.cli import main  # noqa: E402
+from sloscope.simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from tests.alerting_stack import free_port, wait_listening  # noqa: E402
 from tests.collector_exporter import rows_of_files  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402
@@ -48,7 +48,7 @@ def both(tmp_path_factory):
         for name, url in stores.items():
             ports[name] = free_port()
             procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "commands.cli", "serve", "--store", url, "--http", f"127.0.0.1:{ports[name]}",
+                [sys.executable, "-m", "sloscope.commands.cli", "serve", "--store", url, "--http", f"127.0.0.1:{ports[name]}",
                  "--grpc", "off"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             wait_listening(ports[name], procs[name], f"serve --store {url}")
         yield {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}, procs

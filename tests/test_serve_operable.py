@@ -17,11 +17,11 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from analytics.store import Store
-from analytics.writer import Writer
-from receiver.server import http_server
+from sloscope.analytics.store import Store
+from sloscope.analytics.writer import Writer
+from sloscope.receiver.server import http_server
 from sloscope import logs
-from commands.serve_ops import readiness_page
+from sloscope.commands.serve_ops import readiness_page
 from tests.alerting_stack import free_port, wait_listening
 from tests.otlp_builders import gauge, metrics, span, traces
 from tests.raw_http import RawClient, request
@@ -31,7 +31,7 @@ TIMESTAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 
 
 def _serve(db, *flags, http_port=None, grpc="off"):
-    command = [sys.executable, "-m", "commands.cli", "serve", "--db", str(db), "--decode-workers", "0",
+    command = [sys.executable, "-m", "sloscope.commands.cli", "serve", "--db", str(db), "--decode-workers", "0",
                "--http", f"127.0.0.1:{http_port}" if http_port else "off", "--grpc", grpc, *flags]
     return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from analytics.store import Store
+from sloscope.analytics.store import Store
 from tests.alerting_stack import free_port, wait_listening
 from tests.hostile_clients import ClientMix, rss_bytes
 
@@ -18,7 +18,7 @@ SOAK_S = 60
 @pytest.mark.slow
 def test_a_minute_of_mixed_clients_keeps_every_good_request_and_memory_flat(tmp_path):
     db, port = tmp_path / "soak.duckdb", free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "--db", str(db), "--grpc", "off",
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "serve", "--db", str(db), "--grpc", "off",
                              "--http", f"127.0.0.1:{port}", "--decode-workers", "0", "--read-header-timeout", "2",
                              "--read-timeout", "2", "--max-request-body-size", "256KiB", "--max-connections", "32",
                              "--log-level", "warning"], stderr=subprocess.PIPE, text=True)

@@ -18,11 +18,11 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from analytics.store import Store
-from receiver.auth import BearerAuth
-from receiver.limits import Limits
-from receiver.tls import TlsFiles
-from commands.serve_ops import BEARER_TOKEN_ENV, OPEN_PAGES, Edge, edge_of
+from sloscope.analytics.store import Store
+from sloscope.receiver.auth import BearerAuth
+from sloscope.receiver.limits import Limits
+from sloscope.receiver.tls import TlsFiles
+from sloscope.commands.serve_ops import BEARER_TOKEN_ENV, OPEN_PAGES, Edge, edge_of
 from tests.alerting_stack import free_port, wait_listening
 from tests.in_process import InProcessReceiver
 from tests.test_receiver import _proto_traces
@@ -301,7 +301,7 @@ def test_serve_with_tls_and_a_token_takes_the_sdk_exporters_and_counts_refusals(
     token_file.chmod(0o600)
     db, http_port, grpc_port = tmp_path / "serve.duckdb", free_port(), free_port()
     serve = subprocess.Popen(
-        [sys.executable, "-m", "commands.cli", "serve", "--db", str(db), "--decode-workers", "0",
+        [sys.executable, "-m", "sloscope.commands.cli", "serve", "--db", str(db), "--decode-workers", "0",
          "--http", f"127.0.0.1:{http_port}", "--grpc", f"127.0.0.1:{grpc_port}",
          "--tls-cert-file", str(cert), "--tls-key-file", str(key),
          "--bearer-token-file", str(token_file)],

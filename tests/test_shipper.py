@@ -17,11 +17,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.sdk.metrics.export import MetricsData
 from opentelemetry.sdk.resources import Resource
 
-from collectors.otlp_exporter import DELIVERED, REFUSED, RETRY, Answer, make_exporter
-from collectors.otlp_metrics import MetricsBuilder
-from collectors.shipper import Shipper
-from collectors.spool import Spool
-from probes.sample import Sample
+from sloscope.collectors.otlp_exporter import DELIVERED, REFUSED, RETRY, Answer, make_exporter
+from sloscope.collectors.otlp_metrics import MetricsBuilder
+from sloscope.collectors.shipper import Shipper
+from sloscope.collectors.spool import Spool
+from sloscope.probes.sample import Sample
 from tests.fakes.otlp_sink import OtlpSink
 from tests.test_collector import make_config, series, wait_for
 
@@ -225,9 +225,9 @@ def test_an_unwritable_spool_drops_counted_and_the_sender_goes_on(tmp_path):
 
 UNREADABLE_FOR_A_WHILE = textwrap.dedent("""
     import os, resource, sys, time
-    from collectors.otlp_exporter import HttpExporter
-    from collectors.shipper import Shipper
-    from collectors.spool import Spool
+    from sloscope.collectors.otlp_exporter import HttpExporter
+    from sloscope.collectors.shipper import Shipper
+    from sloscope.collectors.spool import Spool
     from tests.fakes.otlp_sink import OtlpSink
     from tests.test_spool import request
 

@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from collectors.otlp_exporter import RETRY, HttpExporter
-from collectors.shipper import Shipper
-from collectors.spool import Spool
+from sloscope.collectors.otlp_exporter import RETRY, HttpExporter
+from sloscope.collectors.shipper import Shipper
+from sloscope.collectors.spool import Spool
 from tests.test_collector import wait_for
 from tests.test_shipper import gauge_batch, tag_of_request
 

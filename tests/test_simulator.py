@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator import traffic
-from simulator.fleet import SimulationConfig, simulate
+from sloscope.simulator import traffic
+from sloscope.simulator.fleet import SimulationConfig, simulate
 from sloscope import catalog
 from tests.sim_reading import (START, START_NS, TIERS, attrs, metric_points, percentile, read_lines, server_spans,
                                steps)
@@ -316,7 +316,7 @@ def test_invalid_configs_are_refused(tmp_path):
 
 
 def test_cli_simulate(tmp_path, capsys):
-    import simulator.cli as cli
+    import sloscope.simulator.cli as cli
 
     parser = argparse.ArgumentParser(prog="sloscope")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -10,8 +10,8 @@ from datetime import datetime
 import numpy as np
 import pytest
 
-from simulator import faults
-from simulator.fleet import SimulationConfig, build_fleet, simulate
+from sloscope.simulator import faults
+from sloscope.simulator.fleet import SimulationConfig, build_fleet, simulate
 from sloscope import taxonomy
 from tests.sim_reading import START, START_NS, percentile, read_lines, server_spans, steps
 

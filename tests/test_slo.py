@@ -7,12 +7,13 @@ import pytest
 import numpy as np
 import polars as pl
 
-from analytics.significance import fleet_discoveries, poisson_critical_approx, poisson_tail
-from analytics import slo
-from analytics.slo import MAX_BLOCK_WINDOWS, MIN_BLOCK_REQUESTS, _blocks, find_incidents, sli_windows, window_latencies
-from analytics.store import Store
-from analytics.ingest import Ingestor
-from enrich.tiers import TierResolver
+from sloscope.analytics.significance import fleet_discoveries, poisson_critical_approx, poisson_tail
+from sloscope.analytics import slo
+from sloscope.analytics.slo import (MAX_BLOCK_WINDOWS, MIN_BLOCK_REQUESTS, _blocks, find_incidents, sli_windows,
+                                    window_latencies)
+from sloscope.analytics.store import Store
+from sloscope.analytics.ingest import Ingestor
+from sloscope.enrich.tiers import TierResolver
 from sloscope.slo_spec import SpecError, load_spec, parse_spec
 from tests.otlp_builders import span, traces, write_lines
 

@@ -13,10 +13,10 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.sdk.resources import Resource
 
-from collectors.otlp_metrics import MetricsBuilder, count_points, encode
-from collectors.spool import LOCK_FILE, UNREADABLE_TRIES, Spool
-from collectors.spool_format import HEADER, MAGIC, VERSION, decode_record
-from probes.sample import Sample
+from sloscope.collectors.otlp_metrics import MetricsBuilder, count_points, encode
+from sloscope.collectors.spool import LOCK_FILE, UNREADABLE_TRIES, Spool
+from sloscope.collectors.spool_format import HEADER, MAGIC, VERSION, decode_record
+from sloscope.probes.sample import Sample
 from tests.conftest import need
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,7 +195,7 @@ def test_a_corrupt_file_is_set_aside_and_counted(tmp_path, caplog, damage, reaso
 
 TRANSIENT_READ = textwrap.dedent("""
     import os, resource, sys
-    from collectors.spool import UNREADABLE_TRIES, Spool
+    from sloscope.collectors.spool import UNREADABLE_TRIES, Spool
     spool = Spool(sys.argv[1])
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     lowest_free = os.open(os.devnull, os.O_RDONLY)

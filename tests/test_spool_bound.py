@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from collectors.spool import Spool
-from collectors.spool_format import HEADER
+from sloscope.collectors.spool import Spool
+from sloscope.collectors.spool_format import HEADER
 from tests.test_spool import disk_taken_by_a_file_of, flip, request
 
 POINTS = 2  # per batch: every batch one block

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from collectors.spool import Spool
+from sloscope.collectors.spool import Spool
 from tests.conftest import need
 
 pytestmark = pytest.mark.privileged

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.agent import Agent
-from collectors.spool import LOCK_FILE, Spool, SpoolInUse
+from sloscope.collectors.agent import Agent
+from sloscope.collectors.spool import LOCK_FILE, Spool, SpoolInUse
 from tests.fakes.otlp_sink import free_port
 from tests.test_collector import collect_cmd, make_config, read_spool, wait_for
 from tests.test_collector_config import write_config
@@ -55,7 +55,7 @@ def test_the_lock_file_survives_a_restart_scan_untouched(tmp_path):
 
 HOLD_AND_WAIT = """
 import sys, time
-from collectors.spool import Spool
+from sloscope.collectors.spool import Spool
 spool = Spool(sys.argv[1])
 print("holding", flush=True)
 time.sleep(60)

@@ -17,15 +17,15 @@ import duckdb
 import polars as pl
 import pytest
 
-from analytics.frames import Frames
+from sloscope.analytics.frames import Frames
 
-from analytics.store import Store
-from analytics.writer import COMMITTED, POISON, RETRY, Writer
-from receiver.otlp_common import DecodeError
-from enrich.tiers import TierResolver
-from enrich.topology import GpuTopology
+from sloscope.analytics.store import Store
+from sloscope.analytics.writer import COMMITTED, POISON, RETRY, Writer
+from sloscope.receiver.otlp_common import DecodeError
+from sloscope.enrich.tiers import TierResolver
+from sloscope.enrich.topology import GpuTopology
 from sloscope.records import Batch
-from analytics.intake import Intake
+from sloscope.analytics.intake import Intake
 from sloscope.slo_spec import load_spec
 from tests.conftest import need
 from tests.alerting_stack import free_port

@@ -8,7 +8,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from analytics.store import SCHEMA_VERSION, Store, StoreError
+from sloscope.analytics.store import SCHEMA_VERSION, Store, StoreError
 from tests.otlp_builders import SPAN_ID, TRACE_ID
 
 TRACE, SPAN = "f5b165224a58b791df6af1d8303e61cd", "04bb86c3d1c42710"

@@ -7,9 +7,9 @@ from datetime import datetime, timedelta
 
 import polars as pl
 
-from analytics.frames import REQUEST_COLUMNS, SPAN_SCHEMA, Frames
+from sloscope.analytics.frames import REQUEST_COLUMNS, SPAN_SCHEMA, Frames
 
-from analytics.store import Store
+from sloscope.analytics.store import Store
 
 T0 = datetime(2026, 12, 1, 10, 0)
 

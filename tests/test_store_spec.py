@@ -1,7 +1,7 @@
 """The spec a command runs with, as the store chooses it: the file given (recorded where the store can be written),
 else the one recorded with the database, else the built-in one."""
 
-from analytics.store import Store
+from sloscope.analytics.store import Store
 
 GOLD = "default_tier: gold\ntiers:\n  gold: {latency: {percentile: 90, threshold_ms: 300}, availability: 99}\n"
 

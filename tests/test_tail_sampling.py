@@ -11,11 +11,11 @@ import threading
 import pytest
 import yaml
 
-from analytics.store import Store
-from commands.cli import main
-from sampling.observations import Observations, Sli
-from sampling.policy import SamplingConfig, SamplingPolicy
-from sampling.tail_sampling import render, to_yaml, write_atomic
+from sloscope.analytics.store import Store
+from sloscope.commands.cli import main
+from sloscope.sampling.observations import Observations, Sli
+from sloscope.sampling.policy import SamplingConfig, SamplingPolicy
+from sloscope.sampling.tail_sampling import render, to_yaml, write_atomic
 from sloscope.slo_spec import parse_spec
 from tests.test_sampling import CRIT, HEADER, SPEC, STD, T0, _walk, steady, write_requests
 
@@ -136,7 +136,7 @@ def test_the_tail_config_is_written_atomically_and_by_the_cli(tmp_path):
     write_requests(store, steady(T0, 60, 20, "llm-gateway", "n1", [STD]) +
                    steady(T0, 60, 5, "llm-gateway", "n2", [CRIT], ms=3000))
     store.close()
-    result = subprocess.run([sys.executable, "-m", "commands.cli", "sampling", "tail-config", "--db",
+    result = subprocess.run([sys.executable, "-m", "sloscope.commands.cli", "sampling", "tail-config", "--db",
                              str(tmp_path / "s.duckdb"), "--at", "latest", "-o", str(out)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -14,15 +14,15 @@ from collections import Counter
 
 import yaml
 
-from sampling.observations import Observations, Sli
-from sampling.policy import SamplingConfig, SamplingPolicy
-from sampling.tail_sampling import render, to_yaml
+from sloscope.sampling.observations import Observations, Sli
+from sloscope.sampling.policy import SamplingConfig, SamplingPolicy
+from sloscope.sampling.tail_sampling import render, to_yaml
 from sloscope.catalog import TIER_ATTRIBUTES
 from sloscope.slo_spec import parse_spec
 from tests.test_sampling import T0, _walk
 from tests.test_tail_sampling import _JsonAnswer, as_the_collector_reads, validate_tail_config
 
-# The readable part (what `sampling.tail_sampling` reduces names to), then a digest only where names would be equal.
+# The readable part (what `sloscope.sampling.tail_sampling` reduces names to), then a digest only where names would be equal.
 POLICY_NAME = re.compile(r"(?P<readable>[A-Za-z0-9._-]{1,120})(#[0-9a-f]{8,64})?")
 REST = "(services not listed)"  # what a tier's catch-all rate policy matches
 
@@ -129,7 +129,7 @@ def test_the_cli_writes_the_same_bytes_run_after_run():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/sampling"
-        runs = [subprocess.run([sys.executable, "-m", "commands.cli", "sampling", "tail-config", "--url", url],
+        runs = [subprocess.run([sys.executable, "-m", "sloscope.commands.cli", "sampling", "tail-config", "--url", url],
                                capture_output=True, timeout=120, env={**os.environ, "PYTHONHASHSEED": seed})
                 for seed in ("1", "2")]
     finally:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from probes.procfs.sock_diag import NLMSGHDR, SOCK_DIAG_BY_FAMILY, NLMSG_DONE, NLMSG_ERROR, SockDiag, tally_states
-from probes.procfs.tcp_connections import TcpConnectionsProbe, count_by_name, parse_proc_net_tcp
+from sloscope.probes.procfs.sock_diag import (NLMSGHDR, SOCK_DIAG_BY_FAMILY, NLMSG_DONE, NLMSG_ERROR, SockDiag,
+                                              tally_states)
+from sloscope.probes.procfs.tcp_connections import TcpConnectionsProbe, count_by_name, parse_proc_net_tcp
 from tests.conftest import need
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,11 +14,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from alerts.audit import AuditStore
-from alerts.remediation import Engine, parse_config
-from alerts.webhook import (MAX_ALERTS, TOKEN_ENV, TokenError, WebhookApp, WebhookServer, load_token,
-                            validate_payload)
-from commands.cli import main
+from sloscope.alerts.audit import AuditStore
+from sloscope.alerts.remediation import Engine, parse_config
+from sloscope.alerts.webhook import (MAX_ALERTS, TOKEN_ENV, TokenError, WebhookApp, WebhookServer, load_token,
+                                     validate_payload)
+from sloscope.commands.cli import main
 from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port, wait_listening
 from tests.test_remediation import FakeRunner
@@ -249,7 +249,7 @@ def test_webhook_command_serves_and_refuses_to_start_without_a_token(tmp_path, c
     token_file.write_text(TOKEN.decode())
     token_file.chmod(0o600)
     root = Path(__file__).parent.parent
-    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", *args, "--token-file", str(token_file)],
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", *args, "--token-file", str(token_file)],
                             cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -269,7 +269,7 @@ def test_webhook_command_serves_and_refuses_to_start_without_a_token(tmp_path, c
 def test_slow_senders_are_cut_off_and_cannot_take_every_connection(server, monkeypatch):
     """Headers a byte at a time are cut off at one deadline for all of them, and the connections such clients
     hold are capped: Alertmanager's next notification is still answered."""
-    import alerts.webhook as webhook
+    import sloscope.alerts.webhook as webhook
 
     monkeypatch.setattr(webhook, "HEADER_TIMEOUT_S", 1.0)
     slow = [socket.create_connection(server.server_address[:2], timeout=5) for _ in range(webhook.MAX_CONNECTIONS)]
@@ -333,7 +333,7 @@ def test_both_webhook_commands_audit_every_unauthenticated_request_before_they_e
     argv = {"webhook": ["webhook", "--config", str(cfg), "--token-file", str(token), "--listen", f"127.0.0.1:{port}"],
             "serve": ["serve", "--http", "off", "--grpc", "off", "--decode-workers", "0", "--webhook",
                       f"127.0.0.1:{port}", "--remediation", str(cfg), "--webhook-token-file", str(token)]}[command]
-    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", *argv, "--db", str(db)],
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", *argv, "--db", str(db)],
                             cwd=Path(__file__).parent.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     try:

@@ -8,9 +8,9 @@ from datetime import timedelta
 import duckdb
 import pytest
 
-from alerts.audit import AuditStore
-from alerts.remediation import Engine, parse_config
-from alerts.webhook import WebhookApp, WebhookServer
+from sloscope.alerts.audit import AuditStore
+from sloscope.alerts.remediation import Engine, parse_config
+from sloscope.alerts.webhook import WebhookApp, WebhookServer
 from sloscope.slo_spec import load_spec
 from tests.test_remediation import Clock, FakeRunner
 from tests.test_webhook import TOKEN, payload, post

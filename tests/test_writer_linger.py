@@ -8,8 +8,8 @@ import time
 import duckdb
 import pytest
 
-from analytics.store import Store
-from analytics.writer import RETRY, Writer
+from sloscope.analytics.store import Store
+from sloscope.analytics.writer import RETRY, Writer
 from tests.test_durability import SPANS_PER_REQUEST, _spans
 
 

@@ -116,7 +116,7 @@ class Judge:
 
     def measure(self, results: list[FaultResult]) -> None:
         """p99 before and during each fault, from the requests table (serve has stopped: the file is free)."""
-        from analytics.store import Store
+        from sloscope.analytics.store import Store
 
         with Store(self.cfg.dir / "sloscope.duckdb", read_only=True) as store:
             for r in results:

@@ -92,7 +92,7 @@ class Pipeline:
         self.cpu: dict[str, dict] = {}  # process -> {"start"|"warm"|"end": (monotonic time, CPU seconds)}
 
     def start(self) -> None:
-        sloscope = ["taskset", "-c", self.cfg.system_cpus, self.cfg.python, "-m", "commands.cli"]
+        sloscope = ["taskset", "-c", self.cfg.system_cpus, self.cfg.python, "-m", "sloscope.commands.cli"]
         self._start_serve(sloscope)
         self._start_collect(sloscope)
         self._start_backend()
@@ -100,7 +100,7 @@ class Pipeline:
         self._start_load(service_port)
 
     def _workload_argv(self, *argv: str) -> list[str]:
-        return ["taskset", "-c", self.cfg.system_cpus, self.cfg.python, "-m", "commands.live.workload", *argv]
+        return ["taskset", "-c", self.cfg.system_cpus, self.cfg.python, "-m", "sloscope.commands.live.workload", *argv]
 
     def _start_serve(self, sloscope: list[str]) -> None:
         cfg = self.cfg
@@ -125,7 +125,7 @@ class Pipeline:
 
     def _wait_probes(self, collect) -> None:
         """Until the collector has started its probes."""
-        from probes.registry import NODE_PROBES
+        from sloscope.probes.registry import NODE_PROBES
 
         log_path = self.cfg.dir / "collect.log"
         deadline = time.monotonic() + PROBE_START_S
@@ -163,7 +163,7 @@ class Pipeline:
         self.say(f"==> service llm-inference on 127.0.0.1:{service_port}, pinned to CPU {cfg.service_cpus}{memory} "
                  f"(serve, collect, backend and load on CPU {cfg.system_cpus})")
         service = self.procs.start("service", wrap([
-            "taskset", "-c", cfg.service_cpus, cfg.python, "-m", "commands.live.workload", "service",
+            "taskset", "-c", cfg.service_cpus, cfg.python, "-m", "sloscope.commands.live.workload", "service",
             "--listen", f"127.0.0.1:{service_port}", "--backend", f"{self.network.backend_ip}:8081",
             "--cache-dir", str(cfg.dir / "cache"), "--otlp", f"http://127.0.0.1:{self.http_port}",
             "--node", cfg.node, "--model-kib", str(cfg.model_kib)]))

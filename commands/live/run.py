@@ -49,7 +49,7 @@ def unavailable() -> list[str]:
         why.append("it needs root (eBPF probes, network namespaces, nftables)")
         return why
     try:
-        from probes.ebpf.runqueue import RunqueueProbe
+        from sloscope.probes.ebpf.runqueue import RunqueueProbe
 
         availability = RunqueueProbe().check()
         if not availability.ok:
