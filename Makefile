@@ -6,7 +6,9 @@ SLOSCOPE := $(VENV)/bin/sloscope
 setup:
 	@bash scripts/setup.sh
 
-demo: setup
+# The demo installs what it needs (the server, the live demo's tools); the tests install everything.
+demo:
+	@bash scripts/setup.sh --demo
 	@$(SLOSCOPE) demo
 
 test: setup

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 
-STAGES = ("probes", "simulator", "collectors", "receiver", "enrich", "analytics", "alerts", "sampling",
+STAGES = ("probes", "simulator", "edge", "collectors", "receiver", "enrich", "analytics", "alerts", "sampling",
           "dashboards", "commands")
 
 

@@ -10,8 +10,8 @@ import sys
 import threading
 from pathlib import Path
 
-from sloscope.receiver.limits import parse_size
-from sloscope.arguments import above_zero
+from sloscope.addresses import parse_address
+from sloscope.sizes import size_argument
 
 log = logging.getLogger("sloscope.alerts")
 
@@ -93,7 +93,7 @@ def register(subparsers) -> None:
                       help="file whose first line is the bearer token, 16 characters or more (default: "
                       "$SLOSCOPE_WEBHOOK_TOKEN)")
     hook.add_argument("--path", default="/alerts", help="URL path of the webhook (default: %(default)s)")
-    hook.add_argument("--max-body", type=above_zero(parse_size), default="1MiB", metavar="SIZE",
+    hook.add_argument("--max-body", type=size_argument, default="1MiB", metavar="SIZE",
                       help="largest accepted body, in bytes or with KiB, MiB, GiB, as serve's sizes; larger is a "
                       "413 (default: %(default)s)")
     hook.set_defaults(func=run_webhook)
@@ -225,14 +225,14 @@ def run_webhook(args) -> int:
     from sloscope.alerts.actions import ConfigError
     from sloscope.alerts.audit import AuditStore
     from sloscope.alerts.remediation import Engine, load_config
-    from sloscope.alerts.webhook import TokenError, WebhookApp, WebhookServer, load_token, parse_listen
+    from sloscope.alerts.webhook import TokenError, WebhookApp, WebhookServer, load_token
 
     try:
         refuse_other_files(args.db)  # the audit goes there: a file DuckDB would open in memory would lose it
         config = load_config(args.config)
         spec = _spec(args.db, args.slo)
         token = load_token(args.token_file)
-        address = parse_listen(args.listen)
+        address = parse_address(args.listen, "--listen")
     except (ConfigError, SpecError, TokenError, StoreError, ValueError) as exc:
         print(f"sloscope webhook: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,6 +1,6 @@
 """Prometheus exposition of the store: a prometheus_client Collector that queries the store at scrape time.
 
-Families (names in alerts/metric_names.py):
+Families (names in sloscope/metric_names.py):
 - `sloscope_request_duration_seconds` (histogram), `sloscope_requests_total`, `sloscope_request_errors_total`
   per tier, service and node, cumulative over the ingested spans. The bucket bounds include every tier's
   latency threshold, so each tier's "slower than the objective" count is one exact bucket.
@@ -36,17 +36,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from sloscope.exposition import CONTENT_TYPE
+from sloscope.times import parse_rfc3339
 from sloscope.latency_buckets import bounds_ms
 from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
 
-from sloscope.alerts import metric_names as x
+from sloscope import metric_names
 
 log = logging.getLogger("sloscope.exporter")
-
-try:  # the classic text format every Prometheus 2.x reads; our names never need the 1.0.0 format's escaping
-    from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE
-except ImportError:  # older prometheus_client: its latest is 0.0.4
-    from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 
 DEFAULT_MAX_SERIES = 10_000
 
@@ -68,7 +65,7 @@ class StoreCollector(Collector):
             with reading() as reader:
                 spec = reader.slo_spec()
         self.spec = spec
-        self.buckets_s = x.buckets_for(spec)
+        self.buckets_s = metric_names.buckets_for(spec)
         self.bounds_ms = bounds_ms(spec)  # the same bounds, as the store's queries compare them with durations
         self.max_series = max_series
         self.gauge_max_age_s = gauge_max_age_s
@@ -119,7 +116,7 @@ class StoreCollector(Collector):
     def _requests(self, reader):
         rows = reader.rows(reader.sql("request_totals"),
                            {**reader.tier_params(self.spec), "bounds_ms": self.bounds_ms, **ALL_TIME})
-        kept = self._capped(x.REQUEST_DURATION, [tuple(r[:3]) for r in rows])
+        kept = self._capped(metric_names.REQUEST_DURATION, [tuple(r[:3]) for r in rows])
         per_labels: dict[tuple, list] = {}
         for tier, service, node, bucket, n, seconds, failed in rows:
             if (tier, service, node) in kept:
@@ -129,14 +126,14 @@ class StoreCollector(Collector):
         retired: dict[tuple, list] = {}
         for tier, service, node, *counts in reader.rows(reader.sql("retired_request_totals")):
             retired.setdefault((tier, service, node), []).append(counts)
-        hist = HistogramMetricFamily(x.REQUEST_DURATION, "Duration of requests (SERVER spans) ingested into the "
+        hist = HistogramMetricFamily(metric_names.REQUEST_DURATION, "Duration of requests (SERVER spans) ingested into the "
                                      "store, by SLO tier, service and node; cumulative over the store.",
-                                     labels=x.REQUEST_LABELS)
-        reqs = CounterMetricFamily(x.REQUESTS, "Requests ingested into the store, by SLO tier, service and node.",
-                                   labels=x.REQUEST_LABELS)
-        errs = CounterMetricFamily(x.REQUEST_ERRORS, "Failed requests (5xx or span status ERROR) ingested into the "
-                                   "store, by SLO tier, service and node.", labels=x.REQUEST_LABELS)
-        les = [x.le_label(b) for b in self.buckets_s]
+                                     labels=metric_names.REQUEST_LABELS)
+        reqs = CounterMetricFamily(metric_names.REQUESTS, "Requests ingested into the store, by SLO tier, service and node.",
+                                   labels=metric_names.REQUEST_LABELS)
+        errs = CounterMetricFamily(metric_names.REQUEST_ERRORS, "Failed requests (5xx or span status ERROR) ingested into the "
+                                   "store, by SLO tier, service and node.", labels=metric_names.REQUEST_LABELS)
+        les = [metric_names.le_label(b) for b in self.buckets_s]
         for labels, buckets in sorted(per_labels.items()):
             gone = retired.get(labels, [])
             n, seconds, failed = _retired_at(gone, math.inf)
@@ -178,37 +175,37 @@ class StoreCollector(Collector):
 
     def _gauges(self, reader):
         since = _utc(self.clock() - self.gauge_max_age_s) if self.gauge_max_age_s is not None else None
-        values: dict[str, dict[tuple, float]] = {g.name: {} for g in x.GAUGES}
-        for family, labels, value in self._series(reader, "latest_gauges", x.GAUGES, since):
+        values: dict[str, dict[tuple, float]] = {g.name: {} for g in metric_names.GAUGES}
+        for family, labels, value in self._series(reader, "latest_gauges", metric_names.GAUGES, since):
             series = values[family.name]
             series[labels] = max(value, series.get(labels, value))  # a collision keeps the worse (higher) value
-        for family in x.GAUGES:
+        for family in metric_names.GAUGES:
             g = GaugeMetricFamily(family.name, family.help)
             for labels, value in sorted(values[family.name].items()):
                 g.add_sample(family.name, self._named(family, labels), value)
             yield g
 
     def _counters(self, reader):
-        families = {f.name: CounterMetricFamily(f.name, f.help) for f in x.COUNTERS}
-        for family, labels, value in self._series(reader, "counter_totals", x.COUNTERS):
+        families = {f.name: CounterMetricFamily(f.name, f.help) for f in metric_names.COUNTERS}
+        for family, labels, value in self._series(reader, "counter_totals", metric_names.COUNTERS):
             families[family.name].add_sample(family.name, self._named(family, labels), value)
         return list(families.values())
 
     def _signal_histograms(self, reader):
-        families = {f.name: HistogramMetricFamily(f.name, f.help, labels=f.label_names) for f in x.SIGNAL_HISTOGRAMS}
+        families = {f.name: HistogramMetricFamily(f.name, f.help, labels=f.label_names) for f in metric_names.SIGNAL_HISTOGRAMS}
         uppers = [2.0 ** (i + HISTOGRAM_OFFSET + 1) for i in range(HISTOGRAM_BUCKETS)]
-        les = [x.le_label(b) for b in x.SIGNAL_BUCKETS_S]
+        les = [metric_names.le_label(b) for b in metric_names.SIGNAL_BUCKETS_S]
         for family, labels, count, total, buckets in self._series(reader, "signal_histogram_totals",
-                                                                  x.SIGNAL_HISTOGRAMS):
-            cumulative = [sum(n for n, upper in zip(buckets, uppers) if upper <= le) for le in x.SIGNAL_BUCKETS_S]
+                                                                  metric_names.SIGNAL_HISTOGRAMS):
+            cumulative = [sum(n for n, upper in zip(buckets, uppers) if upper <= le) for le in metric_names.SIGNAL_BUCKETS_S]
             named = self._named(family, labels)
             families[family.name].add_metric([named.get(k, "") for k in family.label_names],
                                               buckets=[*zip(les, cumulative), ("+Inf", count)], sum_value=total)
         return list(families.values())
 
     def _remediation(self, reader):
-        c = CounterMetricFamily(x.REMEDIATION_ACTIONS, "Remediation decisions by alert, action and decision "
-                                "(executed, dry_run, refused, failed, deferred).", labels=x.REMEDIATION_LABELS)
+        c = CounterMetricFamily(metric_names.REMEDIATION_ACTIONS, "Remediation decisions by alert, action and decision "
+                                "(executed, dry_run, refused, failed, deferred).", labels=metric_names.REMEDIATION_LABELS)
         if "remediation_audit" in reader.tables():
             rows = reader.rows(reader.sql("remediation_decisions"))
             for alert, action, target, decision, n in rows[: self.max_series]:
@@ -216,9 +213,9 @@ class StoreCollector(Collector):
         return [c]
 
     def _incident_family(self, reader):
-        g = GaugeMetricFamily(x.INCIDENT_CAUSE_SCORE, "Score (0..1) of each of the top causes sloscope's analysis "
+        g = GaugeMetricFamily(metric_names.INCIDENT_CAUSE_SCORE, "Score (0..1) of each of the top causes sloscope's analysis "
                               "ranks for an open SLO incident, by tier, service, node and cause.",
-                              labels=x.INCIDENT_LABELS)
+                              labels=metric_names.INCIDENT_LABELS)
         for labels, score in self.incident_scores(reader):
             g.add_metric(list(labels), score)
         return [g]
@@ -234,7 +231,7 @@ class StoreCollector(Collector):
             return scores
 
     def _analyse(self, reader, now: float):
-        from sloscope.analytics.rca import analyse, parse_time
+        from sloscope.analytics.rca import analyse
 
         until = _utc(now)
         result = analyse(reader, self.spec, since=until - timedelta(seconds=self.incident_lookback_s),
@@ -242,13 +239,13 @@ class StoreCollector(Collector):
         open_after = until - timedelta(seconds=self.incident_open_s)
         best: dict[tuple, float] = {}
         for incident in result["incidents"]:
-            if parse_time(incident["end"], None) < open_after:
+            if parse_rfc3339(incident["end"]) < open_after:
                 continue
             for cause in incident["causes"][: self.top_causes]:
                 key = (incident["tier"], incident["service"], incident["node"], cause["cause"])
                 best[key] = max(float(cause["score"]), best.get(key, 0.0))
         items = sorted(best.items())
-        self._drop(x.INCIDENT_CAUSE_SCORE, len(items) - self.max_series)
+        self._drop(metric_names.INCIDENT_CAUSE_SCORE, len(items) - self.max_series)
         return items[: self.max_series]
 
     def _ingest(self, reader):
@@ -259,7 +256,7 @@ class StoreCollector(Collector):
         for name, value in sorted(merged.items()):
             if not name:
                 continue
-            family = CounterMetricFamily(f"{x.INGEST_PREFIX}{name}",
+            family = CounterMetricFamily(f"{metric_names.INGEST_PREFIX}{name}",
                                          f"Ingest counter {name} of the store (loaded, skipped, rejected, ...).")
             family.add_metric([], value)
             yield family
@@ -267,11 +264,11 @@ class StoreCollector(Collector):
     def _own(self):
         with self._lock:
             dropped, errors = dict(self.dropped), dict(self.errors)
-        d = CounterMetricFamily(x.SERIES_DROPPED, "Label sets left out of scrapes because their family reached the "
+        d = CounterMetricFamily(metric_names.SERIES_DROPPED, "Label sets left out of scrapes because their family reached the "
                                 "exporter's cap, summed over scrapes.", labels=["family"])
-        for family in [x.REQUEST_DURATION, *(g.name for g in x.GAUGES), x.INCIDENT_CAUSE_SCORE]:
+        for family in [metric_names.REQUEST_DURATION, *(g.name for g in metric_names.GAUGES), metric_names.INCIDENT_CAUSE_SCORE]:
             d.add_metric([family], dropped.get(family, 0))
-        e = CounterMetricFamily(x.EXPORTER_ERRORS, "Parts of scrapes that failed and were left out (see the log).",
+        e = CounterMetricFamily(metric_names.EXPORTER_ERRORS, "Parts of scrapes that failed and were left out (see the log).",
                                 labels=["part"])
         for part in ("requests", "gauges", "incidents", "ingest"):
             e.add_metric([part], errors.get(part, 0))

@@ -106,7 +106,7 @@ class IntakeCollector(Collector):
 
 
 def _edge(counts: dict):
-    """The edge's refusals (receiver/auth.py, receiver/tls.py), taken out of `counts`."""
+    """The edge's refusals (edge/auth.py, edge/tls.py), taken out of `counts`."""
     refused = CounterMetricFamily("sloscope_receiver_unauthenticated_total", "Requests refused for a missing or "
                                   "wrong bearer token, by protocol.", labels=["protocol"])
     for protocol in AUTH_PROTOCOLS:

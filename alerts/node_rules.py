@@ -9,7 +9,7 @@ import re
 from sloscope import taxonomy
 from sloscope.slo_spec import PhysicalLimits
 
-from sloscope.alerts import metric_names as x
+from sloscope import metric_names
 from sloscope.alerts.actions import DRAIN, NOTIFY, QOS, RESTART
 from sloscope.alerts.rule_text import (ACTION_TEXT, DEFAULT_RUNBOOK_BASE_URL, UNATTRIBUTED, ms, num, pct,
                                        poisson_critical, q, sentence)
@@ -66,7 +66,7 @@ def _duration(seconds: int) -> str:
 
 
 def gpu_memory_growth_record() -> str:
-    return f"node_gpu:{x.GPU_MEMORY_USED}:growth_ratio_{_duration(LEAK.step_s)}"
+    return f"node_gpu:{metric_names.GPU_MEMORY_USED}:growth_ratio_{_duration(LEAK.step_s)}"
 
 
 def _leak_expr(growth: str) -> str:
@@ -88,16 +88,16 @@ def physical_group(limits: PhysicalLimits, hold: str | None = None) -> dict:
     long_hold, short_hold = hold or "2m", hold or "1m"
     leak_hold = hold or LEAK_HOLD
     growth = gpu_memory_growth_record()
-    mem = x.GPU_MEMORY_USED
+    mem = metric_names.GPU_MEMORY_USED
     step = _duration(LEAK.step_s)
-    requests_1m = f"sum by (node) (rate({x.REQUESTS}[1m]))"
-    errors_1m = f"sum by (node) (increase({x.REQUEST_ERRORS}[1m]))"
-    requests_in_1m = f"sum by (node) (increase({x.REQUESTS}[1m]))"
+    requests_1m = f"sum by (node) (rate({metric_names.REQUESTS}[1m]))"
+    errors_1m = f"sum by (node) (increase({metric_names.REQUEST_ERRORS}[1m]))"
+    requests_in_1m = f"sum by (node) (increase({metric_names.REQUESTS}[1m]))"
     error_ratio = num(limits.node_error_ratio)
     rules = [
         {"record": growth,
          "expr": f"({mem} - {mem} offset {step})\n/\n({mem} offset {step} > 0)\n"},
-        {"alert": GPU_SATURATED, "expr": f"{x.GPU_UTILIZATION} > {num(limits.gpu_utilization)}\n",
+        {"alert": GPU_SATURATED, "expr": f"{metric_names.GPU_UTILIZATION} > {num(limits.gpu_utilization)}\n",
          "for": long_hold,
          "labels": {"severity": "warning", "cause": "gpu_sm_contention", "action": DRAIN},
          "annotations": {
@@ -117,7 +117,7 @@ def physical_group(limits: PhysicalLimits, hold: str | None = None) -> dict:
                             f"{_spoken(leak_hold)} (longer than a model takes to load): a leak that ends in "
                             "out-of-memory failures.",
              "remediation": "Restart the leaking inference workload on {{ $labels.node }}. " + ACTION_TEXT[RESTART]}},
-        {"alert": NVME_HOT, "expr": f"{x.NVME_TEMPERATURE} > {num(limits.nvme_temperature_c)}\n",
+        {"alert": NVME_HOT, "expr": f"{metric_names.NVME_TEMPERATURE} > {num(limits.nvme_temperature_c)}\n",
          "for": short_hold,
          "labels": {"severity": "warning", "cause": "storage_thermal", "action": QOS},
          "annotations": {
@@ -128,7 +128,7 @@ def physical_group(limits: PhysicalLimits, hold: str | None = None) -> dict:
                             "latency rises.",
              "remediation": "Throttle the bdev until the drive cools. " + ACTION_TEXT[QOS]}},
         {"alert": SPDK_BDEV_WAIT_HIGH,
-         "expr": f"max by (node, bdev) ({x.SPDK_BDEV_IO_WAIT}) > {num(limits.spdk_bdev_wait_s)}\n",
+         "expr": f"max by (node, bdev) ({metric_names.SPDK_BDEV_IO_WAIT}) > {num(limits.spdk_bdev_wait_s)}\n",
          "for": short_hold,
          "labels": {"severity": "warning", "cause": "storage_queue", "action": QOS},
          "annotations": {
@@ -138,7 +138,7 @@ def physical_group(limits: PhysicalLimits, hold: str | None = None) -> dict:
                             f"{_spoken(short_hold)} on node {{{{ $labels.node }}}}: the NVMe queues are congested.",
              "remediation": "Throttle background I/O on the bdev. " + ACTION_TEXT[QOS]}},
         {"alert": SPDK_REACTOR_BUSY,
-         "expr": f"{x.SPDK_REACTOR_BUSY} > {num(limits.spdk_reactor_busy)}\n", "for": long_hold,
+         "expr": f"{metric_names.SPDK_REACTOR_BUSY} > {num(limits.spdk_reactor_busy)}\n", "for": long_hold,
          "labels": {"severity": "warning", "cause": "storage_queue", "action": NOTIFY},
          "annotations": {
              "summary": "SPDK reactor {{ $labels.lcore }} on {{ $labels.node }} is "
@@ -148,7 +148,7 @@ def physical_group(limits: PhysicalLimits, hold: str | None = None) -> dict:
                             "spdk_tgt.",
              "remediation": "Give spdk_tgt more cores (its -m mask) or move I/O-heavy work. " + ACTION_TEXT[NOTIFY]}},
         {"alert": NODE_ERROR_RATIO_HIGH,
-         "expr": (f"sum by (node) (rate({x.REQUEST_ERRORS}[1m]))\n/\n{requests_1m}\n"
+         "expr": (f"sum by (node) (rate({metric_names.REQUEST_ERRORS}[1m]))\n/\n{requests_1m}\n"
                   f"> {error_ratio}\n"
                   f"and on (node)\n{requests_1m} * 60 >= {MIN_REQUESTS_PER_MINUTE}\n"
                   f"and on (node)\n{errors_1m}\n"
@@ -175,7 +175,7 @@ def cause_group(hold: str | None = None, causes: tuple[taxonomy.Cause, ...] = ta
                 runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL) -> dict:
     """One alert per cause: the taxonomy's, and those the SLO spec declares (which map to notify_only and link to
     the runbooks' section on declared causes)."""
-    score = x.INCIDENT_CAUSE_SCORE
+    score = metric_names.INCIDENT_CAUSE_SCORE
     rules = []
     for cause in causes:
         action = CAUSE_ACTIONS.get(cause.id, NOTIFY)

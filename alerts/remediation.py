@@ -38,9 +38,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
 
-import yaml
+from sloscope import yaml_config
 
 from sloscope.errors import read_config_text
+from sloscope.yaml_config import at, key_at
 
 from sloscope.alerts.actions import REGISTRY, ActionFailed, ConfigError, Context, Refused, Runner
 from sloscope.alerts.audit import TRANSIENT_ERRORS, AuditStore, Transient, transaction
@@ -69,52 +70,61 @@ class Config:
     source: str = "<empty>"
 
 
+CONFIG_KEYS = ("execute", "cooldown", "max_actions_per_hour", "command_timeout", "actions")
+RULE_KEYS = ("action", "params", "dry_run")
+
+
 def parse_config(text: str, source: str = "<string>") -> Config:
+    """The allow-list config; ConfigError names the file, the line and the key of what is wrong."""
     from sloscope.durations import parse_duration
 
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    doc = yaml_config.parse(text, source)
     doc = {} if doc is None else doc
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}: expected a mapping")
-    known = {"execute", "cooldown", "max_actions_per_hour", "command_timeout", "actions"}
-    unknown = sorted(set(map(str, doc)) - known)
+    unknown = [key for key in doc if str(key) not in CONFIG_KEYS]
     if unknown:
-        raise ConfigError(f"{source}: unknown key {unknown[0]!r} (expected {', '.join(sorted(known))})")
+        raise ConfigError(f"{at(source, doc, unknown[0])}: unknown key {str(unknown[0])!r} "
+                          f"(expected {', '.join(sorted(CONFIG_KEYS))})")
     execute = doc.get("execute", False)
     if not isinstance(execute, bool):
-        raise ConfigError(f"{source}: execute: expected true or false; got {execute!r}")
-    cooldown = parse_duration(doc.get("cooldown", "10m"), f"{source}: cooldown")
-    timeout = parse_duration(doc.get("command_timeout", "30s"), f"{source}: command_timeout")
+        raise ConfigError(f"{key_at(source, doc, 'execute')}: expected true or false; got {execute!r}")
+    cooldown = parse_duration(doc.get("cooldown", "10m"), key_at(source, doc, "cooldown"))
+    timeout = parse_duration(doc.get("command_timeout", "30s"), key_at(source, doc, "command_timeout"))
     budget = doc.get("max_actions_per_hour", 10)
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
-        raise ConfigError(f"{source}: max_actions_per_hour: expected a non-negative integer; got {budget!r}")
+        raise ConfigError(f"{key_at(source, doc, 'max_actions_per_hour')}: expected a non-negative integer; "
+                          f"got {budget!r}")
     actions_doc = doc.get("actions") or {}
     if not isinstance(actions_doc, dict):
-        raise ConfigError(f"{source}: actions: expected a mapping of alert name to action")
-    rules = {}
-    for name, body in actions_doc.items():
-        where = f"{source}: actions.{name}"
-        if not isinstance(name, str) or not ALERT_NAME.fullmatch(name):
-            raise ConfigError(f"{where}: not a valid alert name")
-        if not isinstance(body, dict):
-            raise ConfigError(f"{where}: expected a mapping with action (and params, dry_run)")
-        extra = sorted(set(map(str, body)) - {"action", "params", "dry_run"})
-        if extra:
-            raise ConfigError(f"{where}: unknown key {extra[0]!r} (expected action, params, dry_run)")
-        action = body.get("action")
-        if action not in REGISTRY:
-            raise ConfigError(f"{where}.action: expected one of {', '.join(REGISTRY)}; got {action!r}")
-        params = body.get("params") or {}
-        if not isinstance(params, dict):
-            raise ConfigError(f"{where}.params: expected a mapping")
-        dry_run = body.get("dry_run", False)
-        if not isinstance(dry_run, bool):
-            raise ConfigError(f"{where}.dry_run: expected true or false")
-        rules[name] = Rule(name, action, REGISTRY[action].check_params(params, f"{where}.params"), dry_run)
+        raise ConfigError(f"{key_at(source, doc, 'actions')}: expected a mapping of alert name to action")
+    rules = {name: _rule(name, body, source, actions_doc) for name, body in actions_doc.items()}
     return Config(rules, execute, cooldown, budget, timeout, source)
+
+
+def _rule(name, body, source: str, actions_doc: dict) -> Rule:
+    """The allow-list entry of alert `name`."""
+    where = key_at(source, actions_doc, name, f"actions.{name}")
+    if not isinstance(name, str) or not ALERT_NAME.fullmatch(name):
+        raise ConfigError(f"{where}: not a valid alert name")
+    if not isinstance(body, dict):
+        raise ConfigError(f"{where}: expected a mapping with action (and params, dry_run)")
+    extra = [key for key in body if str(key) not in RULE_KEYS]
+    if extra:
+        raise ConfigError(f"{at(source, body, extra[0])}: actions.{name}: unknown key {str(extra[0])!r} "
+                          f"(expected {', '.join(RULE_KEYS)})")
+    action = body.get("action")
+    if not isinstance(action, str) or action not in REGISTRY:  # a list is no action, and unhashable
+        raise ConfigError(f"{key_at(source, body, 'action', f'actions.{name}.action')}: expected one of "
+                          f"{', '.join(REGISTRY)}; got {action!r}")
+    params, params_at = body.get("params") or {}, key_at(source, body, "params", f"actions.{name}.params")
+    if not isinstance(params, dict):
+        raise ConfigError(f"{params_at}: expected a mapping")
+    dry_run = body.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise ConfigError(f"{key_at(source, body, 'dry_run', f'actions.{name}.dry_run')}: expected true or false; "
+                          f"got {dry_run!r}")
+    return Rule(name, action, REGISTRY[action].check_params(params, params_at), dry_run)
 
 
 def load_config(path: str | Path) -> Config:

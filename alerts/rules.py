@@ -1,7 +1,7 @@
 """Prometheus recording and alerting rules, generated as a pure function of the SLO spec.
 
 `rules_dict(spec)` builds the rule file as a dict; `render_rules(spec)` turns it into YAML text; writing the
-file is the CLI's business. Expressions only name series of alerts/metric_names.py (what the exporter serves)
+file is the CLI's business. Expressions only name series of sloscope/metric_names.py (what the exporter serves)
 or series recorded by the rules themselves.
 
 Per tier (one group each, recording rules before the alerts that read them):
@@ -50,7 +50,7 @@ from sloscope.slo_spec import SloSpec, TierObjective
 
 from sloscope.analytics.slo import FLEET_FDR, slow_allowance
 
-from sloscope.alerts import metric_names as x
+from sloscope import metric_names
 from sloscope.alerts.actions import NOTIFY, RAISE_SAMPLING
 from sloscope.alerts.burn import (DAY_S, PAGE, TICKET, budget_spent_in, burn_windows, promql_duration, sli_windows,
                                   window_days)
@@ -90,19 +90,19 @@ RECORD_BUDGET_LEFT = "tier:sloscope_slo_error_budget_remaining:ratio"
 
 def _slow_ratio(t: TierObjective, window: str) -> str:
     tier = q(t.name)
-    le = q(x.le_label(x.le_seconds(t.threshold_ms)))
+    le = q(metric_names.le_label(metric_names.le_seconds(t.threshold_ms)))
     return (f"1 - (\n"
-            f"  sum by (tier) (rate({x.REQUEST_DURATION}_bucket{{tier={tier}, le={le}}}[{window}]))\n"
+            f"  sum by (tier) (rate({metric_names.REQUEST_DURATION}_bucket{{tier={tier}, le={le}}}[{window}]))\n"
             f"/\n"
-            f"  sum by (tier) (rate({x.REQUEST_DURATION}_count{{tier={tier}}}[{window}]))\n"
+            f"  sum by (tier) (rate({metric_names.REQUEST_DURATION}_count{{tier={tier}}}[{window}]))\n"
             f")\n")
 
 
 def _error_ratio(t: TierObjective, window: str) -> str:
     tier = q(t.name)
-    return (f"sum by (tier) (rate({x.REQUEST_ERRORS}{{tier={tier}}}[{window}]))\n"
+    return (f"sum by (tier) (rate({metric_names.REQUEST_ERRORS}{{tier={tier}}}[{window}]))\n"
             f"/\n"
-            f"sum by (tier) (rate({x.REQUESTS}{{tier={tier}}}[{window}]))\n")
+            f"sum by (tier) (rate({metric_names.REQUESTS}{{tier={tier}}}[{window}]))\n")
 
 
 def _sli_rules(t: TierObjective, window_s: float) -> list[dict]:
@@ -138,11 +138,11 @@ def _counts(t: TierObjective, slo: str, window: str) -> tuple[str, str]:
     threshold; availability: failed), in PromQL."""
     matcher, by = f"{{tier={q(t.name)}}}", "sum by (tier)"
     if slo == "availability":
-        return (f"{by} (increase({x.REQUEST_ERRORS}{matcher}[{window}]))",
-                f"{by} (increase({x.REQUESTS}{matcher}[{window}]))")
-    total = f"{by} (increase({x.REQUEST_DURATION}_count{matcher}[{window}]))"
-    le = q(x.le_label(x.le_seconds(t.threshold_ms)))
-    fast = f"{by} (increase({x.REQUEST_DURATION}_bucket{{tier={q(t.name)}, le={le}}}[{window}]))"
+        return (f"{by} (increase({metric_names.REQUEST_ERRORS}{matcher}[{window}]))",
+                f"{by} (increase({metric_names.REQUESTS}{matcher}[{window}]))")
+    total = f"{by} (increase({metric_names.REQUEST_DURATION}_count{matcher}[{window}]))"
+    le = q(metric_names.le_label(metric_names.le_seconds(t.threshold_ms)))
+    fast = f"{by} (increase({metric_names.REQUEST_DURATION}_bucket{{tier={q(t.name)}, le={le}}}[{window}]))"
     return f"({total} - {fast})", total
 
 
@@ -153,7 +153,7 @@ def _windows_text(burns) -> str:
 def _slos(t: TierObjective):
     """(slo label, its SLI record, its error budget, what the SLI counts) per objective of the tier."""
     allowance = 1.0 - t.percentile / 100.0
-    latency_what = (f"requests slower than {ms(x.le_seconds(t.threshold_ms))} (p{num(t.percentile)} objective: "
+    latency_what = (f"requests slower than {ms(metric_names.le_seconds(t.threshold_ms))} (p{num(t.percentile)} objective: "
                     f"at most {pct(allowance)} of requests may be slower)")
     error_what = f"failed requests (availability objective {num(t.availability)}%: error budget {pct(t.error_budget)})"
     return (("latency", RECORD_SLOW, allowance, latency_what),
@@ -204,12 +204,12 @@ def _tier_latency_alert(t: TierObjective) -> dict:
     """The analysis' latency test over the last minute per (tier, service, node): slow requests improbable for
     a service at exactly the percentile's allowance (Poisson tail in closed form, at ALERT_ALPHA)."""
     allowance = slow_allowance(t)
-    threshold_s = x.le_seconds(t.threshold_ms)
+    threshold_s = metric_names.le_seconds(t.threshold_ms)
     matcher = f"{{tier={q(t.name)}}}"
-    bucket = f"{{tier={q(t.name)}, le={q(x.le_label(threshold_s))}}}"
+    bucket = f"{{tier={q(t.name)}, le={q(metric_names.le_label(threshold_s))}}}"
     by = "sum by (tier, service, node)"
-    total = f"{by} (increase({x.REQUEST_DURATION}_count{matcher}[1m]))"
-    fast = f"{by} (increase({x.REQUEST_DURATION}_bucket{bucket}[1m]))"
+    total = f"{by} (increase({metric_names.REQUEST_DURATION}_count{matcher}[1m]))"
+    fast = f"{by} (increase({metric_names.REQUEST_DURATION}_bucket{bucket}[1m]))"
     return {
         "alert": TIER_LATENCY_HIGH,
         "expr": f"({total}\n-\n{fast})\n>=\n{poisson_critical(f'{total} * {num(allowance)}', ALERT_ALPHA)}\n",

@@ -1,8 +1,8 @@
 """Alertmanager webhook receiver (payload version 4) feeding the remediation engine.
 
 `WebhookApp.respond(method, path, headers, read_body)` is the whole protocol, independent of an HTTP server, so
-that it can be mounted in another server; `WebhookServer` serves it with the OTLP receiver's connection limits
-(receiver/http_conn.py: a deadline per request phase, a cap on connections), on 127.0.0.1 by default.
+that it can be mounted in another server; `WebhookServer` serves it with the edge's connection limits, as the OTLP
+receiver does (edge/http_conn.py: a deadline per request phase, a cap on connections), on 127.0.0.1 by default.
 
 Per request, in this order:
 1. `GET /-/healthy`: 200, no authentication (for liveness probes); nothing else is served without a token.
@@ -37,9 +37,9 @@ from typing import Callable
 from sloscope.alerts.actions import shown
 from sloscope.alerts.audit import Transient
 from sloscope.alerts.remediation import ALERT_NAME, Engine, parse_rfc3339
-from sloscope.receiver.draining import DRAIN_GRACE_S, KeepAliveHandler
-from sloscope.receiver.http_body import plain_length
-from sloscope.receiver.http_conn import DeadlineReader, LimitedHTTPServer
+from sloscope.edge.draining import DRAIN_GRACE_S, KeepAliveHandler
+from sloscope.edge.http_body import plain_length
+from sloscope.edge.http_conn import DeadlineReader, LimitedHTTPServer
 
 log = logging.getLogger("sloscope.webhook")
 
@@ -380,7 +380,7 @@ class WebhookServer(LimitedHTTPServer):
         super().__init__(address, _Handler, MAX_CONNECTIONS, self.cut_off)
 
     def drain(self, grace_s: float = DRAIN_GRACE_S) -> None:
-        """Stops serving (receiver/draining.py), then audits the unauthenticated requests of the last period, which
+        """Stops serving (edge/draining.py), then audits the unauthenticated requests of the last period, which
         no later request would write: both `sloscope webhook` and serve's webhook stop here."""
         super().drain(grace_s)
         self.app.flush_unauthenticated()
@@ -393,9 +393,3 @@ class WebhookServer(LimitedHTTPServer):
     def handle_error(self, request, client_address):  # a client that went away is not worth a traceback
         log.debug("webhook: connection from %s failed", client_address, exc_info=True)
 
-
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected HOST:PORT; got {text!r}")
-    return (host.strip("[]") or "127.0.0.1"), int(port)

@@ -173,7 +173,7 @@ def run_rca(args) -> int:
 
 
 def run_retention(args) -> int:
-    from sloscope.analytics.rca import rfc3339
+    from sloscope.times import rfc3339
     from sloscope.analytics.retention import DUCKDB_ONLY, apply_retention, kept_period, utc_now
 
     try:

@@ -17,7 +17,7 @@ import orjson
 import polars as pl
 import pyarrow as pa
 
-from sloscope.ids import hex_of_words
+from sloscope.analytics.ids import hex_of_words
 from sloscope.records import HISTOGRAM_OFFSET
 
 from sloscope.analytics.frames import Frames

@@ -9,11 +9,11 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from sloscope.ids import SPAN_WORDS, TRACE_WORDS, words_of_hex
+from sloscope.analytics.ids import SPAN_WORDS, TRACE_WORDS, words_of_hex
 from sloscope.records import Batch, SpanColumns, SpanTable
 
 
-# Span fields as stored (times become start_time and duration_ms; ids are words, as sloscope/ids.py says).
+# Span fields as stored (times become start_time and duration_ms; ids are words, as analytics/ids.py says).
 SPAN_SCHEMA = {"trace_hi": pl.UInt64, "trace_lo": pl.UInt64, "span_id": pl.UInt64, "service": pl.String,
                "node": pl.String, "gpu_id": pl.String, "pod": pl.String, "namespace": pl.String, "pod_ip": pl.String,
                "route": pl.String, "tier": pl.String, "status_code": pl.Int16, "failed": pl.Boolean}

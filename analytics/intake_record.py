@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import google_crc32c
 import polars as pl
 
-from sloscope.ids import SPAN_WORDS, TRACE_WORDS, words_of_hex
+from sloscope.analytics.ids import SPAN_WORDS, TRACE_WORDS, words_of_hex
 
 from sloscope.analytics.frames import REQUEST_COLUMNS, Frames
 

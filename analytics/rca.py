@@ -6,11 +6,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from time import perf_counter
+from typing import Callable
 
 import polars as pl
 
-from sloscope.durations import is_duration, parse_duration
-from sloscope.errors import ConfigError
+from sloscope.durations import parse_duration
+from sloscope.times import parse_time, rfc3339
 
 from sloscope.analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, Fleet, Window, diagnose,
                                             evidence_still_moved, fleet_movement, series_scores, signal_step_s,
@@ -24,10 +25,6 @@ CLOCK_SKEW = timedelta(minutes=5)  # how far ahead of this host's clock a reques
 MOMENT_SPAN = timedelta(minutes=1)  # a moment is explained by what its signals did in the minute from it
 
 
-def rfc3339(t: datetime) -> str:
-    return t.replace(tzinfo=None).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def newest_request(store, now: datetime | None = None) -> datetime | None:
     """The start of the newest stored request that is not in the future (by `now`, this host's UTC clock, and
     CLOCK_SKEW): what a relative time counts back from."""
@@ -35,40 +32,25 @@ def newest_request(store, now: datetime | None = None) -> datetime | None:
     return store.rows(store.sql("newest_request"), {"not_after": now + CLOCK_SKEW})[0][0]
 
 
-def parse_rfc3339(text: str) -> datetime | None:
-    """An RFC 3339 time as naive UTC; None where text is not one."""
-    try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t
+def flag(name: str) -> str:
+    """How the command line names a value of a Query: --since."""
+    return f"--{name}"
 
 
-def parse_time(text: str, newest: datetime | None, where: str = "") -> datetime:
-    """RFC 3339, or a duration back from the newest stored request (e.g. 1h). `where` names the value (the flag)
-    in errors."""
-    prefix = f"{where}: " if where else ""
-    t = parse_rfc3339(text)
-    if t is not None:
-        return t
-    try:
-        seconds = parse_duration(text, where)
-    except ConfigError as exc:
-        if is_duration(text):  # a duration, but not above zero: parse_duration says so
-            raise ValueError(str(exc)) from None
-        raise ValueError(f"{prefix}{text!r} is neither an RFC 3339 time nor a duration like 30m") from None
-    if newest is None:
-        raise ValueError(f"{prefix}a relative time counts back from the newest stored request, and the store "
-                         "holds none: give an RFC 3339 time")
-    return newest - timedelta(seconds=seconds)
+def query_parameter(name: str) -> str:
+    """How GET /rca names a value of a Query: query parameter since."""
+    return f"query parameter {name}"
 
 
-def analysed_range(since: str, until: str, newest: datetime | None) -> tuple[datetime | None, datetime | None]:
-    """--since and --until as times (None where not given); ValueError where the range ends before it starts."""
-    start = parse_time(since, newest, "--since") if since else None
-    end = parse_time(until, newest, "--until") if until else None
+def analysed_range(since: str, until: str, newest: datetime | None, named: Callable[[str], str] = flag
+                   ) -> tuple[datetime | None, datetime | None]:
+    """since and until as times (None where not given); ValueError where the range ends before it starts. `named`
+    says how the user wrote them, for the errors."""
+    start = parse_time(since, newest, named("since")) if since else None
+    end = parse_time(until, newest, named("until")) if until else None
     if start is not None and end is not None and end <= start:
-        raise ValueError(f"--until {until} is not after --since {since}: give a range that ends after it starts")
+        raise ValueError(f"{named('until')} {until} is not after {named('since')} {since}: give a range that ends "
+                         "after it starts")
     return start, end
 
 
@@ -91,6 +73,7 @@ class Query:
     top: int = 5
     baseline: str = "10m"
     lookback: str = "1m"
+    named: Callable[[str], str] = flag  # how the user wrote a value: --since on the command line
 
     def answer(self, store: Store, spec) -> dict:
         """The JSON document; ValueError (a ConfigError among them) names what the query got wrong."""
@@ -100,21 +83,23 @@ class Query:
             raise ValueError("a time or duration of the query reaches outside the years 1 to 9999") from None
 
     def _answer(self, store: Store, spec) -> dict:
+        named = self.named
         if self.top < 1:
-            raise ValueError(f"top: expected 1 or more causes per incident, got {self.top}")
+            raise ValueError(f"{named('top')}: expected 1 or more causes per incident, got {self.top}")
         if self.node and not self.at:
-            raise ValueError("--node goes with --at (on GET /rca: node with at)")
+            raise ValueError(f"{named('node')} goes with {named('at')}")
         newest = newest_request(store)
-        baseline = timedelta(seconds=parse_duration(self.baseline, "--baseline"))
-        lookback = timedelta(seconds=parse_duration(self.lookback, "--lookback"))
+        baseline = timedelta(seconds=parse_duration(self.baseline, named("baseline")))
+        lookback = timedelta(seconds=parse_duration(self.lookback, named("lookback")))
         if self.at:
-            return explain_moment(store, spec, parse_time(self.at, newest, "--at"), self.node or None, self.top,
-                                  baseline, lookback)
-        return analyse(store, spec, *analysed_range(self.since, self.until, newest), self.top, baseline, lookback)
+            return explain_moment(store, spec, parse_time(self.at, newest, named("at")), self.node or None,
+                                  self.top, baseline, lookback)
+        return analyse(store, spec, *analysed_range(self.since, self.until, newest, named), self.top, baseline,
+                       lookback)
 
     def holds_requests(self, store: Store) -> bool:
         """Whether the store holds requests in the range this query analyses."""
-        return holds_requests(store, *analysed_range(self.since, self.until, newest_request(store)))
+        return holds_requests(store, *analysed_range(self.since, self.until, newest_request(store), self.named))
 
 
 class StageTimer:

@@ -59,7 +59,7 @@ def sql_of(folder: tuple[str, ...], name: str, reference, instead: dict[str, str
     """The text of analytics/sql/FOLDER/NAME.sql with its {{relations}} inlined, each relation named in `instead`
     replaced by the one it maps to; reference(p) is how the dialect writes parameter p in a query, for the renaming
     of since and until."""
-    text = resources.files("analytics").joinpath("sql", *folder, f"{name}.sql").read_text()
+    text = resources.files("sloscope.analytics").joinpath("sql", *folder, f"{name}.sql").read_text()
 
     def inlined(match: re.Match) -> str:
         relation, since, until = match.groups()

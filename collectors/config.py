@@ -44,12 +44,16 @@ import os
 import re
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import unquote, urlparse
 
 from sloscope.probes import registry
 from sloscope.durations import parse_duration
-from sloscope.errors import ConfigError
+from sloscope import yaml_config
+from sloscope.addresses import address_text, parse_address
+from sloscope.errors import ConfigError, read_config_text
+from sloscope.sizes import parse_size
+from sloscope.yaml_config import at, key_at
 
 PROBE_SETS = ("auto", "node", "all")  # names of sets of probes, beside the probes' own
 
@@ -112,28 +116,6 @@ class CollectorConfig:
 
 
 # -- value parsers --------------------------------------------------------------------------------------------
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]i?[bB]?|[bB])?\s*$")
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "ki": 1024, "kib": 1024, "m": 10**6, "mb": 10**6,
-               "mi": 2**20, "mib": 2**20, "g": 10**9, "gb": 10**9, "gi": 2**30, "gib": 2**30, "t": 10**12,
-               "tb": 10**12, "ti": 2**40, "tib": 2**40}
-
-
-def parse_size(value: Any, what: str = "size") -> int:
-    """Bytes from 1048576, "256MiB", "64MB", "1GiB"."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{what}: expected a size, got {value!r}")
-    if isinstance(value, (int, float)):
-        size = int(value)
-    else:
-        m = _SIZE.match(str(value))
-        if not m:
-            raise ConfigError(f"{what}: {value!r} is not a size (like 268435456, 256MiB, 1GB)")
-        size = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower()])
-    if size <= 0:
-        raise ConfigError(f"{what}: must be positive, got {value!r}")
-    return size
-
 
 def parse_count(value: Any, what: str) -> int:
     try:
@@ -212,14 +194,11 @@ def parse_bool(value: Any, what: str) -> bool:
 
 
 def parse_listen(value: Any, what: str) -> str | None:
-    """HOST:PORT, or None for `off`."""
-    if str(value).strip().lower() in ("off", "none", "false", ""):  # YAML reads a bare off as false
+    """HOST:PORT (sloscope/addresses.py), or None for `off` (YAML reads a bare off as false)."""
+    if value is False or value is None or str(value).strip() == "":
         return None
-    host, sep, port = str(value).strip().rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{what}: {value!r} is not HOST:PORT (like 0.0.0.0:9464 or 127.0.0.1:9464)")
-    return f"{host.strip('[]') or '0.0.0.0'}:{int(port)}"
-
+    address = parse_address(value, what, may_be_off=True)
+    return address_text(address) if address else None
 
 def _text(value: Any, what: str) -> str:
     """A setting that is one word or name: text, or a number YAML read as one (node_name: 7); a list or a mapping
@@ -267,21 +246,22 @@ def _mapping(value: Any, what: str) -> dict:
 
 # -- endpoint ------------------------------------------------------------------------------------------------
 
-def resolve_endpoint(value: str | None, protocol: str, *, as_is: bool = False, insecure: bool = False) -> str:
+def resolve_endpoint(value: str | None, protocol: str, *, as_is: bool = False, insecure: bool = False,
+                     what: str = "endpoint") -> str:
     """The URL handed to the exporter. `as_is` for a signal-specific endpoint (not completed); `insecure` for
-    a scheme-less gRPC endpoint (else it takes TLS, as the specification's default)."""
+    a scheme-less gRPC endpoint (else it takes TLS, as the specification's default); `what` names it in errors."""
     if not value:
         value = DEFAULT_GRPC_ENDPOINT if protocol == "grpc" else DEFAULT_HTTP_ENDPOINT
-    value = _text(value, "endpoint").strip()
+    value = _text(value, what).strip()
     if "://" not in value:
         value = ("https://" if protocol == "grpc" and not insecure else "http://") + value
     try:
         parsed = urlparse(value)
         parsed.port  # noqa: B018 - a port that is not a number raises here
     except ValueError as exc:  # a bracketed host that is no IP address, a port out of range or not a number
-        raise ConfigError(f"endpoint: {value!r} is not a URL: {exc}") from None
+        raise ConfigError(f"{what}: {value!r} is not a URL: {exc}") from None
     if parsed.scheme not in ("http", "https") or not parsed.hostname or any(c.isspace() for c in value):
-        raise ConfigError(f"endpoint: {value!r} is not an http:// or https:// URL")
+        raise ConfigError(f"{what}: {value!r} is not an http:// or https:// URL")
     if protocol == "grpc" or as_is:
         return value
     path = parsed.path.rstrip("/")
@@ -293,37 +273,25 @@ def resolve_endpoint(value: str | None, protocol: str, *, as_is: bool = False, i
 # -- loading -------------------------------------------------------------------------------------------------
 
 def read_file(path: str) -> dict:
-    import yaml
-
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not YAML: {_yaml_problem(exc)}") from None
+    """The file's settings, its mappings keeping their lines (sloscope/yaml_config.py: a key given twice is
+    refused); ConfigError names the file, and the line and key where the YAML gives them."""
+    data = yaml_config.parse(read_config_text(path, "collector config"), path)
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: expected a mapping at the top, got {type(data).__name__}")
-    unknown = sorted(set(data) - set(FILE_KEYS))
-    if unknown:
-        raise ConfigError(f"config file {path}: unknown keys {', '.join(map(str, unknown))} "
-                          f"(known: {', '.join(FILE_KEYS)})")
-    spool = _mapping(data.get("spool"), f"{path}: spool")
-    unknown = sorted(set(spool) - set(SPOOL_KEYS))
-    if unknown:
-        raise ConfigError(f"config file {path}: unknown spool keys {', '.join(map(str, unknown))} "
-                          f"(known: {', '.join(SPOOL_KEYS)})")
+        raise ConfigError(f"{path}: expected a mapping at the top, got {type(data).__name__}")
+    _known_keys(path, data, FILE_KEYS, "keys")
+    _mapping(data.get("spool"), key_at(path, data, "spool"))
+    _known_keys(path, data.get("spool") or {}, SPOOL_KEYS, "spool keys")
     return data
 
 
-def _yaml_problem(exc) -> str:
-    """The parser's complaint on one line, with where it is (its own text spans several lines)."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return where + " ".join(problem.split())
+def _known_keys(path: str, mapping: dict, known: tuple[str, ...], what: str) -> None:
+    """ConfigError at the line of the first key of `mapping` that is not `known`, naming every unknown one."""
+    unknown = [key for key in mapping if str(key) not in known]
+    if unknown:
+        raise ConfigError(f"{at(path, mapping, unknown[0])}: unknown {what} {', '.join(map(str, unknown))} "
+                          f"(known: {', '.join(known)})")
 
 
 def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
@@ -334,8 +302,6 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
     duration_s, once)."""
     env = os.environ if environ is None else environ
     flags = {k: v for k, v in (flags or {}).items() if v is not None and v != () and v != []}
-    data = read_file(file) if file else {}
-    where = f"config file {file}" if file else ""
     cfg = CollectorConfig()
     src = cfg.sources
 
@@ -344,27 +310,12 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
         src[key.removesuffix("_s")] = source
 
     # defaults < file
-    for key, name, parse in FILE_SETTINGS:
-        if key in data:
-            take(name, parse(data[key], f"{where}: {key}"), "file")
-    if "headers" in data:
-        headers = _mapping(data["headers"], f"{where}: headers")
-        take("headers", check_headers(headers, f"{where}: headers"), "file")
-    if "probe_options" in data:
-        opts = _mapping(data["probe_options"], f"{where}: probe_options")
-        take("probe_options", {str(k): _mapping(v, f"{where}: probe_options.{k}") for k, v in opts.items()}, "file")
-    spool = _mapping(data.get("spool"), f"{where}: spool")
-    if "dir" in spool:
-        take("spool_dir", _text(spool["dir"], f"{where}: spool.dir"), "file")
-    if "max_bytes" in spool:
-        take("spool_max_bytes", parse_size(spool["max_bytes"], f"{where}: spool.max_bytes"), "file")
-    if "max_batches" in spool:
-        take("spool_max_batches", parse_count(spool["max_batches"], f"{where}: spool.max_batches"), "file")
-    if "resource" in data:
-        take("resource", {str(k): v for k, v in _mapping(data["resource"], f"{where}: resource").items()}, "file")
-    for key in TLS_FILES:
-        if key in data:
-            take(key, _readable_file(data[key], f"{where}: {key}"), "file")
+    places = _from_file(file, take) if file else {}
+
+    def named(key: str) -> str:
+        """The setting as an error names it: where the file writes it (FILE:LINE: KEY), when its value came
+        from there."""
+        return places[key] if src.get(key) == "file" else key
 
     # < environment
     for var in ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
@@ -419,15 +370,18 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
         src["endpoint"] = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
     elif env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         endpoint, src["endpoint"] = env["OTEL_EXPORTER_OTLP_ENDPOINT"], "OTEL_EXPORTER_OTLP_ENDPOINT"
-    elif "endpoint" in data:
-        endpoint, src["endpoint"] = _text(data["endpoint"], f"{where}: endpoint"), "file"
-    cfg.endpoint = resolve_endpoint(endpoint, cfg.protocol, as_is=as_is, insecure=cfg.insecure)
+    elif src.get("endpoint") == "file":
+        endpoint = cfg.endpoint
+    cfg.endpoint = resolve_endpoint(endpoint, cfg.protocol, as_is=as_is, insecure=cfg.insecure,
+                                    what=named("endpoint"))
     binary = sorted(k for k in cfg.headers if k.endswith("-bin"))
     if cfg.protocol == "grpc" and binary:
-        raise ConfigError(f"headers: {binary[0]!r}: gRPC binary metadata (a name ending in -bin) is not supported")
+        raise ConfigError(f"{named('headers')}: {binary[0]!r}: gRPC binary metadata (a name ending in -bin) is not "
+                          "supported")
     if (cfg.client_key is None) != (cfg.client_certificate is None):
-        raise ConfigError("client_key and client_certificate go together (mutual TLS needs both); got only "
-                          + ("client_key" if cfg.client_key else "client_certificate"))
+        given, other = ("client_key", "client_certificate") if cfg.client_key else ("client_certificate", "client_key")
+        raise ConfigError(f"{named(given)}: given without {other}; client_key and client_certificate go together "
+                          "(mutual TLS needs both)")
 
     if cfg.cgroups:
         cfg.probe_options.setdefault("syscall", {})["cgroups"] = list(cfg.cgroups)
@@ -437,19 +391,68 @@ def load(file: str | None = None, flags: Mapping[str, Any] | None = None,
     return cfg
 
 
+def _from_file(file: str, take: Callable[[str, Any, str], None]) -> dict[str, str]:
+    """Take the settings the config file gives; returns where it writes each (FILE:LINE: KEY), for the errors
+    found once every layer is applied. A collector without a file never loads YAML."""
+    data = read_file(file)
+    places = {str(key): key_at(file, data, key) for key in data}
+    for key, name, parse in FILE_SETTINGS:
+        if key in data:
+            take(name, parse(data[key], places[key]), "file")
+    if "headers" in data:
+        take("headers", check_headers(_mapping(data["headers"], places["headers"]), places["headers"]), "file")
+    if "probe_options" in data:
+        opts = data["probe_options"]  # not _mapping's copy: the lines of its keys name the errors
+        _mapping(opts, places["probe_options"])
+        take("probe_options", {str(k): _probe_options(k, v, key_at(file, opts, k, f"probe_options.{k}"))
+                               for k, v in (opts or {}).items()}, "file")
+    spool = data.get("spool") or {}
+    for key, name, parse in SPOOL_SETTINGS:
+        if key in spool:
+            take(name, parse(spool[key], key_at(file, spool, key, f"spool.{key}")), "file")
+    if "resource" in data:
+        take("resource", {str(k): v for k, v in _mapping(data["resource"], places["resource"]).items()}, "file")
+    for key in TLS_FILES:
+        if key in data:
+            take(key, _readable_file(data[key], places[key]), "file")
+    return places
+
+
 def check_probes(requested, options: Mapping[str, Any]) -> None:
     """ConfigError naming a probe, or probe_options entry, that no probe of the registry answers to."""
-    for name in requested:
-        if name not in registry.PROBES and name not in PROBE_SETS:
-            raise ConfigError(f"unknown probe {name!r}; known: {', '.join(registry.PROBES)}, {', '.join(PROBE_SETS)}")
+    _known_probes(requested)
     unknown = sorted(set(options) - set(registry.PROBES))
     if unknown:
         raise ConfigError(f"probe_options for unknown probes: {', '.join(unknown)}")
     for name, given in options.items():
-        _check_probe_options(name, given)
+        _check_probe_options(name, given, f"probe_options.{name}")
 
 
-def _check_probe_options(name: str, given: Mapping[str, Any]) -> None:
+def _known_probes(names, what: str = "") -> None:
+    """ConfigError naming the first of `names` that is neither a probe nor a set of probes."""
+    for name in names:
+        if name not in registry.PROBES and name not in PROBE_SETS:
+            raise ConfigError(f"{what + ': ' if what else ''}unknown probe {name!r}; known: "
+                              f"{', '.join(registry.PROBES)}, {', '.join(PROBE_SETS)}")
+
+
+def _probe_list(value: Any, what: str) -> tuple[str, ...]:
+    """The file's `probes`: names of the registry's probes or of its sets."""
+    names = _str_list(value, what)
+    _known_probes(names, what)
+    return names
+
+
+def _probe_options(name, given: Any, what: str) -> dict:
+    """The file's options of probe `name`, held to what the probe takes."""
+    if name not in registry.PROBES:
+        raise ConfigError(f"{what}: no probe is named {name!r}; known: {', '.join(registry.PROBES)}")
+    options = _mapping(given, what)
+    _check_probe_options(name, options, what)
+    return options
+
+
+def _check_probe_options(name: str, given: Mapping[str, Any], what: str) -> None:
     """ConfigError naming an option the probe does not take: else the probe would fail to start, and the
     collector would run on without it, only a warning saying why."""
     parameters = inspect.signature(registry.PROBES[name]).parameters.values()
@@ -458,7 +461,7 @@ def _check_probe_options(name: str, given: Mapping[str, Any]) -> None:
     known = sorted(p.name for p in parameters if p.name != "host" and p.kind is not p.VAR_POSITIONAL)
     unknown = sorted(set(map(str, given)) - set(known))
     if unknown:
-        raise ConfigError(f"probe_options.{name}: unknown option {', '.join(map(repr, unknown))} "
+        raise ConfigError(f"{what}: unknown option {', '.join(map(repr, unknown))} "
                           f"(known: {', '.join(known) or 'none'})")
 
 
@@ -469,12 +472,13 @@ def _temporality(value: Any, what: str) -> str:
     return text
 
 
-# The file's plain settings: (key in the file, CollectorConfig field, parser(value, where)).
+# The file's plain settings, and its spool's: (key in the file, CollectorConfig field, parser(value, where)).
 FILE_SETTINGS = (
+    ("endpoint", "endpoint", _text),
     ("protocol", "protocol", parse_protocol),
     ("timeout", "timeout_s", parse_duration),
     ("interval", "interval_s", parse_duration),
-    ("probes", "probes", _str_list),
+    ("probes", "probes", _probe_list),
     ("cgroups", "cgroups", _str_list),
     ("temporality", "temporality", _temporality),
     ("node_name", "node_name", _text),
@@ -482,4 +486,9 @@ FILE_SETTINGS = (
     ("compression", "compression", parse_compression),
     ("insecure", "insecure", parse_bool),
     ("listen", "listen", parse_listen),
+)
+SPOOL_SETTINGS = (
+    ("dir", "spool_dir", _text),
+    ("max_bytes", "spool_max_bytes", parse_size),
+    ("max_batches", "spool_max_batches", parse_count),
 )

@@ -15,93 +15,87 @@ import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from sloscope.addresses import parse_address
+from sloscope.exposition import CONTENT_TYPE, render
+
 log = logging.getLogger(__name__)
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REQUEST_TIMEOUT_S = 5.0
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class AgentMetrics(Collector):
+    """The agent's state, read at each scrape: counters and gauges as the agent and its shipper keep them."""
+
+    def __init__(self, agent):
+        self.agent = agent
+
+    def collect(self):
+        yield _probe_up(self.agent.probes)
+        yield CounterMetricFamily("sloscope_collector_intervals", "Collection intervals run.",
+                                  value=self.agent.intervals)
+        if self.agent.shipper is not None:
+            yield from _shipper_families(self.agent.shipper)
 
 
-def _line(name: str, value: float, labels: dict[str, str] | None = None) -> str:
-    inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in (labels or {}).items())
-    return f"{name}{{{inner}}} {value:g}" if inner else f"{name} {value:g}"
-
-
-class Family:
-    """One metric family of the exposition: its HELP and TYPE, then its samples."""
-
-    def __init__(self, name: str, kind: str, help_text: str):
-        self.name, self.lines = name, [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-
-    def add(self, value: float, labels: dict[str, str] | None = None, suffix: str = "") -> "Family":
-        self.lines.append(_line(self.name + suffix, value, labels))
-        return self
-
-
-def exposition(agent) -> str:
+def exposition(agent) -> bytes:
     """The agent's state as Prometheus text."""
-    families = _probe_families(agent.probes) + [
-        Family("sloscope_collector_intervals_total", "counter", "Collection intervals run.").add(agent.intervals)]
-    shipper = agent.shipper
-    if shipper is not None:
-        families += _shipper_families(shipper)
-    return "\n".join(line for f in families for line in f.lines) + "\n"
+    return render(AgentMetrics(agent))
 
 
-def _probe_families(probes) -> list[Family]:
-    up = Family("sloscope_collector_probe_up", "gauge",
-                "1 when the requested probe runs itself and its last collection worked, else 0 (running: what "
-                "runs in its place).")
+def _probe_up(probes) -> GaugeMetricFamily:
+    up = GaugeMetricFamily("sloscope_collector_probe_up",
+                           "1 when the requested probe runs itself and its last collection worked, else 0 (running: "
+                           "what runs in its place).", labels=("probe", "running"))
     for decision in (probes.decisions if probes else ()):
         ok = not decision.fallback and not decision.missing and decision.requested not in probes.errors
-        up.add(1 if ok else 0, {"probe": decision.requested, "running": ",".join(decision.running) or "none"})
-    return [up]
+        up.add_metric((decision.requested, ",".join(decision.running) or "none"), 1 if ok else 0)
+    return up
 
 
-def _shipper_families(shipper) -> list[Family]:
+def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, help_text, value=value)
+
+
+def _shipper_families(shipper):
     st, sp = shipper.stats, shipper.spool.stats()
     other = sp.dropped_batches - sp.rejected_batches - sp.corrupt_batches - sp.disk_full_batches
-    dropped = Family("sloscope_collector_batches_dropped_total", "counter",
-                     "Batches lost, by reason (rejected by the endpoint, corrupt on disk, disk full, other: past the "
-                     "spool's bounds or not writable).")
+    dropped = CounterMetricFamily("sloscope_collector_batches_dropped",
+                                  "Batches lost, by reason (rejected by the endpoint, corrupt on disk, disk full, "
+                                  "other: past the spool's bounds or not writable).", labels=("reason",))
     for reason, n in (("rejected", sp.rejected_batches), ("corrupt", sp.corrupt_batches),
                       ("disk_full", sp.disk_full_batches), ("other", other)):
-        dropped.add(n, {"reason": reason})
+        dropped.add_metric((reason,), n)
     return [
-        Family("sloscope_collector_batches_exported_total", "counter", "Batches the endpoint took.")
-        .add(st.exported_batches),
-        Family("sloscope_collector_points_exported_total", "counter", "Data points the endpoint took.")
-        .add(st.exported_points),
-        Family("sloscope_collector_points_rejected_total", "counter",
-               "Data points of batches the endpoint took that it said it did not keep (OTLP partial success).")
-        .add(st.partially_rejected_points),
-        Family("sloscope_collector_batches_spooled_total", "counter", "Batches written to the spool.")
-        .add(st.spooled_batches),
-        Family("sloscope_collector_batches_replayed_total", "counter", "Spooled batches delivered later.")
-        .add(st.replayed_batches),
+        _counter("sloscope_collector_batches_exported", "Batches the endpoint took.", st.exported_batches),
+        _counter("sloscope_collector_points_exported", "Data points the endpoint took.", st.exported_points),
+        _counter("sloscope_collector_points_rejected",
+                 "Data points of batches the endpoint took that it said it did not keep (OTLP partial success).",
+                 st.partially_rejected_points),
+        _counter("sloscope_collector_batches_spooled", "Batches written to the spool.", st.spooled_batches),
+        _counter("sloscope_collector_batches_replayed", "Spooled batches delivered later.", st.replayed_batches),
         dropped,
-        Family("sloscope_collector_export_failures_total", "counter", "Export attempts not delivered.")
-        .add(st.failed_exports),
-        Family("sloscope_collector_spool_batches", "gauge", "Batches waiting in the spool.").add(sp.batches),
-        Family("sloscope_collector_spool_bytes", "gauge", "Bytes of the spool on disk.").add(sp.bytes),
-        Family("sloscope_collector_endpoint_up", "gauge", "1 when the last export attempt was delivered.")
-        .add(1 if shipper.endpoint_up else 0),
+        _counter("sloscope_collector_export_failures", "Export attempts not delivered.", st.failed_exports),
+        GaugeMetricFamily("sloscope_collector_spool_batches", "Batches waiting in the spool.", value=sp.batches),
+        GaugeMetricFamily("sloscope_collector_spool_bytes", "Bytes of the spool on disk.", value=sp.bytes),
+        GaugeMetricFamily("sloscope_collector_endpoint_up", "1 when the last export attempt was delivered.",
+                          value=1 if shipper.endpoint_up else 0),
         _latency_family(st.export_latency),
     ]
 
 
-def _latency_family(latency) -> Family:
-    family = Family("sloscope_collector_export_duration_seconds", "histogram",
-                    "Time of one export attempt, answered or not.")
-    cumulative = 0
+def _latency_family(latency) -> HistogramMetricFamily:
+    buckets, cumulative = [], 0
     for bound, count in zip(latency.bounds_s, latency.counts):
         cumulative += count
-        family.add(cumulative, {"le": f"{bound:g}"}, "_bucket")
-    family.add(latency.total, {"le": "+Inf"}, "_bucket")
-    return family.add(latency.sum_s, suffix="_sum").add(latency.total, suffix="_count")
+        buckets.append((floatToGoString(bound), cumulative))
+    buckets.append(("+Inf", latency.total))
+    return HistogramMetricFamily("sloscope_collector_export_duration_seconds",
+                                 "Time of one export attempt, answered or not.", buckets=buckets,
+                                 sum_value=latency.sum_s)
 
 
 def health(agent) -> str | None:
@@ -125,9 +119,8 @@ class TelemetryServer:
         self._server: ThreadingHTTPServer | None = None
 
     def start(self) -> bool:
-        host, _, port = self.listen.rpartition(":")
         try:
-            server = ThreadingHTTPServer((host, int(port)), _handler(self.agent))
+            server = ThreadingHTTPServer(parse_address(self.listen), _handler(self.agent))
         except OSError as exc:
             log.warning("telemetry: cannot listen on %s (%s): no /healthz or /metrics", self.listen,
                         exc.strerror or exc)
@@ -163,8 +156,8 @@ def _handler(agent):
                 return self._answer(200, exposition(agent), CONTENT_TYPE)
             self._answer(404, "not found: /healthz or /metrics\n")
 
-        def _answer(self, code: int, text: str, ctype: str = "text/plain; charset=utf-8"):
-            body = text.encode()
+        def _answer(self, code: int, body: str | bytes, ctype: str = "text/plain; charset=utf-8"):
+            body = body.encode() if isinstance(body, str) else body
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))

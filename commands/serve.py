@@ -15,6 +15,8 @@ import sys
 import threading
 from pathlib import Path
 
+from sloscope.addresses import parse_address
+
 log = logging.getLogger("sloscope.serve")
 
 
@@ -44,7 +46,7 @@ def register(subparsers) -> None:
     from sloscope.arguments import above_zero
 
     from sloscope.commands.serve_ops import add_edge_arguments, add_limit_arguments
-    from sloscope.receiver.limits import parse_size
+    from sloscope.sizes import size_argument
 
     add_store_arguments(serve)
     serve.add_argument("--slo", type=Path, metavar="SLO.yaml",
@@ -55,7 +57,7 @@ def register(subparsers) -> None:
                        help=f"OTLP/gRPC address (default: {DEFAULT_GRPC}; 'off' to disable)")
     serve.add_argument("--queue-rows", type=above_zero(int), default=1_000_000, metavar="N",
                        help="rows accepted but not yet written before requests are refused (default: %(default)s)")
-    serve.add_argument("--queue-bytes", type=above_zero(parse_size), default="256MiB", metavar="SIZE",
+    serve.add_argument("--queue-bytes", type=size_argument, default="256MiB", metavar="SIZE",
                        help="bytes accepted but not yet committed (with --ack log: of the intake log) before "
                        "requests are refused, in bytes or with KiB, MiB, GiB (default: 256MiB)")
     serve.add_argument("--ack", choices=tuple(ACKS), default="log",
@@ -111,16 +113,6 @@ def _default_decode_workers() -> int:
     return min(cpus, 4) if cpus > 1 else 0
 
 
-def listen_address(text: str) -> tuple[str, int] | None:
-    """HOST:PORT (or :PORT, on 127.0.0.1), or None for off; ValueError says what was expected."""
-    if text == "off":
-        return None
-    host, _, port = text.rpartition(":")
-    if not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"{text!r}: expected HOST:PORT (e.g. 127.0.0.1:4318), :PORT or off")
-    return host or "127.0.0.1", int(port)
-
-
 def _webhook_app(args, store, spec):
     """The webhook and its remediation engine, auditing into this process's store."""
     from sloscope.alerts.actions import ConfigError
@@ -147,12 +139,13 @@ def rca_page(store, spec):
              lookback: str = "1m"):
         import json
 
-        from sloscope.analytics.rca import Query
+        from sloscope.analytics.rca import Query, query_parameter
 
         if not top.isdigit():
-            raise ValueError(f"top: expected a whole number, got {top[:40]!r}")
+            raise ValueError(f"query parameter top: expected a whole number, got {top[:40]!r}")
         with store.reading() as reader:
-            result = Query(since, until, at, node, int(top), baseline, lookback).answer(reader, spec)
+            result = Query(since, until, at, node, int(top), baseline, lookback, query_parameter).answer(reader,
+                                                                                                      spec)
         return json.dumps(result).encode(), "application/json"
 
     return page
@@ -197,8 +190,9 @@ def _run(args) -> int:
     try:
         store = Store(args.db)
         spec = store.spec(args.slo)
-        http_addr, grpc_addr = listen_address(args.http), listen_address(args.grpc or DEFAULT_GRPC)
-        webhook_addr = listen_address(args.webhook)
+        http_addr = parse_address(args.http, "--http", may_be_off=True)
+        grpc_addr = parse_address(args.grpc or DEFAULT_GRPC, "--grpc", may_be_off=True)
+        webhook_addr = parse_address(args.webhook, "--webhook", may_be_off=True)
         webhook_app = _webhook_app(args, store, spec) if webhook_addr else None
         sampling = SamplingService(store.live_reader(), spec, load_sampling_config(args.sampling))
         limits = limits_of(args)

@@ -29,7 +29,8 @@ def run(args) -> int:
     from sloscope.analytics.store import StoreError
     from sloscope.analytics.stores import open_from_args
     from sloscope.alerts.exporter import render
-    from sloscope.commands.serve import bind_listeners, listen_address, rca_page, serve_until_stopped, stop_on_signals
+    from sloscope.addresses import parse_address
+    from sloscope.commands.serve import bind_listeners, rca_page, serve_until_stopped, stop_on_signals
     from sloscope.commands.serve_ops import Listeners, edge_of, healthz, readiness_page
     from sloscope.sampling.policy import SamplingService, load_config as load_sampling_config
     from sloscope.slo_spec import SpecError
@@ -40,7 +41,7 @@ def run(args) -> int:
     try:
         if refused:
             raise ValueError("; ".join(refused))
-        http_addr = listen_address(args.http)
+        http_addr = parse_address(args.http, "--http", may_be_off=True)
         store = open_from_args(args, read_only=True)
     except (StoreError, ValueError) as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)

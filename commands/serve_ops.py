@@ -19,12 +19,13 @@ OPEN_PAGES = frozenset({"/healthz", "/readyz"})  # the kubelet's probes carry no
 
 
 def add_limit_arguments(parser) -> None:
-    from sloscope.receiver.limits import Limits, parse_size, size_text
+    from sloscope.sizes import size_argument, size_text
+    from sloscope.receiver.limits import Limits
 
     d = Limits()
     group = parser.add_argument_group("limits", "what one client, and all together, may hold of serve's memory "
                                       "and time (sizes in bytes, or with KiB, MiB, GiB; times in seconds)")
-    size, seconds, count = above_zero(parse_size), above_zero(float), above_zero(int)
+    size, seconds, count = size_argument, above_zero(float), above_zero(int)
     group.add_argument("--max-request-body-size", type=size, default=size_text(d.max_body_bytes), metavar="SIZE",
                        help="largest OTLP/HTTP body, as sent and decompressed; larger is a 413 "
                        "(default: %(default)s)")
@@ -75,8 +76,8 @@ def add_edge_arguments(parser) -> None:
 
 @dataclass(frozen=True)
 class Edge:
-    tls: object = None  # receiver.tls.TlsFiles
-    auth: object = None  # receiver.auth.BearerAuth
+    tls: object = None  # edge.tls.TlsFiles
+    auth: object = None  # edge.auth.BearerAuth
 
     def scheme(self) -> str:
         return "https" if self.tls else "http"
@@ -89,8 +90,8 @@ class Edge:
 def edge_of(args, env: dict | None = None) -> Edge:
     """TLS and the bearer token from the flags (and $SLOSCOPE_BEARER_TOKEN); ValueError says what is wrong."""
     from sloscope.alerts.webhook import load_token
-    from sloscope.receiver.auth import BearerAuth
-    from sloscope.receiver.tls import TlsFiles
+    from sloscope.edge.auth import BearerAuth
+    from sloscope.edge.tls import TlsFiles
 
     env = os.environ if env is None else env
     if (args.tls_cert_file is None) != (args.tls_key_file is None):

@@ -12,7 +12,7 @@ Three dashboards, each with stable uids (so a push replaces its own earlier vers
 - `sloscope-incidents`: incidents with their top causes (one row per incident and cause, with the time range the
   cause was reported), each linking to the node dashboard over that time range; cause scores over time.
 
-Every query names only series of alerts/metric_names.py (what `sloscope serve` exports at /metrics). Panels of
+Every query names only series of sloscope/metric_names.py (what `sloscope serve` exports at /metrics). Panels of
 the node dashboard whose series the exporter does not export (yet) are left out; `exporter_gaps()` lists them
 with the series they need. Remediation actions appear as annotations from Prometheus's own `ALERTS` series for the
 alerts of alerts/rules.py that map to an action, and from the exporter's remediation counter once it exists.

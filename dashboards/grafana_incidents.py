@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sloscope.slo_spec import SloSpec
 
-from sloscope.alerts import metric_names as x
+from sloscope import metric_names
 from sloscope.dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, INCIDENTS_UID, NODE_UID, PromQueryFormat,
                                                 dashboard, dm, ds_ref, gc, gd, matchers, query, series_panel,
                                                 stat_panel, table)
@@ -28,7 +28,7 @@ def incidents_dashboard(spec: SloSpec, datasource_uid: str = DEFAULT_DATASOURCE_
                       "opens the node dashboard over the time the cause was reported (from 10 minutes before, its "
                       "baseline). Remediation actions are annotations.", spec, datasource_uid, time_from="now-24h")
     s = matchers()
-    score = x.INCIDENT_CAUSE_SCORE
+    score = metric_names.INCIDENT_CAUSE_SCORE
     keys = "tier, service, node, cause"
     seen = f"timestamp({score}{{{s}}})[$__range:$__interval]"
     table_panel = (

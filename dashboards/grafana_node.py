@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from sloscope import taxonomy
 from sloscope.slo_spec import PhysicalLimits, SloSpec
 
-from sloscope.alerts import metric_names as x
+from sloscope import metric_names
 from sloscope.dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, INCIDENTS_UID, NODE_UID, OVERVIEW_UID, above,
                                                 cm, dashboard, dm, ds_ref, exported, exported_names, fmt_ms, fmt_num,
                                                 gd, heat_panel, matchers, query, series_panel, statetimeline,
                                                 threshold_steps, with_row)
 
 # Series the node dashboard wants that the exporter may not export yet: the constant expected in
-# alerts/metric_names.py, the series name expected, the catalog signal it comes from, its labels and its kind.
+# sloscope/metric_names.py, the series name expected, the catalog signal it comes from, its labels and its kind.
 WANTED = {
     "GPU_IO": ("sloscope_gpu_io_bytes_total", "hw.gpu.io", ("node", "gpu", "link", "direction"), "counter"),
     "TCP_RETRANSMITS": ("sloscope_tcp_retransmits_total", "sloscope.tcp.retransmits", ("node",), "counter"),
@@ -40,7 +40,7 @@ class Gap:
 
     panel: str
     dashboard: str
-    constant: str  # expected in alerts/metric_names.py
+    constant: str  # expected in sloscope/metric_names.py
     series: str  # expected series name (histograms: the family; _bucket/_count/_sum are queried)
     source: str
     labels: tuple[str, ...]
@@ -61,7 +61,7 @@ def _wanted_in(gaps: list[Gap]):
 
     def wanted(constant: str, panel: str) -> str | None:
         series, source, labels, kind = WANTED[constant]
-        name = getattr(x, constant, None)
+        name = getattr(metric_names, constant, None)
         if exported(name, kind):
             return name
         gaps.append(Gap(panel, NODE_UID, constant, name or series, source, labels, kind))
@@ -84,29 +84,29 @@ def _gpu_panels(wanted) -> list:
                      "Peak share of time any kernel ran within each collection window (NVML utilization samples; "
                      "0 on an idle GPU). Near 100% while requests slow down: kernels queue behind co-tenants. One "
                      "small kernel reads 100% here, so read it beside SM active.",
-                     [query(_gauge_expr(x.GPU_KERNEL_BUSY_MAX, "node, gpu"), "{{node}} {{gpu}}")],
+                     [query(_gauge_expr(metric_names.GPU_KERNEL_BUSY_MAX, "node, gpu"), "{{node}} {{gpu}}")],
                      w=8, min_val=0, max_val=1),
         series_panel("GPU SM active (DCGM), per GPU", "percentunit",
                      "Mean share of SMs with at least one warp resident (DCGM SM_ACTIVE, needs sloscope's "
                      "dcgm-exporter counters file). High while requests slow down: the SMs themselves are full.",
-                     [query(_gauge_expr(x.GPU_SM_ACTIVE, "node, gpu"), "{{node}} {{gpu}}")],
+                     [query(_gauge_expr(metric_names.GPU_SM_ACTIVE, "node, gpu"), "{{node}} {{gpu}}")],
                      w=8, min_val=0, max_val=1),
         series_panel("GPU utilization", "percentunit", "GPU utilization per GPU (NVML / DCGM GPU_UTIL).",
-                     [query(_gauge_expr(x.GPU_UTILIZATION, "node, gpu"), "{{node}} {{gpu}}")],
+                     [query(_gauge_expr(metric_names.GPU_UTILIZATION, "node, gpu"), "{{node}} {{gpu}}")],
                      w=8, min_val=0, max_val=1),
         series_panel("GPU DRAM (HBM) active", "percentunit",
                      "HBM bandwidth utilization (DCGM DRAM_ACTIVE): saturation slows memory-bound inference.",
-                     [query(_gauge_expr(x.GPU_DRAM_ACTIVE, "node, gpu"), "{{node}} {{gpu}}")],
+                     [query(_gauge_expr(metric_names.GPU_DRAM_ACTIVE, "node, gpu"), "{{node}} {{gpu}}")],
                      w=8, min_val=0, max_val=1),
         series_panel("GPU memory used", "bytes",
                      "Framebuffer in use per GPU (without the driver's reserved memory, shown apart), and its size: "
                      f"steady growth is a leak (the rule: {taxonomy.GPU_MEMORY_LEAK.text}).",
-                     [query(_gauge_expr(x.GPU_MEMORY_USED, "node, gpu"), "{{node}} {{gpu}} used", "A"),
-                      query(_gauge_expr(x.GPU_MEMORY_LIMIT, "node, gpu"), "{{node}} {{gpu}} size", "B"),
-                      query(_gauge_expr(x.GPU_MEMORY_RESERVED, "node, gpu"), "{{node}} {{gpu}} reserved", "C")],
+                     [query(_gauge_expr(metric_names.GPU_MEMORY_USED, "node, gpu"), "{{node}} {{gpu}} used", "A"),
+                      query(_gauge_expr(metric_names.GPU_MEMORY_LIMIT, "node, gpu"), "{{node}} {{gpu}} size", "B"),
+                      query(_gauge_expr(metric_names.GPU_MEMORY_RESERVED, "node, gpu"), "{{node}} {{gpu}} reserved", "C")],
                      w=8, min_val=0),
         series_panel("GPU temperature", "celsius", "GPU temperature; throttling starts near the dashed line.",
-                     [query(_gauge_expr(x.GPU_TEMPERATURE, "node, gpu"), "{{node}} {{gpu}}")],
+                     [query(_gauge_expr(metric_names.GPU_TEMPERATURE, "node, gpu"), "{{node}} {{gpu}}")],
                      w=8, thresholds=above(_seed("gpu_thermal", "hw.gpu.temperature") or 85.0)),
     ]
     for link, label in (("nvlink", "NVLink"), ("pcie", "PCIe")):
@@ -129,19 +129,19 @@ def _storage_panels(wanted, limits: PhysicalLimits) -> list:
         series_panel("SPDK bdev I/O wait", "s",
                      "Mean wait per I/O of each SPDK bdev and direction; above the dashed line "
                      f"({fmt_ms(limits.spdk_bdev_wait_s * 1000)}) the NVMe queue is congested.",
-                     [query(_gauge_expr(x.SPDK_BDEV_IO_WAIT, "node, bdev, direction"),
+                     [query(_gauge_expr(metric_names.SPDK_BDEV_IO_WAIT, "node, bdev, direction"),
                             "{{node}} {{bdev}} {{direction}}")],
                      w=8, min_val=0, thresholds=above(limits.spdk_bdev_wait_s)),
         series_panel("SPDK bdev queue depth", "short", "Mean number of I/Os in flight per bdev.",
-                     [query(_gauge_expr(x.SPDK_BDEV_QUEUE_DEPTH, "node, bdev"), "{{node}} {{bdev}}")],
+                     [query(_gauge_expr(metric_names.SPDK_BDEV_QUEUE_DEPTH, "node, bdev"), "{{node}} {{bdev}}")],
                      w=8, min_val=0),
         series_panel("SPDK reactor busy", "percentunit",
                      "Busy share of each SPDK reactor (lcore); a saturated reactor delays every bdev it polls.",
-                     [query(_gauge_expr(x.SPDK_REACTOR_BUSY, "node, lcore"), "{{node}} lcore {{lcore}}")],
+                     [query(_gauge_expr(metric_names.SPDK_REACTOR_BUSY, "node, lcore"), "{{node}} lcore {{lcore}}")],
                      w=8, min_val=0, max_val=1, thresholds=above(limits.spdk_reactor_busy)),
         series_panel("NVMe temperature", "celsius",
                      f"NVMe composite temperature; above {fmt_num(limits.nvme_temperature_c)} C drives throttle.",
-                     [query(_gauge_expr(x.NVME_TEMPERATURE, "node, bdev, device"), "{{node}} {{bdev}}{{device}}")],
+                     [query(_gauge_expr(metric_names.NVME_TEMPERATURE, "node, bdev, device"), "{{node}} {{bdev}}{{device}}")],
                      w=8, thresholds=above(limits.nvme_temperature_c)),
     ]
     name = wanted("BLOCK_IO_DURATION", "Block I/O latency")
@@ -190,7 +190,7 @@ def _state_panel(title: str, description: str, expr: str, legend: str, states: t
 
 def _probe_panels() -> list:
     """Probe health, and the signals a running probe cannot produce; both once the exporter exports them."""
-    probe_up = getattr(x, "PROBE_UP", None)
+    probe_up = getattr(metric_names, "PROBE_UP", None)
     if not (probe_up and probe_up in exported_names()):
         return []
     return [
@@ -202,7 +202,7 @@ def _probe_panels() -> list:
         _state_panel("Signals a running probe cannot produce",
                      "Per node, probe and signal: down while the source lacks what the signal needs (`needs`: "
                      "DCGM fields the dcgm-exporter does not serve, or SPDK queue-depth sampling that is off).",
-                     f'min by (node, probe, signal, needs) ({x.PROBE_SIGNAL_UP}{{node=~"$node"}})',
+                     f'min by (node, probe, signal, needs) ({metric_names.PROBE_SIGNAL_UP}{{node=~"$node"}})',
                      "{{node}} {{probe}} {{signal}} {{needs}}", ("missing", "produced")),
     ]
 
@@ -216,7 +216,7 @@ def node_dashboard(spec: SloSpec, datasource_uid: str = DEFAULT_DATASOURCE_UID) 
     board = board.with_panel(series_panel(
         "Incident cause scores", "none",
         "Score (0..1) of each cause sloscope ranks for the node's open incidents.",
-        [query(f'max by (node, cause) ({x.INCIDENT_CAUSE_SCORE}{{{matchers()}}})', "{{node}} {{cause}}")],
+        [query(f'max by (node, cause) ({metric_names.INCIDENT_CAUSE_SCORE}{{{matchers()}}})', "{{node}} {{cause}}")],
         w=24, h=6, min_val=0, max_val=1))
     for title, panels in _node_panels([], spec.physical_limits):
         if panels:
@@ -229,7 +229,7 @@ def exporter_gaps() -> list[Gap]:
     gaps: list[Gap] = []
     _node_panels(gaps, PhysicalLimits())  # which panels are left out does not depend on their thresholds
     series, source, labels, kind = WANTED["REMEDIATION_ACTIONS"]
-    name = getattr(x, "REMEDIATION_ACTIONS", None)
+    name = getattr(metric_names, "REMEDIATION_ACTIONS", None)
     if not exported(name, kind):
         gaps.append(Gap("annotation: remediation executed", f"{NODE_UID}, {INCIDENTS_UID}, {OVERVIEW_UID}",
                         "REMEDIATION_ACTIONS", name or series, source, labels, kind))

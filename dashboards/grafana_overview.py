@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sloscope.slo_spec import SloSpec, TierObjective
 
-from sloscope.alerts import metric_names as x
+from sloscope import metric_names
 from sloscope.alerts.burn import PAGE, burn_windows, promql_duration
 from sloscope.dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, OVERVIEW_UID, above, dashboard, fmt_ms,
                                                 fmt_num, fmt_pct, gd, matchers, query, series_panel, stat_panel,
@@ -14,27 +14,27 @@ from sloscope.dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, OVERVIEW
 
 def _latency_burn(t: TierObjective, window: str) -> str:
     """Share of requests slower than the objective over `window`, divided by the share the percentile allows."""
-    le = x.le_label(x.le_seconds(t.threshold_ms))
+    le = metric_names.le_label(metric_names.le_seconds(t.threshold_ms))
     s = matchers(t.name)
-    return (f"(1 - sum(rate({x.REQUEST_DURATION}_bucket{{{s}, le=\"{le}\"}}[{window}])) / "
-            f"sum(rate({x.REQUEST_DURATION}_count{{{s}}}[{window}]))) / {fmt_num(1 - t.percentile / 100)}")
+    return (f"(1 - sum(rate({metric_names.REQUEST_DURATION}_bucket{{{s}, le=\"{le}\"}}[{window}])) / "
+            f"sum(rate({metric_names.REQUEST_DURATION}_count{{{s}}}[{window}]))) / {fmt_num(1 - t.percentile / 100)}")
 
 
 def _error_ratio(selector: str, window: str, by: str = "") -> str:
     by_clause = f" by ({by})" if by else ""
-    return (f"sum{by_clause} (rate({x.REQUEST_ERRORS}{{{selector}}}[{window}])) / "
-            f"sum{by_clause} (rate({x.REQUESTS}{{{selector}}}[{window}]))")
+    return (f"sum{by_clause} (rate({metric_names.REQUEST_ERRORS}{{{selector}}}[{window}])) / "
+            f"sum{by_clause} (rate({metric_names.REQUESTS}{{{selector}}}[{window}]))")
 
 
 def _tier_row(spec: SloSpec, t: TierObjective) -> tuple[str, list]:
     s = matchers(t.name)
     q = t.percentile / 100
     pname = f"p{fmt_num(t.percentile)}"
-    threshold_s = x.le_seconds(t.threshold_ms)
+    threshold_s = metric_names.le_seconds(t.threshold_ms)
     allowance = 1 - q
     window = promql_duration(spec.window_s)
-    le = x.le_label(threshold_s)
-    bucket, count = f"{x.REQUEST_DURATION}_bucket", f"{x.REQUEST_DURATION}_count"
+    le = metric_names.le_label(threshold_s)
+    bucket, count = f"{metric_names.REQUEST_DURATION}_bucket", f"{metric_names.REQUEST_DURATION}_count"
     latency = series_panel(
         f"{t.name}: {pname} latency against the {fmt_ms(t.threshold_ms)} objective", "s",
         f"The tier's {pname} request latency (from the exported histogram, whose buckets include the objective "
@@ -90,14 +90,14 @@ def slo_overview(spec: SloSpec, datasource_uid: str = DEFAULT_DATASOURCE_UID) ->
     board = board.with_row(gd.Row("All tiers"))
     board = board.with_panel(series_panel(
         "Request rate by tier", "reqps", "Requests per second ingested by sloscope, per SLO tier.",
-        [query(f"sum by (tier) (rate({x.REQUESTS}{{{s}}}[$__rate_interval]))", "{{tier}}")], w=9, min_val=0))
+        [query(f"sum by (tier) (rate({metric_names.REQUESTS}{{{s}}}[$__rate_interval]))", "{{tier}}")], w=9, min_val=0))
     board = board.with_panel(series_panel(
         "Error ratio by tier", "percentunit", "Failed requests over all requests, per SLO tier.",
         [query(_error_ratio(s, "$__rate_interval", "tier"), "{{tier}}")], w=9, min_val=0))
     board = board.with_panel(stat_panel(
         "Open incidents", "short",
         "Incidents (tier, service, node) that sloscope's analysis reports open now, with at least one ranked cause.",
-        [query(f"count(max by (tier, service, node) ({x.INCIDENT_CAUSE_SCORE}{{{s}}})) or vector(0)", "incidents",
+        [query(f"count(max by (tier, service, node) ({metric_names.INCIDENT_CAUSE_SCORE}{{{s}}})) or vector(0)", "incidents",
                instant=True)],
         w=6, thresholds=threshold_steps((None, "green"), (1, "red")), decimals=0))
     for t in spec.tiers.values():

@@ -23,7 +23,7 @@ with warnings.catch_warnings():  # the classic (v1) dashboard model warns at imp
 
 from sloscope.slo_spec import SloSpec
 
-from sloscope.alerts import metric_names as x
+from sloscope import metric_names
 from sloscope.alerts.actions import NOTIFY
 
 DEFAULT_DATASOURCE_UID = "prometheus"
@@ -51,7 +51,7 @@ def fmt_ms(threshold_ms: float) -> str:
 
 
 def exported_names() -> frozenset[str]:
-    return x.exported_series()
+    return metric_names.exported_series()
 
 
 def exported(name: str | None, kind: str) -> bool:
@@ -147,8 +147,8 @@ def _variables(spec: SloSpec, datasource_uid: str, *, node_multi: bool = True) -
             .all_value(".*").current(all_option)
             .options([dm.VariableOption(selected=True, text="All", value="$__all")]
                      + [dm.VariableOption(selected=False, text=t, value=t) for t in tiers]))
-    service_q = f'label_values({x.REQUESTS}{{tier=~"$tier"}}, service)'
-    node_q = f'label_values({x.REQUESTS}{{tier=~"$tier", service=~"$service"}}, node)'
+    service_q = f'label_values({metric_names.REQUESTS}{{tier=~"$tier"}}, service)'
+    node_q = f'label_values({metric_names.REQUESTS}{{tier=~"$tier", service=~"$service"}}, node)'
     service = (gd.QueryVariable("service").label("service").datasource(ds_ref()).query(service_q).definition(service_q)
                .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
                .multi(True).include_all(True).all_value(".*").current(all_option))
@@ -173,7 +173,7 @@ def _remediation_annotations() -> list:
            .step("60s").title_format("{{action}}").text_format("{{alertname}}: {{action}} on {{node}} "
                                                                "(cause {{cause}}, tier {{tier}})")
            .tag_keys("action,cause,node,tier")]
-    name = getattr(x, "REMEDIATION_ACTIONS", None)
+    name = getattr(metric_names, "REMEDIATION_ACTIONS", None)
     if exported(name, "counter"):
         out.append(gd.AnnotationQuery().name("Remediation executed").datasource(ds_ref()).enable(True)
                    .icon_color("purple")

@@ -28,9 +28,10 @@ import polars as pl
 
 from sloscope import catalog
 from sloscope.slo_spec import SloSpec
+from sloscope.times import parse_rfc3339, rfc3339
 
 from sloscope.analytics.attribution import BASELINE, GROWTH_SUFFIX, LOOKBACK, Window, signal_steps
-from sloscope.analytics.rca import EPISODE_GAP, NO_REQUESTS, analyse, holds_requests, parse_time, rfc3339
+from sloscope.analytics.rca import EPISODE_GAP, NO_REQUESTS, analyse, holds_requests
 from sloscope.analytics.slo import MIN_REQUESTS, sli_windows, window_latencies
 from sloscope.analytics.store import Store
 
@@ -69,7 +70,7 @@ def episodes(incidents: list[dict]) -> list[Episode]:
     out: list[Episode] = []
     open_by_node: dict[str, Episode] = {}
     for inc in sorted(incidents, key=lambda i: (i["start"], i["node"])):
-        start, end = parse_time(inc["start"], None), parse_time(inc["end"], None)
+        start, end = parse_rfc3339(inc["start"]), parse_rfc3339(inc["end"])
         ep = open_by_node.get(inc["node"])
         if ep is None or start > ep.end + EPISODE_GAP:
             ep = Episode(inc["node"], start, end)
@@ -100,7 +101,7 @@ def _attrs(attributes: dict) -> str:
 
 
 def _t(text: str | None) -> datetime | None:
-    return parse_time(text, None) if text else None
+    return parse_rfc3339(text) if text else None
 
 
 # --- data ----------------------------------------------------------------------------------------------------------

@@ -1,1 +1,2 @@
-"""The receiving side of OTLP: HTTP and gRPC servers, decoders and the hostile-client limits."""
+"""The receiving side of OTLP: its HTTP and gRPC servers (built on sloscope.edge), decoders, content codings, OTLP
+files and client limits."""

@@ -23,8 +23,9 @@ import cramjam
 import google_crc32c
 import lz4.frame
 
-from sloscope.receiver.http_body import BodyError, too_large
-from sloscope.receiver.limits import Reservation
+from sloscope.edge.budget import Reservation
+from sloscope.edge.http_body import BodyError, too_large
+
 from sloscope.receiver.zstd_module import zstd
 
 INFLATE_STEP = 2**16  # decompressed bytes reserved at a time (zlib is several times slower at 1 MiB steps)

@@ -2,13 +2,12 @@
 
 Defaults follow the OpenTelemetry Collector's OTLP receiver (confighttp, configgrpc) where it has one, and
 Prometheus's `--web.max-connections` for the connection cap; the header deadline is the shorter one nginx
-recommends, since a client that needs more than 10 s for its headers is one holding a connection open.
+recommends, since a client that needs more than 10 s for its headers is one holding a connection open. The
+servers of sloscope.edge enforce them: the in-flight bytes as an edge/budget.py ByteBudget.
 """
 
 from __future__ import annotations
 
-import re
-import threading
 from dataclasses import dataclass
 
 MiB = 2**20
@@ -34,70 +33,3 @@ class Limits:
         if self.max_inflight_bytes < largest:
             raise ValueError(f"--max-inflight-bytes ({self.max_inflight_bytes}) is below the largest request "
                              f"(--max-request-body-size, --grpc-max-recv-msg-size: {largest})")
-
-
-class Exhausted(Exception):
-    """The in-flight byte budget cannot take a request now; the client should retry later."""
-
-
-class ByteBudget:
-    """Bytes of request bodies held at once, across threads. A reservation that would pass the limit is refused
-    rather than waited for, so that a burst turns into retryable answers instead of blocked threads."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self._held = 0
-        self._lock = threading.Lock()
-
-    @property
-    def held(self) -> int:
-        return self._held
-
-    def reserve(self, n: int) -> None:
-        with self._lock:
-            if self._held + n > self.limit:
-                raise Exhausted(f"{self._held} bytes of requests in flight; no room for {n} more")
-            self._held += n
-
-    def release(self, n: int) -> None:
-        with self._lock:
-            self._held -= n
-
-
-class Reservation:
-    """What one request holds of a budget, given back all at once when the request is done."""
-
-    def __init__(self, budget: ByteBudget):
-        self.budget = budget
-        self.held = 0
-
-    def reserve(self, n: int) -> None:
-        self.budget.reserve(n)
-        self.held += n
-
-    def __enter__(self) -> "Reservation":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.budget.release(self.held)
-        self.held = 0
-
-
-_SIZE = re.compile(r"\s*([0-9]+)\s*(|k|ki|kib|m|mi|mib|g|gi|gib)b?\s*", re.IGNORECASE)
-_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
-
-
-def size_text(n: int) -> str:
-    """Bytes as parse_size reads them, in the largest binary unit that holds them exactly: 33554432 -> 32MiB."""
-    for unit in "GMK":
-        if n and n % _UNITS[unit.lower()] == 0:
-            return f"{n // _UNITS[unit.lower()]}{unit}iB"
-    return str(n)
-
-
-def parse_size(text: str) -> int:
-    """Bytes from '1048576', '512KiB', '32MiB' or '1GiB' (binary units, as the Collector's *_mib settings)."""
-    match = _SIZE.fullmatch(text)
-    if not match:
-        raise ValueError(f"not a size: {text!r} (bytes, or a number with KiB, MiB or GiB)")
-    return int(match[1]) * _UNITS[match[2][:1].lower()]

@@ -29,18 +29,19 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
+from sloscope.edge.auth import BearerAuth, BearerInterceptor
+from sloscope.edge.budget import ByteBudget, Exhausted, Reservation
+from sloscope.edge.draining import KeepAliveHandler
+from sloscope.edge.grpc_admission import REFUSING_THREADS, Admission
+from sloscope.edge.http_body import BodyError, declared_length, read_body
+from sloscope.edge.http_conn import DeadlineReader, LimitedHTTPServer
+from sloscope.edge.tls import TlsFiles
 from sloscope.records import Batch
 
 from sloscope.receiver import content_coding, otlp_json, otlp_proto, otlp_spans
-from sloscope.receiver.auth import BearerAuth, BearerInterceptor
-from sloscope.receiver.draining import KeepAliveHandler
-from sloscope.receiver.grpc_admission import REFUSING_THREADS, Admission
-from sloscope.receiver.http_body import BodyError, declared_length, read_body
-from sloscope.receiver.http_conn import DeadlineReader, LimitedHTTPServer
-from sloscope.receiver.limits import ByteBudget, Exhausted, Limits, Reservation
+from sloscope.receiver.limits import Limits
 from sloscope.receiver.otlp_common import REFUSAL_REASONS, UNKEPT_REASONS, DecodeError, refusal_message
 from sloscope.receiver.otlp_json import Decoder
-from sloscope.receiver.tls import TlsFiles
 
 log = logging.getLogger("sloscope.receiver")
 RETRY_AFTER_S = 1
@@ -387,6 +388,7 @@ def http_server(receiver: Receiver | None, host: str, port: int, pages: dict[str
 # --- OTLP/gRPC --------------------------------------------------------------------------------------------
 
 
+GRPC_BUSY = "sloscope is serving as many OTLP/gRPC calls as it takes (--grpc-max-concurrent-rpcs); retry later"
 GRPC_SERVICES = {"traces": "opentelemetry.proto.collector.trace.v1.TraceService",
                  "metrics": "opentelemetry.proto.collector.metrics.v1.MetricsService",
                  "logs": "opentelemetry.proto.collector.logs.v1.LogsService"}
@@ -423,16 +425,16 @@ def grpc_server(receiver: Receiver, host: str, port: int, tls: TlsFiles | None =
                 auth: BearerAuth | None = None) -> tuple[grpc.Server, int]:
     """OTLP/gRPC under the receiver's limits: a larger message is RESOURCE_EXHAUSTED before it is decoded. Calls
     in progress are bounded per connection by HTTP/2's stream limit (the client waits, as with the Collector's
-    max_concurrent_streams) and in all (past it, UNAVAILABLE: grpc_admission.py), each with a thread of its own. A
-    connection's handshake (TLS, HTTP/2 preface) has the header deadline; once as old as the body deadline, it is
-    sent a GOAWAY (the client reconnects), and its calls have the body deadline again to finish before it is
+    max_concurrent_streams) and in all (past it, UNAVAILABLE: edge/grpc_admission.py), each with a thread of its
+    own. A connection's handshake (TLS, HTTP/2 preface) has the header deadline; once as old as the body deadline,
+    it is sent a GOAWAY (the client reconnects), and its calls have the body deadline again to finish before it is
     closed. With `tls`, TLS only; with `auth`, a call without the bearer token is UNAUTHENTICATED."""
     limits = receiver.limits
     # grpcio holds a pool thread while a call waits for its request message, without a deadline of its own: with
     # fewer threads than calls admitted, silent calls would leave the others queued behind them for ever. A
     # connection's age is what bounds the wait, as the body deadline bounds it over HTTP.
     read_timeout_ms = int(limits.read_timeout_s * 1000)
-    admission = Admission(limits.grpc_max_concurrent_rpcs, receiver.count)
+    admission = Admission(limits.grpc_max_concurrent_rpcs, receiver.count, GRPC_BUSY)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=limits.grpc_max_concurrent_rpcs + REFUSING_THREADS),
                          interceptors=[BearerInterceptor(auth, receiver.count), admission] if auth else [admission],
                          options=[("grpc.max_receive_message_length", limits.grpc_max_message_bytes),

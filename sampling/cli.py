@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from sloscope.times import parse_rfc3339, rfc3339_or_none
+
 EXIT_OK, EXIT_USAGE = 0, 2
 
 
@@ -53,7 +55,7 @@ def _sampling_policy(args, config, spec_path) -> dict:
     import time
     from datetime import timedelta, timezone
 
-    from sloscope.analytics.rca import newest_request, parse_rfc3339
+    from sloscope.analytics.rca import newest_request
     from sloscope.analytics.store import DEFAULT_DB, Store
 
     from sloscope.sampling.policy import evaluate_once
@@ -69,7 +71,7 @@ def _sampling_policy(args, config, spec_path) -> dict:
                 raise ValueError("--at latest: the database holds no requests")
             now = (newest + timedelta(seconds=1)).replace(tzinfo=timezone.utc).timestamp()
         elif args.at:
-            now = parse_rfc3339(args.at).replace(tzinfo=timezone.utc).timestamp()
+            now = parse_rfc3339(args.at, "--at").replace(tzinfo=timezone.utc).timestamp()
         return evaluate_once(store, spec, config, now)
 
 
@@ -99,9 +101,7 @@ def _served_policy(url: str) -> dict:
 def _check_at(text: str | None) -> None:
     """--at is an RFC 3339 time or `latest`: a duration, as rca takes, has no newest request here to count back
     from (and a served policy is always the current one)."""
-    from sloscope.analytics.rca import parse_rfc3339
-
-    if text and text != "latest" and parse_rfc3339(text) is None:
+    if text and text != "latest" and rfc3339_or_none(text) is None:
         raise ValueError(f"--at: expected an RFC 3339 time or 'latest'; got {text!r}")
 
 

@@ -43,7 +43,9 @@ from typing import Callable
 
 from sloscope.enrich.tiers import TierResolver
 from sloscope.catalog import TIER_ATTRIBUTES
+from sloscope import yaml_config
 from sloscope.errors import ConfigError, read_config_text
+from sloscope.yaml_config import at, key_at
 
 from sloscope.sampling.budget import Budget, cap_keys
 from sloscope.sampling.head_sampler import encode_th, probability_of, threshold_for
@@ -84,36 +86,36 @@ _DURATION_KEYS = {"dwell": "dwell_s", "interval": "interval_s", "window": "windo
                   "incident_lookback": "incident_lookback_s", "incident_open": "incident_open_s"}
 
 
+_NUMBER_KEYS = tuple(f.name for f in fields(SamplingConfig) if f.name not in _DURATION_KEYS.values())
+CONFIG_KEYS = tuple(sorted((*_NUMBER_KEYS, *_DURATION_KEYS)))
+
+
 def parse_config(text: str, source: str = "<string>") -> SamplingConfig:
     """The sampling config YAML: budget_spans_per_s, min_probability, error_ratio, min_requests, tolerance,
     max_increase, max_routes, max_services, and durations (10s, 2m) dwell, interval, window, sli_window,
-    incident_lookback, incident_open."""
-    import yaml
-
+    incident_lookback, incident_open. ConfigError names the file, the line and the key of what is wrong."""
     from sloscope.durations import parse_duration
 
-    try:
-        doc = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    doc = yaml_config.parse(text, source)
+    doc = {} if doc is None else doc
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}: expected a mapping")
-    numbers = {f.name for f in fields(SamplingConfig)} - set(_DURATION_KEYS.values())
     values = {}
     for key, value in doc.items():
         if key in _DURATION_KEYS:
-            values[_DURATION_KEYS[key]] = parse_duration(value, f"{source}: {key}")
-        elif key in numbers:
+            values[_DURATION_KEYS[key]] = parse_duration(value, key_at(source, doc, key))
+        elif key in _NUMBER_KEYS:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ConfigError(f"{source}: {key}: expected a number; got {value!r}")
+                raise ConfigError(f"{key_at(source, doc, key)}: expected a number; got {value!r}")
             values[key] = value
         else:
-            known = sorted(numbers | set(_DURATION_KEYS))
-            raise ConfigError(f"{source}: unknown key {key!r} (expected one of {', '.join(known)})")
-    return validate(SamplingConfig(**values), source)
+            raise ConfigError(f"{at(source, doc, key)}: unknown key {key!r} (expected one of "
+                              f"{', '.join(CONFIG_KEYS)})")
+    return validate(SamplingConfig(**values), source, doc)
 
 
-def validate(config: SamplingConfig, source: str = "<config>") -> SamplingConfig:
+def validate(config: SamplingConfig, source: str = "<config>", doc=None) -> SamplingConfig:
+    """`config`, or ConfigError naming the value out of range, with its line when `doc` is the YAML it came from."""
     checks = [
         ("budget_spans_per_s", config.budget_spans_per_s > 0, "a positive number"),
         ("min_probability", 2 ** -56 <= config.min_probability <= 1, "a number in [2^-56, 1]"),
@@ -127,7 +129,7 @@ def validate(config: SamplingConfig, source: str = "<config>") -> SamplingConfig
     ]
     for key, ok, expected in checks:
         if not ok:
-            raise ConfigError(f"{source}: {key}: expected {expected}; got {getattr(config, key)!r}")
+            raise ConfigError(f"{key_at(source, doc, key)}: expected {expected}; got {getattr(config, key)!r}")
     return config
 
 

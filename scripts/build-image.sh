@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# `make image`: the sloscope image, built with Debian's own tools and no registry. The base is a debootstrap of
+# `make image`: the sloscope images, built with Debian's own tools and no registry. The base is a debootstrap of
 # Debian bookworm from deb.debian.org, cached as var/image/bookworm-base.tar (made once, minutes) and imported
-# into podman as localhost/sloscope-base:bookworm; the Containerfile then runs scripts/setup.sh --container on
-# it. The image is tagged localhost/sloscope:VERSION, VERSION from pyproject.toml. With --print-run-options it
+# into podman as localhost/sloscope-base:bookworm; the Containerfile then runs scripts/setup.sh on it, once with
+# --agent-container for the node agent's image, localhost/sloscope-agent:VERSION, and once with --container for
+# the server's, localhost/sloscope:VERSION (VERSION from pyproject.toml). With --print-run-options it
 # prints the options `podman run` needs on this kind of host, one a line, and builds nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,7 @@ BASE=localhost/sloscope-base:bookworm
 MIRROR=http://deb.debian.org/debian
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE=localhost/sloscope:$VERSION
+AGENT_IMAGE=localhost/sloscope-agent:$VERSION
 HOST_CA=${SLOSCOPE_BUILD_CA:-/etc/ssl/certs/ca-certificates.crt}
 
 # runc, not Debian podman's default crun, which refuses this kind of host ("cgroups in hybrid mode not
@@ -39,15 +41,21 @@ import_base() {
     say "imported $BASE"
 }
 
+build() {  # IMAGE SETUP-SWITCH TITLE
+    say "building $1"
+    # The build reaches deb.debian.org and PyPI with this machine's trust (a proxy may sign for them): its CA
+    # bundle is lent to the build's steps, and none of it lands in the image.
+    podman build "${PODMAN_RUN_OPTS[@]}" --network host --volume "$HOST_CA:/etc/ssl/build-ca.pem:ro" \
+        --build-arg PIP_CERT=/etc/ssl/build-ca.pem --build-arg BASE="$BASE" --build-arg VERSION="$VERSION" \
+        --build-arg SETUP="$2" --build-arg TITLE="$3" -t "$1" -f Containerfile .
+    say "built $1 ($(podman image inspect --format '{{.Size}}' "$1" | numfmt --to=iec-i --suffix=B))"
+}
+
 if [ "${1:-}" = --print-run-options ]; then printf '%s\n' "${PODMAN_RUN_OPTS[@]}"; exit 0; fi
 [ "$(id -u)" -eq 0 ] || { echo "image: debootstrap and podman's storage need root" >&2; exit 1; }
 mkdir -p "$CACHE"
 bash scripts/setup.sh --image-tools >/dev/null
 make_base_tar
 import_base
-say "building $IMAGE"
-# The build reaches deb.debian.org and PyPI with this machine's trust (a proxy may sign for them): its CA
-# bundle is lent to the build's steps, and none of it lands in the image.
-podman build "${PODMAN_RUN_OPTS[@]}" --network host --volume "$HOST_CA:/etc/ssl/build-ca.pem:ro" \
-    --build-arg PIP_CERT=/etc/ssl/build-ca.pem --build-arg BASE="$BASE" --build-arg VERSION="$VERSION" -t "$IMAGE" -f Containerfile .
-say "built $IMAGE"
+build "$AGENT_IMAGE" --agent-container sloscope-agent
+build "$IMAGE" --container sloscope

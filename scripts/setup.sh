@@ -2,22 +2,30 @@
 # Idempotent set-up for `make demo` and `make test`: Debian packages (when root), kernel header links and
 # tracefs for eBPF, a venv with the project installed, and Debian's bcc made importable from that venv.
 # Each step checks whether it is already done and skips if so.
-#   --image-tools  also the tools `make image` builds with (debootstrap, podman, runc)
-#   --container    what the image needs, from inside its build (the Containerfile): the collector's and serve's
-#                  packages only, no test extras; kernel headers and tracefs come from the node at run time
+#   (no switch)        what `make test` needs: the server and every extra, the test tools (Prometheus, Chromium, ...)
+#   --demo             what `make demo` needs: the server install and the live demo's tools (stress-ng, fio, nft)
+#   --image-tools      also the tools `make image` builds with (debootstrap, podman, runc)
+#   --container        the server image (the Containerfile's `server` stage): the server install, no test extras;
+#                      kernel headers and tracefs come from the node at run time
+#   --agent-container  the node agent's image (the `agent` stage): `pip install sloscope` alone, with Debian's bcc
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 MODE=${1:-host}
-APT_PACKAGES=(gcc libc6-dev python3-dev python3-bpfcc bpfcc-tools linux-headers-amd64 prometheus prometheus-alertmanager nftables stress-ng fio iproute2 chromium)
-EXTRAS="[test,clickhouse]"
+BUILD=(gcc libc6-dev python3-dev)  # the receiver's C fast path
+DEMO_PACKAGES=("${BUILD[@]}" python3-bpfcc linux-headers-amd64 nftables stress-ng fio iproute2)
+APT_PACKAGES=("${DEMO_PACKAGES[@]}" bpfcc-tools prometheus prometheus-alertmanager chromium)
+EXTRAS="[server,clickhouse,test]"
+FAST_PATH=yes  # whether the install is up to date only once the C fast path is built
 case "$MODE" in
     host) ;;
+    --demo) APT_PACKAGES=("${DEMO_PACKAGES[@]}"); EXTRAS="[server]" ;;
     --image-tools) APT_PACKAGES+=(debootstrap podman runc) ;;
-    --container) APT_PACKAGES=(gcc libc6-dev python3-dev python3-venv python3-bpfcc); EXTRAS="" ;;
-    *) echo "usage: $0 [--image-tools | --container]" >&2; exit 2 ;;
+    --container) APT_PACKAGES=("${BUILD[@]}" python3-venv python3-bpfcc); EXTRAS="[server]" ;;
+    --agent-container) APT_PACKAGES=(python3-venv python3-bpfcc); EXTRAS=""; FAST_PATH=no ;;
+    *) echo "usage: $0 [--demo | --image-tools | --container | --agent-container]" >&2; exit 2 ;;
 esac
 
 say() { printf 'setup: %s\n' "$*"; }
@@ -31,7 +39,7 @@ install_apt_packages() {
     say "installing Debian packages: ${missing[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    [ "$MODE" != --container ] || { apt-get clean; rm -rf /var/lib/apt/lists/*; }  # smaller image layers
+    [[ "$MODE" != *container ]] || { apt-get clean; rm -rf /var/lib/apt/lists/*; }  # smaller image layers
 }
 
 link_kernel_headers() {
@@ -70,18 +78,29 @@ make_venv() {
     # The C extension is built at install, and an editable install maps the packages it found then: a new
     # package (or the image's first, dependencies-only layer, which has none) needs another install.
     want=$({ cat pyproject.toml setup.py receiver/otlp_spans.c receiver/arrow_c_data.h; printf '%s\n' */__init__.py; } | sha256sum | cut -d' ' -f1)
-    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! fast_path_built; then
+    # The stamp is the hash and the extras installed with it; an install with more extras serves one with fewer
+    # (make test, then make demo, installs nothing again).
+    if ! installed_for "$stamp" "$want" || { [ "$FAST_PATH" = yes ] && ! fast_path_built; }; then
         say "installing sloscope and its dependencies into $VENV"
         # setuptools and wheel in the venv too: the packaging tests build the wheel without fetching them
         "$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=68" wheel >/dev/null
         "$VENV/bin/python" -m pip install -q -e ".$EXTRAS"
         # Not up to date until the fast path is built: the next run tries again (say, once gcc is there).
-        if fast_path_built; then echo "$want" > "$stamp"; else rm -f "$stamp"
+        if [ "$FAST_PATH" = no ] || fast_path_built; then echo "$want $EXTRAS" > "$stamp"; else rm -f "$stamp"
             say "the trace fast path was not compiled (needs gcc, libc6-dev, python3-dev): every trace request takes the general decoder"
         fi
     else
         say "venv up to date"
     fi
+}
+
+installed_for() {  # STAMP HASH: whether the venv holds this tree's install with at least $EXTRAS
+    local hash extras wanted
+    { read -r hash extras < "$1"; } 2>/dev/null || return 1
+    [ "$hash" = "$2" ] || return 1
+    for wanted in $(tr '[],' '   ' <<< "$EXTRAS"); do
+        grep -q "[[,]$wanted[],]" <<< "$extras" || return 1
+    done
 }
 
 expose_bcc() {
@@ -93,7 +112,7 @@ expose_bcc() {
     [ -e "$site/bcc" ] || ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
 }
 
-if [ "$(id -u)" -eq 0 ] && [ "$MODE" = --container ]; then
+if [ "$(id -u)" -eq 0 ] && [[ "$MODE" = *container ]]; then
     install_apt_packages
 elif [ "$(id -u)" -eq 0 ]; then
     install_apt_packages

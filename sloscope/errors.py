@@ -11,6 +11,8 @@ class ConfigError(ValueError):
 def read_config_text(path: Path, what: str, error: type[ConfigError] = ConfigError) -> str:
     """The text of the configuration file at `path`; else `error` naming the file, what it is and why."""
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")  # YAML's encoding, whatever the locale's
     except OSError as exc:
         raise error(f"{path}: cannot read the {what}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:  # a binary file given by mistake
+        raise error(f"{path}: cannot read the {what}: not UTF-8 text (byte {exc.start})") from None

@@ -111,7 +111,7 @@ class SpanTable:
     """SERVER spans already in columns, as the receiver's fast path reads them (receiver/otlp_spans.c): how many,
     each distinct tier header (None: no header) with how many spans carry it, and `batch`, which gives the
     columns in the requests table's shape as an Arrow record batch once each header's tier is known (`tiers`,
-    which enrich.tiers sets). Ids are words (sloscope/ids.py)."""
+    which enrich.tiers sets). Ids are words (analytics/ids.py)."""
 
     rows: int
     tier_headers: list

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from sloscope import catalog, taxonomy
+from sloscope import catalog, taxonomy, yaml_config
 
 from sloscope.durations import parse_duration
 from sloscope.errors import ConfigError, read_config_text
+from sloscope.yaml_config import at, key_at
 
 TIER_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
@@ -33,6 +31,10 @@ tiers:
 window: 30d
 resolution: 10s
 """
+
+
+SPEC_REQUIRED = ("default_tier", "tiers")
+SPEC_OPTIONAL = ("window", "resolution", "physical_limits", "causes", "evidence")
 
 
 class SpecError(ConfigError):
@@ -119,15 +121,7 @@ def _tier(name, body, where: str) -> TierObjective:
 
 
 def parse_spec(text: str, source: str = "<string>") -> SloSpec:
-    try:
-        doc = yaml.load(text, Loader=_LineLoader)
-    except yaml.MarkedYAMLError as exc:
-        line = f":{exc.problem_mark.line + 1}" if exc.problem_mark else ""
-        raise SpecError(f"{source}{line}: not valid YAML: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{source}: not valid YAML: {exc}") from None
-    doc = _mapping(doc, source, ("default_tier", "tiers"),
-                   ("window", "resolution", "physical_limits", "causes", "evidence"))
+    doc = _mapping(yaml_config.parse(text, source, SpecError), source, SPEC_REQUIRED, SPEC_OPTIONAL)
     tiers_doc = doc["tiers"]
     if not isinstance(tiers_doc, dict) or not tiers_doc:
         raise SpecError(f"{source}: tiers: expected a non-empty mapping of tier name to objectives")
@@ -194,9 +188,9 @@ def _physical_limits(doc: dict, source: str) -> PhysicalLimits:
     """The spec's `physical_limits`, each key defaulting to the field's threshold."""
     if "physical_limits" not in doc:
         return PhysicalLimits()
-    body = _mapping(doc["physical_limits"], f"{_at(source, doc, 'physical_limits')}: physical_limits", (),
+    body = _mapping(doc["physical_limits"], f"{at(source, doc, 'physical_limits')}: physical_limits", (),
                     PHYSICAL_LIMIT_KEYS)
-    where = {key: f"{_at(source, body, key)}: physical_limits.{key}" for key in body}
+    where = {key: f"{at(source, body, key)}: physical_limits.{key}" for key in body}
     limits = {PERCENT_LIMITS[key][0]: _percent(value, where[key], PERCENT_LIMITS[key][1])
               for key, value in body.items() if key in PERCENT_LIMITS}
     if "nvme_temperature_c" in body:
@@ -209,48 +203,11 @@ def _physical_limits(doc: dict, source: str) -> PhysicalLimits:
 
 # --- declared causes and evidence -----------------------------------------------------------------------------------
 
-class _Lines(dict):
-    """A YAML mapping that knows the line (1-based) of itself and of each of its keys."""
-
-    line = 0
-    lines: dict = {}
-
-    def line_of(self, key) -> int:
-        return self.lines.get(key, self.line)
-
-
-class _LineLoader(yaml.SafeLoader):
-    """yaml.safe_load's loader, keeping lines and refusing a key given twice (which safe_load lets the last win)."""
-
-
-def _lines_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Lines:
-    loader.flatten_mapping(node)
-    out = _Lines()
-    out.line, out.lines = node.start_mark.line + 1, {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if not isinstance(key, Hashable):
-            raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a scalar", key_node.start_mark)
-        if key in out:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (first on line "
-                                                    f"{out.lines[key]})", key_node.start_mark)
-        out[key] = loader.construct_object(value_node, deep=True)
-        out.lines[key] = key_node.start_mark.line + 1
-    return out
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _lines_mapping)
-
 CAUSE_ID = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 # An OpenTelemetry instrument name (a letter, then letters, digits, _ . - /; at most 255) or a Prometheus metric
 # name (letters, digits, _ and :, not starting with a digit), as a receiver passes either on.
 METRIC_NAME = re.compile(r"^[A-Za-z_:][A-Za-z0-9_.:/-]{0,254}$")
 DIRECTIONS = tuple(d.value for d in catalog.Direction)
-
-
-def _at(source: str, body, key=None) -> str:
-    line = body.line_of(key) if isinstance(body, _Lines) else 0
-    return f"{source}:{line}" if line else source
 
 
 def _text(body: dict, key: str, where: str) -> str:
@@ -269,7 +226,7 @@ def _finite(body: dict, key: str, where: str, low: float = -math.inf) -> float:
 
 
 def _declared_cause(cause_id, body, source: str, causes: dict) -> taxonomy.Cause:
-    where = f"{_at(source, causes, cause_id)}: causes.{cause_id}"
+    where = f"{at(source, causes, cause_id)}: causes.{cause_id}"
     if not isinstance(cause_id, str) or not CAUSE_ID.match(cause_id):
         raise SpecError(f"{where}: cause ids are lower-case [a-z0-9_], starting with a letter; got {cause_id!r}")
     if cause_id in taxonomy.BY_ID:
@@ -280,11 +237,11 @@ def _declared_cause(cause_id, body, source: str, causes: dict) -> taxonomy.Cause
     try:
         remediation.format(node="NODE")
     except (KeyError, IndexError, ValueError):
-        raise SpecError(f"{_at(source, body, 'remediation')}: causes.{cause_id}.remediation: only {{node}} may "
+        raise SpecError(f"{at(source, body, 'remediation')}: causes.{cause_id}.remediation: only {{node}} may "
                         f"stand in braces; got {remediation!r}") from None
     explained_by = body.get("explained_by", [])
     if not isinstance(explained_by, list) or not all(isinstance(c, str) for c in explained_by):
-        raise SpecError(f"{_at(source, body, 'explained_by')}: causes.{cause_id}.explained_by: expected a list of "
+        raise SpecError(f"{at(source, body, 'explained_by')}: causes.{cause_id}.explained_by: expected a list of "
                         f"cause ids; got {explained_by!r}")
     return taxonomy.Cause(cause_id, _text(body, "layer", where), (), _text(body, "physical", where), remediation,
                           explained_by=tuple(explained_by))
@@ -302,28 +259,29 @@ def _where(body: dict, where: str) -> tuple[tuple[str, str], ...]:
 
 def _declared_evidence(n: int, body, source: str, known: dict, seen: dict) -> tuple:
     """(cause id, evidence, seed threshold or None, declared signal) of the n-th evidence item."""
-    where = f"{_at(source, body)}: evidence[{n}]"
+    where = f"{at(source, body)}: evidence[{n}]"
     body = _mapping(body, where, ("metric", "cause", "harmful"), ("threshold", "noise_floor", "where"))
     metric, cause_id = body["metric"], body["cause"]
-    at = f"{_at(source, body, 'metric')}: evidence[{n}].metric"
+    named = key_at(source, body, "metric", f"evidence[{n}].metric")
     if not isinstance(metric, str) or not METRIC_NAME.match(metric):
-        raise SpecError(f"{at}: {metric!r} is not a valid OTLP or Prometheus metric name")
+        raise SpecError(f"{named}: {metric!r} is not a valid OTLP or Prometheus metric name")
     if metric in catalog.BY_NAME:
-        raise SpecError(f"{at}: {metric!r} is a catalog signal, read already (docs/catalog.md, docs/taxonomy.md)")
+        raise SpecError(f"{named}: {metric!r} is a catalog signal, read already (docs/catalog.md, docs/taxonomy.md)")
     if cause_id not in known:
-        raise SpecError(f"{_at(source, body, 'cause')}: evidence[{n}].cause: unknown cause {cause_id!r}: define it "
+        raise SpecError(f"{at(source, body, 'cause')}: evidence[{n}].cause: unknown cause {cause_id!r}: define it "
                         f"under causes: (layer, physical, remediation), or use one of {', '.join(known)}")
     if body["harmful"] not in DIRECTIONS:
-        raise SpecError(f"{_at(source, body, 'harmful')}: evidence[{n}].harmful: expected up or down; got "
+        raise SpecError(f"{at(source, body, 'harmful')}: evidence[{n}].harmful: expected up or down; got "
                         f"{body['harmful']!r}")
     if (metric, cause_id) in seen:
-        raise SpecError(f"{at}: {metric!r} is declared for {cause_id} twice (first on line {seen[metric, cause_id]})")
+        raise SpecError(f"{named}: {metric!r} is declared for {cause_id} twice (first on line "
+                        f"{seen[metric, cause_id]})")
     seen[metric, cause_id] = body.line_of("metric")
-    threshold = _finite(body, "threshold", f"{_at(source, body, 'threshold')}: evidence[{n}]") \
+    threshold = _finite(body, "threshold", f"{at(source, body, 'threshold')}: evidence[{n}]") \
         if "threshold" in body else None
-    floor = _finite(body, "noise_floor", f"{_at(source, body, 'noise_floor')}: evidence[{n}]", 0.0) \
+    floor = _finite(body, "noise_floor", f"{at(source, body, 'noise_floor')}: evidence[{n}]", 0.0) \
         if "noise_floor" in body else 0.0
-    ev = taxonomy.Evidence(metric, _where(body, f"{_at(source, body, 'where')}: evidence[{n}]"),
+    ev = taxonomy.Evidence(metric, _where(body, f"{at(source, body, 'where')}: evidence[{n}]"),
                            producer=taxonomy.SPEC_PRODUCER, measure=metric)
     return cause_id, ev, threshold, taxonomy.DeclaredSignal(metric, catalog.Direction(body["harmful"]), floor)
 
@@ -334,9 +292,9 @@ def _declared_taxonomy(doc: dict, source: str) -> taxonomy.Taxonomy:
         return taxonomy.BUILT_IN
     causes_doc, items = doc.get("causes", {}), doc.get("evidence", [])
     if not isinstance(causes_doc, dict):
-        raise SpecError(f"{_at(source, doc, 'causes')}: causes: expected a mapping of cause id to its definition")
+        raise SpecError(f"{at(source, doc, 'causes')}: causes: expected a mapping of cause id to its definition")
     if not isinstance(items, list) or not items:
-        raise SpecError(f"{_at(source, doc, 'evidence')}: evidence: expected a non-empty list of declared metrics")
+        raise SpecError(f"{at(source, doc, 'evidence')}: evidence: expected a non-empty list of declared metrics")
     new = [_declared_cause(cause_id, body, source, causes_doc) for cause_id, body in causes_doc.items()]
     known = {**taxonomy.BY_ID, **{c.id: c for c in new}}
     seen: dict = {}
@@ -345,15 +303,15 @@ def _declared_taxonomy(doc: dict, source: str) -> taxonomy.Taxonomy:
     for (cause_id, ev, _, signal), body in zip(declared, items):
         first = signals.setdefault(signal.name, signal)
         if first != signal:
-            raise SpecError(f"{_at(source, body, 'harmful')}: evidence: {signal.name!r} is declared with two "
+            raise SpecError(f"{at(source, body, 'harmful')}: evidence: {signal.name!r} is declared with two "
                             "readings; its harmful direction and noise_floor must be the same for every cause")
     for cause in new:
         unknown = [c for c in cause.explained_by if c not in known]
         if unknown:
-            raise SpecError(f"{_at(source, causes_doc[cause.id], 'explained_by')}: causes.{cause.id}.explained_by: "
+            raise SpecError(f"{at(source, causes_doc[cause.id], 'explained_by')}: causes.{cause.id}.explained_by: "
                             f"unknown cause {unknown[0]!r}")
         if not any(cause_id == cause.id for cause_id, *_ in declared):
-            raise SpecError(f"{_at(source, causes_doc, cause.id)}: causes.{cause.id}: no evidence names it, so it "
+            raise SpecError(f"{at(source, causes_doc, cause.id)}: causes.{cause.id}: no evidence names it, so it "
                             "could never be found; declare a metric for it under evidence:")
     return taxonomy.declared(tuple(new), tuple((c, ev, t) for c, ev, t, _ in declared), tuple(signals.values()))
 

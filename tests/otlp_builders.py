@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-# The stored ids (sloscope/ids.py) as the hex the payloads carry, in SQL.
+# The stored ids (analytics/ids.py) as the hex the payloads carry, in SQL.
 TRACE_ID = "printf('%016x%016x', trace_hi, trace_lo)"
 SPAN_ID = "printf('%016x', span_id)"
 

@@ -4,8 +4,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = {"probes": 1, "simulator": 1, "collectors": 2, "receiver": 2, "enrich": 3, "analytics": 4, "alerts": 5,
-          "sampling": 6, "dashboards": 6, "commands": 7}
+STAGES = {"probes": 1, "simulator": 1, "edge": 1, "collectors": 2, "receiver": 2, "enrich": 3, "analytics": 4,
+          "alerts": 5, "sampling": 6, "dashboards": 6, "commands": 7}
 # Installed names: sloscope/ is the package `sloscope` (floor 0, the contracts), and each stage folder at the
 # repository's top level is its subpackage (analytics/ is `sloscope.analytics`), as setup.py maps them.
 FLOORS = {"sloscope": 0, **{f"sloscope.{stage}": floor for stage, floor in STAGES.items()}}
@@ -18,6 +18,11 @@ def package_of(module: str) -> str:
         if ".".join(parts[:n]) in FLOORS:
             return ".".join(parts[:n])
     raise KeyError(module)
+
+
+def against_the_rule(own: str, other: str) -> bool:
+    """Whether package `own` may not import package `other`: it is a floor up, or another package of one floor."""
+    return FLOORS[other] > FLOORS[own] or (FLOORS[other] == FLOORS[own] and other != own)
 
 
 def imports(path: Path, module: str) -> list[tuple[int, str]]:
@@ -49,8 +54,7 @@ def test_no_import_goes_up_a_floor():
         own = package_of(module)
         for line, name in imports(path, module):
             other = package_of(name)
-            sideways = FLOORS[other] == FLOORS[own] and other.split(".")[0] != own.split(".")[0]
-            if FLOORS[other] > FLOORS[own] or sideways:
+            if against_the_rule(own, other):
                 wrong.append(f"{path.relative_to(ROOT)}:{line}: {own} (floor {FLOORS[own]}) imports {name} "
                              f"(floor {FLOORS[other]})")
     assert not wrong, "imports against docs/architecture.md:\n" + "\n".join(wrong)
@@ -74,3 +78,21 @@ def test_the_rule_sees_an_upward_import(tmp_path):
     (line, name), = imports(bad, "sloscope.collectors.bad")
     assert (line, package_of(name)) == (2, "sloscope.analytics")
     assert FLOORS["sloscope.analytics"] > FLOORS["sloscope.collectors"]
+
+
+def test_the_rule_sees_a_sideways_import(tmp_path):
+    """Packages of one floor do not import each other: the edge, beside the probes, does not read them."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from sloscope.probes.base import Probe\n")
+    (_, name), = imports(bad, "sloscope.edge.bad")
+    assert against_the_rule("sloscope.edge", package_of(name))
+    assert not against_the_rule("sloscope.edge", "sloscope.edge")
+
+
+def test_alerts_and_receiver_share_only_the_edge():
+    """The Alertmanager webhook and the OTLP servers both stand on sloscope.edge: neither imports the other (the
+    floors forbid it one way only)."""
+    crossing = [f"{path.relative_to(ROOT)}:{line}: {module} imports {name}" for path, module in modules()
+                for line, name in imports(path, module)
+                if {package_of(module), package_of(name)} == {"sloscope.alerts", "sloscope.receiver"}]
+    assert not crossing, "alerts and receiver import each other:\n" + "\n".join(crossing)

@@ -22,3 +22,18 @@ def test_a_probe_whose_reader_stops_early_ends_as_every_command_does():
     proc.stdout.close()
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and "Traceback" not in stderr, stderr
+
+
+def test_the_command_table_names_each_command_where_it_is_registered():
+    """`sloscope X` loads only COMMANDS[X]: the table must say what the modules register."""
+    import argparse
+    import importlib
+
+    from sloscope.commands.cli import COMMANDS
+
+    registered = {}
+    for module in set(COMMANDS.values()):
+        subparsers = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(module).register(subparsers)
+        registered.update(dict.fromkeys(subparsers.choices, module))
+    assert registered == COMMANDS

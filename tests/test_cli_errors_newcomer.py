@@ -229,7 +229,7 @@ def test_rules_hold_takes_the_one_duration_grammar_and_writes_prometheus_duratio
 
 @pytest.mark.parametrize("argv, says", [
     (["ingest", "--batch-rows", "0", "x.jsonl"], "argument --batch-rows: '0': must be above zero"),
-    (["serve", "--http", "localhost", "--db", "{tmp}/s.duckdb"], "'localhost': expected HOST:PORT"),
+    (["serve", "--http", "localhost", "--db", "{tmp}/s.duckdb"], "--http: expected HOST:PORT"),
 ])
 def test_counts_and_addresses_are_refused_in_one_line(tmp_path, argv, says):
     done = subprocess.run([sys.executable, "-m", "sloscope.commands.cli", *[a.format(tmp=tmp_path) for a in argv]],

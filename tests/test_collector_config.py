@@ -106,7 +106,7 @@ def test_a_file_that_is_not_yaml_is_a_one_line_error_saying_where(tmp_path):
     with pytest.raises(cfgmod.ConfigError) as caught:
         cfgmod.load(write_config(tmp_path, "endpoint: http://x\nspool: : 3\n"), environ={})
     assert "\n" not in str(caught.value)
-    assert str(caught.value).endswith("not YAML: line 2, column 8: mapping values are not allowed here")
+    assert str(caught.value).endswith("collector.yaml:2: not valid YAML: mapping values are not allowed here")
 
 
 def test_bad_environment_is_a_clear_error():

@@ -96,7 +96,7 @@ def test_json_logs_and_bad_listen_from_the_command_line(tmp_path):
         assert {"time", "level", "logger", "message"} <= set(lines[0]) and len(sink.requests) == 1
         assert any(line["message"].startswith("sloscope collect: endpoint") for line in lines)
     bad = subprocess.run(SLOSCOPE + ["collect", "--listen", "nowhere"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "--listen: 'nowhere' is not HOST:PORT" in bad.stderr
+    assert bad.returncode == 2 and "--listen: expected HOST:PORT" in bad.stderr
 
 
 @pytest.mark.privileged
@@ -151,3 +151,41 @@ def _points(request: ExportMetricsServiceRequest):
         for scope in resource.scope_metrics:
             for m in scope.metrics:
                 yield from getattr(m, m.WhichOneof("data")).data_points
+
+
+def test_metrics_keep_every_digit_and_pass_promtool():
+    """Counters past a million keep every digit (six significant digits would make rate() step); the text is
+    what prometheus-client writes and promtool accepts."""
+    from types import SimpleNamespace
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sloscope.collectors.shipper import LatencyHistogram, ShipperStats
+    from sloscope.collectors.spool import SpoolStats
+    from sloscope.collectors.telemetry import exposition
+
+    latency = LatencyHistogram()
+    for seconds in (0.003, 0.007, 0.3, 42.0):
+        latency.observe(seconds)
+    stats = ShipperStats(exported_batches=1_234_567, exported_points=98_765_432_101, failed_exports=3,
+                         export_latency=latency)
+    spool = SpoolStats(batches=7, bytes=1_234_567_891, dropped_batches=5, dropped_points=50, rejected_batches=1,
+                       corrupt_batches=1, disk_full_batches=1, read_errors=0)
+    shipper = SimpleNamespace(stats=stats, spool=SimpleNamespace(stats=lambda: spool), endpoint_up=True)
+    agent = SimpleNamespace(probes=None, intervals=10_000_001, shipper=shipper)
+    text = exposition(agent).decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("sloscope_collector_batches_exported_total", ())] == 1_234_567
+    assert samples[("sloscope_collector_points_exported_total", ())] == 98_765_432_101
+    assert samples[("sloscope_collector_intervals_total", ())] == 10_000_001
+    assert samples[("sloscope_collector_spool_bytes", ())] == 1_234_567_891
+    assert samples[("sloscope_collector_batches_dropped_total", (("reason", "other"),))] == 2
+    assert samples[("sloscope_collector_export_duration_seconds_bucket", (("le", "0.005"),))] == 1
+    assert samples[("sloscope_collector_export_duration_seconds_bucket", (("le", "0.5"),))] == 3
+    assert samples[("sloscope_collector_export_duration_seconds_bucket", (("le", "+Inf"),))] == 4
+    assert samples[("sloscope_collector_export_duration_seconds_sum", ())] == pytest.approx(42.31)
+    need(shutil.which("promtool") is not None, "promtool (Debian package prometheus) is not installed")
+    checked = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
+                             timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
+from sloscope.edge.http_body import BodyError
 from sloscope.receiver.content_coding import CODINGS, INFLATE_STEP, decode
 from sloscope.receiver.zstd_module import zstd
-from sloscope.receiver.http_body import BodyError
 from tests.in_process import InProcessReceiver
 from tests.test_receiver import _proto_traces
 

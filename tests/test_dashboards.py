@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sloscope.alerts import metric_names as x
+from sloscope import metric_names
 from sloscope.alerts.rules import rules_dict
 from sloscope.analytics.ingest import Ingestor
-from sloscope.analytics.rca import analyse, parse_time
+from sloscope.analytics.rca import analyse
+from sloscope.times import parse_time
 from sloscope.analytics.store import Store, sql
 from sloscope.dashboards import grafana as g
 from sloscope.dashboards.report import Episode, _grafana_link, episodes, render, signal_unit
@@ -153,7 +154,7 @@ def test_promql_name_extraction():
 
 
 def test_every_query_names_only_series_that_serve_exports(boards):
-    allowed = x.exported_series() | {g.ALERTS_SERIES}
+    allowed = metric_names.exported_series() | {g.ALERTS_SERIES}
     used = set()
     for board in boards.values():
         for where, expr in queries(board):
@@ -163,7 +164,7 @@ def test_every_query_names_only_series_that_serve_exports(boards):
             used |= names
     # The physical signals the exporter has are all on the node dashboard.
     node_used = {n for _, e in queries(boards[g.NODE_UID]) for n in series_names(e)}
-    assert {f.name for f in x.GAUGES} <= node_used
+    assert {f.name for f in metric_names.GAUGES} <= node_used
     # ALERTS (Prometheus's own series) is only used for alerts of the generated rules that carry an action label.
     alert_rules = [r for grp in rules_dict(SPEC)["groups"] for r in grp["rules"] if "alert" in r]
     assert alert_rules and all("action" in r["labels"] for r in alert_rules)
@@ -192,7 +193,7 @@ def test_queried_series_are_what_the_exporter_renders(sim_db, boards):
 
 def test_exporter_gaps_are_exactly_the_panels_left_out(boards):
     node_titles = {p["title"] for p in panels(boards[g.NODE_UID])}
-    exported = x.exported_series()
+    exported = metric_names.exported_series()
     gaps = g.exporter_gaps()
     for gap in gaps:
         assert gap.series not in exported and gap.series + "_bucket" not in exported
@@ -214,7 +215,7 @@ def test_dashboards_are_pure_functions_of_the_spec(boards):
     assert [r.split(":")[0] for r in rows[1:]] == [f"Tier {t}" for t in OTHER_SPEC.tiers]
     exprs = [e for _, e in queries(overview)]
     for t in OTHER_SPEC.tiers.values():
-        le = x.le_label(t.threshold_ms / 1000)
+        le = metric_names.le_label(t.threshold_ms / 1000)
         assert any(f'tier="{t.name}"' in e and f'le="{le}"' in e for e in exprs), t.name
         latency = next(p for p in panels(overview) if p["title"].startswith(f"{t.name}: p"))
         steps = latency["fieldConfig"]["defaults"]["thresholds"]["steps"]

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from sloscope.alerts import metric_names as x
+from sloscope import metric_names
 from sloscope.analytics.store import Store
 from sloscope.commands.cli import main
 from sloscope.dashboards.grafana import build_all
@@ -117,7 +117,7 @@ def test_the_dashboards_show_any_cause_the_analysis_ranks_declared_ones_included
     declared cause shows as the built-in ones do."""
     _, spec = fleet
     text = json.dumps(build_all(load_spec(spec)))
-    assert x.INCIDENT_CAUSE_SCORE in text and "cause=" not in text.replace('cause=~\\"$cause\\"', "")
+    assert metric_names.INCIDENT_CAUSE_SCORE in text and "cause=" not in text.replace('cause=~\\"$cause\\"', "")
 
 
 def test_serve_keeps_the_metrics_its_spec_declares(tmp_path):

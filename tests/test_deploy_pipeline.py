@@ -44,12 +44,16 @@ def selects(selector, labels):
 
 
 def test_every_container_runs_the_image_of_this_version():
+    """The DaemonSet runs the node agent's image (scripts/build-image.sh builds both), everything else the
+    server's."""
     from sloscope.commands.cli import package_version
 
-    images = [c["image"] for _, d in manifests() if d["kind"] in ("Deployment", "DaemonSet", "StatefulSet")
-              for c in pod_of(d)["spec"]["containers"]]
-    assert len(images) >= 2
-    assert set(images) == {f"{IMAGE_REPOSITORY}:{pyproject_version()}"} and package_version() == pyproject_version()
+    images = {(d["kind"], c["image"]) for _, d in manifests() if d["kind"] in ("Deployment", "DaemonSet", "StatefulSet")
+              for c in pod_of(d)["spec"]["containers"]}
+    version = pyproject_version()
+    assert {kind for kind, _ in images} >= {"Deployment", "DaemonSet"}
+    assert images == {(kind, f"{IMAGE_REPOSITORY}{'-agent' if kind == 'DaemonSet' else ''}:{version}")
+                      for kind, _ in images} and package_version() == version
 
 
 def test_every_namespaced_object_lives_in_the_namespace_the_daemonset_file_creates():

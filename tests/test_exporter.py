@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sloscope.alerts import metric_names as x
+from sloscope import metric_names
 from sloscope.alerts.exporter import StoreCollector, registry_for, render
 from sloscope.alerts.rules import rules_dict
 from sloscope.analytics.ingest import Ingestor
@@ -87,36 +87,36 @@ def collector(store, **kw):
 def test_request_histograms_and_counters_per_tier_service_and_node(store):
     f = scrape(collector(store))
     crit = {"tier": "p99-latency-critical", "service": "llm-gateway", "node": "gpu-node-1"}
-    name = x.REQUEST_DURATION
+    name = metric_names.REQUEST_DURATION
     assert value(f, name, name + "_bucket", **crit, le="0.5") == 8
     assert value(f, name, name + "_bucket", **crit, le="0.8") == 8  # the tier's threshold is an exact bucket
     assert value(f, name, name + "_bucket", **crit, le="1.0") == 9
     assert value(f, name, name + "_bucket", **crit, le="+Inf") == 10
     assert value(f, name, name + "_count", **crit) == 10
     assert value(f, name, name + "_sum", **crit) == pytest.approx((800 + 900 + 1500) / 1000)
-    assert value(f, "sloscope_requests", x.REQUESTS, **crit) == 10
-    assert value(f, "sloscope_request_errors", x.REQUEST_ERRORS, **crit) == 1
+    assert value(f, "sloscope_requests", metric_names.REQUESTS, **crit) == 10
+    assert value(f, "sloscope_request_errors", metric_names.REQUEST_ERRORS, **crit) == 1
     std = {"tier": "standard", "service": "embedder", "node": "gpu-node-2"}  # the invalid tier counts as default
     assert value(f, name, name + "_bucket", **std, le="0.2") == 1
-    assert value(f, "sloscope_requests", x.REQUESTS, **std) == 3
-    assert value(f, "sloscope_request_errors", x.REQUEST_ERRORS, **std) == 0  # exported even when zero
+    assert value(f, "sloscope_requests", metric_names.REQUESTS, **std) == 3
+    assert value(f, "sloscope_request_errors", metric_names.REQUEST_ERRORS, **std) == 0  # exported even when zero
     les = {dict(k[1])["le"] for k in f[name] if k[0] == name + "_bucket"}
     for tier in SPEC.tiers.values():  # every tier threshold is a bucket bound, spelled as the rules spell it
-        assert x.le_label(x.le_seconds(tier.threshold_ms)) in les
+        assert metric_names.le_label(metric_names.le_seconds(tier.threshold_ms)) in les
 
 
 def test_physical_gauges_are_the_latest_value_of_fresh_series(store):
     f = scrape(collector(store))
-    assert f[x.GPU_UTILIZATION] == {(x.GPU_UTILIZATION, (("gpu", "GPU-1"), ("node", "gpu-node-1"))): 0.93}
-    assert value(f, x.GPU_MEMORY_USED, x.GPU_MEMORY_USED, node="gpu-node-1", gpu="GPU-1") == 2.0e9
-    assert value(f, x.SPDK_BDEV_IO_WAIT, x.SPDK_BDEV_IO_WAIT, node="gpu-node-1", bdev="Nvme0n1",
+    assert f[metric_names.GPU_UTILIZATION] == {(metric_names.GPU_UTILIZATION, (("gpu", "GPU-1"), ("node", "gpu-node-1"))): 0.93}
+    assert value(f, metric_names.GPU_MEMORY_USED, metric_names.GPU_MEMORY_USED, node="gpu-node-1", gpu="GPU-1") == 2.0e9
+    assert value(f, metric_names.SPDK_BDEV_IO_WAIT, metric_names.SPDK_BDEV_IO_WAIT, node="gpu-node-1", bdev="Nvme0n1",
                  direction="read") == 0.008
-    assert value(f, x.SPDK_REACTOR_BUSY, x.SPDK_REACTOR_BUSY, node="gpu-node-1", lcore="0") == 0.85
+    assert value(f, metric_names.SPDK_REACTOR_BUSY, metric_names.SPDK_REACTOR_BUSY, node="gpu-node-1", lcore="0") == 0.85
     # an empty label is no label in the exposition
-    assert value(f, x.NVME_TEMPERATURE, x.NVME_TEMPERATURE, node="gpu-node-1", device="nvme0n1") == 70.0
+    assert value(f, metric_names.NVME_TEMPERATURE, metric_names.NVME_TEMPERATURE, node="gpu-node-1", device="nvme0n1") == 70.0
     # without an age limit, the stale node's last value shows
     old = scrape(collector(store, gauge_max_age_s=None))
-    assert value(old, x.GPU_UTILIZATION, x.GPU_UTILIZATION, node="gpu-node-9", gpu="GPU-9") == 0.99
+    assert value(old, metric_names.GPU_UTILIZATION, metric_names.GPU_UTILIZATION, node="gpu-node-9", gpu="GPU-9") == 0.99
 
 
 def test_ingest_counters_and_the_cardinality_cap(store):
@@ -124,21 +124,21 @@ def test_ingest_counters_and_the_cardinality_cap(store):
     assert value(f, "sloscope_ingest_requests_loaded", "sloscope_ingest_requests_loaded_total") == 13
     assert value(f, "sloscope_ingest_tier_invalid", "sloscope_ingest_tier_invalid_total") == 1
     f = scrape(collector(store, max_series=1))
-    hist = x.REQUEST_DURATION
+    hist = metric_names.REQUEST_DURATION
     assert {dict(k[1])["tier"] for k in f[hist]} == {"p99-latency-critical"}  # one label set kept, in order
     dropped = "sloscope_exporter_series_dropped"
-    assert value(f, dropped, x.SERIES_DROPPED, family=hist) == 1
-    assert value(f, dropped, x.SERIES_DROPPED, family=x.GPU_UTILIZATION) == 0  # the per-process series is no series
-    assert len(f[x.GPU_UTILIZATION]) == 1
-    assert value(f, "sloscope_exporter_errors", x.EXPORTER_ERRORS, part="requests") == 0
+    assert value(f, dropped, metric_names.SERIES_DROPPED, family=hist) == 1
+    assert value(f, dropped, metric_names.SERIES_DROPPED, family=metric_names.GPU_UTILIZATION) == 0  # the per-process series is no series
+    assert len(f[metric_names.GPU_UTILIZATION]) == 1
+    assert value(f, "sloscope_exporter_errors", metric_names.EXPORTER_ERRORS, part="requests") == 0
 
 
 def test_a_failing_part_is_left_out_and_counted(store):
     c = collector(store)
     c._gauges = lambda con: (_ for _ in ()).throw(RuntimeError("boom"))
     f = scrape(c)
-    assert x.GPU_UTILIZATION not in f and x.REQUEST_DURATION in f
-    assert value(f, "sloscope_exporter_errors", x.EXPORTER_ERRORS, part="gauges") == 1
+    assert metric_names.GPU_UTILIZATION not in f and metric_names.REQUEST_DURATION in f
+    assert value(f, "sloscope_exporter_errors", metric_names.EXPORTER_ERRORS, part="gauges") == 1
 
 
 def test_render_serves_the_text_format_and_scrapes_beside_a_writer(store, tmp_path):
@@ -181,7 +181,7 @@ def test_incident_cause_scores_of_open_incidents_and_every_rule_series_exported(
         now = [t0 + 1000]  # 40 s after the fault ended: the incident is open
         c = StoreCollector(store.reading, SPEC, clock=lambda: now[0], cache_s=15)
         f = scrape(c)
-        scores = f[x.INCIDENT_CAUSE_SCORE]
+        scores = f[metric_names.INCIDENT_CAUSE_SCORE]
         node = truth.fault["node"]
         top = {dict(k[1])["cause"]: v for k, v in scores.items() if dict(k[1])["node"] == node}
         assert max(top, key=top.get) == "storage_queue" and top["storage_queue"] >= 0.5
@@ -197,9 +197,9 @@ def test_incident_cause_scores_of_open_incidents_and_every_rule_series_exported(
 
         # cached for cache_s; later, the incident is closed and its scores are gone
         now[0] += 5
-        assert scrape(c)[x.INCIDENT_CAUSE_SCORE] == scores
+        assert scrape(c)[metric_names.INCIDENT_CAUSE_SCORE] == scores
         now[0] = t0 + 1080 + 900
-        assert scrape(c)[x.INCIDENT_CAUSE_SCORE] == {}
+        assert scrape(c)[metric_names.INCIDENT_CAUSE_SCORE] == {}
 
 
 def test_signal_counters_histograms_and_remediation_decisions(tmp_path):
@@ -218,14 +218,14 @@ def test_signal_counters_histograms_and_remediation_decisions(tmp_path):
         store.con.execute("INSERT INTO remediation_audit VALUES (now(), 'SloscopeGpuSaturated', 'ab', NULL, "
                           "'nft_drain_backend', 'backend:gpu-node-1', '{}', 'executed', 'done')")
         families = scrape(collector(store))
-    assert value(families, "sloscope_tcp_retransmits", x.TCP_RETRANSMITS, node="gpu-node-1") == 40  # 10 + 15 + 15
-    assert value(families, "sloscope_pressure_stall_seconds", x.PRESSURE_STALL, node="gpu-node-1",
+    assert value(families, "sloscope_tcp_retransmits", metric_names.TCP_RETRANSMITS, node="gpu-node-1") == 40  # 10 + 15 + 15
+    assert value(families, "sloscope_pressure_stall_seconds", metric_names.PRESSURE_STALL, node="gpu-node-1",
                  resource="io", kind="some") == pytest.approx(2.0)
     hist = "sloscope_syscall_duration_seconds"
     labels = {"node": "gpu-node-1", "syscall": "read"}
     assert value(families, hist, hist + "_count", **labels) == 7
-    assert value(families, hist, hist + "_bucket", le=x.le_label(2.0 ** -14), **labels) == 2  # (2^-15, 2^-14]
-    assert value(families, hist, hist + "_bucket", le=x.le_label(2.0 ** -12), **labels) == 7
-    assert value(families, hist, hist + "_bucket", le=x.le_label(2.0 ** -16), **labels) == 0
-    assert value(families, "sloscope_remediation_actions", x.REMEDIATION_ACTIONS, alert="SloscopeGpuSaturated",
+    assert value(families, hist, hist + "_bucket", le=metric_names.le_label(2.0 ** -14), **labels) == 2  # (2^-15, 2^-14]
+    assert value(families, hist, hist + "_bucket", le=metric_names.le_label(2.0 ** -12), **labels) == 7
+    assert value(families, hist, hist + "_bucket", le=metric_names.le_label(2.0 ** -16), **labels) == 0
+    assert value(families, "sloscope_remediation_actions", metric_names.REMEDIATION_ACTIONS, alert="SloscopeGpuSaturated",
                  action="nft_drain_backend", target="backend:gpu-node-1", decision="executed") == 1

@@ -30,8 +30,8 @@ def test_the_wheel_holds_one_top_level_package(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"sloscope", wheel.name.split("-")[0] + "-" +
                                                  wheel.name.split("-")[1] + ".dist-info"}
-    for stage in ("probes", "simulator", "collectors", "receiver", "enrich", "analytics", "alerts", "sampling",
-                  "dashboards", "commands"):
+    for stage in ("probes", "simulator", "edge", "collectors", "receiver", "enrich", "analytics", "alerts",
+                  "sampling", "dashboards", "commands"):
         assert f"sloscope/{stage}/__init__.py" in names, stage
     # what the code reads at run time, beside the modules
     assert {"sloscope/analytics/sql/schema.sql", "sloscope/analytics/sql/clickhouse/sli_windows.sql",

@@ -233,7 +233,7 @@ def test_sloscopes_counters_file_enables_every_field_the_probe_needs():
 
 def test_a_missing_field_shows_on_metrics(tmp_path):
     """From the probe set's health samples through the store to sloscope serve's /metrics text."""
-    from sloscope.alerts import metric_names as x
+    from sloscope import metric_names
     from sloscope.alerts.exporter import StoreCollector
     from sloscope.analytics.store import Store
     from sloscope.slo_spec import load_spec
@@ -247,7 +247,7 @@ def test_a_missing_field_shows_on_metrics(tmp_path):
     with Store(tmp_path / "db.duckdb") as store:
         ingest(store, tmp_path, lines)
         families = scrape(StoreCollector(store.reading, load_spec(None), clock=lambda: now_ns / 1e9 + 5))
-    up = x.PROBE_SIGNAL_UP
+    up = metric_names.PROBE_SIGNAL_UP
     assert value(families, up, up, node="gpu-node-1", probe="dcgm", signal="sloscope.gpu.sm.active",
                  needs="DCGM_FI_PROF_SM_ACTIVE") == 0.0
     assert value(families, up, up, node="gpu-node-1", probe="dcgm", signal="sloscope.gpu.dram.active") == 1.0

@@ -65,8 +65,10 @@ def test_rca_page_explains_a_moment_as_the_command_does(store):  # noqa: F811
     moment = json.loads(rca_page(store, SPEC)(at="2025-11-29T10:12:00Z", node="n1")[0])
     assert moment["incidents"] == [] and moment["moment"]["causes"][0]["cause"] == "cpu_contention"
     assert all(c["node"] == "n1" for c in moment["moment"]["causes"])
-    with pytest.raises(ValueError, match="--node goes with --at"):
+    with pytest.raises(ValueError, match="query parameter node goes with query parameter at"):
         rca_page(store, SPEC)(node="n1")
+    with pytest.raises(ValueError, match="^query parameter since: 'yesterday' is neither"):
+        rca_page(store, SPEC)(since="yesterday")
 
 
 def _get(port, path):

@@ -10,7 +10,7 @@ from google.protobuf.json_format import ParseDict
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
-from sloscope.receiver.auth import BearerAuth
+from sloscope.edge.auth import BearerAuth
 from sloscope.receiver.limits import Limits
 from tests.in_process import InProcessReceiver
 from tests.otlp_builders import counter, gauge, metrics

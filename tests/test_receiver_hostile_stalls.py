@@ -10,8 +10,8 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from sloscope.receiver.auth import BearerAuth
-from sloscope.receiver.grpc_admission import REFUSING_THREADS
+from sloscope.edge.auth import BearerAuth
+from sloscope.edge.grpc_admission import REFUSING_THREADS
 from sloscope.receiver.limits import Limits
 from tests.in_process import InProcessReceiver
 from tests.otlp_builders import span, traces

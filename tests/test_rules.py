@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sloscope.alerts import metric_names as exposition
+from sloscope import metric_names
 from sloscope.alerts.actions import ACTIONS
 from sloscope.alerts.burn import UnsupportedWindow, burn_windows, sli_windows
 from sloscope.alerts.node_rules import CAUSE_ACTIONS, cause_alert_name
@@ -99,14 +99,14 @@ def test_each_cause_alert_fires_only_for_the_top_cause_of_an_incident(tmp_path):
     for i, cause in enumerate(causes):
         labels = {"tier": "p99-latency-critical", "service": "gw", "node": f"n{i}"}
         second = causes[(i + 1) % len(causes)]
-        series.append({"series": exposition.INCIDENT_CAUSE_SCORE + "{" + ",".join(
+        series.append({"series": metric_names.INCIDENT_CAUSE_SCORE + "{" + ",".join(
             f'{k}="{v}"' for k, v in {**labels, "cause": cause}.items()) + "}", "values": "0.9x5"})
-        series.append({"series": exposition.INCIDENT_CAUSE_SCORE + "{" + ",".join(
+        series.append({"series": metric_names.INCIDENT_CAUSE_SCORE + "{" + ",".join(
             f'{k}="{v}"' for k, v in {**labels, "cause": second}.items()) + "}", "values": "0.6x5"})
         expected[cause].append(labels)
-    series.append({"series": f'{exposition.INCIDENT_CAUSE_SCORE}{{tier="standard",service="gw",node="low",'
+    series.append({"series": f'{metric_names.INCIDENT_CAUSE_SCORE}{{tier="standard",service="gw",node="low",'
                              f'cause="{causes[0]}"}}', "values": "0.3x5"})
-    series.append({"series": f'{exposition.INCIDENT_CAUSE_SCORE}{{tier="standard",service="gw",node="late",'
+    series.append({"series": f'{metric_names.INCIDENT_CAUSE_SCORE}{{tier="standard",service="gw",node="late",'
                              f'cause="{causes[1]}"}}', "values": "_ _ _ 0.9 0.9 0.9"})
     rules = {r["alert"]: r for r in alerts_of(rules_dict(load_spec(None)))}
     tests = []
@@ -148,7 +148,7 @@ def test_rules_name_only_exported_or_recorded_series(spec_text):
     spec = load_spec(None) if spec_text is None else parse_spec(spec_text)
     doc = rules_dict(spec)
     recorded = {r["record"] for g in doc["groups"] for r in g["rules"] if "record" in r}
-    exported = exposition.exported_series()
+    exported = metric_names.exported_series()
     named = set()
     for group in doc["groups"]:
         for rule in group["rules"]:
@@ -156,7 +156,7 @@ def test_rules_name_only_exported_or_recorded_series(spec_text):
     assert named, "no series found: the extraction is broken"
     unknown = named - exported - recorded
     assert not unknown, f"rules name series that are neither exported nor recorded: {sorted(unknown)}"
-    assert exposition.GPU_UTILIZATION in named and exposition.REQUEST_DURATION + "_bucket" in named
+    assert metric_names.GPU_UTILIZATION in named and metric_names.REQUEST_DURATION + "_bucket" in named
 
 
 def test_series_name_extraction_sees_through_promql_syntax():
@@ -177,10 +177,10 @@ def test_every_alert_says_what_it_means_and_what_it_maps_to():
         assert labels["cause"] in set(taxonomy.CAUSE_IDS) | {UNATTRIBUTED}, rule["alert"]
         assert labels["action"] in ACTIONS, rule["alert"]
         # the tier is a label of the rule, or the node one of the series it selects (kept by its `by` clause)
-        families = [g for g in exposition.GAUGES if g.name in rule["expr"]]
+        families = [g for g in metric_names.GAUGES if g.name in rule["expr"]]
         assert ("tier" in labels or re.search(r"by \(node\b", rule["expr"])
                 or rule["expr"].startswith("node_gpu:")
-                or (exposition.INCIDENT_CAUSE_SCORE in rule["expr"] and "node" in exposition.INCIDENT_LABELS)
+                or (metric_names.INCIDENT_CAUSE_SCORE in rule["expr"] and "node" in metric_names.INCIDENT_LABELS)
                 or (families and all("node" in g.label_names for g in families))), rule["alert"]
         assert set(annotations) == {"summary", "description", "remediation", "runbook_url"}, rule["alert"]
         assert labels["action"] in annotations["remediation"], rule["alert"]
@@ -217,8 +217,8 @@ def test_rules_are_a_pure_function_of_the_spec():
     assert "(14.4 * 0.5)" in text  # batch p50: half may be slower
     assert 'increase(sloscope_request_duration_seconds_count{tier="interactive"}[1m])) * 0.001' in text
     for t in spec.tiers.values():
-        bound = exposition.le_label(exposition.le_seconds(t.threshold_ms))
-        assert bound in {exposition.le_label(b) for b in exposition.buckets_for(spec)}
+        bound = metric_names.le_label(metric_names.le_seconds(t.threshold_ms))
+        assert bound in {metric_names.le_label(b) for b in metric_names.buckets_for(spec)}
     assert render_rules(load_spec(None)) != text
 
 

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("chdb")
 
-from sloscope.alerts import metric_names as x  # noqa: E402
+from sloscope import metric_names  # noqa: E402
 from sloscope.analytics.stores import open_store  # noqa: E402
 from sloscope.commands.cli import main  # noqa: E402
 from sloscope.simulator.fleet import SimulationConfig, simulate  # noqa: E402
@@ -22,8 +22,8 @@ from tests.collector_exporter import rows_of_files  # noqa: E402
 from tests.exporter_versions import create_tables  # noqa: E402
 from tests.store_parity import incident_summary  # noqa: E402
 
-COMPARED = {x.REQUESTS, x.REQUEST_ERRORS, x.REQUEST_DURATION, x.INCIDENT_CAUSE_SCORE,
-            *(g.name for g in x.GAUGES), *(c.name for c in x.COUNTERS), *(h.name for h in x.SIGNAL_HISTOGRAMS)}
+COMPARED = {metric_names.REQUESTS, metric_names.REQUEST_ERRORS, metric_names.REQUEST_DURATION, metric_names.INCIDENT_CAUSE_SCORE,
+            *(g.name for g in metric_names.GAUGES), *(c.name for c in metric_names.COUNTERS), *(h.name for h in metric_names.SIGNAL_HISTOGRAMS)}
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +75,8 @@ def _samples(text: str) -> dict[tuple, float]:
 def test_metrics_from_clickhouse_match_metrics_from_duckdb(both, tables):
     urls, _ = both
     duck, ch = (_samples(_get(urls[name] + "/metrics").decode()) for name in ("duckdb", tables))
-    assert any(name == x.REQUESTS + "_total" or name == x.REQUESTS for name, _ in duck)
-    assert any(name.startswith(x.REQUEST_DURATION + "_bucket") for name, _ in duck)
+    assert any(name == metric_names.REQUESTS + "_total" or name == metric_names.REQUESTS for name, _ in duck)
+    assert any(name.startswith(metric_names.REQUEST_DURATION + "_bucket") for name, _ in duck)
     assert set(ch) == set(duck)
     for key, value in duck.items():
         assert ch[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key

@@ -19,9 +19,9 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from sloscope.analytics.store import Store
-from sloscope.receiver.auth import BearerAuth
+from sloscope.edge.auth import BearerAuth
+from sloscope.edge.tls import TlsFiles
 from sloscope.receiver.limits import Limits
-from sloscope.receiver.tls import TlsFiles
 from sloscope.commands.serve_ops import BEARER_TOKEN_ENV, OPEN_PAGES, Edge, edge_of
 from tests.alerting_stack import free_port, wait_listening
 from tests.in_process import InProcessReceiver

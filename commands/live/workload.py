@@ -29,16 +29,13 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from sloscope.addresses import parse_address
+
 ROUTE = "/v1/completions"
 TIERS = ("p99-latency-critical", "standard")
 READY = "load: ready"  # on stderr once SIGUSR1 (a burst) is handled
 BACKEND_RESPONSE = (b"HTTP/1.0 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 2048\r\n\r\n"
                     + bytes(2048))
-
-
-def _address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    return host, int(port)
 
 
 # --- the service -----------------------------------------------------------------------------------------
@@ -149,7 +146,7 @@ def run_service(args) -> int:
 
     provider = _tracer(args.node, args.service_name, args.otlp)
     tracer = provider.get_tracer("sloscope.live.service")
-    model = Model(Path(args.cache_dir), _address(args.backend), args.model_kib, args.cache_kib,
+    model = Model(Path(args.cache_dir), parse_address(args.backend, "--backend"), args.model_kib, args.cache_kib,
                   args.backend_timeout, args.weights_mib)
 
     class Handler(BaseHTTPRequestHandler):
@@ -183,7 +180,7 @@ def run_service(args) -> int:
         daemon_threads = True
         request_queue_size = 1024
 
-    server = Server(_address(args.listen), Handler)
+    server = Server(parse_address(args.listen, "--listen"), Handler)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -214,7 +211,7 @@ class _BackendServer(socketserver.ThreadingTCPServer):
 
 
 def run_backend(args) -> int:
-    server = _BackendServer(_address(args.listen), _BackendHandler)
+    server = _BackendServer(parse_address(args.listen, "--listen"), _BackendHandler)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(f"backend listening on {args.listen}", file=sys.stderr, flush=True)
     try:
@@ -313,7 +310,7 @@ class Load:
 
 
 def run_load(args) -> int:
-    load = Load(_address(args.target), args.rate, args.critical_share, args.burst_factor, args.burst_seconds,
+    load = Load(parse_address(args.target, "--target"), args.rate, args.critical_share, args.burst_factor, args.burst_seconds,
                 args.timeout, args.max_in_flight, args.seed)
 
     async def main():

@@ -1,4 +1,4 @@
-"""Connections of the OTLP/HTTP server, bounded in time and number.
+"""Connections of an HTTP server (the OTLP receiver's, the Alertmanager webhook's), bounded in time and number.
 
 A socket timeout alone bounds the wait for each byte, so a client sending a header byte a second would hold its
 connection forever; here each phase of a request (waiting for it, its headers, its body) has one deadline for
@@ -18,10 +18,10 @@ import threading
 import time
 from typing import Callable
 
-from sloscope.receiver.draining import DrainingServer
-from sloscope.receiver.tls import NotTls, TlsFiles, accept_tls
+from sloscope.edge.draining import DrainingServer
+from sloscope.edge.tls import NotTls, TlsFiles, accept_tls
 
-log = logging.getLogger("sloscope.receiver")
+log = logging.getLogger(__name__)
 ACCEPT_WAIT_S = 0.5  # how long one accept waits for a free slot before the server loop looks at shutdown again
 
 

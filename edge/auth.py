@@ -1,4 +1,4 @@
-"""Bearer-token authentication at the OTLP receiver's edge, as the Collector's bearertokenauth extension does
+"""Bearer-token authentication at the edge, as the OpenTelemetry Collector's bearertokenauth extension does
 it: the client sends `authorization: Bearer <token>` (HTTP header or gRPC metadata), compared in constant time.
 """
 
@@ -33,7 +33,7 @@ class BearerAuth:
 
 
 class BearerInterceptor(grpc.ServerInterceptor):
-    """OTLP/gRPC calls without the token end UNAUTHENTICATED before their message is decoded."""
+    """gRPC calls without the token end UNAUTHENTICATED before their message is decoded."""
 
     def __init__(self, auth: BearerAuth, count: Callable[[str], None]):
         self.auth = auth

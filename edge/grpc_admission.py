@@ -1,8 +1,8 @@
-"""The OTLP/gRPC calls admitted at once, and what the others are answered.
+"""The gRPC calls admitted at once, and what the others are answered.
 
 grpcio's own bound (`maximum_concurrent_rpcs`) answers the calls past it RESOURCE_EXHAUSTED without RetryInfo,
 which the OTLP specification makes a permanent refusal: the Collector's otlp exporter and the SDKs drop the batch.
-A busy receiver is backpressure, as its HTTP 503 is, so the bound is kept here instead and the calls past it end
+A busy server is backpressure, as an HTTP 503 is, so the bound is kept here instead and the calls past it end
 UNAVAILABLE, which every OTLP client retries. The bound is taken when a call arrives, before it holds a thread,
 and given back when its handler ends, however it ends: the handler reads its one request message itself (a
 streaming handler), so that a call cancelled while its message is awaited ends in the handler too, where grpcio
@@ -11,6 +11,7 @@ would drop a unary one before its handler ran.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Callable
 
@@ -22,12 +23,13 @@ REFUSING_THREADS = 4
 
 
 class Admission(grpc.ServerInterceptor):
-    """At most `limit` calls in progress; the others end UNAVAILABLE at once, counted as `requests_grpc_busy`
-    (`sloscope_receiver_bad_requests_total{reason="grpc_busy"}`)."""
+    """At most `limit` calls in progress; the others end UNAVAILABLE at once with `busy` (what the client is told),
+    counted as `requests_grpc_busy`."""
 
-    def __init__(self, limit: int, count: Callable[[str], None]):
+    def __init__(self, limit: int, count: Callable[[str], None], busy: str):
         self.limit = limit
         self.count = count
+        self._busy = grpc.stream_unary_rpc_method_handler(functools.partial(_refuse_busy, busy))
         self._active = 0
         self._lock = threading.Lock()
 
@@ -41,7 +43,7 @@ class Admission(grpc.ServerInterceptor):
                 self._active += 1
         if not admitted:
             self.count("requests_grpc_busy")
-            return _BUSY
+            return self._busy
         return grpc.stream_unary_rpc_method_handler(self._released_after(handler.unary_unary),
                                                     request_deserializer=handler.request_deserializer,
                                                     response_serializer=handler.response_serializer)
@@ -60,9 +62,5 @@ class Admission(grpc.ServerInterceptor):
         return serve
 
 
-def _busy(_requests, context):
-    context.abort(grpc.StatusCode.UNAVAILABLE, "sloscope is serving as many OTLP/gRPC calls as it takes "
-                  "(--grpc-max-concurrent-rpcs); retry later")
-
-
-_BUSY = grpc.stream_unary_rpc_method_handler(_busy)
+def _refuse_busy(message: str, _requests, context):
+    context.abort(grpc.StatusCode.UNAVAILABLE, message)

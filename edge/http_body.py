@@ -1,7 +1,6 @@
-"""Reading an OTLP/HTTP request body within limits: framed by Content-Length or chunked transfer coding, bounded
-in bytes throughout and reserved against the receiver's in-flight budget as its bytes arrive, never as declared, so
-that a client which declares a large body and then stalls holds of the budget only what it sent
-(receiver/content_coding.py decodes it).
+"""Reading an HTTP request body within limits: framed by Content-Length or chunked transfer coding, bounded in
+bytes throughout and reserved against the server's in-flight budget (budget.py) as its bytes arrive, never as
+declared, so that a client which declares a large body and then stalls holds of the budget only what it sent.
 
 Framing is checked as strictly as RFC 9112 lets a server be, since a body whose end two parties see differently
 is how requests get smuggled past a proxy: a Content-Length that is not one plain decimal number, or one beside a
@@ -12,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from sloscope.receiver.limits import Reservation
+from sloscope.edge.budget import Reservation
 
 _DECIMAL = re.compile(rb"[0-9]{1,18}")
 _HEX = re.compile(rb"[0-9a-fA-F]{1,15}")
@@ -21,7 +20,7 @@ MAX_TRAILER_LINES = 64
 
 
 class BodyError(Exception):
-    """A request whose body cannot be taken: the HTTP status, the receiver counter and what to tell the client."""
+    """A request whose body cannot be taken: the HTTP status, the server's counter and what to tell the client."""
 
     def __init__(self, status: int, counter: str, message: str):
         super().__init__(message)
@@ -89,7 +88,7 @@ def _read_chunked(rfile, limit: int, held: Reservation) -> bytes:
             raise BodyError(400, "requests_bad_framing", "chunk shorter than its size or not ended by CRLF")
         parts.append(data)
         total += size
-    for _ in range(MAX_TRAILER_LINES):  # trailers carry nothing OTLP uses; read past them
+    for _ in range(MAX_TRAILER_LINES):  # trailers carry nothing these servers use; read past them
         if _line(rfile, "trailer") == b"":
             return b"".join(parts)
     raise BodyError(400, "requests_bad_framing", f"more than {MAX_TRAILER_LINES} trailer lines")
@@ -97,7 +96,7 @@ def _read_chunked(rfile, limit: int, held: Reservation) -> bytes:
 
 def _received(rfile, n: int, held: Reservation) -> bytes:
     """The next `n` bytes, or fewer where the client stops sending, reserved as they arrive: what the buffered
-    reader already holds first, then each read of its raw reader (receiver/http_conn.DeadlineReader). One read of
+    reader already holds first, then each read of its raw reader (http_conn.DeadlineReader). One read of
     `n` fills one buffer, whose pages are touched only as bytes arrive; reading piece by piece into pieces of their
     own cost ten times as much."""
     if n == 0:

@@ -1,5 +1,5 @@
-"""TLS at the OTLP receiver's edge: the certificate and key (and, for mTLS, the client CA) that OTLP/HTTP and
-OTLP/gRPC serve, reloadable in place, and the bounded server-side handshake of an OTLP/HTTP connection.
+"""TLS at the edge: the certificate and key (and, for mTLS, the client CA) that the HTTP and gRPC servers serve,
+reloadable in place, and the bounded server-side handshake of an HTTP connection.
 
 The settings mirror the OpenTelemetry Collector's confighttp / configgrpc `tls` block: `cert_file`, `key_file`,
 `client_ca_file` (which makes a client certificate signed by that CA mandatory), and TLS 1.2 at least.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 
-log = logging.getLogger("sloscope.receiver")
+log = logging.getLogger(__name__)
 TLS_HANDSHAKE_RECORD = b"\x16"  # the content type of a TLS record that opens a handshake
 NOT_TLS_DRAIN_BYTES = 1 << 20  # of a plain-text request read and dropped, so that its client can read the answer
 NOT_TLS_ANSWER = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
@@ -50,7 +50,7 @@ class TlsFiles:
 
     @property
     def context(self) -> ssl.SSLContext:
-        """The context new OTLP/HTTP connections take."""
+        """The context new HTTP connections take."""
         return self._loaded.context
 
     def reload(self) -> bool:
