@@ -11,8 +11,8 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 
-STAGES = ("probes", "simulator", "edge", "collectors", "receiver", "enrich", "analytics", "alerts", "sampling",
-          "dashboards", "commands")
+STAGES = ("probes", "simulator", "live", "edge", "collectors", "receiver", "enrich", "analytics", "alerts",
+          "sampling", "dashboards", "commands")
 
 
 def packages_of(folder: str, name: str) -> dict[str, str]:

@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
+from sloscope.durations import parse_duration
 from sloscope.errors import ConfigError
+
+from sloscope.probes.spdk.rpc_client import SpdkError
 
 DRAIN = "nft_drain_backend"
 QOS = "spdk_qos_limit"
@@ -304,8 +307,6 @@ class SpdkQosLimit(Action):
 
     def _plan(self, ctx, node, bdev, socket_path, limits, phase):
         def execute():
-            from sloscope.probes.spdk.rpc_client import SpdkError
-
             try:
                 with ctx.spdk(socket_path) as client:
                     client.bdev_set_qos_limit(bdev, **limits)
@@ -392,8 +393,6 @@ class RaiseSampling(Action):
     keys = ("ratio", "duration")
 
     def check_params(self, params, where):
-        from sloscope.durations import parse_duration
-
         p = super().check_params(params, where)
         ratio = p.get("ratio", 1.0)
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:

@@ -1,4 +1,4 @@
-"""The remediation tables (analytics/sql/remediation.sql) in a DuckDB database: the audit of every decision, the
+"""The remediation tables (alerts/remediation.sql) in a DuckDB database: the audit of every decision, the
 deliveries already acted on, and the actions open until their alert resolves.
 
 The tables live beside the store's but outside its versioned schema: the engine creates them in whatever file
@@ -12,6 +12,7 @@ import contextlib
 import json
 import threading
 from datetime import datetime
+from importlib import resources
 from pathlib import Path
 from typing import Callable
 
@@ -44,10 +45,9 @@ def transaction(con):
     con.execute("COMMIT")
 
 
-def _sql():
-    from sloscope.analytics.store import sql
-
-    return sql("remediation")
+def schema() -> str:
+    """The statements of remediation.sql: they create the remediation tables, or bring older ones up to date."""
+    return resources.files("sloscope.alerts").joinpath("remediation.sql").read_text()
 
 
 def _insert(table: str, columns: tuple[str, ...]) -> str:
@@ -62,7 +62,7 @@ _RESOLVED = ("EXISTS (SELECT 1 FROM remediation_deliveries d WHERE d.fingerprint
 class AuditStore:
     """The remediation tables in a DuckDB database. `connect()` gives a connection per use: a new connection to a
     file (`AuditStore.at(path)`, which lets other processes use the file in between), or a cursor of an open
-    store's connection (`AuditStore(store.con.cursor)`, when running inside `sloscope serve`)."""
+    store's connection (`AuditStore(store.cursor)`, when running inside `sloscope serve`)."""
 
     def __init__(self, connect: Callable[[], duckdb.DuckDBPyConnection]):
         self._connect = connect
@@ -84,7 +84,7 @@ class AuditStore:
             if not self._schema_ready:
                 with self._schema_lock:
                     if not self._schema_ready:
-                        con.execute(_sql())
+                        con.execute(schema())
                         self._schema_ready = True
             yield con
         except TRANSIENT_ERRORS as exc:

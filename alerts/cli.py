@@ -11,7 +11,18 @@ import threading
 from pathlib import Path
 
 from sloscope.addresses import parse_address
+from sloscope.durations import parse_duration
 from sloscope.sizes import size_argument
+from sloscope.slo_spec import SpecError, load_spec
+
+from sloscope.analytics.errors import StoreError
+from sloscope.analytics.stores import DEFAULT_DB, recorded_spec, refuse_other_files
+
+from sloscope.alerts.actions import ConfigError
+from sloscope.alerts.audit import AuditStore
+from sloscope.alerts.remediation import Engine, load_config
+from sloscope.alerts.rules import DEFAULT_RUNBOOK_BASE_URL, RuleOptions, prometheus_rule, render_rules, render_yaml
+from sloscope.alerts.webhook import TokenError, WebhookApp, WebhookServer, load_token
 
 log = logging.getLogger("sloscope.alerts")
 
@@ -19,8 +30,6 @@ EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def register(subparsers) -> None:
-    from sloscope.analytics.store import DEFAULT_DB
-
     rules = subparsers.add_parser(
         "rules", help="write Prometheus recording and alerting rules for an SLO spec",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -124,8 +133,6 @@ PROMETHEUS_UNITS = ((3_600_000, "h"), (60_000, "m"), (1000, "s"), (1, "ms"))  # 
 def _prometheus_duration(text: str) -> str:
     """A duration of the one grammar (sloscope/durations.py) as one Prometheus number and unit, the largest that
     holds it exactly: 90 -> 90s, 1h30m -> 90m. One already written so (0s too) is kept as it is."""
-    from sloscope.durations import parse_duration
-
     if re.fullmatch(r"\d+(ms|s|m|h)", text):
         return text
     ms = round(parse_duration(text, "--hold") * 1000)
@@ -155,8 +162,6 @@ def _rules_usage_error(args) -> str | None:
 
 def _rules_text(args, spec) -> str:
     """The document asked for; raises ValueError (a bad --label, an unsupported SLO window) with the reason."""
-    from sloscope.alerts.rules import DEFAULT_RUNBOOK_BASE_URL, RuleOptions, prometheus_rule, render_rules, render_yaml
-
     opts = RuleOptions(args.hold, args.page_severity, args.ticket_severity,
                        args.runbook_base_url or DEFAULT_RUNBOOK_BASE_URL)
     if args.format == "rules":
@@ -166,8 +171,6 @@ def _rules_text(args, spec) -> str:
 
 
 def run_rules(args) -> int:
-    from sloscope.slo_spec import SpecError, load_spec
-
     try:
         spec = load_spec(args.slo)
     except SpecError as exc:
@@ -197,40 +200,11 @@ def run_rules(args) -> int:
     return EXIT_OK
 
 
-def _spec(db: Path, slo: Path | None):
-    import duckdb
-
-    from sloscope.slo_spec import load_spec
-
-    if slo is not None:
-        return load_spec(slo)
-    from sloscope.analytics.store import Reader
-
-    if not db.exists():
-        return load_spec(None)
-    try:
-        con = duckdb.connect(str(db), read_only=True)
-    except duckdb.Error:
-        return load_spec(None)
-    try:
-        return Reader(con).slo_spec()
-    finally:
-        con.close()
-
-
 def run_webhook(args) -> int:
-    from sloscope.analytics.store import StoreError, refuse_other_files
-    from sloscope.slo_spec import SpecError
-
-    from sloscope.alerts.actions import ConfigError
-    from sloscope.alerts.audit import AuditStore
-    from sloscope.alerts.remediation import Engine, load_config
-    from sloscope.alerts.webhook import TokenError, WebhookApp, WebhookServer, load_token
-
     try:
         refuse_other_files(args.db)  # the audit goes there: a file DuckDB would open in memory would lose it
         config = load_config(args.config)
-        spec = _spec(args.db, args.slo)
+        spec = load_spec(args.slo) if args.slo is not None else recorded_spec(args.db)
         token = load_token(args.token_file)
         address = parse_address(args.listen, "--listen")
     except (ConfigError, SpecError, TokenError, StoreError, ValueError) as exc:

@@ -39,9 +39,11 @@ from pathlib import Path
 from typing import Callable
 
 from sloscope import yaml_config
-
+from sloscope.durations import parse_duration
 from sloscope.errors import read_config_text
 from sloscope.yaml_config import at, key_at
+
+from sloscope.probes.spdk.rpc_client import SpdkRpcClient
 
 from sloscope.alerts.actions import REGISTRY, ActionFailed, ConfigError, Context, Refused, Runner
 from sloscope.alerts.audit import TRANSIENT_ERRORS, AuditStore, Transient, transaction
@@ -76,8 +78,6 @@ RULE_KEYS = ("action", "params", "dry_run")
 
 def parse_config(text: str, source: str = "<string>") -> Config:
     """The allow-list config; ConfigError names the file, the line and the key of what is wrong."""
-    from sloscope.durations import parse_duration
-
     doc = yaml_config.parse(text, source)
     doc = {} if doc is None else doc
     if not isinstance(doc, dict):
@@ -152,8 +152,8 @@ class SamplingOverrides:
 
 
 def active_sampling_overrides(reader, now: datetime | None = None) -> dict[str, float]:
-    """tier -> the highest sampling ratio of an override active at `now`, from a store or reader
-    (analytics.store.Reader): for the sampling policy."""
+    """tier -> the highest sampling ratio of an override active at `now`, from a store or its reader
+    (analytics/store_api.py): for the sampling policy."""
     now = now or datetime.now(timezone.utc).replace(tzinfo=None)
     if "sampling_overrides" not in reader.tables():  # no raise_sampling yet, or a store without remediation
         return {}
@@ -184,7 +184,7 @@ class Engine:
         self.audit = audit
         self.tiers = frozenset(tiers)
         self.runner = runner or Runner(config.command_timeout_s)
-        self.spdk = spdk or _spdk_client
+        self.spdk = spdk or SpdkRpcClient
         self.now = now or (lambda: datetime.now(timezone.utc).replace(tzinfo=None))
         self._decide = threading.Lock()  # decisions (checks and claims) one at a time
         self._targets: dict[str, threading.Lock] = {}  # one action per target at once
@@ -420,9 +420,3 @@ def _result(row: dict) -> dict:
     return {"alert": row["alert"], "fingerprint": row["fingerprint"], "status": row["status"],
             "action": row.get("action"), "target": row.get("target"), "decision": row["decision"],
             "reason": row.get("reason")}
-
-
-def _spdk_client(path: str):
-    from sloscope.probes.spdk.rpc_client import SpdkRpcClient
-
-    return SpdkRpcClient(path)

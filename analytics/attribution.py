@@ -41,7 +41,9 @@ import polars as pl
 from sloscope import catalog, taxonomy
 from sloscope.taxonomy import BUILT_IN, Taxonomy
 
-from sloscope.analytics.store import SERIES, Store, StoreError
+from sloscope.analytics.cumulative import SERIES
+from sloscope.analytics.errors import StoreError
+from sloscope.analytics.store_api import StoreReader
 
 THRESHOLD = 3.0  # robust z above which a step counts as anomalous
 BASELINE = timedelta(minutes=10)
@@ -118,7 +120,7 @@ class Window:
         return timedelta(seconds=2 * self.resolution_s)
 
 
-def signal_steps(store: Store, window: Window, known: Taxonomy = BUILT_IN, evidence_only: bool = False,
+def signal_steps(store: StoreReader, window: Window, known: Taxonomy = BUILT_IN, evidence_only: bool = False,
                  node: str | None = None) -> pl.DataFrame:
     """Every signal series of every node in the window (or of `node` alone), one value per step; with
     evidence_only, only the metrics some cause of `known` reads (a quarter of the points of a fleet running
@@ -146,7 +148,7 @@ def steps_params(since: datetime, until: datetime, known: Taxonomy = BUILT_IN) -
             "metrics": list(known.evidence_signals), "seed": 0}
 
 
-def _series_names(store: Store, params: dict) -> tuple[int, pl.DataFrame]:
+def _series_names(store: StoreReader, params: dict) -> tuple[int, pl.DataFrame]:
     """The seed of the first fingerprints (signal_series.sql) that name each series once, and the series' names:
     two series that share a fingerprint are told apart by the fingerprints of another seed."""
     for seed in range(FINGERPRINT_SEEDS):
@@ -254,7 +256,7 @@ class Fleet:
         return {m: n / peers for m, n in others.items() if n > 0} if peers > 0 else {}
 
 
-def fleet_movement(store: Store, window: Window, known: Taxonomy = BUILT_IN) -> Fleet:
+def fleet_movement(store: StoreReader, window: Window, known: Taxonomy = BUILT_IN) -> Fleet:
     """The Fleet of every node's evidence signals in the window, judged in the store (fleet_movement.sql) as
     series_scores judges them: only this much of the fleet leaves the engine."""
     levels = list(known.evidence_signals)

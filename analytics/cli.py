@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 from sloscope.enrich.tiers import TierResolver
 from sloscope.arguments import above_zero
 from sloscope.slo_spec import SpecError
+from sloscope.times import rfc3339
 
-from sloscope.analytics.store import StoreError
 from sloscope.analytics import exporter_tables
+from sloscope.analytics.clickhouse_store import derived_column_statements, modifying, sql_literal
+from sloscope.analytics.errors import StoreError
+from sloscope.analytics.ingest import Ingestor
+from sloscope.analytics.rca import NO_REQUESTS, Query, format_table, roll_up
+from sloscope.analytics.retention import DUCKDB_ONLY, apply_retention, kept_period, utc_now
 from sloscope.analytics.stores import add_store_arguments, open_from_args, parse_store_url, store_url
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
@@ -19,7 +26,8 @@ EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
 
 def register(subparsers) -> None:
     ingest = subparsers.add_parser(
-        "ingest", help="load OTLP files into the store (DuckDB, or ClickHouse tables as the clickhouseexporter writes them)",
+        "ingest",
+        help="load OTLP files into the store (DuckDB, or ClickHouse tables as the clickhouseexporter writes them)",
         description="Load the OpenTelemetry Collector file exporter's files into the store: format: json (one "
         "Export{Traces,Metrics,Logs}ServiceRequest per line) or format: proto (each request in protobuf after its "
         "4-byte length, traces, metrics and logs told apart by their items); gzip and the exporter's zstd "
@@ -119,9 +127,6 @@ def _check_inputs(paths: list[Path]) -> None:
 
 
 def run_ingest(args) -> int:
-    from sloscope.analytics.ingest import Ingestor
-    from sloscope.analytics.rca import roll_up
-
     try:
         _check_inputs(args.files)
         store = open_from_args(args)
@@ -152,8 +157,6 @@ def run_ingest(args) -> int:
 
 
 def run_rca(args) -> int:
-    from sloscope.analytics.rca import NO_REQUESTS, Query, format_table
-
     query = Query(args.since or "", args.until or "", args.at or "", args.node or "", args.top, args.baseline,
                   args.lookback)
     try:
@@ -173,9 +176,6 @@ def run_rca(args) -> int:
 
 
 def run_retention(args) -> int:
-    from sloscope.times import rfc3339
-    from sloscope.analytics.retention import DUCKDB_ONLY, apply_retention, kept_period, utc_now
-
     try:
         keep = kept_period(args.keep, "--keep")
         url = parse_store_url(store_url(args))
@@ -196,28 +196,18 @@ def run_retention(args) -> int:
 
 
 def _cluster_name(text: str) -> str:
-    import argparse
-    import re
-
     if not re.fullmatch(r"[A-Za-z_][\w-]*", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a cluster name (letters, digits, _ and -)")
     return text
 
 
 def _table_suffix(text: str) -> str:
-    import argparse
-    import re
-
     if not re.fullmatch(r"\w{1,50}", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a table name's suffix (letters, digits and _)")
     return text
 
 
 def run_clickhouse_columns(args) -> int:
-    import re
-
-    from sloscope.analytics.clickhouse_store import derived_column_statements, modifying, sql_literal
-
     try:
         url = parse_store_url(args.store) if args.store else None
         if url is not None and url.scheme == "duckdb":

@@ -24,9 +24,11 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from sloscope.analytics import exporter_tables
+from sloscope.analytics.errors import StoreError
 from sloscope.analytics.frames import Frames
 from sloscope.analytics.rollups import KEPT, POINT_LOOKBACK, Rollups, readers
-from sloscope.analytics.store import Reader, StoreError, sql_of
+from sloscope.analytics.sql_files import clickhouse_sql
+from sloscope.analytics.store_base import StoreBase
 from sloscope.receiver.otlp_common import FAMILY_PREFIX, FAMILY_RULE, kept_metrics
 
 log = logging.getLogger("sloscope.clickhouse_store")
@@ -36,12 +38,6 @@ PARAMETER = re.compile(r"\{(\w+):([^{}]+)\}")
 # default (an empty name, or currentDatabase()).
 DISTRIBUTED = re.compile(r"Distributed\(\s*'?([^',()]*)'?\s*,\s*'?([^',()]*(?:\(\))?)'?\s*,\s*'?([^',()\s]+)'?")
 DERIVED_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+)\s+.+?\s+MATERIALIZED\s+(.+)", re.S)
-
-
-def clickhouse_sql(name: str, instead: dict[str, str] | None = None) -> str:
-    """The text of analytics/sql/clickhouse/NAME.sql with its {{relations}} inlined (those named in `instead` by
-    the relation it maps them to)."""
-    return sql_of(("clickhouse",), name, lambda parameter: "{" + parameter + ":", instead)
 
 
 def statements(name: str) -> list[str]:
@@ -112,7 +108,7 @@ class ChdbBackend:
 
     def __init__(self, path: Path, database: str):
         try:
-            from chdb import session
+            from chdb import session  # optional (sloscope[clickhouse]): imported only for a chdb:// store
         except ImportError:
             raise StoreError("chdb:// needs chDB: pip install 'sloscope[clickhouse]'") from None
         try:
@@ -172,7 +168,7 @@ class HttpBackend:
 
     def __init__(self, host: str, port: int, user: str, password: str, database: str):
         try:
-            import clickhouse_connect
+            import clickhouse_connect  # optional (sloscope[clickhouse]): imported only for a clickhouse:// store
         except ImportError:
             raise StoreError("clickhouse:// needs clickhouse-connect: pip install 'sloscope[clickhouse]'") from None
         try:
@@ -226,12 +222,12 @@ def _no_rows(columns: dict[str, str]) -> str:
                                   for name, kind in columns.items()) + " FROM system.one WHERE 0)"
 
 
-class ClickHouseStore(Reader):
-    """The exporter's tables in one database, as a sloscope store. `names` maps each table's default name to the
-    one the exporter's settings gave it (exporter_tables.table_names): queries and statements are written with
-    the default names, and every one sent names the tables as they are."""
+class ClickHouseStore(StoreBase):
+    """The exporter's tables in one database, as a sloscope store (analytics/store_api.py). `names` maps each table's
+    default name to the one the exporter's settings gave it (exporter_tables.table_names): queries and statements
+    are written with the default names, and every one sent names the tables as they are."""
 
-    dialect = "clickhouse"
+    dialect, meta_table = "clickhouse", META_TABLE
 
     def __init__(self, backend, label: str, read_only: bool = False, names: dict[str, str] | None = None):
         self.backend, self.path, self.read_only = backend, label, read_only
@@ -423,14 +419,6 @@ class ClickHouseStore(Reader):
     def rows(self, query: str, params=None) -> list[tuple]:
         return self.frame(query, params).rows()
 
-    def computed(self, name: str, params: dict) -> pl.DataFrame:
-        """The rows of the query NAME, read from sloscope's rollups where it has them (analytics/rollups.py)."""
-        query, params = self._rollups.query(name, params) or (self.sql(name), params)
-        return self.frame(query, params)
-
-    def roll_up(self, name: str, params: dict) -> None:
-        self._rollups.fill(name, params)
-
     def execute(self, statement: str, params: dict | None = None) -> None:
         with self._turn:
             self._execute(statement, params)
@@ -458,12 +446,6 @@ class ClickHouseStore(Reader):
             self._recorded_spec = self.slo_spec()
         return self._recorded_spec
 
-    def slo_spec(self):
-        from sloscope.slo_spec import load_spec, parse_spec
-
-        recorded = self.meta("slo_spec") if META_TABLE in self.tables() else None
-        return parse_spec(recorded, f"{self.path} (recorded spec)") if recorded else load_spec(None)
-
     def gpu_nodes(self) -> dict[str, str]:
         return {gpu: node for node, gpu in self.rows(self.sql("gpu_topology"))}
 
@@ -489,9 +471,3 @@ class ClickHouseStore(Reader):
 
     def close(self) -> None:
         self.backend.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

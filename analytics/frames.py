@@ -38,7 +38,8 @@ class Frames:
 
     @classmethod
     def of(cls, batch: Batch) -> "Frames":
-        return cls(_requests(batch.spans), _frame(batch.points, POINT_SCHEMA), _frame(batch.histograms, HISTOGRAM_SCHEMA))
+        return cls(_requests(batch.spans), _frame(batch.points, POINT_SCHEMA),
+                   _frame(batch.histograms, HISTOGRAM_SCHEMA))
 
     @classmethod
     def concat(cls, parts: list["Frames"]) -> "Frames":

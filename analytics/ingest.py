@@ -27,7 +27,7 @@ from sloscope.records import Batch
 
 from sloscope.analytics.intake import Enrichment
 from sloscope.analytics.frames import Frames
-from sloscope.analytics.store import Store
+from sloscope.analytics.store_api import StoreApi
 
 log = logging.getLogger("sloscope.ingest")
 MAX_REPORTED_ERRORS = 20
@@ -115,7 +115,7 @@ class Ingestor:
     LINES_PER_CHUNK = 64
     PARALLEL_ABOVE_BYTES = 8 * 2**20
 
-    def __init__(self, store: Store, resolver: TierResolver, batch_rows: int = 250_000, jobs: int | None = None,
+    def __init__(self, store: StoreApi, resolver: TierResolver, batch_rows: int = 250_000, jobs: int | None = None,
                  declared: frozenset = frozenset()):
         self.store = store
         self.resolver = resolver

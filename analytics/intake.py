@@ -13,6 +13,7 @@ from sloscope.enrich.pods import PodDirectory, place_points, place_requests
 from sloscope.enrich.tiers import TierResolver, resolve_tiers
 from sloscope.enrich.topology import GpuTopology
 from sloscope.receiver.otlp_common import DecodeError
+from sloscope.receiver.server import Outcome
 from sloscope.records import Batch
 
 from sloscope.analytics.frames import Frames
@@ -80,8 +81,6 @@ class Intake:
 
     def offer_frames(self, frames: Frames, counts: Counter, peer: str | None = None):
         """Place the frames' requests and queue them for the writer; with ack="commit", wait for the commit."""
-        from sloscope.receiver.server import Outcome  # the HTTP and gRPC servers: loaded by serve, not by every command
-
         counts += self.enrichment.place(frames, peer)
         pending = self.writer.offer(frames, counts)
         if pending is None or self.ack != "commit":  # with "log", offer returns once the log is fsynced
@@ -92,16 +91,12 @@ class Intake:
     def _settled(verdict):
         """The commit's verdict as an outcome: a request the store refuses (poison) is invalid, a timeout or a
         failing store retryable (and the retry then adds nothing: the store's writes are idempotent)."""
-        from sloscope.receiver.server import Outcome
-
         if verdict is not None and verdict.outcome == POISON:
             raise DecodeError(verdict.reason)
         return Outcome(accepted=verdict is not None and verdict.outcome == COMMITTED)
 
     def offload(self, pool):
         """The receiver's offload: decode in the pool's workers, then place and queue here."""
-
-        from sloscope.receiver.server import Outcome
 
         def decode_elsewhere(signal_name, body, is_json, peer=None):
             decoded = pool.decode(signal_name, body, is_json)

@@ -14,7 +14,7 @@ import duckdb
 
 from sloscope.analytics.frames import REQUEST_KEY, Frames
 
-from sloscope.analytics.store import sql
+from sloscope.analytics.sql_files import sql
 from sloscope.enrich.pods import RETENTION_S, PodDirectory
 from sloscope.catalog import UNKNOWN_NODE
 from sloscope.records import Batch

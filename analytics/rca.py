@@ -17,7 +17,7 @@ from sloscope.analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FL
                                             evidence_still_moved, fleet_movement, series_scores, signal_step_s,
                                             signal_steps, steps_params)
 from sloscope.analytics.slo import Incident, find_incidents, sli_params
-from sloscope.analytics.store import Store
+from sloscope.analytics.store_api import StoreReader
 
 NO_REQUESTS = "holds no requests in the analysed range"
 EPISODE_GAP = timedelta(minutes=2)
@@ -75,14 +75,14 @@ class Query:
     lookback: str = "1m"
     named: Callable[[str], str] = flag  # how the user wrote a value: --since on the command line
 
-    def answer(self, store: Store, spec) -> dict:
+    def answer(self, store: StoreReader, spec) -> dict:
         """The JSON document; ValueError (a ConfigError among them) names what the query got wrong."""
         try:
             return self._answer(store, spec)
         except OverflowError:  # times and durations are parsed first: only they can leave datetime's range
             raise ValueError("a time or duration of the query reaches outside the years 1 to 9999") from None
 
-    def _answer(self, store: Store, spec) -> dict:
+    def _answer(self, store: StoreReader, spec) -> dict:
         named = self.named
         if self.top < 1:
             raise ValueError(f"{named('top')}: expected 1 or more causes per incident, got {self.top}")
@@ -97,7 +97,7 @@ class Query:
         return analyse(store, spec, *analysed_range(self.since, self.until, newest, named), self.top, baseline,
                        lookback)
 
-    def holds_requests(self, store: Store) -> bool:
+    def holds_requests(self, store: StoreReader) -> bool:
         """Whether the store holds requests in the range this query analyses."""
         return holds_requests(store, *analysed_range(self.since, self.until, newest_request(store), self.named))
 
@@ -132,7 +132,7 @@ class StageTimer:
             self._open[-1][1] = now
 
 
-def analyse(store: Store, spec, since: datetime | None = None, until: datetime | None = None, top: int = 5,
+def analyse(store: StoreReader, spec, since: datetime | None = None, until: datetime | None = None, top: int = 5,
             baseline: timedelta = BASELINE, lookback: timedelta = LOOKBACK,
             timings: dict[str, float] | None = None) -> dict:
     """Incidents in [since, until) with their ranked causes. Each cause's signals are judged against a
@@ -162,7 +162,7 @@ def analyse(store: Store, spec, since: datetime | None = None, until: datetime |
     return {"incidents": out}
 
 
-def roll_up(store: Store, spec) -> None:
+def roll_up(store: StoreReader, spec) -> None:
     """The store's rollups (analytics/rollups.py) made for everything it holds: the SLI windows, and the steps of
     the fleet's evidence signals, that analyses read."""
     first, last = store.rows(store.sql("data_range"))[0]
@@ -173,7 +173,7 @@ def roll_up(store: Store, spec) -> None:
                                        "step_s": signal_step_s(spec.resolution_s)})
 
 
-def explain_moment(store: Store, spec, at: datetime, node: str | None = None, top: int = 5,
+def explain_moment(store: StoreReader, spec, at: datetime, node: str | None = None, top: int = 5,
                    baseline: timedelta = BASELINE, lookback: timedelta = LOOKBACK) -> dict:
     """(node, cause) pairs ranked for the minute from `at`, with no SLI breach required: what changed then.
     The same scores and floor as an incident's causes; each cause also names its node."""
@@ -204,7 +204,8 @@ class _Analysis:
     """Signal scores per analysis window and node, and the fleet's movement per window, each computed once however
     many incidents share them. An incident's own node is scored here; the rest of the fleet only as Fleet."""
 
-    def __init__(self, store: Store, spec, baseline: timedelta, lookback: timedelta, timed: StageTimer | None = None):
+    def __init__(self, store: StoreReader, spec, baseline: timedelta, lookback: timedelta,
+                 timed: StageTimer | None = None):
         self.store, self.resolution_s, self.baseline, self.lookback = store, spec.resolution_s, baseline, lookback
         self.timed = timed or StageTimer()
         self.known = spec.taxonomy  # the causes to rank: the built-in ones and the spec's
@@ -309,11 +310,13 @@ def format_table(result: dict, no_requests: bool = False) -> str:
         else:
             what = f"error ratio {sli['observed_error_ratio']:.2%} > {sli['objective_error_ratio']:.2%}"
         lines.append("")
-        lines.append(f"#{n} {inc['tier']} / {inc['service']} on {inc['node']}  {inc['start']} .. {inc['end']}  ({what})")
+        lines.append(f"#{n} {inc['tier']} / {inc['service']} on {inc['node']}  {inc['start']} .. {inc['end']}  "
+                     f"({what})")
         if not inc["causes"]:
             lines.extend(_no_cause_lines(inc.get("diagnosis", {})))
         for rank, cause in enumerate(inc["causes"], 1):
-            lines.append(f"   {rank}. {cause['cause']:<22} {cause['layer']:<8} score {cause['score']:.2f}  -> {cause['remediation']}")
+            lines.append(f"   {rank}. {cause['cause']:<22} {cause['layer']:<8} score {cause['score']:.2f}  "
+                         f"-> {cause['remediation']}")
             lines.extend(_evidence_lines(cause))
     return "\n".join(lines)
 

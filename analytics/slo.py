@@ -27,7 +27,7 @@ import polars as pl
 from sloscope.slo_spec import SloSpec, TierObjective
 
 from sloscope.analytics.significance import fleet_discoveries, poisson_tail
-from sloscope.analytics.store import Store
+from sloscope.analytics.store_api import StoreReader
 
 FLEET_FDR = 0.01
 MIN_BLOCK_REQUESTS = 10  # fewer and a window is pooled with its neighbours before it is judged
@@ -97,7 +97,7 @@ def _blocks(frame: pl.DataFrame, step_s: float) -> np.ndarray:
     return np.cumsum(begins) - 1
 
 
-def sli_params(store: Store, spec: SloSpec, since: datetime, until: datetime) -> dict:
+def sli_params(store: StoreReader, spec: SloSpec, since: datetime, until: datetime) -> dict:
     """The parameters of sli_windows.sql for every tier of the spec in [since, until)."""
     objectives = list(spec.tiers.values())
     return {**store.tier_params(spec), "tiers": [o.name for o in objectives],
@@ -105,7 +105,7 @@ def sli_params(store: Store, spec: SloSpec, since: datetime, until: datetime) ->
             "since": since, "until": until}
 
 
-def sli_windows(store: Store, spec: SloSpec, since: datetime, until: datetime) -> dict[str, pl.DataFrame]:
+def sli_windows(store: StoreReader, spec: SloSpec, since: datetime, until: datetime) -> dict[str, pl.DataFrame]:
     """Per tier of the spec, its windows per (service, node) with their test (`block`) and its p-values:
     `latency_p` for the slow requests, `error_p` for the failures, each against a service at exactly the
     objective. One query reads the requests for every tier."""
@@ -125,7 +125,7 @@ def sli_windows(store: Store, spec: SloSpec, since: datetime, until: datetime) -
     return {tier: frame.filter(pl.col("tier") == tier).drop("tier") for tier in tiers}
 
 
-def window_latencies(store: Store, spec: SloSpec, objective: TierObjective, since: datetime,
+def window_latencies(store: StoreReader, spec: SloSpec, objective: TierObjective, since: datetime,
                      until: datetime) -> pl.DataFrame:
     """One tier's latency percentile per (service, node) and window, as people are shown it: the verdicts read
     the slow requests instead, so finding incidents does not compute it."""
@@ -133,7 +133,8 @@ def window_latencies(store: Store, spec: SloSpec, objective: TierObjective, sinc
                                                        "quantile": objective.percentile / 100.0})
 
 
-def _window_params(store: Store, spec: SloSpec, objective: TierObjective, since: datetime, until: datetime) -> dict:
+def _window_params(store: StoreReader, spec: SloSpec, objective: TierObjective, since: datetime,
+                   until: datetime) -> dict:
     return {**store.tier_params(spec), "tier": objective.name, "step_s": spec.resolution_s, "since": since,
             "until": until}
 
@@ -189,7 +190,7 @@ def _rounded(ms) -> float | None:
     return round(float(ms), 1) if ms is not None and math.isfinite(ms) else None
 
 
-def _incident_slis(store: Store, spec: SloSpec, objective: TierObjective, runs: list[dict],
+def _incident_slis(store: StoreReader, spec: SloSpec, objective: TierObjective, runs: list[dict],
                    ends: list[datetime]) -> list[dict]:
     """The SLI of each of a tier's runs over its whole incident (to its end in `ends`), from one query
     (incident_sli.sql)."""
@@ -215,7 +216,7 @@ def _incident_sli(objective: TierObjective, run: dict, requests: int, failures: 
             "objective_error_ratio": round(objective.error_budget, 5)}
 
 
-def find_incidents(store: Store, spec: SloSpec, since: datetime, until: datetime) -> list[Incident]:
+def find_incidents(store: StoreReader, spec: SloSpec, since: datetime, until: datetime) -> list[Incident]:
     frames = sli_windows(store, spec, since, until)
     incidents = []
     step = timedelta(seconds=spec.resolution_s)

@@ -15,7 +15,6 @@ from collections import Counter
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 from functools import cached_property
-from importlib import resources
 from pathlib import Path
 
 import duckdb
@@ -26,6 +25,8 @@ from sloscope.analytics.cumulative import SERIES, CumulativeWrites
 from sloscope.analytics.errors import StoreError
 from sloscope.analytics.frames import REQUEST_KEY, Frames
 from sloscope.analytics.rollups import Rollups, readers
+from sloscope.analytics.sql_files import sql
+from sloscope.analytics.store_base import ReaderBase, StoreBase
 
 SCHEMA_VERSION = 5
 # How DuckDB knows its own files: a block checksum of 8 bytes, then these magic bytes.
@@ -50,32 +51,6 @@ def refuse_other_files(path: Path) -> None:
         raise StoreError(f"{path}: {NOT_A_DATABASE_FILE}")
 
 
-# A query of the same folder named in double braces, inlined as a subquery: {{signal_steps}} reads with the
-# query's own parameters; {{requests start end}} reads the range of its start and end instead of since and until.
-RELATION = re.compile(r"\{\{(\w+)(?: (\w+) (\w+))?\}\}")
-
-
-def sql_of(folder: tuple[str, ...], name: str, reference, instead: dict[str, str] | None = None) -> str:
-    """The text of analytics/sql/FOLDER/NAME.sql with its {{relations}} inlined, each relation named in `instead`
-    replaced by the one it maps to; reference(p) is how the dialect writes parameter p in a query, for the renaming
-    of since and until."""
-    text = resources.files("sloscope.analytics").joinpath("sql", *folder, f"{name}.sql").read_text()
-
-    def inlined(match: re.Match) -> str:
-        relation, since, until = match.groups()
-        body = sql_of(folder, (instead or {}).get(relation, relation), reference, instead)
-        if since:
-            body = body.replace(reference("since"), reference(since)).replace(reference("until"), reference(until))
-        return f"(\n{body}\n)"
-
-    return RELATION.sub(inlined, text)
-
-
-def sql(name: str, instead: dict[str, str] | None = None) -> str:
-    """The text of analytics/sql/NAME.sql, its {{relations}} inlined (those named in `instead` replaced)."""
-    return sql_of((), name, lambda parameter: f"${parameter}", instead)
-
-
 PARAMETER, COMMENT = re.compile(r"\$(\w+)"), re.compile(r"--[^\n]*")
 
 
@@ -88,18 +63,17 @@ def bound(query: str, params):
     return {k: v for k, v in params.items() if k in named}
 
 
-class Reader:
-    """Queries over one DuckDB connection or cursor: what analysis needs of a store."""
+class Reader(ReaderBase):
+    """Queries over one DuckDB connection or cursor: what analysis needs of a store (analytics/store_api.py)."""
 
     read_only = True
-    dialect = "duckdb"
+    dialect, meta_table = "duckdb", "meta"
 
     def __init__(self, con, path: str | Path = "<cursor>"):
         self.con, self.path = con, Path(path)
 
     def sql(self, name: str, instead: dict[str, str] | None = None) -> str:
-        """The query NAME in this store's dialect (analytics/sql/, or analytics/sql/clickhouse/), the relations
-        named in `instead` replaced by those they map to."""
+        """The query NAME of analytics/sql/, the relations named in `instead` replaced by those they map to."""
         return sql(name, instead)
 
     @cached_property
@@ -117,19 +91,6 @@ class Reader:
     def rows(self, query: str, params=None) -> list[tuple]:
         return self.con.execute(query, bound(query, params) or []).fetchall()
 
-    def computed(self, name: str, params: dict) -> pl.DataFrame:
-        """The rows of the query NAME, read from sloscope's rollups where they are current (analytics/rollups.py)."""
-        query, params = self._rollups.query(name, params) or (self.sql(name), params)
-        return self.frame(query, params)
-
-    def roll_up(self, name: str, params: dict) -> None:
-        """Rollups of the query NAME over [since, until) made ahead of analysis, where this store may write them."""
-        self._rollups.fill(name, params)
-
-    def scalar(self, query: str, params=None):
-        rows = self.rows(query, params)
-        return rows[0][0] if rows else None
-
     def meta(self, key: str) -> str | None:
         return self.scalar("SELECT value FROM meta WHERE key = ?", [key])
 
@@ -139,30 +100,8 @@ class Reader:
     def counters(self) -> dict[str, int]:
         return dict(self.rows("SELECT name, value FROM ingest_counters ORDER BY name"))
 
-    def slo_spec(self):
-        """The SLO spec recorded with this database (by the last command given --slo), else the built-in one."""
-        from sloscope.slo_spec import load_spec, parse_spec
 
-        try:
-            recorded = self.meta("slo_spec")
-        except duckdb.CatalogException:  # not a sloscope database (yet)
-            recorded = None
-        return parse_spec(recorded, f"{self.path} (recorded spec)") if recorded else load_spec(None)
-
-    def spec(self, path: str | Path | None = None):
-        """The SLO spec a command runs with: the file given (recorded with the database where it can be written,
-        so that later commands on it use the same tiers), else the recorded one, else the built-in one."""
-        if path is None:
-            return self.slo_spec()
-        from sloscope.slo_spec import load_spec
-
-        spec = load_spec(path)
-        if not self.read_only:
-            self.set_meta("slo_spec", Path(path).read_text())
-        return spec
-
-
-class Store(CumulativeWrites, Reader):
+class Store(CumulativeWrites, Reader, StoreBase):
     def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False, memory_limit: str = "3GB"):
         self.path = Path(path)
         self.read_only = read_only
@@ -213,6 +152,14 @@ class Store(CumulativeWrites, Reader):
         with self._registered("incoming", data.cast(naive)):
             self.execute(f"INSERT INTO {table} BY NAME SELECT * FROM incoming")
 
+    def close(self) -> None:
+        self.con.close()
+
+    def cursor(self):
+        """A new cursor of the current connection (the writer may have reopened it), for tables kept beside the
+        store's in its file: the remediation audit (alerts/audit.py)."""
+        return self.con.cursor()
+
     def probe(self) -> None:
         """A small committed write: raises when the store cannot commit at all."""
         with self.transaction():
@@ -230,15 +177,6 @@ class Store(CumulativeWrites, Reader):
             with suppress(duckdb.Error):
                 self.con.execute("ROLLBACK")
             raise
-
-    def close(self) -> None:
-        self.con.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # --- schema ---------------------------------------------------------------------------------------
 
@@ -270,7 +208,7 @@ class Store(CumulativeWrites, Reader):
 
     def reader(self) -> Reader:
         """A reader on its own cursor, for another thread than the one writing."""
-        return Reader(self.con.cursor(), self.path)
+        return Reader(self.cursor(), self.path)
 
     @contextmanager
     def reading(self):

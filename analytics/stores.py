@@ -19,8 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+import duckdb
+
+from sloscope.slo_spec import load_spec
+
 from sloscope.analytics import exporter_tables
-from sloscope.analytics.store import DEFAULT_DB, Store, StoreError
+from sloscope.analytics.clickhouse_store import ChdbBackend, ClickHouseStore, HttpBackend
+from sloscope.analytics.errors import StoreError
+from sloscope.analytics.store import DEFAULT_DB, Reader, Store, refuse_other_files
+from sloscope.analytics.store_api import StoreApi
+
+# What stages above analytics use to open a store, besides the interface of analytics/store_api.py.
+__all__ = ["DEFAULT_DB", "DEFAULT_STORE", "PASSWORD_ENV", "StoreURL", "add_store_arguments", "open_from_args",
+           "open_store", "open_url", "parse_store_url", "recorded_spec", "refuse_other_files", "store_url"]
 
 DEFAULT_STORE = f"duckdb:///{DEFAULT_DB}"
 PASSWORD_ENV = "SLOSCOPE_CLICKHOUSE_PASSWORD"
@@ -44,6 +55,12 @@ class StoreURL:
         if self.scheme == "clickhouse":
             return f"clickhouse://{self.user}@{self.host}:{self.port}/{self.database}{query}"
         return f"{self.scheme}:///{self.path}{query}"
+
+    @property
+    def served_read_only(self) -> bool:
+        """How `sloscope serve` opens this store: a DuckDB file for writing (serve's intake writes it), ClickHouse
+        read-only (the Collector's clickhouseexporter writes its tables)."""
+        return self.scheme != "duckdb"
 
     def table_names(self) -> dict[str, str]:
         """Each exporter table's default name -> the name this URL's settings give it."""
@@ -102,13 +119,15 @@ def _password(password_file: Path | None) -> str:
     return os.environ.get(PASSWORD_ENV, "")
 
 
-def open_store(text: str, *, read_only: bool = False, password_file: Path | None = None):
+def open_store(text: str, *, read_only: bool = False, password_file: Path | None = None) -> StoreApi:
     """The store the URL names: a DuckDB Store or a ClickHouseStore, read_only for commands that only read."""
-    url = parse_store_url(text)
+    return open_url(parse_store_url(text), read_only=read_only, password_file=password_file)
+
+
+def open_url(url: StoreURL, *, read_only: bool = False, password_file: Path | None = None) -> StoreApi:
+    """The store of a parsed URL, as open_store."""
     if url.scheme == "duckdb":
         return Store(url.path, read_only=read_only)
-    from sloscope.analytics.clickhouse_store import ChdbBackend, ClickHouseStore, HttpBackend
-
     names = url.table_names()
     if url.scheme == "chdb":
         if url.path.exists() and not url.path.is_dir():
@@ -140,6 +159,21 @@ def store_url(args) -> str:
     return f"duckdb:///{args.db}" if getattr(args, "db", None) else DEFAULT_STORE
 
 
-def open_from_args(args, *, read_only: bool = False):
+def open_from_args(args, *, read_only: bool = False) -> StoreApi:
     return open_store(store_url(args), read_only=read_only,
                       password_file=getattr(args, "store_password_file", None))
+
+
+def recorded_spec(path: Path):
+    """The SLO spec recorded in the DuckDB file at `path`, else the built-in one: also where the file is missing,
+    cannot be opened (another process writes it) or holds no store (the webhook's audit alone)."""
+    if not path.exists():
+        return load_spec(None)
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error:
+        return load_spec(None)
+    try:
+        return Reader(con).slo_spec()
+    finally:
+        con.close()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROCFS_PROBES = ("pressure", "diskstats", "netstat", "schedstat", "tcp_connections", "vmstat")
-IMPORTS = ("import collectors.agent, probes.registry, commands.cli; "
+IMPORTS = ("import sloscope.collectors.agent, sloscope.probes.registry, sloscope.commands.cli; "
            "from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter; "
            "import signal; signal.pause()")
 

@@ -1,6 +1,6 @@
 """Live faults: how fast sloscope finds real faults, what its probes cost, and what the faults did to the service.
 
-Runs `sloscope demo --live` (commands/live/): serve, collect with the kernel's eBPF probes every second, an
+Runs `sloscope demo --live` (live/): serve, collect with the kernel's eBPF probes every second, an
 instrumented service under two-tier load, and each fault for a fixed time with recovery between. Prints per
 fault the time from the fault's start to the incident's start (and to the first /rca poll that reported it),
 the top cause and the injected cause's rank, and the service's p99 in the minute before against the fault;
@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from sloscope.commands.live.run import FAULT_NAMES, LiveConfig, LiveDemo, unavailable
+from sloscope.live.run import FAULT_NAMES, LiveConfig, LiveDemo, unavailable
 
 TARGET_S = 30.0
 

@@ -15,6 +15,7 @@ from sloscope.arguments import Parser
 from sloscope.durations import parse_duration
 
 from . import config as config_mod
+from .agent import Agent
 
 log = logging.getLogger("collectors.collect")
 
@@ -181,8 +182,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not logging.getLogger().handlers:  # run outside `sloscope` (tests, python -m)
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-
-    from .agent import Agent
 
     agent = Agent(cfg)
     interrupted = []

@@ -28,9 +28,14 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from urllib.parse import urlparse
 
+import grpc
+import requests
+from google.rpc.error_details_pb2 import RetryInfo
+from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
 from .config import CollectorConfig
+from .http_deadline import DeadlineAdapter, attempt_deadline
 
 # Level 6 is what Go's and Python's gzip writers default to; the batches are small and compress well at it.
 GZIP_LEVEL = 6
@@ -108,15 +113,9 @@ class HttpExporter:
     An attempt takes at most `timeout_s` in all, however slowly the answer comes (http_deadline.py)."""
 
     def __init__(self, endpoint: str, headers: dict[str, str], timeout_s: float, transport: Transport = Transport()):
-        import requests
-
-        from .http_deadline import DeadlineAdapter, attempt_deadline
-
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self._gzip = transport.compression == "gzip"
-        self._requests = requests
-        self._attempt_deadline = attempt_deadline
         self._session = requests.Session()
         for prefix in ("https://", "http://"):
             self._session.mount(prefix, DeadlineAdapter())
@@ -131,14 +130,14 @@ class HttpExporter:
     def send(self, body: bytes) -> Answer:
         if self._gzip:
             body = gzip.compress(body, GZIP_LEVEL, mtime=0)
-        with self._attempt_deadline(self.timeout_s) as deadline:
+        with attempt_deadline(self.timeout_s) as deadline:
             try:
                 with self._session.post(self.endpoint, data=body, timeout=self.timeout_s, allow_redirects=False,
                                         stream=True, **self._tls) as response:
                     if deadline.passed:  # perhaps cut short in its headers: http.client takes the cut for their end
                         return self._no_answer_in_time()
                     content = self._answer_body(response, deadline)
-            except self._requests.RequestException as exc:  # no answer: refused, reset, timed out, closed
+            except requests.RequestException as exc:  # no answer: refused, reset, timed out, closed
                 if deadline.passed:
                     return self._no_answer_in_time()
                 return Answer(RETRY, printable(f"no answer: {type(exc).__name__}: {exc}"))
@@ -163,7 +162,7 @@ class HttpExporter:
                 content += chunk
                 if len(content) > ANSWER_MAX:
                     return None
-        except self._requests.RequestException:
+        except requests.RequestException:
             if not deadline.passed:
                 raise
         return None if deadline.passed else content  # a body without a length would seem to end where it was cut
@@ -174,8 +173,6 @@ class HttpExporter:
     @staticmethod
     def _message(response, content: bytes) -> str:
         """The google.rpc.Status message the specification puts in a failure's body, else the body as text."""
-        from google.rpc.status_pb2 import Status
-
         if (response.headers.get("Content-Type") or "").startswith("application/x-protobuf"):
             try:
                 return Status.FromString(content).message
@@ -196,12 +193,9 @@ class GrpcExporter:
     UNAVAILABLE is made on a new channel, which connects at once."""
 
     def __init__(self, endpoint: str, headers: dict[str, str], timeout_s: float, transport: Transport = Transport()):
-        import grpc
-
         url = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
         self.endpoint = endpoint
         self.timeout_s = timeout_s
-        self._grpc = grpc
         self._target = url.netloc
         self._options = [("grpc.primary_user_agent", USER_AGENT)]
         self._compression = (grpc.Compression.Gzip if transport.compression == "gzip"
@@ -216,7 +210,6 @@ class GrpcExporter:
         self._open_channel()
 
     def _open_channel(self) -> None:
-        grpc = self._grpc
         if self._credentials is not None:
             channel = grpc.secure_channel(self._target, self._credentials, options=self._options,
                                           compression=self._compression)
@@ -232,8 +225,8 @@ class GrpcExporter:
             self._open_channel()
         try:
             response = self._export(body, timeout=self.timeout_s, metadata=self._metadata)
-        except self._grpc.RpcError as exc:
-            self._reconnect = exc.code() is self._grpc.StatusCode.UNAVAILABLE
+        except grpc.RpcError as exc:
+            self._reconnect = exc.code() is grpc.StatusCode.UNAVAILABLE
             return self._failure(exc)
         except ValueError as exc:  # the channel was closed by shutdown()
             return Answer(RETRY, printable(f"no answer: {exc}"))
@@ -255,9 +248,6 @@ class GrpcExporter:
 def retry_delay(trailing_metadata) -> float | None:
     """RetryInfo.retry_delay in seconds from a gRPC status's details (the grpc-status-details-bin trailer, a
     google.rpc.Status), or None."""
-    from google.rpc.error_details_pb2 import RetryInfo
-    from google.rpc.status_pb2 import Status
-
     for key, value in trailing_metadata:
         if key != STATUS_DETAILS_KEY or not isinstance(value, bytes):
             continue

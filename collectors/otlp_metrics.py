@@ -38,8 +38,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from typing import Iterable, Mapping
 
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.sdk.metrics.export import (
@@ -68,8 +70,6 @@ DEFAULT_IDLE_EXPIRY_S = 600.0
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("sloscope")
     except Exception:  # not installed (running from a checkout)
         return "0"
@@ -340,6 +340,4 @@ def metrics_data_from_request(request: ExportMetricsServiceRequest) -> MetricsDa
 
 def encode(data: MetricsData) -> ExportMetricsServiceRequest:
     """The OTLP export request the SDK's exporters send for `data` (the SDK's own encoder)."""
-    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-
     return encode_metrics(data)

@@ -2,7 +2,7 @@
 
 Live (`--live`; what `sloscope demo` runs when it can: as root with eBPF and the fault tools available):
 `sloscope serve`, `sloscope collect` with the kernel probes, an instrumented service under two-tier load, and
-real faults one at a time (commands/live/), each attributed and scored against what was injected.
+real faults one at a time (live/), each attributed and scored against what was injected.
 Simulated (`--simulated`, and the fallback): simulate a small fleet with a fault, ingest it into a DuckDB
 file, run rca, and show the incidents with their ranked causes next to the truth."""
 
@@ -14,8 +14,19 @@ import sys
 import time
 from pathlib import Path
 
-from sloscope.commands.live.run import FAULT_NAMES
+from sloscope.slo_spec import load_spec
+
+from sloscope.analytics.ingest import Ingestor
+from sloscope.analytics.rca import analyse, format_table, roll_up
+from sloscope.analytics.store import Store
+from sloscope.dashboards.cli import build_files, write_report
+from sloscope.enrich.tiers import TierResolver
 from sloscope.simulator.cli import cause_argument
+from sloscope.simulator.fleet import SimulationConfig, simulate
+
+from sloscope.live import run as live_run
+from sloscope.live.judging import summary_table
+from sloscope.live.run import FAULT_NAMES, LiveConfig, LiveDemo
 
 DEFAULT_DIR = Path("var/demo")
 LIVE_DIR = Path("var/demo-live")
@@ -61,9 +72,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     if args.mode == "simulated":
         return run_simulated(args)
-    from sloscope.commands.live.run import unavailable
-
-    why = unavailable()
+    why = live_run.unavailable()  # through its module: tests replace it
     if args.mode == "live" and why:
         print(f"sloscope demo --live: cannot run here: {'; '.join(why)}", file=sys.stderr)
         return 2
@@ -75,9 +84,6 @@ def run(args) -> int:
 
 
 def run_live(args) -> int:
-    from sloscope.commands.live.judging import summary_table
-    from sloscope.commands.live.run import LiveConfig, LiveDemo
-
     faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
     unknown = [f for f in faults if f not in FAULT_NAMES]
     if unknown or not faults:
@@ -113,13 +119,6 @@ def _step(message: str) -> float:
 
 
 def run_simulated(args) -> int:
-    from sloscope.analytics.ingest import Ingestor
-    from sloscope.analytics.rca import analyse, format_table, roll_up
-    from sloscope.analytics.store import Store
-    from sloscope.enrich.tiers import TierResolver
-    from sloscope.simulator.fleet import SimulationConfig, simulate
-    from sloscope.slo_spec import load_spec
-
     started = time.monotonic()
     args.dir = args.dir or DEFAULT_DIR
     shutil.rmtree(args.dir, ignore_errors=True)
@@ -151,8 +150,6 @@ def run_simulated(args) -> int:
     print(f"files: {args.dir}/rca.json (the rca JSON), {db_path}, {otlp_dir}/ground_truth.json; "
           f"total {time.monotonic() - started:.1f}s")
     print(f"try: .venv/bin/sloscope rca --db {db_path} --format table")
-
-    from sloscope.dashboards.cli import build_files, write_report
 
     _step("report and dashboards")
     report = write_report(db_path, None, args.dir / "report.html")

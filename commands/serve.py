@@ -2,20 +2,48 @@
 
 OTLP/HTTP and OTLP/gRPC in, tier enrichment, one writer into the DuckDB store; large requests are decoded in
 worker processes (decode_pool.py). SIGTERM or Ctrl-C stops accepting, writes everything already accepted, and
-exits.
+exits. On a ClickHouse store (--store chdb:// or clickhouse://), the read side of commands/serve_clickhouse.py.
 """
 
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import logging
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
+from sloscope import logs
 from sloscope.addresses import parse_address
+from sloscope.arguments import above_zero
+from sloscope.errors import ConfigError
+from sloscope.sizes import size_argument
+from sloscope.slo_spec import SpecError
+
+from sloscope.enrich.kube_watch import KubeApi, PodWatch
+from sloscope.enrich.pods import PodDirectory
+from sloscope.enrich.tiers import TierResolver
+from sloscope.enrich.topology import GpuTopology
+from sloscope.receiver.server import Receiver
+from sloscope.analytics.cli import EXIT_USAGE
+from sloscope.analytics.errors import StoreError
+from sloscope.analytics.intake import ACKS, LINGER_S, Intake
+from sloscope.analytics.intake_log import IntakeLog
+from sloscope.analytics.late_placement import LatePlacement
+from sloscope.analytics.retention import RetentionSchedule, kept_period
+from sloscope.analytics.stores import add_store_arguments, open_url, parse_store_url, store_url
+from sloscope.analytics.writer import Writer
+from sloscope.alerts.audit import AuditStore
+from sloscope.alerts.remediation import Engine, load_config
+from sloscope.alerts.webhook import TokenError, WebhookApp, load_token
+from sloscope.sampling.policy import SamplingService, load_config as load_sampling_config
+
+from sloscope.commands import serve_clickhouse
+from sloscope.analytics.decode_pool import OFFLOAD_ABOVE_BYTES, DecodePool
+from sloscope.commands.serve_common import bind_listeners, pages_of, serve_until_stopped, stop_on_signals
+from sloscope.commands.serve_ops import (Listeners, add_edge_arguments, add_limit_arguments, edge_of,
+                                         intake_collector, limits_of)
 
 log = logging.getLogger("sloscope.serve")
 
@@ -24,8 +52,6 @@ DEFAULT_GRPC = "127.0.0.1:4317"
 
 
 def register(subparsers) -> None:
-    from sloscope.analytics.intake import ACKS
-
     serve = subparsers.add_parser(
         "serve", help="receive OTLP (HTTP and gRPC) into the DuckDB store; or answer /metrics, /rca and "
         "/sampling from a ClickHouse one",
@@ -41,13 +67,6 @@ def register(subparsers) -> None:
         "can write and serve is not shutting down. SIGTERM writes everything accepted before exiting. "
         "With --store chdb:///PATH or clickhouse://USER@HOST:PORT/DATABASE, serve is the read side of the "
         "OpenTelemetry Collector clickhouseexporter's tables instead: the GET pages only, computed in ClickHouse.")
-    from sloscope.analytics.stores import add_store_arguments
-    from sloscope import logs
-    from sloscope.arguments import above_zero
-
-    from sloscope.commands.serve_ops import add_edge_arguments, add_limit_arguments
-    from sloscope.sizes import size_argument
-
     add_store_arguments(serve)
     serve.add_argument("--slo", type=Path, metavar="SLO.yaml",
                        help="SLO spec whose tiers are the allow-list (default: as for ingest)")
@@ -97,11 +116,6 @@ def register(subparsers) -> None:
 
 
 def _retention_period(text: str):
-    import argparse
-
-    from sloscope.analytics.retention import kept_period
-    from sloscope.errors import ConfigError
-
     try:
         return kept_period(text, "")  # argparse names the flag
     except ConfigError as exc:
@@ -113,82 +127,24 @@ def _default_decode_workers() -> int:
     return min(cpus, 4) if cpus > 1 else 0
 
 
-def _webhook_app(args, store, spec):
-    """The webhook and its remediation engine, auditing into this process's store."""
-    from sloscope.alerts.actions import ConfigError
-    from sloscope.alerts.audit import AuditStore
-    from sloscope.alerts.remediation import Engine, load_config
-    from sloscope.alerts.webhook import TokenError, WebhookApp, load_token
-
-    if args.remediation is None:
-        raise ValueError("--webhook needs --remediation (the allow-list of alert -> action)")
-    try:
-        # A cursor of the store's connection at each use: the writer may have reopened it since start-up.
-        engine = Engine(load_config(args.remediation), AuditStore(lambda: store.con.cursor()), spec.tiers)
-        return WebhookApp(engine, load_token(args.webhook_token_file))
-    except (ConfigError, TokenError) as exc:
-        raise ValueError(str(exc)) from None
-
-
-def rca_page(store, spec):
-    """GET /rca: `sloscope rca` in this process, on a reader of the database it writes (another process cannot
-    open a DuckDB file while it is written), as the JSON of docs/cli-json.md. Query parameters as the command's
-    flags: since, until, at, node, top, baseline, lookback."""
-
-    def page(since: str = "", until: str = "", at: str = "", node: str = "", top: str = "5", baseline: str = "10m",
-             lookback: str = "1m"):
-        import json
-
-        from sloscope.analytics.rca import Query, query_parameter
-
-        if not top.isdigit():
-            raise ValueError(f"query parameter top: expected a whole number, got {top[:40]!r}")
-        with store.reading() as reader:
-            result = Query(since, until, at, node, int(top), baseline, lookback, query_parameter).answer(reader,
-                                                                                                      spec)
-        return json.dumps(result).encode(), "application/json"
-
-    return page
-
-
 def run(args) -> int:
+    """Opens the store once, as its URL says serve uses it (analytics/stores.py): a DuckDB file for writing, the
+    intake writing it here; ClickHouse read-only, the Collector's exporter writing it. Then serves that side."""
     faulthandler.enable(sys.__stderr__)  # a fatal error in native code still leaves every thread's stack in the log
-    from sloscope.analytics.cli import EXIT_USAGE
-    from sloscope.analytics.store import StoreError
-    from sloscope.analytics.stores import parse_store_url, store_url
-
     try:
         url = parse_store_url(store_url(args))
-    except StoreError as exc:
+        if url.served_read_only:
+            serve_clickhouse.refuse_writer_flags(args)  # before anything opens
+        store = open_url(url, read_only=url.served_read_only, password_file=args.store_password_file)
+    except (StoreError, ValueError) as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if url.scheme != "duckdb":
-        from sloscope.commands.serve_clickhouse import run as read_clickhouse
-
-        return read_clickhouse(args)
-    args.db = url.path
-    return _run(args)
+    return serve_clickhouse.serve(args, store) if url.served_read_only else _serve_writing(args, store)
 
 
-def _run(args) -> int:
-    from sloscope.analytics.cli import EXIT_USAGE
-    from sloscope.analytics.store import Store, StoreError
-    from sloscope.analytics.intake import LINGER_S, Intake
-    from sloscope.analytics.writer import Writer
-    from sloscope.sampling.policy import SamplingService, load_config as load_sampling_config
-    from sloscope.receiver.server import Receiver
-    from sloscope.enrich.tiers import TierResolver
-    from sloscope.analytics.late_placement import LatePlacement
-    from sloscope.analytics.retention import RetentionSchedule
-    from sloscope.enrich.kube_watch import KubeApi, PodWatch
-    from sloscope.enrich.pods import PodDirectory
-    from sloscope.enrich.topology import GpuTopology
-    from sloscope.commands.decode_pool import OFFLOAD_ABOVE_BYTES, DecodePool
-    from sloscope.commands.serve_ops import Listeners, edge_of, intake_collector, limits_of
-    from sloscope.slo_spec import SpecError
-
+def _serve_writing(args, store) -> int:
+    """Receives OTLP into `store`, a DuckDB store open for writing, until SIGTERM or SIGINT; closes it."""
     try:
-        store = Store(args.db)
         spec = store.spec(args.slo)
         http_addr = parse_address(args.http, "--http", may_be_off=True)
         grpc_addr = parse_address(args.grpc or DEFAULT_GRPC, "--grpc", may_be_off=True)
@@ -197,9 +153,10 @@ def _run(args) -> int:
         sampling = SamplingService(store.live_reader(), spec, load_sampling_config(args.sampling))
         limits = limits_of(args)
         edge = edge_of(args)
-        intake_log = _intake_log(args)
+        intake_log = _intake_log(args, store.path)
         kube_api = KubeApi.of(args.kube_api) if args.kube_api else None
     except (SpecError, StoreError, ValueError) as exc:
+        store.close()
         print(f"sloscope serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     # Read before the writer starts: from then on the store's connection is the writer thread's (retention runs
@@ -222,13 +179,13 @@ def _run(args) -> int:
     if intake_log is not None:
         _replay(writer)
     listeners = Listeners()
-    pages = _pages(store, spec, sampling, writer, stop, intake_collector(receiver, writer, listeners, watch))
+    pages = pages_of(store, spec, sampling, stop, writer, intake_collector(receiver, writer, listeners, watch))
     try:
         bind_listeners(listeners, (http_addr, grpc_addr, webhook_addr), webhook_app, receiver, pages, edge)
     except OSError as exc:
         print(f"sloscope serve: {exc}", file=sys.stderr)
     else:
-        serve_until_stopped(listeners, stop, f"writing to {args.db}; tiers {', '.join(spec.tiers)} "
+        serve_until_stopped(listeners, stop, f"writing to {store.path}; tiers {', '.join(spec.tiers)} "
                                              f"(default {spec.default_tier})")
         log.info("writing what was accepted")
     if pool:
@@ -244,42 +201,22 @@ def _run(args) -> int:
     return 0 if not writer.failed else 1
 
 
-def stop_on_signals() -> threading.Event:
-    """Set by SIGTERM or SIGINT."""
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
+def _webhook_app(args, store, spec):
+    """The webhook and its remediation engine, auditing into this process's store."""
+    if args.remediation is None:
+        raise ValueError("--webhook needs --remediation (the allow-list of alert -> action)")
+    try:
+        # A cursor of the store's connection at each use: the writer may have reopened it since start-up.
+        engine = Engine(load_config(args.remediation), AuditStore(store.cursor), spec.tiers)
+        return WebhookApp(engine, load_token(args.webhook_token_file))
+    except (ConfigError, TokenError) as exc:
+        raise ValueError(str(exc)) from None
 
 
-def serve_until_stopped(listeners, stop: threading.Event, started: str) -> None:
-    """Starts the bound listeners, logs `started`, and once `stop` is set closes them (the requests in flight
-    answered)."""
-    _freeze_start_up_objects()
-    listeners.start()
-    log.info("%s", started)
-    while not stop.wait(0.5):  # a signal taken by another thread only runs its handler once this one wakes
-        pass
-    log.info("stopping: no new requests")
-    listeners.close()
-
-
-def _freeze_start_up_objects() -> None:
-    """What start-up made (modules: polars, DuckDB, Arrow, gRPC, protobuf; the store, the spec) lasts as long as
-    serve. Frozen, a full garbage collection need not walk it: walking it takes half a second, with the
-    interpreter lock held, which every request in flight waits out."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-
-
-def _intake_log(args):
+def _intake_log(args, db: Path):
     """The intake log that --ack log acknowledges from (None for the other modes); ValueError when it cannot be
     opened."""
-    from sloscope.analytics.intake_log import IntakeLog
-
-    directory = args.intake_log or args.db.with_name(args.db.name + ".intake")
+    directory = args.intake_log or db.with_name(db.name + ".intake")
     if args.ack != "log":
         if args.intake_log is not None:
             raise ValueError("--intake-log goes with --ack log")
@@ -299,39 +236,3 @@ def _replay(writer) -> None:
     replayed = writer.replay()
     if replayed:
         log.info("replaying %d requests from the intake log; until they are written, new ones get 503", replayed)
-
-
-def _pages(store, spec, sampling, writer, stopping, intake_metrics) -> dict:
-    """GET endpoints on the OTLP/HTTP port."""
-    from sloscope.alerts.exporter import render
-    from sloscope.commands.serve_ops import healthz, readiness_page
-
-    return {"/metrics": lambda: render(store, spec, intake_metrics), "/sampling": sampling.page,
-            "/rca": rca_page(store, spec), "/healthz": healthz, "/readyz": readiness_page(store, writer, stopping)}
-
-
-def bind_listeners(listeners, addresses, webhook_app, receiver, pages, edge) -> None:
-    """Every listener serve is asked for, bound (not yet started); OSError names the one that cannot be."""
-    from sloscope.alerts.webhook import WebhookServer
-    from sloscope.receiver.server import grpc_server, http_server
-
-    http_addr, grpc_addr, webhook_addr = addresses
-
-    def otlp_http():
-        httpd = http_server(receiver, *http_addr, pages=pages, tls=edge.tls, auth=edge.auth)
-        return httpd, "OTLP/HTTP on %s://%s:%d" % (edge.scheme(), *httpd.server_address[:2])
-
-    def otlp_grpc():
-        grpcd, port = grpc_server(receiver, *grpc_addr, tls=edge.tls, auth=edge.auth)
-        return grpcd, f"OTLP/gRPC on {grpc_addr[0]}:{port}{' (TLS)' if edge.tls else ''}"
-
-    def webhook():
-        hook = WebhookServer(webhook_addr, webhook_app)
-        return hook, "Alertmanager webhook on http://%s:%d%s" % (*hook.server_address[:2], webhook_app.path)
-
-    for kind, what, address, make in (("http", "OTLP/HTTP", http_addr, otlp_http),
-                                      ("grpc", "OTLP/gRPC", grpc_addr, otlp_grpc),
-                                      ("http", "the Alertmanager webhook", webhook_addr if webhook_app else None,
-                                       webhook)):
-        if address:
-            listeners.bind(kind, what, address, make)

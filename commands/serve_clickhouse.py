@@ -4,13 +4,23 @@ OpenTelemetry Collectors write OTLP into ClickHouse with the contrib clickhousee
 On the --http port it serves what Prometheus, the trace samplers and people read: /metrics, /rca, /sampling,
 /healthz and /readyz, computed in ClickHouse from the exporter's tables by the queries of analytics/sql/clickhouse/.
 It receives no OTLP (the Collector writes the tables), so what serve does only as the writer of its DuckDB file is
-refused here with the reason.
+refused here with the reason, before the store opens (commands/serve.py opens it, read-only).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+
+from sloscope.addresses import parse_address
+from sloscope.slo_spec import SpecError
+
+from sloscope.analytics.cli import EXIT_USAGE
+from sloscope.analytics.errors import StoreError
+from sloscope.sampling.policy import SamplingService, load_config as load_sampling_config
+
+from sloscope.commands.serve_common import bind_listeners, pages_of, serve_until_stopped, stop_on_signals
+from sloscope.commands.serve_ops import Listeners, edge_of
 
 log = logging.getLogger("sloscope.serve")
 
@@ -24,29 +34,20 @@ WRITER_ONLY = (  # (argument, what it is set to where it does something here, wh
 )
 
 
-def run(args) -> int:
-    from sloscope.analytics.cli import EXIT_USAGE
-    from sloscope.analytics.store import StoreError
-    from sloscope.analytics.stores import open_from_args
-    from sloscope.alerts.exporter import render
-    from sloscope.addresses import parse_address
-    from sloscope.commands.serve import bind_listeners, rca_page, serve_until_stopped, stop_on_signals
-    from sloscope.commands.serve_ops import Listeners, edge_of, healthz, readiness_page
-    from sloscope.sampling.policy import SamplingService, load_config as load_sampling_config
-    from sloscope.slo_spec import SpecError
-
+def refuse_writer_flags(args) -> None:
+    """ValueError naming every flag given that only the writer of a DuckDB file acts on (and --http off, which
+    leaves nothing to serve)."""
     refused = [why for name, allowed, why in WRITER_ONLY if getattr(args, name) not in allowed]
     if args.http == "off":
         refused.append("--http off leaves nothing to serve")
+    if refused:
+        raise ValueError("; ".join(refused))
+
+
+def serve(args, store) -> int:
+    """Answers the GET pages from `store`, open read-only, until SIGTERM or SIGINT; closes it."""
     try:
-        if refused:
-            raise ValueError("; ".join(refused))
         http_addr = parse_address(args.http, "--http", may_be_off=True)
-        store = open_from_args(args, read_only=True)
-    except (StoreError, ValueError) as exc:
-        print(f"sloscope serve: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
         spec = store.spec(args.slo)
         sampling = SamplingService(store, spec, load_sampling_config(args.sampling))
         edge = edge_of(args)
@@ -56,11 +57,9 @@ def run(args) -> int:
         return EXIT_USAGE
     stop = stop_on_signals()
     edge.reload_on_sighup()
-    pages = {"/metrics": lambda: render(store, spec), "/sampling": sampling.page, "/rca": rca_page(store, spec),
-             "/healthz": healthz, "/readyz": readiness_page(store, None, stop)}
     listeners = Listeners()
     try:
-        bind_listeners(listeners, (http_addr, None, None), None, None, pages, edge)
+        bind_listeners(listeners, (http_addr, None, None), None, None, pages_of(store, spec, sampling, stop), edge)
     except OSError as exc:
         store.close()
         print(f"sloscope serve: {exc}", file=sys.stderr)

@@ -11,6 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sloscope.arguments import above_zero
+from sloscope.sizes import size_argument, size_text
+
+from sloscope.edge.auth import BearerAuth
+from sloscope.edge.tls import TlsFiles
+from sloscope.receiver.limits import Limits
+from sloscope.receiver.server import Unavailable
+from sloscope.alerts.intake_metrics import IntakeCollector
+from sloscope.alerts.webhook import load_token
 
 log = logging.getLogger("sloscope.serve")
 TEXT = "text/plain; charset=utf-8"
@@ -19,9 +27,6 @@ OPEN_PAGES = frozenset({"/healthz", "/readyz"})  # the kubelet's probes carry no
 
 
 def add_limit_arguments(parser) -> None:
-    from sloscope.sizes import size_argument, size_text
-    from sloscope.receiver.limits import Limits
-
     d = Limits()
     group = parser.add_argument_group("limits", "what one client, and all together, may hold of serve's memory "
                                       "and time (sizes in bytes, or with KiB, MiB, GiB; times in seconds)")
@@ -46,7 +51,8 @@ def add_limit_arguments(parser) -> None:
     group.add_argument("--max-connections", type=count, default=d.max_connections, metavar="N",
                        help="OTLP/HTTP connections open at once; more wait in the listen backlog "
                        "(default: %(default)s)")
-    group.add_argument("--grpc-max-recv-msg-size", type=size, default=size_text(d.grpc_max_message_bytes), metavar="SIZE",
+    group.add_argument("--grpc-max-recv-msg-size", type=size, default=size_text(d.grpc_max_message_bytes),
+                       metavar="SIZE",
                        help="largest OTLP/gRPC message; larger is RESOURCE_EXHAUSTED (default: %(default)s)")
     group.add_argument("--grpc-max-concurrent-rpcs", type=count, default=d.grpc_max_concurrent_rpcs, metavar="N",
                        help="OTLP/gRPC calls in progress at once, over all connections; more are "
@@ -89,10 +95,6 @@ class Edge:
 
 def edge_of(args, env: dict | None = None) -> Edge:
     """TLS and the bearer token from the flags (and $SLOSCOPE_BEARER_TOKEN); ValueError says what is wrong."""
-    from sloscope.alerts.webhook import load_token
-    from sloscope.edge.auth import BearerAuth
-    from sloscope.edge.tls import TlsFiles
-
     env = os.environ if env is None else env
     if (args.tls_cert_file is None) != (args.tls_key_file is None):
         raise ValueError("--tls-cert-file and --tls-key-file go together")
@@ -109,8 +111,6 @@ def edge_of(args, env: dict | None = None) -> Edge:
 
 
 def limits_of(args):
-    from sloscope.receiver.limits import Limits
-
     return Limits(max_body_bytes=args.max_request_body_size, max_inflight_bytes=args.max_inflight_bytes,
                   max_header_bytes=args.max_header_bytes,
                   read_header_timeout_s=args.read_header_timeout, read_timeout_s=args.read_timeout,
@@ -180,8 +180,6 @@ def healthz() -> tuple[bytes, str]:
 def readiness_page(store, writer, stopping: threading.Event):
     """GET /readyz: 200 while the store is open, the writer (if serve writes) can write and serve is not
     shutting down; else a 503 that says which, so that a load balancer sends exporters elsewhere."""
-    from sloscope.receiver.server import Unavailable
-
     def page() -> tuple[bytes, str]:
         problems = ["shutting down"] if stopping.is_set() else []
         problems += [p for p in (_store_problem(store), writer.health() if writer else None) if p]
@@ -204,8 +202,6 @@ def _store_problem(store) -> str | None:
 def intake_collector(receiver, writer, listeners: Listeners, watch=None):
     """The intake's own /metrics families (alerts/intake_metrics.py) for this process's receiver and writer, and
     its pod watch when it has one."""
-    from sloscope.alerts.intake_metrics import IntakeCollector
-
     def stats() -> dict:
         found = {"receiver": receiver.snapshot(), "inflight_bytes": receiver.inflight.held, "writer": writer.stats(),
                  "writer_health": writer.health(),

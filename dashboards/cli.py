@@ -8,6 +8,18 @@ import os
 import sys
 from pathlib import Path
 
+from sloscope.slo_spec import SpecError, load_spec
+
+from sloscope.alerts.burn import UnsupportedWindow, burn_windows
+from sloscope.analytics.cli import add_range_arguments
+from sloscope.analytics.errors import StoreError
+from sloscope.analytics.rca import analysed_range, newest_request
+from sloscope.analytics.stores import add_store_arguments, open_store, store_url
+
+from sloscope.dashboards import provision
+from sloscope.dashboards.grafana import DEFAULT_DATASOURCE_UID, build_all, exporter_gaps, file_name
+from sloscope.dashboards.report import Report
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_OUT = Path("var/dashboards")
 DEFAULT_REPORT = Path("var/report.html")
@@ -23,12 +35,6 @@ class _RefuseSecret(argparse.Action):
 
 
 def register(subparsers) -> None:
-    from sloscope.analytics.cli import add_range_arguments
-    from sloscope.analytics.stores import add_store_arguments
-
-    from sloscope.dashboards.grafana import DEFAULT_DATASOURCE_UID
-    from sloscope.dashboards.provision import DEFAULT_FOLDER_TITLE, DEFAULT_FOLDER_UID
-
     dash = subparsers.add_parser(
         "dashboards", help="build Grafana dashboards from the SLO spec, or provision them into Grafana",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -67,9 +73,9 @@ def register(subparsers) -> None:
     push.add_argument("--token-file", type=Path, metavar="FILE",
                       help=f"file whose first line is the token (default: ${TOKEN_ENV})")
     push.add_argument("--token", nargs="?", action=_RefuseSecret, help=argparse.SUPPRESS)
-    push.add_argument("--folder-uid", default=DEFAULT_FOLDER_UID,
+    push.add_argument("--folder-uid", default=provision.DEFAULT_FOLDER_UID,
                       help="folder uid for new dashboards; one that exists stays in its folder (default: %(default)s)")
-    push.add_argument("--folder-title", default=DEFAULT_FOLDER_TITLE,
+    push.add_argument("--folder-title", default=provision.DEFAULT_FOLDER_TITLE,
                       help="folder title, used when it is created (default: %(default)s)")
     push.add_argument("--no-overwrite", action="store_true",
                       help="push nothing when any of the dashboards exists in Grafana (e.g. edited there)")
@@ -96,9 +102,6 @@ def register(subparsers) -> None:
 
 
 def _spec(path: Path | None, command: str):
-    from sloscope.alerts.burn import UnsupportedWindow, burn_windows
-    from sloscope.slo_spec import SpecError, load_spec
-
     try:
         spec = load_spec(path)
         burn_windows(spec.window_s)  # the burn-rate panels need them
@@ -109,8 +112,6 @@ def _spec(path: Path | None, command: str):
 
 
 def _print_gaps() -> None:
-    from sloscope.dashboards.grafana import exporter_gaps
-
     gaps = exporter_gaps()
     if gaps:
         names = ", ".join(f"{g.panel} ({g.series})" for g in gaps)
@@ -118,8 +119,6 @@ def _print_gaps() -> None:
 
 
 def build_files(spec, out: Path, datasource_uid: str) -> list[Path]:
-    from sloscope.dashboards.grafana import build_all, file_name
-
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for uid, board in build_all(spec, datasource_uid).items():
@@ -162,9 +161,6 @@ def read_token(token_file: Path | None) -> str:
 
 
 def run_push(args) -> int:
-    from sloscope.dashboards.grafana import build_all
-    from sloscope.dashboards.provision import PushError, push
-
     spec = _spec(args.slo, "dashboards push")
     if spec is None:
         return EXIT_USAGE
@@ -174,9 +170,9 @@ def run_push(args) -> int:
         print(f"sloscope dashboards push: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        result = push(build_all(spec, args.datasource_uid), args.url, token, folder_uid=args.folder_uid,
-                      folder_title=args.folder_title, overwrite=not args.no_overwrite, timeout=args.timeout)
-    except PushError as exc:
+        result = provision.push(build_all(spec, args.datasource_uid), args.url, token, folder_uid=args.folder_uid,
+                                folder_title=args.folder_title, overwrite=not args.no_overwrite, timeout=args.timeout)
+    except provision.PushError as exc:
         print(f"sloscope dashboards push: {exc}", file=sys.stderr)
         return EXIT_FAILED
     folder = f"folder {result.folder_uid}" + (" (created)" if result.folder_created else "")
@@ -193,11 +189,6 @@ def write_report(db: Path | str, spec_path: Path | None, out: Path, *, since: st
                  password_file: Path | None = None) -> dict:
     """Write the HTML report from `db`, a DuckDB file or a store URL (analytics/stores.py); returns {"path",
     "incidents", "charts"}. Raises StoreError, SpecError, ValueError."""
-    from sloscope.analytics.rca import analysed_range, newest_request
-    from sloscope.analytics.stores import open_store
-
-    from sloscope.dashboards.report import Report
-
     url = db if isinstance(db, str) else f"duckdb:///{db}"
     with open_store(url, read_only=True, password_file=password_file) as store:
         spec = store.spec(spec_path)
@@ -212,10 +203,6 @@ def write_report(db: Path | str, spec_path: Path | None, out: Path, *, since: st
 
 
 def run_report(args) -> int:
-    from sloscope.analytics.store import StoreError
-    from sloscope.analytics.stores import store_url
-    from sloscope.slo_spec import SpecError
-
     try:
         info = write_report(store_url(args), args.slo, args.output, since=args.since, until=args.until, top=args.top,
                             grafana_url=args.grafana_url, password_file=args.store_password_file)

@@ -33,7 +33,7 @@ from sloscope.times import parse_rfc3339, rfc3339
 from sloscope.analytics.attribution import BASELINE, GROWTH_SUFFIX, LOOKBACK, Window, signal_steps
 from sloscope.analytics.rca import EPISODE_GAP, NO_REQUESTS, analyse, holds_requests
 from sloscope.analytics.slo import MIN_REQUESTS, sli_windows, window_latencies
-from sloscope.analytics.store import Store
+from sloscope.analytics.store_api import StoreReader
 
 from sloscope.dashboards import grafana
 from sloscope.dashboards.svg import Chart, Marker, Series, Shade, format_value, time_chart
@@ -106,7 +106,8 @@ def _t(text: str | None) -> datetime | None:
 
 # --- data ----------------------------------------------------------------------------------------------------------
 
-def remediation_rows(store: Store, node: str, tiers: set[str], since: datetime, until: datetime) -> list[dict] | None:
+def remediation_rows(store: StoreReader, node: str, tiers: set[str], since: datetime,
+                     until: datetime) -> list[dict] | None:
     """Remediation decisions about the node (or the incidents' tiers) around the episode; None when the database
     has no remediation_audit table (the alerts stage creates it)."""
     exists = store.scalar("SELECT count(*) FROM information_schema.tables WHERE table_name = 'remediation_audit'")
@@ -192,7 +193,7 @@ def _grafana_link(grafana_url: str | None, ep: Episode, t0: datetime, t1: dateti
 
 
 class Report:
-    def __init__(self, store: Store, spec: SloSpec, *, top: int = 3, grafana_url: str | None = None):
+    def __init__(self, store: StoreReader, spec: SloSpec, *, top: int = 3, grafana_url: str | None = None):
         self.store, self.spec, self.top, self.grafana_url = store, spec, top, grafana_url
         first, last = store.rows(store.sql("data_range"))[0]
         self.first, self.last = first, last
@@ -349,7 +350,7 @@ class Report:
         return "<h3>Remediation taken</h3>" + table
 
 
-def render(store: Store, spec: SloSpec, *, since: datetime | None = None, until: datetime | None = None,
+def render(store: StoreReader, spec: SloSpec, *, since: datetime | None = None, until: datetime | None = None,
            top: int = 3, grafana_url: str | None = None, db_label: str = "") -> str:
     return Report(store, spec, top=top, grafana_url=grafana_url).render(since, until, db_label=db_label)
 

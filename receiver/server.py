@@ -24,6 +24,7 @@ from typing import Callable
 
 import grpc
 import orjson
+from google.protobuf.json_format import MessageToDict
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
@@ -366,8 +367,6 @@ class _HttpHandler(KeepAliveHandler):
 def _encode(message, is_json: bool) -> bytes:
     if not is_json:
         return message.SerializeToString()
-    from google.protobuf.json_format import MessageToDict
-
     return orjson.dumps(MessageToDict(message))
 
 

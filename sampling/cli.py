@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta, timezone
 from pathlib import Path
 
+from sloscope.durations import parse_duration
 from sloscope.times import parse_rfc3339, rfc3339_or_none
+
+from sloscope.analytics.errors import StoreError
+from sloscope.analytics.rca import newest_request
+from sloscope.analytics.stores import DEFAULT_DB, open_from_args
+
+from sloscope.sampling.policy import SCHEMA, evaluate_once, load_config
+from sloscope.sampling.tail_sampling import render, to_yaml, write_atomic
 
 EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def register(subparsers) -> None:
-    from sloscope.analytics.store import DEFAULT_DB
-
     sampling = subparsers.add_parser(
         "sampling", help="adaptive trace sampling: the policy, and an OpenTelemetry Collector tail_sampling config",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -52,17 +63,9 @@ def register(subparsers) -> None:
 
 
 def _sampling_policy(args, config, spec_path) -> dict:
-    import time
-    from datetime import timedelta, timezone
-
-    from sloscope.analytics.rca import newest_request
-    from sloscope.analytics.store import DEFAULT_DB, Store
-
-    from sloscope.sampling.policy import evaluate_once
-
     if args.url:
         return _served_policy(args.url)
-    with Store(args.db or DEFAULT_DB, read_only=True) as store:
+    with open_from_args(args, read_only=True) as store:  # --db, else the default file
         spec = store.spec(spec_path)
         now = time.time()
         if args.at == "latest":
@@ -77,12 +80,6 @@ def _sampling_policy(args, config, spec_path) -> dict:
 
 def _served_policy(url: str) -> dict:
     """The policy `sloscope serve` answers at url; ValueError naming the URL where none comes."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    from sloscope.sampling.policy import SCHEMA
-
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
             doc = json.loads(response.read())
@@ -106,15 +103,6 @@ def _check_at(text: str | None) -> None:
 
 
 def run_sampling(args) -> int:
-    import json
-    import time
-
-    from sloscope.analytics.store import StoreError
-    from sloscope.durations import parse_duration
-
-    from sloscope.sampling.policy import load_config
-    from sloscope.sampling.tail_sampling import render, to_yaml, write_atomic
-
     prog = f"sloscope sampling {args.sampling_command}"
     try:
         config = load_config(args.config)

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from sloscope.analytics.slo import find_incidents
+
+from sloscope.alerts.remediation import active_sampling_overrides
+
 if TYPE_CHECKING:
     from sloscope.sampling.policy import SamplingConfig
 
@@ -41,10 +45,7 @@ def _naive_utc(seconds: float) -> datetime:
 
 
 def observe(reader, spec, config: SamplingConfig, now: float) -> Observations:
-    """Observations at `now` (seconds since the epoch) from a store or reader (analytics.store.Reader)."""
-    from sloscope.analytics.slo import find_incidents
-    from sloscope.alerts.remediation import active_sampling_overrides
-
+    """Observations at `now` (seconds since the epoch) from a store or its reader (analytics/store_api.py)."""
     until = _naive_utc(now)
     tiers = {"allowed_tiers": sorted(spec.tiers), "default_tier": spec.default_tier}
     recent_s = config.interval_for(spec)

@@ -41,11 +41,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-from sloscope.enrich.tiers import TierResolver
-from sloscope.catalog import TIER_ATTRIBUTES
 from sloscope import yaml_config
+from sloscope.catalog import TIER_ATTRIBUTES
+from sloscope.durations import parse_duration
 from sloscope.errors import ConfigError, read_config_text
 from sloscope.yaml_config import at, key_at
+
+from sloscope.enrich.tiers import TierResolver
 
 from sloscope.sampling.budget import Budget, cap_keys
 from sloscope.sampling.head_sampler import encode_th, probability_of, threshold_for
@@ -94,8 +96,6 @@ def parse_config(text: str, source: str = "<string>") -> SamplingConfig:
     """The sampling config YAML: budget_spans_per_s, min_probability, error_ratio, min_requests, tolerance,
     max_increase, max_routes, max_services, and durations (10s, 2m) dwell, interval, window, sli_window,
     incident_lookback, incident_open. ConfigError names the file, the line and the key of what is wrong."""
-    from sloscope.durations import parse_duration
-
     doc = yaml_config.parse(text, source)
     doc = {} if doc is None else doc
     if not isinstance(doc, dict):

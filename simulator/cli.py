@@ -11,6 +11,8 @@ from sloscope import taxonomy
 from sloscope.arguments import Parser
 from sloscope.durations import duration_argument
 
+from sloscope.simulator.fleet import SimulationConfig, simulate
+
 DEFAULT_SERVICES = ("llm-gateway", "embedder", "reranker")  # = simulator.traffic.DEFAULT_SERVICES
 
 
@@ -72,8 +74,6 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sloscope.simulator.fleet import SimulationConfig, simulate
-
     services = tuple(s.strip() for s in args.services.split(",") if s.strip())
     cfg = SimulationConfig(
         out=args.out, nodes=args.nodes, duration_s=args.duration, start=args.start, seed=args.seed,

@@ -1,6 +1,6 @@
 """Every metric name sloscope exports to Prometheus, in one place.
 
-The exporter (alerts/exporter.py) builds its families from these constants, and the rule generator
+The exporter (alerts/store_metrics.py) builds its families from these constants, and the rule generator
 (alerts/rules.py) writes its expressions with them, so a rule can only name a series that is exported; a test
 parses every rule expression and checks that each series it names is either exported here or recorded by
 another rule.

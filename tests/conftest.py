@@ -18,7 +18,7 @@ def need(condition: bool, why: str) -> None:
 @pytest.fixture(scope="module")
 def one_worker_pool():
     """A decode pool of one worker process under the built-in spec, for tests of the paths through a worker."""
-    from sloscope.commands.decode_pool import DecodePool  # here, so that collecting the other tests loads none of it
+    from sloscope.analytics.decode_pool import DecodePool  # here, so that collecting the other tests loads none of it
     from sloscope.slo_spec import load_spec
 
     spec = load_spec(None)

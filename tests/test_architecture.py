@@ -4,8 +4,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = {"probes": 1, "simulator": 1, "edge": 1, "collectors": 2, "receiver": 2, "enrich": 3, "analytics": 4,
-          "alerts": 5, "sampling": 6, "dashboards": 6, "commands": 7}
+STAGES = {"probes": 1, "simulator": 1, "edge": 1, "collectors": 2, "receiver": 2, "enrich": 3,
+          "analytics": 4, "alerts": 5, "sampling": 6, "dashboards": 6, "live": 6, "commands": 7}
 # Installed names: sloscope/ is the package `sloscope` (floor 0, the contracts), and each stage folder at the
 # repository's top level is its subpackage (analytics/ is `sloscope.analytics`), as setup.py maps them.
 FLOORS = {"sloscope": 0, **{f"sloscope.{stage}": floor for stage, floor in STAGES.items()}}

@@ -16,12 +16,13 @@ import pytest
 import yaml
 
 from sloscope import metric_names
+from sloscope.alerts.audit import schema as remediation_schema
 from sloscope.alerts.rules import rules_dict
 from sloscope.analytics.ingest import Ingestor
 from sloscope.analytics.rca import analyse
 from sloscope.times import parse_time
-from sloscope.analytics.store import Store, sql
-from sloscope.dashboards import grafana as g
+from sloscope.analytics.store import Store
+from sloscope.dashboards import grafana
 from sloscope.dashboards.report import Episode, _grafana_link, episodes, render, signal_unit
 from sloscope.enrich.tiers import TierResolver
 from sloscope.simulator.fleet import SimulationConfig, simulate
@@ -127,7 +128,7 @@ def decode_png(path: Path) -> tuple[int, int, int, list[bytes]]:
 
 @pytest.fixture(scope="module")
 def boards():
-    return g.build_all(SPEC)
+    return grafana.build_all(SPEC)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +155,7 @@ def test_promql_name_extraction():
 
 
 def test_every_query_names_only_series_that_serve_exports(boards):
-    allowed = metric_names.exported_series() | {g.ALERTS_SERIES}
+    allowed = metric_names.exported_series() | {grafana.ALERTS_SERIES}
     used = set()
     for board in boards.values():
         for where, expr in queries(board):
@@ -163,18 +164,18 @@ def test_every_query_names_only_series_that_serve_exports(boards):
             assert names <= allowed, f"{board['uid']} {where}: not exported: {sorted(names - allowed)}"
             used |= names
     # The physical signals the exporter has are all on the node dashboard.
-    node_used = {n for _, e in queries(boards[g.NODE_UID]) for n in series_names(e)}
+    node_used = {n for _, e in queries(boards[grafana.NODE_UID]) for n in series_names(e)}
     assert {f.name for f in metric_names.GAUGES} <= node_used
     # ALERTS (Prometheus's own series) is only used for alerts of the generated rules that carry an action label.
     alert_rules = [r for grp in rules_dict(SPEC)["groups"] for r in grp["rules"] if "alert" in r]
     assert alert_rules and all("action" in r["labels"] for r in alert_rules)
-    assert g.ALERTS_SERIES in used
+    assert grafana.ALERTS_SERIES in used
 
 
 def test_queried_series_are_what_the_exporter_renders(sim_db, boards):
     from prometheus_client.parser import text_string_to_metric_families
 
-    from sloscope.alerts.exporter import render as render_metrics
+    from sloscope.alerts.store_metrics import render as render_metrics
 
     db, _, _ = sim_db
     with Store(db, read_only=True) as store:
@@ -187,14 +188,14 @@ def test_queried_series_are_what_the_exporter_renders(sim_db, boards):
             rendered.add(family.name)
         if family.type == "counter":  # so is a counter family (no remediation decision yet, say)
             rendered.add(family.name + "_total")
-    used = {n for b in boards.values() for _, e in queries(b) for n in series_names(e)} - {g.ALERTS_SERIES}
+    used = {n for b in boards.values() for _, e in queries(b) for n in series_names(e)} - {grafana.ALERTS_SERIES}
     assert used <= rendered, f"queried but not in a scrape of a store with data: {sorted(used - rendered)}"
 
 
 def test_exporter_gaps_are_exactly_the_panels_left_out(boards):
-    node_titles = {p["title"] for p in panels(boards[g.NODE_UID])}
+    node_titles = {p["title"] for p in panels(boards[grafana.NODE_UID])}
     exported = metric_names.exported_series()
-    gaps = g.exporter_gaps()
+    gaps = grafana.exporter_gaps()
     for gap in gaps:
         assert gap.series not in exported and gap.series + "_bucket" not in exported
         assert gap.panel not in node_titles and not any(t.startswith(gap.panel) for t in node_titles)
@@ -208,9 +209,9 @@ def test_exporter_gaps_are_exactly_the_panels_left_out(boards):
 
 
 def test_dashboards_are_pure_functions_of_the_spec(boards):
-    assert g.build_all(SPEC) == boards
-    other = g.build_all(OTHER_SPEC)
-    overview = other[g.OVERVIEW_UID]
+    assert grafana.build_all(SPEC) == boards
+    other = grafana.build_all(OTHER_SPEC)
+    overview = other[grafana.OVERVIEW_UID]
     rows = [p["title"] for p in overview["panels"] if p["type"] == "row"]
     assert [r.split(":")[0] for r in rows[1:]] == [f"Tier {t}" for t in OTHER_SPEC.tiers]
     exprs = [e for _, e in queries(overview)]
@@ -232,7 +233,7 @@ def test_burn_panels_read_the_alerts_burn_windows(spec):
     from sloscope.alerts.burn import PAGE, burn_windows
 
     burns = burn_windows(spec.window_s)
-    overview = g.build_all(spec)[g.OVERVIEW_UID]
+    overview = grafana.build_all(spec)[grafana.OVERVIEW_UID]
     for t in spec.tiers:
         for title in (f"{t}: latency budget burn rate", f"{t}: error budget burn rate"):
             panel = next(p for p in panels(overview) if p["title"] == title)
@@ -245,7 +246,7 @@ def test_burn_panels_read_the_alerts_burn_windows(spec):
 
 
 def test_units_on_every_panel_and_stable_uids(boards):
-    assert set(boards) == {g.OVERVIEW_UID, g.NODE_UID, g.INCIDENTS_UID}
+    assert set(boards) == {grafana.OVERVIEW_UID, grafana.NODE_UID, grafana.INCIDENTS_UID}
     for uid, board in boards.items():
         assert board["uid"] == uid and len(uid) <= 40
         ids = [p["id"] for p in board["panels"]]
@@ -255,7 +256,7 @@ def test_units_on_every_panel_and_stable_uids(boards):
 
 
 def test_datasource_is_a_configurable_template_variable():
-    built = g.build_all(SPEC, datasource_uid="prom-eu-1")
+    built = grafana.build_all(SPEC, datasource_uid="prom-eu-1")
     for board in built.values():
         ds = next(v for v in board["templating"]["list"] if v["type"] == "datasource")
         assert ds["name"] == "datasource" and ds["query"] == "prometheus"
@@ -268,7 +269,7 @@ def test_datasource_is_a_configurable_template_variable():
         for where, expr in queries(board):  # every panel and annotation follows the node selection
             follows = 'node=~"$node"' in expr or 'target=~".*$node.*"' in expr  # actions name their node
             assert where.startswith("variable") or follows, (board["uid"], where)
-            if board["uid"] != g.NODE_UID and where.startswith("panel"):
+            if board["uid"] != grafana.NODE_UID and where.startswith("panel"):
                 assert 'tier=~"$tier"' in expr or 'tier="' in expr, (board["uid"], where)
 
 
@@ -277,8 +278,8 @@ def test_json_round_trips_through_the_sdk_models(boards):
 
     options_type = {"timeseries": timeseries.Options, "stat": stat.Options, "table": table.Options}
     for board in boards.values():
-        model = g.parse(json.loads(json.dumps(board)))
-        assert g.dumps(model) == board
+        model = grafana.parse(json.loads(json.dumps(board)))
+        assert grafana.dumps(model) == board
         for panel in model.panels:
             if panel.type_val == "row":
                 continue
@@ -288,15 +289,15 @@ def test_json_round_trips_through_the_sdk_models(boards):
 
 
 def test_incidents_link_to_the_node_dashboard_over_the_incident_range(boards):
-    board = boards[g.INCIDENTS_UID]
+    board = boards[grafana.INCIDENTS_UID]
     tbl = next(p for p in panels(board) if p["type"] == "table")
     exprs = {t["refId"]: t["expr"] for t in tbl["targets"]}
     assert all(t["instant"] and t["format"] == "table" for t in tbl["targets"])
-    assert exprs["D"].endswith(f"- {g.INCIDENT_LINK_BEFORE_S}) * 1000")
-    assert exprs["E"].endswith(f"+ {g.INCIDENT_LINK_AFTER_S}) * 1000")
+    assert exprs["D"].endswith(f"- {grafana.INCIDENT_LINK_BEFORE_S}) * 1000")
+    assert exprs["E"].endswith(f"+ {grafana.INCIDENT_LINK_AFTER_S}) * 1000")
     link = next(prop["value"][0] for o in tbl["fieldConfig"]["overrides"] if o["matcher"]["options"] == "node"
                 for prop in o["properties"] if prop["id"] == "links")
-    assert link["url"].startswith(f"/d/{g.NODE_UID}/")
+    assert link["url"].startswith(f"/d/{grafana.NODE_UID}/")
     assert "var-node=${__data.fields.node}" in link["url"]
     assert "from=${__data.fields.from_ms}&to=${__data.fields.to_ms}" in link["url"]
     organize = next(t for t in tbl["transformations"] if t["id"] == "organize")["options"]["renameByName"]
@@ -324,11 +325,11 @@ def test_queries_parse_with_promtool(boards, tmp_path):
 def test_build_command_writes_one_file_per_dashboard(tmp_path, capsys):
     assert main(["dashboards", "build", "-o", str(tmp_path), "--datasource-uid", "abc"]) == 0
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == sorted(g.file_name(u) for u in g.BUILDERS)
-    board = json.loads((tmp_path / g.file_name(g.OVERVIEW_UID)).read_text())
-    assert board == g.build_all(SPEC, "abc")[g.OVERVIEW_UID]
+    assert files == sorted(grafana.file_name(u) for u in grafana.BUILDERS)
+    board = json.loads((tmp_path / grafana.file_name(grafana.OVERVIEW_UID)).read_text())
+    assert board == grafana.build_all(SPEC, "abc")[grafana.OVERVIEW_UID]
     err = capsys.readouterr().err
-    for gap in g.exporter_gaps():
+    for gap in grafana.exporter_gaps():
         assert gap.series in err
 
 
@@ -382,7 +383,7 @@ def test_report_shows_the_remediation_taken(sim_db, tmp_path):
     ep = next(e for e in episodes(result["incidents"]) if e.node == node)
     acted = ep.start + timedelta(seconds=60)
     with Store(copy) as store:
-        store.con.execute(sql("remediation"))
+        store.con.execute(remediation_schema())
         insert = ("INSERT INTO remediation_audit (ts, alert, fingerprint, starts_at, action, target, params, decision, "
                   "reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
         store.con.execute(insert, [acted, "SloscopeCauseStorageQueue", "fp1", ep.start, "spdk_qos_limit",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sloscope.commands.decode_pool import DecodePool
+from sloscope.analytics.decode_pool import DecodePool
 from sloscope.slo_spec import load_spec
 from tests.otlp_builders import exp_histogram, gauge, metrics, resource, span, traces
 from tests.in_process import InProcessReceiver
@@ -133,7 +133,7 @@ def test_a_request_after_the_pool_closed_is_retryable(tmp_path, body, content_ty
 
 
 def test_workers_end_when_serve_is_killed():
-    code = ("import time; from commands.decode_pool import DecodePool; "
+    code = ("import time; from sloscope.analytics.decode_pool import DecodePool; "
             "pool = DecodePool(2, frozenset({'standard'}), 'standard'); "
             "print(*pool._pool._processes, flush=True); time.sleep(60)")
     server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sloscope.commands.cli import main
-from sloscope.dashboards import grafana as g
+from sloscope.dashboards import grafana as grafana_boards
 from sloscope.dashboards.cli import read_token
 from sloscope.dashboards.provision import PushError, push
 from tests.fakes.grafana_api import FakeGrafana
@@ -70,14 +70,14 @@ def test_push_errors_have_clear_messages(grafana, boards):
 
 
 def test_no_overwrite_pushes_nothing_while_a_dashboard_exists(grafana, boards):
-    node = {uid: b for uid, b in boards.items() if uid == g.NODE_UID}
+    node = {uid: b for uid, b in boards.items() if uid == grafana_boards.NODE_UID}
     push(node, grafana.url, TOKEN)
     with pytest.raises(PushError) as refused:
         push(boards, grafana.url, TOKEN, overwrite=False)
     message = str(refused.value)
     assert "nothing pushed: sloscope-node (version 1) exist" in message and "without --no-overwrite" in message
     assert "changed" not in message, "nobody changed it: it only exists"
-    assert set(grafana.dashboards) == {g.NODE_UID} and grafana.dashboards[g.NODE_UID]["version"] == 1
+    assert set(grafana.dashboards) == {grafana_boards.NODE_UID} and grafana.dashboards[grafana_boards.NODE_UID]["version"] == 1
     assert len(grafana.calls("POST", "/api/dashboards/db")) == 1
 
 
@@ -93,12 +93,12 @@ def test_a_push_never_replaces_another_dashboard_of_the_same_title(grafana, boar
                            r"exists in folder 'sloscope' \(412 name-exists\); it is not replaced"):
             push(boards, grafana.url, TOKEN, overwrite=overwrite)
         assert grafana.dashboards["someone-elses"]["dashboard"] == theirs
-        assert g.OVERVIEW_UID not in grafana.dashboards
+        assert grafana_boards.OVERVIEW_UID not in grafana.dashboards
 
 
 def test_a_provisioned_dashboard_is_refused_with_what_to_do(grafana, boards):
     push(boards, grafana.url, TOKEN)
-    grafana.provisioned.add(g.NODE_UID)
+    grafana.provisioned.add(grafana_boards.NODE_UID)
     with pytest.raises(PushError, match=r"'sloscope-node': Grafana provisions it from a file \(400 Cannot save "
                        r"provisioned dashboard\): update that file with `sloscope dashboards build`"):
         push(boards, grafana.url, TOKEN)
@@ -151,7 +151,7 @@ def test_push_command_reads_the_token_from_env_or_file_only(grafana, tmp_path, c
     assert main(["dashboards", "push", "--url", grafana.url + "/", "--token-file", str(token_file),
                  "--folder-uid", "slo", "--folder-title", "SLOs"]) == 0
     out = capsys.readouterr().out
-    assert "folder slo (created)" in out and all(uid in out for uid in g.BUILDERS)
+    assert "folder slo (created)" in out and all(uid in out for uid in grafana_boards.BUILDERS)
     assert grafana.folders["slo"]["title"] == "SLOs"
     monkeypatch.setenv("GRAFANA_TOKEN", "nope")
     assert main(["dashboards", "push", "--url", grafana.url]) == 1

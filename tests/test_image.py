@@ -47,7 +47,7 @@ def test_the_image_is_tagged_with_the_package_version_and_says_so(image, tag):
 
 
 def test_the_agent_image_holds_no_server_package_and_is_the_smaller(image):
-    probe = "import importlib.util as u; print(*[m for m in ('duckdb', 'polars', 'pyarrow') if u.find_spec(m)])"
+    probe = "import importlib.util; print(*[m for m in ('duckdb', 'polars', 'pyarrow') if importlib.util.find_spec(m)])"
     found = {tag: subprocess.run(image + ["--entrypoint", "python3", tag, "-c", probe], capture_output=True,
                                  text=True, timeout=120).stdout.split() for tag in (IMAGE, AGENT_IMAGE)}
     assert found == {IMAGE: ["duckdb", "polars", "pyarrow"], AGENT_IMAGE: []}

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from sloscope.commands.live import faults
-from sloscope.commands.live.run import LiveConfig, LiveDemo, unavailable
+from sloscope.live import faults
+from sloscope.live.run import LiveConfig, LiveDemo, unavailable
 from tests.conftest import need
 
 pytestmark = [pytest.mark.slow, pytest.mark.privileged]

@@ -22,7 +22,7 @@ def test_demo_runs_live_when_it_can_and_says_why_not_otherwise(monkeypatch, caps
     calls = []
     monkeypatch.setattr(demo, "run_simulated", lambda args: calls.append("simulated") or 0)
     monkeypatch.setattr(demo, "run_live", lambda args: calls.append("live") or 0)
-    import sloscope.commands.live.run as live
+    import sloscope.live.run as live
 
     monkeypatch.setattr(live, "unavailable", lambda: ["it needs root"])
     assert demo.run(_demo_args()) == 0 and calls == ["simulated"]
@@ -40,7 +40,7 @@ def test_unknown_live_faults_are_a_usage_error(capsys):
 
 def test_leftovers_of_a_killed_run_are_removed():
     need(os.geteuid() == 0, "network namespaces need root")
-    from sloscope.commands.live import faults
+    from sloscope.live import faults
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -30,7 +30,7 @@ def test_the_wheel_holds_one_top_level_package(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"sloscope", wheel.name.split("-")[0] + "-" +
                                                  wheel.name.split("-")[1] + ".dist-info"}
-    for stage in ("probes", "simulator", "edge", "collectors", "receiver", "enrich", "analytics", "alerts",
+    for stage in ("probes", "simulator", "live", "edge", "collectors", "receiver", "enrich", "analytics", "alerts",
                   "sampling", "dashboards", "commands"):
         assert f"sloscope/{stage}/__init__.py" in names, stage
     # what the code reads at run time, beside the modules
@@ -50,6 +50,6 @@ def test_installing_the_wheel_adds_only_sloscope_to_site_packages(wheel, tmp_pat
     added = {p.name for p in site.iterdir()} - before
     assert {n for n in added if not n.endswith(".dist-info")} == {"sloscope"}
     # the installed package imports from its own copy, the stages under its name
-    where = subprocess.run([python, "-c", "import sloscope.probes.tcp_states as m; print(m.__file__)"],
+    where = subprocess.run([python, "-c", "import sloscope.probes.tcp_states as tcp_states; print(tcp_states.__file__)"],
                            capture_output=True, text=True, cwd=tmp_path, check=True).stdout.strip()
     assert Path(where).is_relative_to(site / "sloscope" / "probes")

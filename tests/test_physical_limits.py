@@ -9,7 +9,7 @@ import pytest
 from sloscope.alerts.rules import RuleOptions, prometheus_rule, render_rules, rules_dict
 from sloscope.analytics.store import Store
 from sloscope.commands.cli import main
-from sloscope.dashboards import grafana as g
+from sloscope.dashboards import grafana
 from sloscope.slo_spec import DEFAULT_SPEC_YAML, PHYSICAL_LIMIT_KEYS, PhysicalLimits, SpecError, load_spec, parse_spec
 from tests.test_rules import PROMTOOL_TESTS, alerts_of, promtool, write_rules
 
@@ -162,7 +162,7 @@ def test_promtool_fires_past_the_spec_s_thresholds_and_not_between_them_and_the_
 # --- the node dashboard --------------------------------------------------------------------------------------------
 
 def node_panels(spec) -> dict:
-    board = g.to_json(g.node_dashboard(spec))
+    board = grafana.to_json(grafana.node_dashboard(spec))
     return {p["title"]: p for p in board["panels"] if p["type"] != "row"}
 
 

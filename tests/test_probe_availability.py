@@ -177,16 +177,16 @@ def test_an_unprivileged_process_reports_what_is_missing_and_falls_back(request)
     readable = Path(tempfile.mkdtemp(prefix="sloscope-nobody-"))
     readable.chmod(0o755)
     request.addfinalizer(lambda: shutil.rmtree(readable, ignore_errors=True))
-    for package in ("probes", "sloscope"):
-        shutil.copytree(REPO / package, readable / package, ignore=shutil.ignore_patterns("__pycache__"))
+    for folder, package in (("sloscope", "sloscope"), ("probes", "sloscope/probes")):  # as setup.py maps them
+        shutil.copytree(REPO / folder, readable / package, ignore=shutil.ignore_patterns("__pycache__"))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONPATH": str(readable)}
     # the probes need only the standard library (and bcc, which they must do without here): any Python the
     # unprivileged user may run will do (a venv under /root is out of its reach)
     def runs_as_nobody(python):
         try:
-            return subprocess.run([python, "-c", "import probes.cli"], cwd=readable, env=env, preexec_fn=drop,
-                                  capture_output=True, timeout=30).returncode == 0
+            return subprocess.run([python, "-c", "import sloscope.probes.cli"], cwd=readable, env=env,
+                                  preexec_fn=drop, capture_output=True, timeout=30).returncode == 0
         except OSError:
             return False
 

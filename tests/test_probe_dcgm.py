@@ -234,11 +234,11 @@ def test_sloscopes_counters_file_enables_every_field_the_probe_needs():
 def test_a_missing_field_shows_on_metrics(tmp_path):
     """From the probe set's health samples through the store to sloscope serve's /metrics text."""
     from sloscope import metric_names
-    from sloscope.alerts.exporter import StoreCollector
+    from sloscope.alerts.store_metrics import StoreCollector
     from sloscope.analytics.store import Store
     from sloscope.slo_spec import load_spec
     from tests.otlp_builders import gauge, metrics
-    from tests.test_exporter import ingest, scrape, value
+    from tests.test_store_metrics import ingest, scrape, value
 
     now_ns = 1_764_410_400 * 10**9
     with FakeDcgmExporter() as exporter, ProbeSet(["dcgm"], options={"dcgm": {"url": exporter.url}}) as probes:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from grafana_client import GrafanaApi
 
-from sloscope.dashboards import grafana as g
+from sloscope.dashboards import grafana as grafana_boards
 from sloscope.dashboards.provision import push
 from tests.fakes.grafana_api import FakeGrafana
 from tests.test_dashboards import boards  # noqa: F401 (a fixture)
@@ -30,25 +30,25 @@ def move(api: GrafanaApi, uid: str, folder_uid: str) -> None:
 @pytest.mark.parametrize("folder_uid, folder_title", [("team", "Team"), ("", "General")])
 def test_a_dashboard_moved_to_another_folder_stays_there_when_pushed_again(grafana, boards, folder_uid,
                                                                            folder_title):
-    first = {uid: board for uid, board in boards.items() if uid != g.NODE_UID}
+    first = {uid: board for uid, board in boards.items() if uid != grafana_boards.NODE_UID}
     push(first, grafana.url, TOKEN)
     api = GrafanaApi.from_url(grafana.url + "/", credential=TOKEN)
     if folder_uid:
         api.folder.create_folder(folder_title, uid=folder_uid)
-    move(api, g.OVERVIEW_UID, folder_uid)
-    meta = api.dashboard.get_dashboard(g.OVERVIEW_UID)["meta"]
+    move(api, grafana_boards.OVERVIEW_UID, folder_uid)
+    meta = api.dashboard.get_dashboard(grafana_boards.OVERVIEW_UID)["meta"]
     assert (meta["folderUid"], meta["folderTitle"], meta["version"]) == (folder_uid, folder_title, 2)
     assert meta["folderId"] == (grafana.folders[folder_uid]["id"] if folder_uid else 0)
 
-    changed = {**boards, g.OVERVIEW_UID: {**boards[g.OVERVIEW_UID], "description": "pushed again"}}
+    changed = {**boards, grafana_boards.OVERVIEW_UID: {**boards[grafana_boards.OVERVIEW_UID], "description": "pushed again"}}
     result = push(changed, grafana.url, TOKEN)
 
-    overview = grafana.dashboards[g.OVERVIEW_UID]
+    overview = grafana.dashboards[grafana_boards.OVERVIEW_UID]
     assert overview["folderUid"] == folder_uid, "moved back into --folder-uid"
     assert overview["version"] == 3 and overview["dashboard"]["description"] == "pushed again"
     assert [p["body"]["folderUid"] for p in grafana.calls("POST", "/api/dashboards/db")
-            if p["body"]["dashboard"]["uid"] == g.OVERVIEW_UID][-1] == folder_uid
-    assert grafana.dashboards[g.NODE_UID]["folderUid"] == "sloscope", "a new dashboard goes into --folder-uid"
-    assert {uid: d["folderUid"] for uid, d in grafana.dashboards.items() if uid != g.OVERVIEW_UID} == {
-        uid: "sloscope" for uid in boards if uid != g.OVERVIEW_UID}
-    assert [d["version"] for d in result.dashboards if d["uid"] == g.NODE_UID] == [1]
+            if p["body"]["dashboard"]["uid"] == grafana_boards.OVERVIEW_UID][-1] == folder_uid
+    assert grafana.dashboards[grafana_boards.NODE_UID]["folderUid"] == "sloscope", "a new dashboard goes into --folder-uid"
+    assert {uid: d["folderUid"] for uid, d in grafana.dashboards.items() if uid != grafana_boards.OVERVIEW_UID} == {
+        uid: "sloscope" for uid in boards if uid != grafana_boards.OVERVIEW_UID}
+    assert [d["version"] for d in result.dashboards if d["uid"] == grafana_boards.NODE_UID] == [1]

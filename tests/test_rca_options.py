@@ -13,7 +13,7 @@ import pytest
 from sloscope.analytics.attribution import BASELINE, LOOKBACK, Window, rank_causes
 from sloscope.analytics.rca import analyse
 from sloscope.receiver.server import http_server
-from sloscope.commands.serve import rca_page
+from sloscope.commands.serve_common import rca_page
 from sloscope.slo_spec import load_spec
 from tests.test_attribution import store  # noqa: F401 - the hand-built fleet (cpu_contention on n1 at 12 min)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from sloscope.analytics.store import Store
-from sloscope.commands.live import faults
+from sloscope.live import faults
 from tests.alerting_stack import free_port, wait_listening
 from tests.collector_receivers import HogCpu, ModelHost, Pod, ReceiverMetrics, SteadyCpu
 from tests.conftest import need

@@ -34,7 +34,7 @@ def _count(tmp_path, table):
 def test_rows_older_than_the_kept_period_go_and_recent_ones_stay(tmp_path):
     _load(tmp_path)
     assert [_count(tmp_path, t) for t in ("requests", "samples", "histograms")] == [2, 2, 2]
-    assert main(["retention", "--store", f"duckdb:///{tmp_path}/metric_names.duckdb", "--keep", "7d"]) == 0
+    assert main(["retention", "--store", f"duckdb:///{tmp_path}/x.duckdb", "--keep", "7d"]) == 0
     assert [_count(tmp_path, t) for t in ("requests", "samples", "histograms")] == [1, 1, 1]
     with Store(tmp_path / "x.duckdb", read_only=True) as store:
         counters = store.counters()
@@ -130,7 +130,7 @@ def _request_families(store, spec) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
     from sloscope import metric_names
-    from sloscope.alerts.exporter import StoreCollector, registry_for
+    from sloscope.alerts.store_metrics import StoreCollector, registry_for
 
     text = generate_latest(registry_for(StoreCollector(store.reading, spec))).decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
@@ -170,7 +170,7 @@ def test_a_scrape_during_a_retention_run_counts_each_request_once(tmp_path):
     between them is seen by both or neither, never counted twice."""
     from contextlib import contextmanager
 
-    from sloscope.alerts.exporter import StoreCollector, registry_for
+    from sloscope.alerts.store_metrics import StoreCollector, registry_for
     from sloscope.analytics.retention import apply_retention
     from prometheus_client import generate_latest
 

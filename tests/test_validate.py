@@ -15,7 +15,7 @@ from jsonschema import Draft202012Validator
 
 from sloscope.alerts import actions, remediation
 from sloscope.collectors import config as collector
-from sloscope.commands.live.config import SLO_YAML
+from sloscope.live.config import SLO_YAML
 from sloscope.errors import ConfigError
 from sloscope.probes import registry
 from sloscope.sampling import policy

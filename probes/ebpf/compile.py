@@ -20,7 +20,7 @@ import sys
 
 
 def resolve_syscalls(names):
-    from bcc.syscall import syscalls
+    from bcc.syscall import syscalls  # bcc only in functions: see load()
 
     numbers = {name.decode(): nr for nr, name in syscalls.items()}
     return {name: numbers[name] for name in names if name in numbers}
@@ -28,6 +28,8 @@ def resolve_syscalls(names):
 
 def load(request):
     """(reply, descriptors) for a request. bcc's exit handler keeps the BPF object alive until main exits."""
+    # bcc (Debian's python3-bpfcc) is optional, and importing it loads libbcc: imported here, a missing or broken
+    # one goes back to the parent as the probe's failure, and every module of probes/ imports without it
     from bcc import BPF
     from bcc.libbcc import lib
 

@@ -17,7 +17,7 @@ import os
 import struct
 from typing import Iterable
 
-from ..base import Availability
+from ..base import Availability, find_tracefs, tracepoint_exists
 from ..sample import UNIT_SHIFT, AnySample, log2_histogram
 from .loader import BccProbe, HistogramDeltas, LoadedProgram, read_histograms
 from .maps import BpfMap, index_key
@@ -107,8 +107,6 @@ class SyscallLatencyProbe(BccProbe):
         return self.syscalls
 
     def configure(self, program: LoadedProgram) -> None:
-        from ..base import find_tracefs, tracepoint_exists
-
         tracefs, _ = find_tracefs(self.host)
         maps, attached = program.maps, []
         for s in self.syscalls:

@@ -14,8 +14,13 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+
+from sloscope.analytics.intake import Enrichment
+from sloscope.enrich.tiers import TierResolver
+from sloscope.receiver.server import Decoders
 
 log = logging.getLogger("sloscope.decode")
 
@@ -28,10 +33,6 @@ def decode_request(signal: str, body: bytes, is_json: bool, allowed: frozenset, 
                    declared: frozenset = frozenset()):
     """(frames, enrich counts, decoding counts) of one request body; raises DecodeError. Runs in a worker, which
     keeps its decoders (and their caches) and its tier resolver between requests."""
-    from sloscope.analytics.intake import Enrichment
-    from sloscope.enrich.tiers import TierResolver
-    from sloscope.receiver.server import Decoders
-
     key = (allowed, default_tier, declared)
     if _worker.get("key") != key:
         _worker.update(key=key, decoders=Decoders(declared),
@@ -42,16 +43,14 @@ def decode_request(signal: str, body: bytes, is_json: bool, allowed: frozenset, 
 
 
 def _warm() -> None:
-    """Imports a worker needs, done at start rather than in the first request."""
-    import sloscope.analytics.intake  # noqa: F401
-    import sloscope.receiver.server  # noqa: F401
+    """Nothing: one per worker at start, so that the workers have started, and imported this module with the
+    decoders, before the first request."""
 
 
 def _end_with_the_server(server_pid: int) -> None:
     """A worker's initializer: a thread that ends the worker once serve has gone. A worker holds its own end of
     the request queue, so a serve that is killed (SIGKILL, the OOM killer) would otherwise leave it waiting
     for requests for good."""
-    import time
 
     def watch():
         while os.getppid() == server_pid:

@@ -7,7 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sloscope import metric_names
-from sloscope.alerts.exporter import StoreCollector, registry_for, render
+from sloscope.alerts.store_metrics import StoreCollector, registry_for, render
 from sloscope.alerts.rules import rules_dict
 from sloscope.analytics.ingest import Ingestor
 from sloscope.analytics.store import Store

@@ -16,6 +16,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import numpy
+
+from sloscope.analytics.store import Store
+
 from .config import LiveConfig, parse_rfc3339, rfc3339, utcnow
 from .pipeline import Pipeline
 
@@ -116,8 +120,6 @@ class Judge:
 
     def measure(self, results: list[FaultResult]) -> None:
         """p99 before and during each fault, from the requests table (serve has stopped: the file is free)."""
-        from sloscope.analytics.store import Store
-
         with Store(self.cfg.dir / "sloscope.duckdb", read_only=True) as store:
             for r in results:
                 start, end = parse_rfc3339(r.start), parse_rfc3339(r.end)
@@ -131,8 +133,6 @@ class Judge:
     def _p99(self, store, since: datetime, until: datetime, tier: str | None = None) -> tuple[float | None, int, int]:
         """p99 (ms), requests and failures of the node's requests in [since, until), bursts left out: "before"
         is the steady state the fault is compared with."""
-        import numpy
-
         rows = store.rows("SELECT start_time, duration_ms, failed FROM requests WHERE node = ? AND start_time >= ? "
                           "AND start_time < ? AND (? IS NULL OR tier = ?)", [self.cfg.node, since, until, tier, tier])
         burst = timedelta(seconds=self.cfg.burst_s + 2)

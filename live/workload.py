@@ -1,4 +1,4 @@
-"""The live demo's workload, three small programs (`python -m commands.live.workload service|backend|load`):
+"""The live demo's workload, three small programs (`python -m sloscope.live.workload service|backend|load`):
 
 - service: an inference-like HTTP service instrumented with the OpenTelemetry SDK. Each POST is one SERVER
   span (http.route, http.request.header.x-slo-tier, http.response.status_code; resource service.name and
@@ -28,6 +28,12 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from sloscope.addresses import parse_address
 
@@ -129,11 +135,6 @@ class Model:
 
 
 def _tracer(node: str, service_name: str, otlp_endpoint: str):
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
     provider = TracerProvider(resource=Resource.create({"service.name": service_name, "host.name": node}))
     provider.add_span_processor(BatchSpanProcessor(
         OTLPSpanExporter(endpoint=otlp_endpoint.rstrip("/") + "/v1/traces", timeout=10),
@@ -142,8 +143,6 @@ def _tracer(node: str, service_name: str, otlp_endpoint: str):
 
 
 def run_service(args) -> int:
-    from opentelemetry.trace import SpanKind, Status, StatusCode
-
     provider = _tracer(args.node, args.service_name, args.otlp)
     tracer = provider.get_tracer("sloscope.live.service")
     model = Model(Path(args.cache_dir), parse_address(args.backend, "--backend"), args.model_kib, args.cache_kib,
@@ -330,7 +329,7 @@ def run_load(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m commands.live.workload")
+    parser = argparse.ArgumentParser(prog="python -m sloscope.live.workload")
     sub = parser.add_subparsers(dest="program", required=True)
     service = sub.add_parser("service")
     service.add_argument("--listen", default="127.0.0.1:8080")

@@ -15,7 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from . import faults as F
+from sloscope.probes.registry import NODE_PROBES
+
+from . import faults
 from .config import LiveConfig, utcnow
 from .workload import READY
 
@@ -71,7 +73,7 @@ def _default_cpus() -> str:
 
 def _other_cpus(service_cpus: str) -> str:
     cpus = sorted(os.sched_getaffinity(0))
-    others = [c for c in cpus if c not in F.parse_cpus(service_cpus)]
+    others = [c for c in cpus if c not in faults.parse_cpus(service_cpus)]
     return ",".join(map(str, others or cpus))
 
 
@@ -83,9 +85,9 @@ class Pipeline:
         self.say = say
         cfg.service_cpus = cfg.service_cpus or _default_cpus()
         cfg.system_cpus = cfg.system_cpus or _other_cpus(cfg.service_cpus)
-        self.procs = F.Processes(cfg.dir)
-        self.network: F.BackendNetwork | None = None
-        self.cgroup = F.MemoryCgroup(str(os.getpid()), cfg.memory_limit_mib * 2**20)
+        self.procs = faults.Processes(cfg.dir)
+        self.network: faults.BackendNetwork | None = None
+        self.cgroup = faults.MemoryCgroup(str(os.getpid()), cfg.memory_limit_mib * 2**20)
         self._cgroup_made = False
         self.http_port = self.grpc_port = 0
         self.bursts: list[datetime] = []
@@ -100,7 +102,7 @@ class Pipeline:
         self._start_load(service_port)
 
     def _workload_argv(self, *argv: str) -> list[str]:
-        return ["taskset", "-c", self.cfg.system_cpus, self.cfg.python, "-m", "sloscope.commands.live.workload", *argv]
+        return ["taskset", "-c", self.cfg.system_cpus, self.cfg.python, "-m", "sloscope.live.workload", *argv]
 
     def _start_serve(self, sloscope: list[str]) -> None:
         cfg = self.cfg
@@ -125,8 +127,6 @@ class Pipeline:
 
     def _wait_probes(self, collect) -> None:
         """Until the collector has started its probes."""
-        from sloscope.probes.registry import NODE_PROBES
-
         log_path = self.cfg.dir / "collect.log"
         deadline = time.monotonic() + PROBE_START_S
         while time.monotonic() < deadline:
@@ -143,7 +143,7 @@ class Pipeline:
         raise RuntimeError(f"sloscope collect did not start its probes within {PROBE_START_S}s")
 
     def _start_backend(self) -> None:
-        self.network = F.BackendNetwork()  # known before it exists, so that a failure half-way is cleaned up
+        self.network = faults.BackendNetwork()  # known before it exists, so that a failure half-way is cleaned up
         self.network.up()
         self.say(f"==> backend in network namespace {self.network.netns} at {self.network.backend_ip}:8081 "
                  f"(veth {self.network.host_if} {self.network.host_ip}/24)")
@@ -163,7 +163,7 @@ class Pipeline:
         self.say(f"==> service llm-inference on 127.0.0.1:{service_port}, pinned to CPU {cfg.service_cpus}{memory} "
                  f"(serve, collect, backend and load on CPU {cfg.system_cpus})")
         service = self.procs.start("service", wrap([
-            "taskset", "-c", cfg.service_cpus, cfg.python, "-m", "sloscope.commands.live.workload", "service",
+            "taskset", "-c", cfg.service_cpus, cfg.python, "-m", "sloscope.live.workload", "service",
             "--listen", f"127.0.0.1:{service_port}", "--backend", f"{self.network.backend_ip}:8081",
             "--cache-dir", str(cfg.dir / "cache"), "--otlp", f"http://127.0.0.1:{self.http_port}",
             "--node", cfg.node, "--model-kib", str(cfg.model_kib)]))

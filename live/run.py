@@ -31,7 +31,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import faults as F
+from sloscope.probes.ebpf.runqueue import RunqueueProbe
+
+from . import faults
 from .config import FAULT_NAMES, LiveConfig, rfc3339, utcnow
 from .judging import FaultResult, Judge, verdict_line
 from .pipeline import Pipeline
@@ -49,14 +51,12 @@ def unavailable() -> list[str]:
         why.append("it needs root (eBPF probes, network namespaces, nftables)")
         return why
     try:
-        from sloscope.probes.ebpf.runqueue import RunqueueProbe
-
         availability = RunqueueProbe().check()
         if not availability.ok:
             why.append("eBPF is unavailable: " + "; ".join(availability.missing))
     except Exception as exc:  # bcc missing or broken
         why.append(f"eBPF is unavailable: {type(exc).__name__}: {exc}")
-    missing = F.missing_tools(TOOLS)
+    missing = faults.missing_tools(TOOLS)
     if missing:
         why.append("missing tools: " + ", ".join(missing))
     return why
@@ -69,10 +69,10 @@ class LiveDemo:
         self.pipeline = Pipeline(cfg, self.say)
         self.judge = Judge(cfg, self.pipeline)
         self.results: list[FaultResult] = []
-        self._active_fault: F.Fault | None = None
+        self._active_fault: faults.Fault | None = None
 
     @property
-    def network(self) -> F.BackendNetwork | None:
+    def network(self) -> faults.BackendNetwork | None:
         return self.pipeline.network
 
     def say(self, message: str) -> None:
@@ -102,7 +102,7 @@ class LiveDemo:
 
     def _prepare(self) -> None:
         cfg = self.cfg
-        removed = F.remove_leftovers()
+        removed = faults.remove_leftovers()
         if removed:
             self.say(f"removed leftovers of an earlier run: {', '.join(removed)}")
         shutil.rmtree(cfg.dir, ignore_errors=True)
@@ -132,21 +132,21 @@ class LiveDemo:
                  f"{cfg.lookback_s:.0f}s before its incident)")
         self._quiet(cfg.warmup_s)
 
-    def _fault(self, name: str) -> F.Fault:
+    def _fault(self, name: str) -> faults.Fault:
         cfg = self.cfg
         if name == "cpu":
-            return F.CpuFault(cfg.service_cpus, cfg.cpu_workers_per_cpu)
+            return faults.CpuFault(cfg.service_cpus, cfg.cpu_workers_per_cpu)
         if name == "disk":
-            return F.DiskFault(cfg.dir / "fio", cfg.system_cpus, cfg.disk_jobs)
+            return faults.DiskFault(cfg.dir / "fio", cfg.system_cpus, cfg.disk_jobs)
         if name == "network":
-            return F.LossFault(self.network, cfg.loss_percent)
+            return faults.LossFault(self.network, cfg.loss_percent)
         if name == "memory":
             if not self.pipeline.cgroup.available:
                 raise RuntimeError("the memory fault needs a memory cgroup (cgroup v2 memory or v1 memory)")
-            return F.MemoryFault(self.pipeline.cgroup, cfg.system_cpus)
+            return faults.MemoryFault(self.pipeline.cgroup, cfg.system_cpus)
         raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULT_NAMES)}")
 
-    def _one_fault(self, fault: F.Fault) -> None:
+    def _one_fault(self, fault: faults.Fault) -> None:
         cfg = self.cfg
         self.say(f"==> fault {fault.name} for {cfg.fault_s:.0f}s: {fault.describe()}")
         start = utcnow()

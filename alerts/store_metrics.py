@@ -36,14 +36,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from sloscope import metric_names
 from sloscope.exposition import CONTENT_TYPE
-from sloscope.times import parse_rfc3339
 from sloscope.latency_buckets import bounds_ms
 from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
+from sloscope.times import parse_rfc3339
 
-from sloscope import metric_names
+from sloscope.analytics.rca import analyse
 
-log = logging.getLogger("sloscope.exporter")
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SERIES = 10_000
 
@@ -231,8 +232,6 @@ class StoreCollector(Collector):
             return scores
 
     def _analyse(self, reader, now: float):
-        from sloscope.analytics.rca import analyse
-
         until = _utc(now)
         result = analyse(reader, self.spec, since=until - timedelta(seconds=self.incident_lookback_s),
                          until=until, top=self.top_causes)
@@ -287,7 +286,7 @@ _collectors_lock = threading.Lock()
 
 
 def render(store, spec=None, intake: Collector | None = None, **options) -> tuple[bytes, str]:
-    """The /metrics response for `store` (an analytics.store.Store): (body, content type). The collector (and
+    """The /metrics response for `store` (analytics/store_api.py): (body, content type). The collector (and
     its incident cache) is kept per store, so repeated scrapes reuse it. `intake` adds the families of the
     process's own intake (alerts.intake_metrics), which are not in the store."""
     with _collectors_lock:
