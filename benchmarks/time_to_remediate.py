@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sloscope.analytics.store import Store  # noqa: E402
 from tests.alerting_stack import BACKENDS, AlertingStack  # noqa: E402
-from tests.test_alerting_end_to_end import _traffic  # noqa: E402
+from tests.alerts.test_alerting_end_to_end import _traffic  # noqa: E402
 
 
 def one_run(interval: int, hold: str) -> dict:

@@ -17,7 +17,7 @@ from importlib.metadata import version
 from sloscope import logs
 from sloscope.arguments import Parser
 
-# Each command, by the module that registers it (tests/test_cli.py holds this to what the modules register).
+# Each command, by the module that registers it (tests/commands/test_cli.py holds this to what the modules register).
 COMMANDS = {
     "simulate": "sloscope.simulator.cli",
     "ingest": "sloscope.analytics.cli", "rca": "sloscope.analytics.cli", "retention": "sloscope.analytics.cli",

@@ -3,7 +3,7 @@ bytes into columns by a C extension (otlp_spans.c), with no Python object per sp
 
 `span_table` gives None when the extension declines a request (an encoding other than the canonical one, or a
 span the receiver would refuse) or was not built; the general path (otlp_proto.py) then does all the work. Both
-give the same rows for every request they accept; tests/test_otlp_spans.py holds them to it.
+give the same rows for every request they accept; tests/receiver/test_otlp_spans.py holds them to it.
 """
 
 from __future__ import annotations

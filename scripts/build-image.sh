@@ -18,7 +18,7 @@ HOST_CA=${SLOSCOPE_BUILD_CA:-/etc/ssl/certs/ca-certificates.crt}
 
 # runc, not Debian podman's default crun, which refuses this kind of host ("cgroups in hybrid mode not
 # supported"); and limits a container may set where podman's defaults (nofile 1048576) are refused
-# ("setrlimit RLIMIT_NOFILE: Operation not permitted"). tests/test_image.py runs the image with the same options.
+# ("setrlimit RLIMIT_NOFILE: Operation not permitted"). tests/deploy/test_image.py runs the image with the same options.
 PODMAN_RUN_OPTS=(--runtime runc --ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
 
 say() { printf 'image: %s\n' "$*"; }

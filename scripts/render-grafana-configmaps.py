@@ -1,7 +1,7 @@
 """Writes deploy/grafana-dashboards.yaml: sloscope's dashboards (dashboards/grafana.py, for the built-in SLO spec)
 as ConfigMaps labelled for Grafana's dashboard sidecar (kube-prometheus-stack, Grafana's Helm chart), and a
 dashboards provider file for a Grafana provisioned from files instead. Run it after changing the dashboards;
-tests/test_deploy.py fails while the file differs from what this writes.
+tests/deploy/test_deploy.py fails while the file differs from what this writes.
 
     .venv/bin/python scripts/render-grafana-configmaps.py [--slo SLO.yaml]
 """
