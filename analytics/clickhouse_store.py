@@ -23,13 +23,14 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from sloscope.metric_rules import FAMILY_PREFIX, FAMILY_RULE, kept_metrics
+
 from sloscope.analytics import exporter_tables
 from sloscope.analytics.errors import StoreError
 from sloscope.analytics.frames import Frames
 from sloscope.analytics.rollups import KEPT, POINT_LOOKBACK, Rollups, readers
 from sloscope.analytics.sql_files import clickhouse_sql
 from sloscope.analytics.store_base import StoreBase
-from sloscope.receiver.otlp_common import FAMILY_PREFIX, FAMILY_RULE, kept_metrics
 
 log = logging.getLogger("sloscope.clickhouse_store")
 META_TABLE, COUNTERS_TABLE = "sloscope_meta", "sloscope_counters"
@@ -46,7 +47,7 @@ def statements(name: str) -> list[str]:
 
 
 def catalog_rules() -> dict:
-    """The rules by which the decoders read a catalog signal's points (receiver/otlp_common.MetricRule), by name."""
+    """The rules by which the decoders read a catalog signal's points (sloscope/metric_rules.py), by name."""
     rules = kept_metrics()
     return {"node_attributes": {name: r.node_attribute for name, r in rules.items() if r.node_attribute},
             "resource_attributes": {name: list(r.resource_attributes) for name, r in rules.items()

@@ -9,12 +9,12 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+from sloscope.records import Batch, Outcome
+
 from sloscope.enrich.pods import PodDirectory, place_points, place_requests
 from sloscope.enrich.tiers import TierResolver, resolve_tiers
 from sloscope.enrich.topology import GpuTopology
 from sloscope.receiver.otlp_common import DecodeError
-from sloscope.receiver.server import Outcome
-from sloscope.records import Batch
 
 from sloscope.analytics.frames import Frames
 from sloscope.analytics.writer import COMMITTED, POISON

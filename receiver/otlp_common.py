@@ -9,12 +9,12 @@ the rest of its request is kept.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, NamedTuple
 
 import orjson
 
 from sloscope import catalog
+from sloscope.metric_rules import MetricRule
 from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
 
 SPAN_KIND_SERVER = 2
@@ -320,46 +320,6 @@ class TextCache:
             self.bytes = 0
         self._texts[key] = text
         self.bytes += size
-
-
-@dataclass(frozen=True)
-class MetricRule:
-    """How the decoders keep the data points of one metric name (see catalog.Signal)."""
-
-    counter: bool = False  # a catalog counter: its sums are read as counters, whatever their monotonicity
-    resource_attributes: tuple[str, ...] = ()  # resource attributes kept among each point's attributes
-    node_attribute: str = ""  # a point attribute naming the node where the resource names none
-    blank_from: float = math.inf  # values from here up are no measurement
-    dropped_attributes: frozenset[str] = frozenset()  # point attributes not kept (catalog.Signal says why)
-    # Explicit-bucket histograms are kept only for declared metrics: the catalog's histograms are exponential.
-    explicit_histograms: bool = False
-
-    def reads_as_level(self, is_sum: bool, monotonic: bool, cumulative: bool) -> bool:
-        """Whether a sum is a level: a cumulative sum that is not monotonic is an up-down counter (connections
-        open), whose value is what is measured, not an increase."""
-        return is_sum and cumulative and not monotonic and not self.counter
-
-    def resource_part(self, resource_attrs: dict) -> dict:
-        return {k: v for k in self.resource_attributes if isinstance(v := resource_attrs.get(k), str) and v}
-
-
-_CATALOG_RULES = {s.name: MetricRule(s.instrument is catalog.Instrument.COUNTER, s.resource_attributes,
-                                     s.node_attribute, s.blank_from, frozenset(s.dropped_attributes))
-                  for s in catalog.SIGNALS}
-# The family of metrics named by a prefix whose every member a spec may declare, read by one rule:
-# dcgm-exporter's fields, placed, filtered and keyed as the catalog's DCGM fields are.
-FAMILY_PREFIX = catalog.DCGM_PREFIX
-FAMILY_RULE = MetricRule(node_attribute=catalog.DCGM_NODE_LABEL, blank_from=catalog.DCGM_BLANK_FROM,
-                         dropped_attributes=frozenset(catalog.DCGM_TENANT_LABELS), explicit_histograms=True)
-
-
-def kept_metrics(declared: Iterable[str] = ()) -> dict[str, MetricRule]:
-    """What the decoders keep, by metric name: the catalog's signals and the `declared` ones (the metrics an SLO
-    spec declares as evidence); every other metric is skipped (points_not_in_catalog)."""
-    rules = dict(_CATALOG_RULES)
-    for name in declared:
-        rules.setdefault(name, FAMILY_RULE if name.startswith(FAMILY_PREFIX) else MetricRule(explicit_histograms=True))
-    return rules
 
 
 class MetricResource:

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import orjson
 
+from sloscope.metric_rules import kept_metrics
 from sloscope.records import Batch
 
 from sloscope.receiver import nesting
@@ -27,7 +28,7 @@ from sloscope.receiver.otlp_common import (FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE
                                            SPAN_KIND_SERVER, STATUS_CODE_ERROR, TEMPORALITY_CUMULATIVE,
                                            TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips,
                                            SpanResource, TextCache, append_span, explicit_buckets, histogram_totals,
-                                           kept_metrics, point_times, scale0_buckets, valueless_point)
+                                           point_times, scale0_buckets, valueless_point)
 
 _HEX_TRACE = re.compile(r"[0-9a-fA-F]{32}")
 _HEX_SPAN = re.compile(r"[0-9a-fA-F]{16}")

@@ -16,6 +16,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from sloscope.metric_rules import kept_metrics
 from sloscope.records import Batch
 
 from sloscope.receiver import nesting
@@ -23,7 +24,7 @@ from sloscope.receiver.otlp_common import (FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE
                                            SPAN_KIND_SERVER, STATUS_CODE_ERROR, TEMPORALITY_CUMULATIVE,
                                            TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips,
                                            SpanResource, TextCache, append_span, explicit_buckets, histogram_totals,
-                                           kept_metrics, point_times, scale0_buckets, valueless_point)
+                                           point_times, scale0_buckets, valueless_point)
 
 REQUEST_TYPES = {"traces": ExportTraceServiceRequest, "metrics": ExportMetricsServiceRequest,
                  "logs": ExportLogsServiceRequest}

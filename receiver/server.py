@@ -18,7 +18,6 @@ import threading
 import urllib.parse
 from collections import Counter
 from concurrent import futures
-from dataclasses import dataclass
 from io import BufferedReader
 from typing import Callable
 
@@ -37,7 +36,7 @@ from sloscope.edge.grpc_admission import REFUSING_THREADS, Admission
 from sloscope.edge.http_body import BodyError, declared_length, read_body
 from sloscope.edge.http_conn import DeadlineReader, LimitedHTTPServer
 from sloscope.edge.tls import TlsFiles
-from sloscope.records import Batch
+from sloscope.records import Batch, Outcome
 
 from sloscope.receiver import content_coding, otlp_json, otlp_proto, otlp_spans
 from sloscope.receiver.limits import Limits
@@ -66,13 +65,6 @@ STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAU
                 411: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
                 415: grpc.StatusCode.INVALID_ARGUMENT, 501: grpc.StatusCode.UNIMPLEMENTED,
                 503: grpc.StatusCode.UNAVAILABLE}
-
-
-@dataclass
-class Outcome:
-    accepted: bool  # False: the intake is full, the client should retry later
-    rejected: int = 0
-    message: str = ""
 
 
 Intake = Callable[[str, Batch, dict, "str | None"], Outcome]  # (signal, batch, decoding counts, client IP) -> outcome

@@ -124,6 +124,16 @@ class SpanTable:
 
 
 @dataclass
+class Outcome:
+    """The intake's answer to one request's batch: the contract between the receiver, which answers the client
+    from it, and the intake (sloscope.analytics), which stores the batch."""
+
+    accepted: bool  # False: the intake is full, the client should retry later
+    rejected: int = 0
+    message: str = ""
+
+
+@dataclass
 class Batch:
     spans: SpanColumns | SpanTable = field(default_factory=SpanColumns)
     points: PointColumns = field(default_factory=PointColumns)
