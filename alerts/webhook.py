@@ -6,7 +6,8 @@ receiver does (edge/http_conn.py: a deadline per request phase, a cap on connect
 
 Per request, in this order:
 1. `GET /-/healthy`: 200, no authentication (for liveness probes); nothing else is served without a token.
-2. `Authorization: Bearer <token>`, compared in constant time (hmac.compare_digest). Missing or wrong: 401, and
+2. `Authorization: Bearer <token>`, checked as the OTLP receiver checks it (edge/auth.py: in constant time; the
+   challenge says whether the token was missing or wrong, RFC 6750). Missing or wrong: 401, and
    the body is never read (the connection is closed; the server only discards up to 64 KiB of what is still
    in flight, for at most a second, so that the client sees the 401 instead of a connection reset).
 3. Only `POST` on the configured path (405 / 404); `Content-Length` required (411), at most `max_body`
@@ -21,7 +22,6 @@ Per request, in this order:
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import os
@@ -37,6 +37,7 @@ from typing import Callable
 from sloscope.alerts.actions import shown
 from sloscope.alerts.audit import Transient
 from sloscope.alerts.remediation import ALERT_NAME, Engine, parse_rfc3339
+from sloscope.edge.auth import BearerAuth
 from sloscope.edge.draining import DRAIN_GRACE_S, KeepAliveHandler
 from sloscope.edge.http_body import plain_length
 from sloscope.edge.http_conn import DeadlineReader, LimitedHTTPServer
@@ -99,6 +100,8 @@ def load_token(token_file: str | Path | None = None, env: dict | None = None, en
             raise TokenError(f"no token: give --token-file or set {env_name}")
     if len(token) < MIN_TOKEN_LENGTH:
         raise TokenError(f"{where}: the token must have at least {MIN_TOKEN_LENGTH} characters")
+    if not token.isascii():  # an HTTP header carries it, and compare_digest takes ASCII only
+        raise TokenError(f"{where}: the token must be ASCII text")
     return token.encode()
 
 
@@ -204,7 +207,7 @@ class WebhookApp:
         if len(token) < MIN_TOKEN_LENGTH:
             raise TokenError(f"the token must have at least {MIN_TOKEN_LENGTH} characters")
         self.engine = engine
-        self._token = token
+        self._auth = BearerAuth(token)
         self.path = path
         self.max_body = max_body
         self._unaudited = _UnauthenticatedBatch()  # written at most every few s, and when the server stops
@@ -228,14 +231,6 @@ class WebhookApp:
         if batch.count:
             self.engine.record_unauthenticated(batch.count, batch.client_text())
 
-    def authorized(self, header: str | None) -> bool:
-        given = b""
-        if header:
-            scheme, _, credentials = header.strip().partition(" ")
-            if scheme.lower() == "bearer":
-                given = credentials.strip().encode("latin-1", "replace")
-        return hmac.compare_digest(given, self._token)
-
     def respond(self, method: str, path: str, headers, read_body: Callable[[int], bytes],
                 client: str | None = None) -> tuple[int, dict, dict]:
         """(status, extra headers, JSON body). `headers` is a case-insensitive mapping (get); `read_body(n)`
@@ -245,10 +240,10 @@ class WebhookApp:
         route = path.split("?", 1)[0]
         if method == "GET" and route == "/-/healthy":
             return 200, {}, {"status": "ok"}
-        if not self.authorized(headers.get("Authorization")):
+        challenge = self._auth.check(headers.get("Authorization"))
+        if challenge is not None:
             self._refused_unauthenticated(client)
-            return 401, {"WWW-Authenticate": 'Bearer realm="sloscope"', "Connection": "close"}, \
-                {"error": "unauthorized"}
+            return 401, {"WWW-Authenticate": challenge, "Connection": "close"}, {"error": "unauthorized"}
         close = {"Connection": "close"}
         if route != self.path:
             return 404, close, {"error": f"not found; alerts are posted to {self.path}"}

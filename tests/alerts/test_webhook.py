@@ -97,7 +97,9 @@ def test_without_the_right_token_401(server, auth):
     headers = {} if auth is None else {"Authorization": auth}
     status, body, resp_headers = post(server, payload(), token=None, headers=headers)
     assert status == 401 and body == {"error": "unauthorized"}
-    assert resp_headers["WWW-Authenticate"].startswith("Bearer")
+    # as the OTLP receiver answers (edge/auth.py, RFC 6750): a wrong token is said to be invalid, a missing one not
+    invalid = 'error="invalid_token"' in resp_headers["WWW-Authenticate"]
+    assert resp_headers["WWW-Authenticate"].startswith('Bearer realm="sloscope"') and invalid == (auth is not None)
     assert server.runner.calls == []
 
 
@@ -235,6 +237,9 @@ def test_token_from_file_or_environment_never_short(tmp_path):
         load_token(None, env={})
     path.write_text("short\n")
     with pytest.raises(TokenError, match="at least 16"):
+        load_token(path)
+    path.write_text("jeton-secret-très-long\n")
+    with pytest.raises(TokenError, match="must be ASCII"):
         load_token(path)
 
 
