@@ -41,7 +41,7 @@ from typing import Callable
 from sloscope import yaml_config
 from sloscope.durations import parse_duration
 from sloscope.errors import read_config_text
-from sloscope.yaml_config import at, key_at
+from sloscope.yaml_config import key_at, refuse_unknown_keys
 
 from sloscope.probes.spdk.rpc_client import SpdkRpcClient
 
@@ -82,10 +82,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
     doc = {} if doc is None else doc
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}: expected a mapping")
-    unknown = [key for key in doc if str(key) not in CONFIG_KEYS]
-    if unknown:
-        raise ConfigError(f"{at(source, doc, unknown[0])}: unknown key {str(unknown[0])!r} "
-                          f"(expected {', '.join(sorted(CONFIG_KEYS))})")
+    refuse_unknown_keys(source, doc, sorted(CONFIG_KEYS))
     execute = doc.get("execute", False)
     if not isinstance(execute, bool):
         raise ConfigError(f"{key_at(source, doc, 'execute')}: expected true or false; got {execute!r}")
@@ -109,10 +106,7 @@ def _rule(name, body, source: str, actions_doc: dict) -> Rule:
         raise ConfigError(f"{where}: not a valid alert name")
     if not isinstance(body, dict):
         raise ConfigError(f"{where}: expected a mapping with action (and params, dry_run)")
-    extra = [key for key in body if str(key) not in RULE_KEYS]
-    if extra:
-        raise ConfigError(f"{at(source, body, extra[0])}: actions.{name}: unknown key {str(extra[0])!r} "
-                          f"(expected {', '.join(RULE_KEYS)})")
+    refuse_unknown_keys(source, body, RULE_KEYS, f"actions.{name}")
     action = body.get("action")
     if not isinstance(action, str) or action not in REGISTRY:  # a list is no action, and unhashable
         raise ConfigError(f"{key_at(source, body, 'action', f'actions.{name}.action')}: expected one of "

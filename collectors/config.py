@@ -53,7 +53,7 @@ from sloscope import yaml_config
 from sloscope.addresses import address_text, parse_address
 from sloscope.errors import ConfigError, read_config_text
 from sloscope.sizes import parse_size
-from sloscope.yaml_config import at, key_at
+from sloscope.yaml_config import key_at, refuse_unknown_keys
 
 PROBE_SETS = ("auto", "node", "all")  # names of sets of probes, beside the probes' own
 
@@ -280,18 +280,10 @@ def read_file(path: str) -> dict:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top, got {type(data).__name__}")
-    _known_keys(path, data, FILE_KEYS, "keys")
+    refuse_unknown_keys(path, data, FILE_KEYS)
     _mapping(data.get("spool"), key_at(path, data, "spool"))
-    _known_keys(path, data.get("spool") or {}, SPOOL_KEYS, "spool keys")
+    refuse_unknown_keys(path, data.get("spool") or {}, SPOOL_KEYS, "spool")
     return data
-
-
-def _known_keys(path: str, mapping: dict, known: tuple[str, ...], what: str) -> None:
-    """ConfigError at the line of the first key of `mapping` that is not `known`, naming every unknown one."""
-    unknown = [key for key in mapping if str(key) not in known]
-    if unknown:
-        raise ConfigError(f"{at(path, mapping, unknown[0])}: unknown {what} {', '.join(map(str, unknown))} "
-                          f"(known: {', '.join(known)})")
 
 
 def load(file: str | None = None, flags: Mapping[str, Any] | None = None,

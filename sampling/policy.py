@@ -45,7 +45,7 @@ from sloscope import yaml_config
 from sloscope.catalog import TIER_ATTRIBUTES
 from sloscope.durations import parse_duration
 from sloscope.errors import ConfigError, read_config_text
-from sloscope.yaml_config import at, key_at
+from sloscope.yaml_config import key_at, refuse_unknown_keys
 
 from sloscope.enrich.tiers import TierResolver
 
@@ -100,17 +100,15 @@ def parse_config(text: str, source: str = "<string>") -> SamplingConfig:
     doc = {} if doc is None else doc
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}: expected a mapping")
+    refuse_unknown_keys(source, doc, CONFIG_KEYS)
     values = {}
     for key, value in doc.items():
         if key in _DURATION_KEYS:
             values[_DURATION_KEYS[key]] = parse_duration(value, key_at(source, doc, key))
-        elif key in _NUMBER_KEYS:
+        else:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"{key_at(source, doc, key)}: expected a number; got {value!r}")
             values[key] = value
-        else:
-            raise ConfigError(f"{at(source, doc, key)}: unknown key {key!r} (expected one of "
-                              f"{', '.join(CONFIG_KEYS)})")
     return validate(SamplingConfig(**values), source, doc)
 
 

@@ -75,3 +75,12 @@ def key_at(source: str, mapping, key, path: str | None = None) -> str:
     """`FILE:LINE: KEY`, the start of an error about `key` of `mapping`, which goes on `: message`; `path` names
     the key where the mapping is nested (`spool.max_bytes`)."""
     return f"{at(source, mapping, key)}: {key if path is None else path}"
+
+
+def refuse_unknown_keys(source: str, mapping, known, within: str = "") -> None:
+    """ConfigError at the line of the first key of `mapping` that is not `known`, naming it and what is known;
+    `within` names the mapping where it is nested (`spool`, `actions.A`)."""
+    unknown = [key for key in mapping if str(key) not in known]
+    if unknown:
+        raise ConfigError(f"{at(source, mapping, unknown[0])}: {within + ': ' if within else ''}unknown key "
+                          f"{str(unknown[0])!r} (expected one of {', '.join(known)})")

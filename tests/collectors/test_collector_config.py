@@ -74,11 +74,11 @@ def test_grpc_endpoints():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("endpiont: http://x\n", "unknown keys endpiont"),
+    ("endpiont: http://x\n", "unknown key 'endpiont'"),
     ("protocol: http/json\n", "http/json is not supported"),
     ("interval: soon\n", "not a duration"),
     ("spool: {max_bytes: lots}\n", "not a size"),
-    ("spool: {size: 3}\n", "unknown spool keys size"),
+    ("spool: {size: 3}\n", "spool: unknown key 'size'"),
     ("temporality: sometimes\n", "not cumulative or delta"),
     ("- a list\n", "expected a mapping"),
     ("endpoint: not a url\n", "is not an http:// or https:// URL"),

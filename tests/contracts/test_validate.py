@@ -140,7 +140,7 @@ actions:
 
 @pytest.mark.parametrize("text, start", [
     ("execute: false\nmax_actions_per_hour: -1\n", "r.yaml:2: max_actions_per_hour: expected a non-negative integer"),
-    ("execute: false\nbudget: 3\n", "r.yaml:2: unknown key 'budget' (expected actions, command_timeout,"),
+    ("execute: false\nbudget: 3\n", "r.yaml:2: unknown key 'budget' (expected one of actions, command_timeout,"),
     ("execute: false\ncooldown: soon\n", "r.yaml:2: cooldown: expected a duration"),
     ("\nexecute: yes please\n", "r.yaml:2: execute: expected true or false; got 'yes please'"),
     ("actions:\n  A:\n    action: rm_rf\n", "r.yaml:3: actions.A.action: expected one of nft_drain_backend,"),
@@ -173,8 +173,8 @@ def test_sampling_errors_name_file_line_and_key(text, start):
 
 @pytest.mark.parametrize("text, rest", [
     ("protocol: grpc\ntimeout: soon\n", ":2: timeout: expected a duration"),
-    ("protocol: grpc\nendpiont: http://x:4317\n", ":2: unknown keys endpiont (known: endpoint,"),
-    ("spool:\n  dir: /x\n  size: 3\n", ":3: unknown spool keys size (known: dir, max_bytes, max_batches)"),
+    ("protocol: grpc\nendpiont: http://x:4317\n", ":2: unknown key 'endpiont' (expected one of endpoint,"),
+    ("spool:\n  dir: /x\n  size: 3\n", ":3: spool: unknown key 'size' (expected one of dir, max_bytes, max_batches)"),
     ("spool:\n  dir: /x\n  max_bytes: lots\n", ":3: spool.max_bytes: expected a size like 268435456, 256MiB, 256MB, 1.5GiB; 'lots' is not a size"),
     ("spool:\n  max_batches: 0\n", ":2: spool.max_batches: must be a positive whole number"),
     ("interval: 5s\nprobes: [pressure, nosuch]\n", ":2: probes: unknown probe 'nosuch'; known: syscall,"),
