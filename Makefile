@@ -14,6 +14,7 @@ demo:
 test: setup
 	@$(VENV)/bin/python -m pytest -q
 
-# The image localhost/sloscope:VERSION (Containerfile), built with Debian's debootstrap and podman, as root.
+# The images localhost/sloscope-agent:VERSION and localhost/sloscope:VERSION (Containerfile), built with
+# Debian's debootstrap and podman, as root.
 image:
 	@bash scripts/build-image.sh

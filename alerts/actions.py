@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from sloscope.durations import parse_duration
 from sloscope.errors import ConfigError
+from sloscope.times import rfc3339
 
 from sloscope.probes.spdk.rpc_client import SpdkError
 
@@ -412,10 +413,10 @@ class RaiseSampling(Action):
 
         def execute():
             ctx.sampling.add_sampling_override(tier, params["ratio"], until, alert)
-            return f"tier {tier} sampled at {params['ratio']:.0%} until {until:%Y-%m-%dT%H:%M:%SZ}"
+            return f"tier {tier} sampled at {params['ratio']:.0%} until {rfc3339(until)}"
 
         return Plan(target=f"tier:{tier}", details={"tier": tier, "ratio": params["ratio"],
-                                                    "until": until.strftime("%Y-%m-%dT%H:%M:%SZ")},
+                                                    "until": rfc3339(until)},
                     execute=execute, undo={"tier": tier})
 
     def undo(self, data, params, ctx):

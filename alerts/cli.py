@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from sloscope.addresses import parse_address
+from sloscope.addresses import address_text, parse_address
 from sloscope.durations import parse_duration
 from sloscope.sizes import size_argument
 from sloscope.slo_spec import SpecError, load_spec
@@ -20,7 +20,8 @@ from sloscope.analytics.stores import DEFAULT_DB, recorded_spec, refuse_other_fi
 
 from sloscope.alerts.actions import ConfigError
 from sloscope.alerts.audit import AuditStore
-from sloscope.alerts.remediation import Engine, load_config
+from sloscope.alerts.remediation import Engine
+from sloscope.alerts.remediation_config import load_config
 from sloscope.alerts.rules import DEFAULT_RUNBOOK_BASE_URL, RuleOptions, prometheus_rule, render_rules, render_yaml
 from sloscope.alerts.webhook import TokenError, WebhookApp, WebhookServer, load_token
 
@@ -103,8 +104,8 @@ def register(subparsers) -> None:
                       "$SLOSCOPE_WEBHOOK_TOKEN)")
     hook.add_argument("--path", default="/alerts", help="URL path of the webhook (default: %(default)s)")
     hook.add_argument("--max-body", type=size_argument, default="1MiB", metavar="SIZE",
-                      help="largest accepted body, in bytes or with KiB, MiB, GiB, as serve's sizes; larger is a "
-                      "413 (default: %(default)s)")
+                      help="largest accepted body, a size as serve's are (1MiB, 1Mi or 1MB); larger is a 413 "
+                      "(default: %(default)s)")
     hook.set_defaults(func=run_webhook)
 
 
@@ -216,11 +217,10 @@ def run_webhook(args) -> int:
     except OSError as exc:
         print(f"sloscope webhook: cannot listen on {args.listen}: {exc.strerror}", file=sys.stderr)
         return EXIT_USAGE
-    host, port = server.server_address[:2]
+    url = f"http://{address_text(server.server_address[:2])}{args.path}"
     mode = "EXECUTING actions" if config.execute else "dry-run (execute: false)"
-    log.info("webhook on http://%s:%d%s, %d alert(s) allow-listed, %s; audit in %s", host, port, args.path,
-             len(config.actions), mode, args.db)
-    print(f"listening on http://{host}:{port}{args.path}", flush=True)
+    log.info("webhook on %s, %d alert(s) allow-listed, %s; audit in %s", url, len(config.actions), mode, args.db)
+    print(f"listening on {url}", flush=True)
 
     def on_signal(signum, frame):
         threading.Thread(target=server.shutdown, daemon=True).start()

@@ -1,19 +1,6 @@
 """The remediation engine: Alertmanager alerts in, safe actions out, every decision audited.
 
-Driven by an allow-list config (YAML):
-
-    execute: false              # dry-run unless true: decisions are recorded, nothing is done
-    cooldown: 10m               # per target: no new action on a target acted on within this time
-    max_actions_per_hour: 10    # global budget of actions (dry-runs and failures count too)
-    command_timeout: 30s
-    actions:                    # alert name -> action; alerts not listed are refused
-      SloscopeGpuSaturated:
-        action: nft_drain_backend
-        params: {family: inet, table: lb, set: backends, addresses: {gpu-node-3: 10.0.0.3}}
-      SloscopeNvmeHot:
-        action: spdk_qos_limit
-        dry_run: true           # keep this one a rehearsal even when execute is true
-        params: {socket: /var/tmp/spdk.sock, rw_ios_per_sec: 20000}
+Driven by the allow-list of alerts/remediation_config.py.
 
 Safety, in the order it is applied to a firing alert: the (fingerprint, startsAt) was not acted on before
 (re-sent groups act once); the alert name is in the allow-list; every label the action uses is validated
@@ -31,99 +18,19 @@ a 5xx so that Alertmanager retries; nothing has been acted on when it is raised 
 from __future__ import annotations
 
 import logging
-import re
 import threading
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Callable
 
-from sloscope import yaml_config
-from sloscope.durations import parse_duration
-from sloscope.errors import read_config_text
-from sloscope.yaml_config import key_at, refuse_unknown_keys
+from sloscope.times import parse_rfc3339, rfc3339
 
 from sloscope.probes.spdk.rpc_client import SpdkRpcClient
 
-from sloscope.alerts.actions import REGISTRY, ActionFailed, ConfigError, Context, Refused, Runner
+from sloscope.alerts.actions import REGISTRY, ActionFailed, Context, Refused, Runner
 from sloscope.alerts.audit import TRANSIENT_ERRORS, AuditStore, Transient, transaction
+from sloscope.alerts.remediation_config import Config, Rule
 
 log = logging.getLogger("sloscope.remediation")
-
-ALERT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII)
-
-# --- config ----------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Rule:
-    alert: str
-    action: str
-    params: dict
-    dry_run: bool = False
-
-
-@dataclass(frozen=True)
-class Config:
-    actions: dict[str, Rule] = field(default_factory=dict)
-    execute: bool = False
-    cooldown_s: float = 600.0
-    max_actions_per_hour: int = 10
-    command_timeout_s: float = 30.0
-    source: str = "<empty>"
-
-
-CONFIG_KEYS = ("execute", "cooldown", "max_actions_per_hour", "command_timeout", "actions")
-RULE_KEYS = ("action", "params", "dry_run")
-
-
-def parse_config(text: str, source: str = "<string>") -> Config:
-    """The allow-list config; ConfigError names the file, the line and the key of what is wrong."""
-    doc = yaml_config.parse(text, source)
-    doc = {} if doc is None else doc
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{source}: expected a mapping")
-    refuse_unknown_keys(source, doc, sorted(CONFIG_KEYS))
-    execute = doc.get("execute", False)
-    if not isinstance(execute, bool):
-        raise ConfigError(f"{key_at(source, doc, 'execute')}: expected true or false; got {execute!r}")
-    cooldown = parse_duration(doc.get("cooldown", "10m"), key_at(source, doc, "cooldown"))
-    timeout = parse_duration(doc.get("command_timeout", "30s"), key_at(source, doc, "command_timeout"))
-    budget = doc.get("max_actions_per_hour", 10)
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
-        raise ConfigError(f"{key_at(source, doc, 'max_actions_per_hour')}: expected a non-negative integer; "
-                          f"got {budget!r}")
-    actions_doc = doc.get("actions") or {}
-    if not isinstance(actions_doc, dict):
-        raise ConfigError(f"{key_at(source, doc, 'actions')}: expected a mapping of alert name to action")
-    rules = {name: _rule(name, body, source, actions_doc) for name, body in actions_doc.items()}
-    return Config(rules, execute, cooldown, budget, timeout, source)
-
-
-def _rule(name, body, source: str, actions_doc: dict) -> Rule:
-    """The allow-list entry of alert `name`."""
-    where = key_at(source, actions_doc, name, f"actions.{name}")
-    if not isinstance(name, str) or not ALERT_NAME.fullmatch(name):
-        raise ConfigError(f"{where}: not a valid alert name")
-    if not isinstance(body, dict):
-        raise ConfigError(f"{where}: expected a mapping with action (and params, dry_run)")
-    refuse_unknown_keys(source, body, RULE_KEYS, f"actions.{name}")
-    action = body.get("action")
-    if not isinstance(action, str) or action not in REGISTRY:  # a list is no action, and unhashable
-        raise ConfigError(f"{key_at(source, body, 'action', f'actions.{name}.action')}: expected one of "
-                          f"{', '.join(REGISTRY)}; got {action!r}")
-    params, params_at = body.get("params") or {}, key_at(source, body, "params", f"actions.{name}.params")
-    if not isinstance(params, dict):
-        raise ConfigError(f"{params_at}: expected a mapping")
-    dry_run = body.get("dry_run", False)
-    if not isinstance(dry_run, bool):
-        raise ConfigError(f"{key_at(source, body, 'dry_run', f'actions.{name}.dry_run')}: expected true or false; "
-                          f"got {dry_run!r}")
-    return Rule(name, action, REGISTRY[action].check_params(params, params_at), dry_run)
-
-
-def load_config(path: str | Path) -> Config:
-    return parse_config(read_config_text(path, "remediation config"), str(path))
-
 
 # --- sampling overrides --------------------------------------------------------------------------------------------
 
@@ -155,21 +62,6 @@ def active_sampling_overrides(reader, now: datetime | None = None) -> dict[str, 
 
 
 # --- the engine ------------------------------------------------------------------------------------------------------
-
-def parse_rfc3339(text: str) -> datetime:
-    """Alertmanager's RFC 3339 times (nanoseconds allowed) as naive UTC, to the microsecond."""
-    m = re.fullmatch(r"(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})", text,
-                     re.ASCII)
-    if not m:
-        raise ValueError(f"not an RFC 3339 time: {text[:40]!r}")
-    date, clock, frac, zone = m.groups()
-    frac = (frac or "").ljust(6, "0")[:6]
-    t = datetime.fromisoformat(f"{date}T{clock}.{frac}{'+00:00' if zone in 'Zz' else zone}")
-    try:
-        return t.astimezone(timezone.utc).replace(tzinfo=None)
-    except OverflowError:  # 0001-01-01T00:00:00+01:00 is in year 0 in UTC
-        raise ValueError(f"{text[:40]!r} is outside the years 1 to 9999 in UTC") from None
-
 
 class Engine:
     def __init__(self, config: Config, audit: AuditStore, tiers, *, runner: Runner | None = None,
@@ -268,7 +160,7 @@ class Engine:
                 if last is not None and now - last < timedelta(seconds=self.config.cooldown_s):
                     left = self.config.cooldown_s - (now - last).total_seconds()
                     return self._refuse(con, key, row, f"cooldown: {plan.target} was acted on at "
-                                        f"{last:%Y-%m-%dT%H:%M:%SZ} ({left:.0f} s of cooldown left)")
+                                        f"{rfc3339(last)} ({left:.0f} s of cooldown left)")
                 used = self.audit.actions_since(con, now - timedelta(hours=1)) + self._in_flight
                 if used >= self.config.max_actions_per_hour:
                     return self._refuse(con, key, row, f"budget: {used} actions in the last hour "

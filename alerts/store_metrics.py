@@ -32,12 +32,11 @@ from collections import Counter
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from sloscope import metric_names
-from sloscope.exposition import CONTENT_TYPE
+from sloscope import exposition
 from sloscope.latency_buckets import bounds_ms
 from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
 from sloscope.times import parse_rfc3339
@@ -93,7 +92,7 @@ class StoreCollector(Collector):
                 try:
                     families = list(build(reader))
                 except Exception:
-                    log.warning("exporter: the %s part of the scrape failed; left out", part, exc_info=True)
+                    log.warning("/metrics: the %s part of the scrape failed; left out", part, exc_info=True)
                     with self._lock:
                         self.errors[part] += 1
                     continue
@@ -127,13 +126,14 @@ class StoreCollector(Collector):
         retired: dict[tuple, list] = {}
         for tier, service, node, *counts in reader.rows(reader.sql("retired_request_totals")):
             retired.setdefault((tier, service, node), []).append(counts)
-        hist = HistogramMetricFamily(metric_names.REQUEST_DURATION, "Duration of requests (SERVER spans) ingested into the "
-                                     "store, by SLO tier, service and node; cumulative over the store.",
-                                     labels=metric_names.REQUEST_LABELS)
-        reqs = CounterMetricFamily(metric_names.REQUESTS, "Requests ingested into the store, by SLO tier, service and node.",
-                                   labels=metric_names.REQUEST_LABELS)
-        errs = CounterMetricFamily(metric_names.REQUEST_ERRORS, "Failed requests (5xx or span status ERROR) ingested into the "
-                                   "store, by SLO tier, service and node.", labels=metric_names.REQUEST_LABELS)
+        request_labels = metric_names.REQUEST_LABELS
+        hist = HistogramMetricFamily(metric_names.REQUEST_DURATION, "Duration of requests (SERVER spans) ingested "
+                                     "into the store, by SLO tier, service and node; cumulative over the store.",
+                                     labels=request_labels)
+        reqs = CounterMetricFamily(metric_names.REQUESTS, "Requests ingested into the store, by SLO tier, service "
+                                   "and node.", labels=request_labels)
+        errs = CounterMetricFamily(metric_names.REQUEST_ERRORS, "Failed requests (5xx or span status ERROR) ingested "
+                                   "into the store, by SLO tier, service and node.", labels=request_labels)
         les = [metric_names.le_label(b) for b in self.buckets_s]
         for labels, buckets in sorted(per_labels.items()):
             gone = retired.get(labels, [])
@@ -193,20 +193,23 @@ class StoreCollector(Collector):
         return list(families.values())
 
     def _signal_histograms(self, reader):
-        families = {f.name: HistogramMetricFamily(f.name, f.help, labels=f.label_names) for f in metric_names.SIGNAL_HISTOGRAMS}
+        families = {f.name: HistogramMetricFamily(f.name, f.help, labels=f.label_names)
+                    for f in metric_names.SIGNAL_HISTOGRAMS}
         uppers = [2.0 ** (i + HISTOGRAM_OFFSET + 1) for i in range(HISTOGRAM_BUCKETS)]
         les = [metric_names.le_label(b) for b in metric_names.SIGNAL_BUCKETS_S]
         for family, labels, count, total, buckets in self._series(reader, "signal_histogram_totals",
                                                                   metric_names.SIGNAL_HISTOGRAMS):
-            cumulative = [sum(n for n, upper in zip(buckets, uppers) if upper <= le) for le in metric_names.SIGNAL_BUCKETS_S]
+            cumulative = [sum(n for n, upper in zip(buckets, uppers) if upper <= le)
+                          for le in metric_names.SIGNAL_BUCKETS_S]
             named = self._named(family, labels)
             families[family.name].add_metric([named.get(k, "") for k in family.label_names],
                                               buckets=[*zip(les, cumulative), ("+Inf", count)], sum_value=total)
         return list(families.values())
 
     def _remediation(self, reader):
-        c = CounterMetricFamily(metric_names.REMEDIATION_ACTIONS, "Remediation decisions by alert, action and decision "
-                                "(executed, dry_run, refused, failed, deferred).", labels=metric_names.REMEDIATION_LABELS)
+        c = CounterMetricFamily(metric_names.REMEDIATION_ACTIONS, "Remediation decisions by alert, action and "
+                                "decision (executed, dry_run, refused, failed, deferred).",
+                                labels=metric_names.REMEDIATION_LABELS)
         if "remediation_audit" in reader.tables():
             rows = reader.rows(reader.sql("remediation_decisions"))
             for alert, action, target, decision, n in rows[: self.max_series]:
@@ -214,8 +217,8 @@ class StoreCollector(Collector):
         return [c]
 
     def _incident_family(self, reader):
-        g = GaugeMetricFamily(metric_names.INCIDENT_CAUSE_SCORE, "Score (0..1) of each of the top causes sloscope's analysis "
-                              "ranks for an open SLO incident, by tier, service, node and cause.",
+        g = GaugeMetricFamily(metric_names.INCIDENT_CAUSE_SCORE, "Score (0..1) of each of the top causes sloscope's "
+                              "analysis ranks for an open SLO incident, by tier, service, node and cause.",
                               labels=metric_names.INCIDENT_LABELS)
         for labels, score in self.incident_scores(reader):
             g.add_metric(list(labels), score)
@@ -263,22 +266,17 @@ class StoreCollector(Collector):
     def _own(self):
         with self._lock:
             dropped, errors = dict(self.dropped), dict(self.errors)
-        d = CounterMetricFamily(metric_names.SERIES_DROPPED, "Label sets left out of scrapes because their family reached the "
-                                "exporter's cap, summed over scrapes.", labels=["family"])
-        for family in [metric_names.REQUEST_DURATION, *(g.name for g in metric_names.GAUGES), metric_names.INCIDENT_CAUSE_SCORE]:
+        d = CounterMetricFamily(metric_names.SERIES_DROPPED, "Label sets left out of scrapes because their family "
+                                "reached the cap of /metrics, summed over scrapes.", labels=["family"])
+        capped = [metric_names.REQUEST_DURATION, *(g.name for g in metric_names.GAUGES),
+                  metric_names.INCIDENT_CAUSE_SCORE]
+        for family in capped:
             d.add_metric([family], dropped.get(family, 0))
-        e = CounterMetricFamily(metric_names.EXPORTER_ERRORS, "Parts of scrapes that failed and were left out (see the log).",
-                                labels=["part"])
+        e = CounterMetricFamily(metric_names.EXPORTER_ERRORS, "Parts of scrapes that failed and were left out (see "
+                                "the log).", labels=["part"])
         for part in ("requests", "gauges", "incidents", "ingest"):
             e.add_metric([part], errors.get(part, 0))
         return [d, e]
-
-
-def registry_for(collector: StoreCollector, *others: Collector) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    for each in (collector, *others):
-        registry.register(each)
-    return registry
 
 
 _collectors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -290,12 +288,10 @@ def render(store, spec=None, intake: Collector | None = None, **options) -> tupl
     its incident cache) is kept per store, so repeated scrapes reuse it. `intake` adds the families of the
     process's own intake (alerts.intake_metrics), which are not in the store."""
     with _collectors_lock:
-        entry = _collectors.get(store)
-        if entry is None:
-            collector = StoreCollector(store.reading, spec, **options)
-            entry = (collector, registry_for(collector, *([intake] if intake else [])))
-            _collectors[store] = entry
-    return generate_latest(entry[1]), CONTENT_TYPE
+        collector = _collectors.get(store)
+        if collector is None:
+            collector = _collectors[store] = StoreCollector(store.reading, spec, **options)
+    return exposition.render(collector, *([intake] if intake else [])), exposition.CONTENT_TYPE
 
 
 def _retired_at(retired: list, bound_ms: float) -> tuple[int, float, int]:

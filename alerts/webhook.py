@@ -36,11 +36,13 @@ from typing import Callable
 
 from sloscope.alerts.actions import shown
 from sloscope.alerts.audit import Transient
-from sloscope.alerts.remediation import ALERT_NAME, Engine, parse_rfc3339
+from sloscope.alerts.remediation import Engine
+from sloscope.alerts.remediation_config import ALERT_NAME
 from sloscope.edge.auth import BearerAuth
 from sloscope.edge.draining import DRAIN_GRACE_S, KeepAliveHandler
 from sloscope.edge.http_body import plain_length
 from sloscope.edge.http_conn import DeadlineReader, LimitedHTTPServer
+from sloscope.times import parse_rfc3339
 
 log = logging.getLogger("sloscope.webhook")
 
@@ -123,12 +125,14 @@ def _string_map(value, where: str, max_value: int, limit: int | None) -> dict:
 
 
 def _time(value, where: str) -> None:
+    """Alertmanager writes every time with its zone (Go's RFC 3339, nanoseconds included; a firing alert's endsAt
+    is 0001-01-01T00:00:00Z): a time without one is refused, not read as UTC."""
     if not isinstance(value, str):
         raise PayloadError(f"{where}: expected an RFC 3339 time string")
     try:
-        parse_rfc3339(value)
+        parse_rfc3339(value, where, zone_required=True)
     except ValueError as exc:
-        raise PayloadError(f"{where}: {exc}") from None
+        raise PayloadError(str(exc)) from None
 
 
 def validate_payload(doc) -> list[dict]:

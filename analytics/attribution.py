@@ -40,6 +40,7 @@ import polars as pl
 
 from sloscope import catalog, taxonomy
 from sloscope.taxonomy import BUILT_IN, Taxonomy
+from sloscope.times import rfc3339
 
 from sloscope.analytics.cumulative import SERIES
 from sloscope.analytics.errors import StoreError
@@ -408,7 +409,7 @@ def _score_series(cause: taxonomy.Cause, ev: taxonomy.Evidence, row: dict, attri
     feature = "growth_per_min" if row["metric"].endswith(GROWTH_SUFFIX) else None
     evidence = {"signal": signal, "attributes": attributes, "source": ev.producer, "measure": ev.measure,
                 "rank": ev.rank, "baseline": _round(row["baseline"]), "observed": _round(row["observed"]),
-                "onset": onset.strftime("%Y-%m-%dT%H:%M:%SZ") if onset else None,
+                "onset": rfc3339(onset) if onset else None,
                 "z": round(row["z_observed"], 1), "fleet_share": round(fleet_share, 2)}
     if feature:
         evidence["feature"] = feature

@@ -1,6 +1,7 @@
-"""The store interface: what the analysis (analytics/slo.py, attribution.py, rca.py), /metrics (alerts/store_metrics.py),
-the sampling policy (sampling/observations.py) and the report (dashboards/report.py) may call on a store, whichever
-it is: the DuckDB store (analytics/store.py) or the ClickHouse store over the exporter's tables
+"""The store interface: what the analysis (analytics/slo.py, attribution.py, rca.py), /metrics
+(alerts/store_metrics.py), the sampling policy (sampling/observations.py) and the report (dashboards/report.py)
+may call on a store, whichever it is: the DuckDB store (analytics/store.py) or the ClickHouse store over the
+Collector's ClickHouse exporter's tables
 (analytics/clickhouse_store.py). analytics/stores.py opens one from its URL.
 
 Queries are the files of the store's dialect, by name: analytics/sql/ for DuckDB, analytics/sql/clickhouse/ for

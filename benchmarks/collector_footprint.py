@@ -111,8 +111,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="sloscope-footprint-") as tmp:
         work = Path(tmp)
         port = free_port()
-        serve = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "serve", "--db", str(work / "c.duckdb"),
-                                  "--grpc", f"127.0.0.1:{port}", "--http", "off"], cwd=ROOT,
+        serve = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "serve", "--db",
+                                  str(work / "c.duckdb"), "--grpc", f"127.0.0.1:{port}", "--http", "off"], cwd=ROOT,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             time.sleep(3)

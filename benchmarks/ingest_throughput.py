@@ -335,8 +335,8 @@ def collector_footprint(workdir: Path, seconds: int = 20) -> str:
     port, http_port = free_port(), free_port()
     serve = _serve_on(workdir / "c.duckdb", ("--grpc", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http_port}"),
                       http_port)
-    collect = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "collect", "--endpoint", f"http://127.0.0.1:{port}",
-                                "--interval", "1", "--duration", str(seconds + 200), "--probe", "node",
+    collect = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "collect", "--endpoint",
+                                f"http://127.0.0.1:{port}", "--interval", "1", "--duration", str(seconds + 200), "--probe", "node",
                                 "--spool-dir", str(workdir / "spool")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

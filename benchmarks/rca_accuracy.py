@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
@@ -38,6 +38,7 @@ from sloscope.enrich.tiers import TierResolver
 from sloscope.simulator.fleet import SimulationConfig, simulate
 from sloscope import taxonomy
 from sloscope.slo_spec import load_spec
+from sloscope.times import parse_rfc3339
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.store_parity import incident_summary  # noqa: E402
@@ -108,7 +109,8 @@ def _detection_delay(first, truth, spec) -> float | None:
     the incident's second violating window, when it can first be opened."""
     if first is None:
         return None
-    broke = datetime.fromisoformat(truth.fault["sli_onset"].replace("Z", "")) + timedelta(seconds=SLI_RAMP_S)
+    onset = parse_rfc3339(truth.fault["sli_onset"], "ground_truth.json: fault.sli_onset")
+    broke = onset + timedelta(seconds=SLI_RAMP_S)
     opened = first.start + timedelta(seconds=MIN_BLOCKS * spec.resolution_s)
     return (opened - broke).total_seconds()
 

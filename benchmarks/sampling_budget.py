@@ -38,7 +38,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 from opentelemetry.trace.span import TraceState  # noqa: E402
 
 from sloscope.sampling.head_sampler import RANDOM_MASK, AdaptiveSampler, threshold_for  # noqa: E402
-from sloscope.sampling.policy import SamplingConfig, SamplingPolicy, observe  # noqa: E402
+from sloscope.sampling.config import SamplingConfig  # noqa: E402
+from sloscope.sampling.policy import SamplingPolicy, observe  # noqa: E402
 from sloscope.analytics.ingest import Ingestor  # noqa: E402
 from sloscope.analytics.slo import find_incidents  # noqa: E402
 from sloscope.analytics.store import Store  # noqa: E402

@@ -1,4 +1,4 @@
-"""Time to remediation through the real Prometheus and Alertmanager, with the intervals the README recommends
+"""Time to remediation through the real Prometheus and Alertmanager, with the intervals docs/alerts.md recommends
 (5 s scrape and evaluation, `sloscope rules --hold 10s`, Alertmanager group_wait 0s).
 
 From the first breaching request to the executed action, for two paths: a node failing half its requests

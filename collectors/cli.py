@@ -17,7 +17,7 @@ from sloscope.durations import parse_duration
 from . import config as config_mod
 from .agent import Agent
 
-log = logging.getLogger("collectors.collect")
+log = logging.getLogger("sloscope.collect")
 
 EPILOG = """\
 configuration (flags > environment > --config file > defaults):
@@ -45,7 +45,7 @@ configuration (flags > environment > --config file > defaults):
   listen            --listen
 
   Default endpoint: http://localhost:4317 (grpc) or http://localhost:4318/v1/metrics (http/protobuf).
-  For HTTP a base URL gets /v1/metrics appended. Durations: 10, 10s, 500ms, 1m. Sizes: 256MiB, 1GB.
+  For HTTP a base URL gets /v1/metrics appended. Durations: 10, 10s, 500ms, 1m. Sizes: 256MiB (binary), 256MB (decimal), 1.5GiB.
   A gRPC endpoint without a scheme (host:port) takes TLS unless insecure is true; a scheme always wins.
   certificate: PEM bundle to verify the endpoint (default: the system's); client_key and client_certificate:
   PEM pair for mutual TLS; compression: gzip or none (default none).

@@ -194,10 +194,11 @@ def parse_bool(value: Any, what: str) -> bool:
 
 
 def parse_listen(value: Any, what: str) -> str | None:
-    """HOST:PORT (sloscope/addresses.py), or None for `off` (YAML reads a bare off as false)."""
-    if value is False or value is None or str(value).strip() == "":
+    """HOST:PORT (sloscope/addresses.py), or None for off: `off` in any case, or YAML's false (what a bare off or
+    false reads as). Off has one word, so the strings "false" and "none" are refused, as is an empty value."""
+    if value is False:
         return None
-    address = parse_address(value, what, may_be_off=True)
+    address = parse_address("" if value is None else value, what, may_be_off=True)
     return address_text(address) if address else None
 
 def _text(value: Any, what: str) -> str:

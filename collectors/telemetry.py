@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from sloscope.addresses import parse_address
+from sloscope.addresses import address_text, parse_address
 from sloscope.exposition import CONTENT_TYPE, render
+
+from sloscope.edge.listening import AnyFamilyHTTPServer
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +118,11 @@ class TelemetryServer:
     def __init__(self, agent, listen: str):
         self.agent = agent
         self.listen = listen
-        self._server: ThreadingHTTPServer | None = None
+        self._server: AnyFamilyHTTPServer | None = None
 
     def start(self) -> bool:
         try:
-            server = ThreadingHTTPServer(parse_address(self.listen), _handler(self.agent))
+            server = AnyFamilyHTTPServer(parse_address(self.listen), _handler(self.agent))
         except OSError as exc:
             log.warning("telemetry: cannot listen on %s (%s): no /healthz or /metrics", self.listen,
                         exc.strerror or exc)
@@ -129,7 +131,7 @@ class TelemetryServer:
         self._server = server
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="sloscope-telemetry",
                          daemon=True).start()
-        log.info("telemetry: /healthz and /metrics on http://%s:%d", *server.server_address[:2])
+        log.info("telemetry: /healthz and /metrics on http://%s", address_text(server.server_address[:2]))
         return True
 
     @property

@@ -1,1 +1,1 @@
-"""The commands that compose the stages: the CLI, serve, the demo and the decode workers."""
+"""The commands that compose the stages: the CLI, serve, the demo, validate."""

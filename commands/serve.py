@@ -1,7 +1,7 @@
 """`sloscope serve`: the receiving end of the OTLP stream for the embedded default and for an otelcol exporter.
 
 OTLP/HTTP and OTLP/gRPC in, tier enrichment, one writer into the DuckDB store; large requests are decoded in
-worker processes (decode_pool.py). SIGTERM or Ctrl-C stops accepting, writes everything already accepted, and
+worker processes (analytics/decode_pool.py). SIGTERM or Ctrl-C stops accepting, writes everything already accepted, and
 exits. On a ClickHouse store (--store chdb:// or clickhouse://), the read side of commands/serve_clickhouse.py.
 """
 
@@ -35,9 +35,11 @@ from sloscope.analytics.retention import RetentionSchedule, kept_period
 from sloscope.analytics.stores import add_store_arguments, open_url, parse_store_url, store_url
 from sloscope.analytics.writer import Writer
 from sloscope.alerts.audit import AuditStore
-from sloscope.alerts.remediation import Engine, load_config
+from sloscope.alerts.remediation import Engine
+from sloscope.alerts.remediation_config import load_config
 from sloscope.alerts.webhook import TokenError, WebhookApp, load_token
-from sloscope.sampling.policy import SamplingService, load_config as load_sampling_config
+from sloscope.sampling.config import load_config as load_sampling_config
+from sloscope.sampling.policy import SamplingService
 
 from sloscope.commands import serve_clickhouse
 from sloscope.analytics.decode_pool import OFFLOAD_ABOVE_BYTES, DecodePool
@@ -78,7 +80,7 @@ def register(subparsers) -> None:
                        help="rows accepted but not yet written before requests are refused (default: %(default)s)")
     serve.add_argument("--queue-bytes", type=size_argument, default="256MiB", metavar="SIZE",
                        help="bytes accepted but not yet committed (with --ack log: of the intake log) before "
-                       "requests are refused, in bytes or with KiB, MiB, GiB (default: 256MiB)")
+                       "requests are refused (default: 256MiB)")
     serve.add_argument("--ack", choices=tuple(ACKS), default="log",
                        help="when a request is answered: " + "; ".join(f"{k}: {v}" for k, v in ACKS.items()))
     serve.add_argument("--intake-log", type=Path, metavar="DIR",

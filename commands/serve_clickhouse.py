@@ -17,31 +17,40 @@ from sloscope.slo_spec import SpecError
 
 from sloscope.analytics.cli import EXIT_USAGE
 from sloscope.analytics.errors import StoreError
-from sloscope.sampling.policy import SamplingService, load_config as load_sampling_config
+from sloscope.sampling.config import load_config as load_sampling_config
+from sloscope.sampling.policy import SamplingService
 
 from sloscope.commands.serve_common import bind_listeners, pages_of, serve_until_stopped, stop_on_signals
 from sloscope.commands.serve_ops import Listeners, edge_of
 
 log = logging.getLogger("sloscope.serve")
 
-WRITER_ONLY = (  # (argument, what it is set to where it does something here, why it cannot be)
-    ("grpc", (None, "off"), "--grpc: no OTLP intake on a ClickHouse store (the Collector's clickhouseexporter "
-                            "writes the tables)"),
-    ("webhook", ("off",), "--webhook: remediation audits into a DuckDB file; run `sloscope webhook --db FILE`"),
-    ("kube_api", (None,), "--kube-api: spans are placed as they are written; give the Collector the "
-                          "k8sattributes processor"),
-    ("retention", (None,), "--retention: set the exporter's `ttl` (ClickHouse drops old parts itself)"),
+WRITER_LISTENERS = (  # (argument, why it cannot listen here): not given or off, in any case, is what is taken
+    ("grpc", "--grpc: no OTLP intake on a ClickHouse store (the Collector's clickhouseexporter writes the tables)"),
+    ("webhook", "--webhook: remediation audits into a DuckDB file; run `sloscope webhook --db FILE`"),
+)
+WRITER_ONLY = (  # (argument, why it cannot be given here)
+    ("kube_api", "--kube-api: spans are placed as they are written; give the Collector the k8sattributes processor"),
+    ("retention", "--retention: set the exporter's `ttl` (ClickHouse drops old parts itself)"),
 )
 
 
 def refuse_writer_flags(args) -> None:
     """ValueError naming every flag given that only the writer of a DuckDB file acts on (and --http off, which
     leaves nothing to serve)."""
-    refused = [why for name, allowed, why in WRITER_ONLY if getattr(args, name) not in allowed]
-    if args.http == "off":
+    refused = [why for name, why in WRITER_LISTENERS if _listens(args, name)]
+    refused += [why for name, why in WRITER_ONLY if getattr(args, name) is not None]
+    if not _listens(args, "http"):
         refused.append("--http off leaves nothing to serve")
     if refused:
         raise ValueError("; ".join(refused))
+
+
+def _listens(args, name: str) -> bool:
+    """Whether --NAME asks for a listener: the grammar reads `off` in any case, so the parsed address is compared,
+    not the text."""
+    value = getattr(args, name)
+    return value is not None and parse_address(value, f"--{name}", may_be_off=True) is not None
 
 
 def serve(args, store) -> int:

@@ -10,6 +10,7 @@ import logging
 import signal
 import threading
 
+from sloscope.addresses import address_text
 from sloscope.analytics.rca import Query, query_parameter
 from sloscope.alerts.store_metrics import render
 from sloscope.alerts.webhook import WebhookServer
@@ -77,15 +78,15 @@ def bind_listeners(listeners, addresses, webhook_app, receiver, pages, edge) -> 
 
     def otlp_http():
         httpd = http_server(receiver, *http_addr, pages=pages, tls=edge.tls, auth=edge.auth)
-        return httpd, "OTLP/HTTP on %s://%s:%d" % (edge.scheme(), *httpd.server_address[:2])
+        return httpd, f"OTLP/HTTP on {edge.scheme()}://{address_text(httpd.server_address[:2])}"
 
     def otlp_grpc():
         grpcd, port = grpc_server(receiver, *grpc_addr, tls=edge.tls, auth=edge.auth)
-        return grpcd, f"OTLP/gRPC on {grpc_addr[0]}:{port}{' (TLS)' if edge.tls else ''}"
+        return grpcd, f"OTLP/gRPC on {address_text((grpc_addr[0], port))}{' (TLS)' if edge.tls else ''}"
 
     def webhook():
         hook = WebhookServer(webhook_addr, webhook_app)
-        return hook, "Alertmanager webhook on http://%s:%d%s" % (*hook.server_address[:2], webhook_app.path)
+        return hook, f"Alertmanager webhook on http://{address_text(hook.server_address[:2])}{webhook_app.path}"
 
     for kind, what, address, make in (("http", "OTLP/HTTP", http_addr, otlp_http),
                                       ("grpc", "OTLP/gRPC", grpc_addr, otlp_grpc),

@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sloscope.addresses import address_text
 from sloscope.arguments import above_zero
 from sloscope.sizes import size_argument, size_text
 
@@ -29,7 +30,8 @@ OPEN_PAGES = frozenset({"/healthz", "/readyz"})  # the kubelet's probes carry no
 def add_limit_arguments(parser) -> None:
     d = Limits()
     group = parser.add_argument_group("limits", "what one client, and all together, may hold of serve's memory "
-                                      "and time (sizes in bytes, or with KiB, MiB, GiB; times in seconds)")
+                                      "and time (sizes in bytes or as Kubernetes quantities: 32Mi and 32MiB binary, "
+                                      "32M and 32MB decimal; times in seconds)")
     size, seconds, count = size_argument, above_zero(float), above_zero(int)
     group.add_argument("--max-request-body-size", type=size, default=size_text(d.max_body_bytes), metavar="SIZE",
                        help="largest OTLP/HTTP body, as sent and decompressed; larger is a 413 "
@@ -158,7 +160,7 @@ class Listeners:
             server, shown = make()
         except OSError as exc:
             self.close()
-            raise OSError(f"cannot listen for {what} on {address[0]}:{address[1]}: {exc.strerror or exc}") from None
+            raise OSError(f"cannot listen for {what} on {address_text(address)}: {exc.strerror or exc}") from None
         self.bound.append(Listener(kind, server, shown))
 
     def start(self) -> None:

@@ -8,13 +8,13 @@ import argparse
 import sys
 from pathlib import Path
 
-# At the top, not in run(): where this install lacks a stage's packages (the node agent's install has no DuckDB,
-# which remediation's audit needs), `sloscope validate` is refused with the install that brings them.
+# Each reader is the config's own module, which needs none of the server's packages: a node with the agent's
+# install validates its files too (tests/project/test_agent_install.py).
 from sloscope import slo_spec, yaml_config
-from sloscope.alerts import remediation
+from sloscope.alerts import remediation_config
 from sloscope.collectors import config as collector
 from sloscope.errors import ConfigError, read_config_text
-from sloscope.sampling import policy
+from sloscope.sampling import config as sampling_config
 
 EXIT_OK, EXIT_INVALID = 0, 2
 
@@ -23,8 +23,8 @@ READERS = {
     "slo": (slo_spec.SPEC_REQUIRED + slo_spec.SPEC_OPTIONAL, slo_spec.load_spec),
     # The file alone: an OTEL_* variable of this shell would otherwise stand in for what the file says.
     "collector": (collector.FILE_KEYS, lambda path: collector.load(str(path), environ={})),
-    "remediation": (remediation.CONFIG_KEYS, remediation.load_config),
-    "sampling": (policy.CONFIG_KEYS, policy.load_config),
+    "remediation": (remediation_config.CONFIG_KEYS, remediation_config.load_config),
+    "sampling": (sampling_config.CONFIG_KEYS, sampling_config.load_config),
 }
 KINDS = tuple(READERS)
 
@@ -41,9 +41,9 @@ parameters, the collector's probe names and probe options, its TLS files being r
 here) and its endpoint a URL. The collector's file is checked alone, without the OTEL_* variables.
 
 The kind is told from each file's top-level keys; --kind reads every FILE as the one given. Each file gets one
-line: `FILE: ok (KIND)` on stdout, or its first error on stderr, which names the file, the line and the key
-(`FILE:LINE: KEY: message`). Exit status: 0 when every file is valid, 2 otherwise. The same files' JSON
-Schemas, for editors and CI, are in docs/schemas/."""
+line: `FILE: ok (KIND)` on stdout, or its first error on stderr, which names the file and the key, and the line
+(`FILE:LINE: KEY: message`) in every config and in the spec's YAML and declared causes. Exit status: 0 when
+every file is valid, 2 otherwise. The same files' JSON Schemas, for editors and CI, are in docs/schemas/."""
 
 
 def register(subparsers) -> None:

@@ -103,7 +103,8 @@ def _gpu_panels(wanted) -> list:
                      f"steady growth is a leak (the rule: {taxonomy.GPU_MEMORY_LEAK.text}).",
                      [query(_gauge_expr(metric_names.GPU_MEMORY_USED, "node, gpu"), "{{node}} {{gpu}} used", "A"),
                       query(_gauge_expr(metric_names.GPU_MEMORY_LIMIT, "node, gpu"), "{{node}} {{gpu}} size", "B"),
-                      query(_gauge_expr(metric_names.GPU_MEMORY_RESERVED, "node, gpu"), "{{node}} {{gpu}} reserved", "C")],
+                      query(_gauge_expr(metric_names.GPU_MEMORY_RESERVED, "node, gpu"), "{{node}} {{gpu}} reserved",
+                            "C")],
                      w=8, min_val=0),
         series_panel("GPU temperature", "celsius", "GPU temperature; throttling starts near the dashed line.",
                      [query(_gauge_expr(metric_names.GPU_TEMPERATURE, "node, gpu"), "{{node}} {{gpu}}")],
@@ -141,7 +142,8 @@ def _storage_panels(wanted, limits: PhysicalLimits) -> list:
                      w=8, min_val=0, max_val=1, thresholds=above(limits.spdk_reactor_busy)),
         series_panel("NVMe temperature", "celsius",
                      f"NVMe composite temperature; above {fmt_num(limits.nvme_temperature_c)} C drives throttle.",
-                     [query(_gauge_expr(metric_names.NVME_TEMPERATURE, "node, bdev, device"), "{{node}} {{bdev}}{{device}}")],
+                     [query(_gauge_expr(metric_names.NVME_TEMPERATURE, "node, bdev, device"),
+                            "{{node}} {{bdev}}{{device}}")],
                      w=8, thresholds=above(limits.nvme_temperature_c)),
     ]
     name = wanted("BLOCK_IO_DURATION", "Block I/O latency")

@@ -97,8 +97,8 @@ def slo_overview(spec: SloSpec, datasource_uid: str = DEFAULT_DATASOURCE_UID) ->
     board = board.with_panel(stat_panel(
         "Open incidents", "short",
         "Incidents (tier, service, node) that sloscope's analysis reports open now, with at least one ranked cause.",
-        [query(f"count(max by (tier, service, node) ({metric_names.INCIDENT_CAUSE_SCORE}{{{s}}})) or vector(0)", "incidents",
-               instant=True)],
+        [query(f"count(max by (tier, service, node) ({metric_names.INCIDENT_CAUSE_SCORE}{{{s}}})) or vector(0)",
+               "incidents", instant=True)],
         w=6, thresholds=threshold_steps((None, "green"), (1, "red")), decimals=0))
     for t in spec.tiers.values():
         board = with_row(board, *_tier_row(spec, t))

@@ -12,13 +12,15 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from sloscope.edge.listening import AnyFamilyHTTPServer
 
 DRAIN_GRACE_S = 10.0  # how long a request in flight may take to finish once serve stops
 CUT_OFF_WAIT_S = 1.0  # after the grace: how long a connection cut off mid-request may take to end its thread
 
 
-class DrainingServer(ThreadingHTTPServer):
+class DrainingServer(AnyFamilyHTTPServer):
     daemon_threads = True
 
     def __init__(self, *args, **kwargs):

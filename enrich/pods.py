@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 import polars as pl
 
 from sloscope.catalog import POD_RESOURCE, UNKNOWN_NODE
+from sloscope.times import rfc3339_or_none
 
 RETENTION_S = 600.0  # how long a dead pod still places the spans that arrive late from it
 MAX_PODS = 200_000  # incarnations held, alive and dead: a bound on memory, far above a cluster's pods
@@ -51,11 +52,8 @@ def incarnation_of(pod: dict) -> tuple[str, Incarnation | None]:
 
 def _timestamp(text) -> datetime:
     """An RFC 3339 time of the API (UTC, whole seconds), as a naive UTC datetime like the store's."""
-    try:
-        when = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    except ValueError:
-        return datetime(1970, 1, 1)  # no creation time: alive since ever (the IP rule still needs it alive)
-    return when.astimezone(timezone.utc).replace(tzinfo=None) if when.tzinfo else when
+    # no creation time, or one that is not a time: alive since ever (the IP rule still needs it alive)
+    return rfc3339_or_none(text) or datetime(1970, 1, 1)
 
 
 def _now() -> datetime:

@@ -1,5 +1,4 @@
-"""The live demo's settings and its SLO spec, and the UTC times its parts exchange (RFC 3339, as GET /rca takes and
-answers them)."""
+"""The live demo's settings and its SLO spec, and its clock: naive UTC, as the store keeps times."""
 
 from __future__ import annotations
 
@@ -58,11 +57,3 @@ class LiveConfig:
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
-def rfc3339(t: datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_rfc3339(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).replace(tzinfo=None)

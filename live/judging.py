@@ -19,8 +19,9 @@ from datetime import datetime, timedelta
 import numpy
 
 from sloscope.analytics.store import Store
+from sloscope.times import parse_rfc3339, rfc3339
 
-from .config import LiveConfig, parse_rfc3339, rfc3339, utcnow
+from .config import LiveConfig, utcnow
 from .pipeline import Pipeline
 
 log = logging.getLogger("sloscope.live")
@@ -28,6 +29,7 @@ log = logging.getLogger("sloscope.live")
 RESOLUTION = timedelta(seconds=5)  # the demo spec's SLI step
 POLL_SPAN = timedelta(seconds=90)  # what each poll asks /rca about, back from now
 SETTLE_AFTER = timedelta(seconds=10)  # spans and samples of the fault's last seconds still arriving
+INCIDENT_START = "GET /rca: incidents[].start"
 STEADY_BEFORE = timedelta(seconds=60)  # the p99 a fault is compared with: the minute before it
 TIERS = ("p99-latency-critical", "standard")
 
@@ -71,10 +73,10 @@ class Judge:
         self._stop_poll = threading.Event()
 
     def rca(self, since: datetime, until: datetime | None = None) -> dict:
-        query = {"since": rfc3339(since), "baseline": f"{self.cfg.baseline_s:g}s",
+        query = {"since": rfc3339(since, fraction=True), "baseline": f"{self.cfg.baseline_s:g}s",
                  "lookback": f"{self.cfg.lookback_s:g}s", "top": "13"}
         if until:
-            query["until"] = rfc3339(until)
+            query["until"] = rfc3339(until, fraction=True)
         url = f"http://127.0.0.1:{self.pipeline.http_port}/rca?{urllib.parse.urlencode(query)}"
         with urllib.request.urlopen(url, timeout=60) as response:
             return json.load(response)
@@ -101,7 +103,7 @@ class Judge:
     def judge(self, result: FaultResult, start: datetime, end: datetime) -> None:
         """The first incident on the node that began by the fault's end, against what was injected."""
         incidents = [i for i in self.rca(start - RESOLUTION, end + SETTLE_AFTER)["incidents"]
-                     if i["node"] == self.cfg.node and parse_rfc3339(i["start"]) <= end]
+                     if i["node"] == self.cfg.node and parse_rfc3339(i["start"], INCIDENT_START) <= end]
         if not incidents:
             return
         first = min(incidents, key=lambda i: i["start"])
@@ -110,11 +112,11 @@ class Judge:
         result.tier, result.node = first["tier"], first["node"]
         result.top_cause = ranked[0] if ranked else None
         result.true_rank = ranked.index(result.cause) + 1 if result.cause in ranked else None
-        result.detection_s = round((parse_rfc3339(first["start"]) - start).total_seconds(), 1)
+        result.detection_s = round((parse_rfc3339(first["start"], INCIDENT_START) - start).total_seconds(), 1)
         result.causes = [(c["cause"], c["score"]) for c in first["causes"][:5]]
         result.evidence = first["causes"][0]["evidence"] if first["causes"] else []
         seen = [t for t, i in self.sightings if i["node"] == self.cfg.node
-                and start - RESOLUTION <= parse_rfc3339(i["start"]) <= end]
+                and start - RESOLUTION <= parse_rfc3339(i["start"], INCIDENT_START) <= end]
         if seen:
             result.reported_s = round((min(seen) - start).total_seconds(), 1)
 

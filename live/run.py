@@ -32,9 +32,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sloscope.probes.ebpf.runqueue import RunqueueProbe
+from sloscope.times import rfc3339
 
 from . import faults
-from .config import FAULT_NAMES, LiveConfig, rfc3339, utcnow
+from .config import FAULT_NAMES, LiveConfig, utcnow
 from .judging import FaultResult, Judge, verdict_line
 from .pipeline import Pipeline
 
@@ -157,8 +158,8 @@ class LiveDemo:
         except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
             if not self.pipeline.all_running():
                 raise
-            result = FaultResult(fault.name, fault.cause, fault.describe(), rfc3339(start), rfc3339(utcnow()),
-                                 error=f"the fault could not run: {exc}")
+            result = FaultResult(fault.name, fault.cause, fault.describe(), rfc3339(start, fraction=True),
+                                 rfc3339(utcnow(), fraction=True), error=f"the fault could not run: {exc}")
             self.results.append(result)
             self.say("    " + verdict_line(result))
             return
@@ -166,7 +167,8 @@ class LiveDemo:
             fault.stop(self.pipeline.procs)
             self._active_fault = None
         end = utcnow()
-        result = FaultResult(fault.name, fault.cause, fault.describe(), rfc3339(start), rfc3339(end))
+        result = FaultResult(fault.name, fault.cause, fault.describe(), rfc3339(start, fraction=True),
+                             rfc3339(end, fraction=True))
         self.results.append(result)
         settle = min(SETTLE_S, cfg.recovery_s / 2)
         self._sleep(settle)  # the last spans and samples arrive

@@ -309,8 +309,8 @@ class Load:
 
 
 def run_load(args) -> int:
-    load = Load(parse_address(args.target, "--target"), args.rate, args.critical_share, args.burst_factor, args.burst_seconds,
-                args.timeout, args.max_in_flight, args.seed)
+    load = Load(parse_address(args.target, "--target"), args.rate, args.critical_share, args.burst_factor,
+                args.burst_seconds, args.timeout, args.max_in_flight, args.seed)
 
     async def main():
         stop = asyncio.Event()

@@ -766,7 +766,7 @@ static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
     uint8_t failed = f->status_code == STATUS_CODE_ERROR || (has_status && http_status >= 500);
     int64_t start = (int64_t)f->start, end = (int64_t)f->end;
     uint64_t trace_hi = big_endian_word(f->trace_id.p), trace_lo = big_endian_word(f->trace_id.p + 8),
-             span_id = big_endian_word(f->span_id.p);  /* sloscope/ids.py */
+             span_id = big_endian_word(f->span_id.p);  /* analytics/ids.py */
     if (buf_add(&d->trace_hi, &trace_hi, 8) || buf_add(&d->trace_lo, &trace_lo, 8) ||
         buf_add(&d->span_id, &span_id, 8) || buf_add(&d->start_ns, &start, 8) ||
         buf_add(&d->end_ns, &end, 8) || buf_add(&d->status_code, &http_status, 2) ||

@@ -29,6 +29,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
+from sloscope.addresses import address_text
 from sloscope.edge.auth import BearerAuth, BearerInterceptor
 from sloscope.edge.budget import ByteBudget, Exhausted, Reservation
 from sloscope.edge.draining import KeepAliveHandler
@@ -439,13 +440,13 @@ def grpc_server(receiver: Receiver, host: str, port: int, tls: TlsFiles | None =
         grpc.method_handlers_generic_handler(service, {"Export": _export_handler(signal, receiver)})
         for signal, service in GRPC_SERVICES.items()])
     _check_bindable(host, port)
+    address = address_text((host, port))  # gRPC reads an IPv6 host in brackets only
     try:
-        address = f"{host}:{port}"
         bound = server.add_secure_port(address, tls.grpc_credentials()) if tls else server.add_insecure_port(address)
     except RuntimeError:  # grpcio raises where it used to return 0
         bound = 0
     if bound == 0:
-        raise OSError(errno.EADDRINUSE, "address in use or not available", f"{host}:{port}")
+        raise OSError(errno.EADDRINUSE, "address in use or not available", address)
     return server, bound
 
 
@@ -454,7 +455,7 @@ def _check_bindable(host: str, port: int) -> None:
     where gRPC's core would log its own multi-line complaint and say only that it failed."""
     if port == 0:
         return
-    for family, kind, proto, _, address in socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM):
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: TIME_WAIT is no conflict
             probe.bind(address)

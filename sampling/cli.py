@@ -18,7 +18,8 @@ from sloscope.analytics.errors import StoreError
 from sloscope.analytics.rca import newest_request
 from sloscope.analytics.stores import DEFAULT_DB, open_from_args
 
-from sloscope.sampling.policy import SCHEMA, evaluate_once, load_config
+from sloscope.sampling.config import load_config
+from sloscope.sampling.policy import SCHEMA, evaluate_once
 from sloscope.sampling.tail_sampling import render, to_yaml, write_atomic
 
 EXIT_OK, EXIT_USAGE = 0, 2

@@ -10,6 +10,8 @@ from sloscope.sampling.observations import Observations, Sli
 
 
 def rfc3339(seconds: float) -> str:
+    """The policy document's times, from its clock of epoch seconds, always to the centisecond as GET /sampling
+    has written them: sloscope.times.rfc3339 writes whole seconds, or microseconds without trailing zeros."""
     return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
 
 

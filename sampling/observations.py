@@ -12,7 +12,7 @@ from sloscope.analytics.slo import find_incidents
 from sloscope.alerts.remediation import active_sampling_overrides
 
 if TYPE_CHECKING:
-    from sloscope.sampling.policy import SamplingConfig
+    from sloscope.sampling.config import SamplingConfig
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,10 @@
 #   (no switch)        what `make test` needs: the server and every extra, the test tools (Prometheus, Chromium, ...)
 #   --demo             what `make demo` needs: the server install and the live demo's tools (stress-ng, fio, nft)
 #   --image-tools      also the tools `make image` builds with (debootstrap, podman, runc)
-#   --container        the server image (the Containerfile's `server` stage): the server install, no test extras;
+#   --container        the server image (Containerfile, SETUP=--container): the server install, no test extras;
 #                      kernel headers and tracefs come from the node at run time
-#   --agent-container  the node agent's image (the `agent` stage): `pip install sloscope` alone, with Debian's bcc
+#   --agent-container  the node agent's image (SETUP=--agent-container): `pip install sloscope` alone, with
+#                      Debian's bcc
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

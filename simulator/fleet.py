@@ -27,6 +27,7 @@ import numpy as np
 from sloscope import catalog, taxonomy
 from sloscope.simulator import blips, otlp_json, planning, signals, traffic
 from sloscope.simulator.signals import Counter, Gauge, Histogram, NodeSeries
+from sloscope.times import parse_rfc3339, rfc3339
 
 METRICS_FILE = "metrics.jsonl"
 TRACES_FILE = "traces.jsonl"
@@ -77,26 +78,6 @@ class GroundTruth:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n")
 
 
-# ------------------------------------------------------------------------------------------------ time
-
-
-def rfc3339(t: datetime) -> str:
-    t = t.astimezone(timezone.utc)
-    if t.microsecond:
-        return t.strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0") + "Z"
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: str | datetime) -> datetime:
-    if isinstance(value, datetime):
-        t = value
-    else:
-        t = datetime.fromisoformat(value.strip().replace("z", "Z").replace("Z", "+00:00"))
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
-    return t.astimezone(timezone.utc)
-
-
 # ------------------------------------------------------------------------------------------------ the fleet
 
 
@@ -115,7 +96,12 @@ class Fleet:
     reset: tuple | None  # (node index, second of restart, gap)
 
     def at(self, second: float) -> str:
-        return rfc3339(self.start + timedelta(seconds=float(second)))
+        return _time_at(self.start, second)
+
+
+def _time_at(start: datetime, second: float) -> str:
+    """`second` seconds into the run, in RFC 3339 to the microsecond: a run may start at any."""
+    return rfc3339(start + timedelta(seconds=float(second)), fraction=True)
 
 
 def _resolve_node(value, names: list, rng: np.random.Generator) -> int:
@@ -154,9 +140,11 @@ def _validate(cfg: SimulationConfig) -> None:
 
 
 def _run_start(cfg: SimulationConfig, n: int) -> datetime:
+    """The run's first moment as an aware UTC datetime (a naive one is UTC): its epoch seconds place every point."""
     if cfg.start is None:
         return (datetime.now(timezone.utc) - timedelta(seconds=n)).replace(microsecond=0)
-    return parse_time(cfg.start)
+    start = cfg.start if isinstance(cfg.start, datetime) else parse_rfc3339(cfg.start, "start")
+    return (start if start.tzinfo else start.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
 
 
 def build_fleet(cfg: SimulationConfig) -> Fleet:
@@ -169,7 +157,7 @@ def build_fleet(cfg: SimulationConfig) -> Fleet:
     seed = int(cfg.seed)
     rng = np.random.default_rng([seed, 0])
     run = planning.Run(n, names, [signals.build_node(seed, i, names[i], n) for i in range(cfg.nodes)],
-                       tuple(cfg.services), lambda second: rfc3339(start + timedelta(seconds=float(second))))
+                       tuple(cfg.services), lambda second: _time_at(start, second))
     cause = None if cfg.fault in (None, "none") else cfg.fault
     onset = int(cfg.fault_at_s) if cfg.fault_at_s is not None else default_onset(n)
     fault_node = _resolve_node(cfg.fault_node, names, rng)

@@ -15,8 +15,9 @@ except ImportError:  # older prometheus_client: its latest is 0.0.4
 __all__ = ["CONTENT_TYPE", "render"]
 
 
-def render(collector: Collector) -> bytes:
-    """One scrape of `collector`'s families, as Prometheus text."""
+def render(*collectors: Collector) -> bytes:
+    """One scrape of the collectors' families, as Prometheus text."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
+    for collector in collectors:
+        registry.register(collector)
     return generate_latest(registry)

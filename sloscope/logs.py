@@ -46,7 +46,7 @@ def _timestamp(record: logging.LogRecord) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """`2026-12-01T09:30:00.123Z INFO commands.serve: message`; a traceback follows on its own lines."""
+    """`2026-12-01T09:30:00.123Z INFO sloscope.serve: message`; a traceback follows on its own lines."""
 
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage().replace("\r", "\\r").replace("\n", "\\n")

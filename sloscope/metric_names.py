@@ -1,6 +1,6 @@
 """Every metric name sloscope exports to Prometheus, in one place.
 
-The exporter (alerts/store_metrics.py) builds its families from these constants, and the rule generator
+serve's /metrics (alerts/store_metrics.py) builds its families from these constants, and the rule generator
 (alerts/rules.py) writes its expressions with them, so a rule can only name a series that is exported; a test
 parses every rule expression and checks that each series it names is either exported here or recorded by
 another rule.
@@ -31,7 +31,7 @@ REQUEST_LABELS = ("tier", "service", "node")
 INCIDENT_CAUSE_SCORE = "sloscope_incident_cause_score"
 INCIDENT_LABELS = ("tier", "service", "node", "cause")
 
-# --- ingest and the exporter itself ------------------------------------------------------------------------------
+# --- ingest and /metrics itself ---------------------------------------------------------------------------------
 INGEST_PREFIX = "sloscope_ingest_"  # + <ingest_counters.name> + "_total"
 SERIES_DROPPED = "sloscope_exporter_series_dropped_total"  # {family}: label sets left out by the cardinality cap
 EXPORTER_ERRORS = "sloscope_exporter_errors_total"  # {part}: parts of a scrape that failed and were left out
@@ -163,6 +163,6 @@ def exported_series() -> frozenset[str]:
 
 
 def le_label(seconds: float) -> str:
-    """The `le` label value the exporter writes for a bucket bound, so that rules select exactly that bucket."""
+    """The `le` label value /metrics writes for a bucket bound, so that rules select exactly that bucket."""
     return floatToGoString(seconds)
 

@@ -8,7 +8,8 @@ duration back from a reference moment (docs/cli-json.md):
     relative := a duration of sloscope.durations (30m, 1h30m)   counted back from the reference
 
 Times come back as naive UTC datetimes, the stores' own kind. Every error names where the value came from (the
-flag, the query parameter, the file and key), given as `where`.
+flag, the query parameter, the file and key), given as `where`. Where a program writes the time (Alertmanager's
+alerts), its zone is required (`zone_required`): a date alone or a clock without a zone did not come from it.
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ def _prefix(where: str) -> str:
     return f"{where}: " if where else ""
 
 
-def _read(text, where: str) -> datetime | None:
+def _read(text, where: str, zone_required: bool = False) -> datetime | None:
     """An RFC 3339 time as naive UTC; None where text is not written as one; ConfigError where it is, but names
-    no moment (2026-02-30, or 0001-01-01T00:00:00+01:00, in year 0 in UTC)."""
+    no moment (2026-02-30, or 0001-01-01T00:00:00+01:00, in year 0 in UTC), or no zone where one is required."""
     m = _RFC3339.fullmatch(text.strip()) if isinstance(text, str) else None
     if not m:
         return None
     date, clock, fraction, zone = m.groups()
+    if zone_required and zone is None:
+        raise ConfigError(f"{_prefix(where)}{text[:40]!r} has no zone: expected an RFC 3339 time with Z or an "
+                          f"offset, like {EXAMPLE}")
     offset = "+00:00" if zone in (None, "Z", "z") else zone
     try:
         t = datetime.fromisoformat(f"{date}T{clock or '00:00:00'}.{(fraction or '').ljust(6, '0')[:6]}{offset}")
@@ -53,9 +57,10 @@ def rfc3339_or_none(text) -> datetime | None:
         return None
 
 
-def parse_rfc3339(text, where: str = "") -> datetime:
-    """An RFC 3339 time as naive UTC; ConfigError (a ValueError) naming `where` otherwise."""
-    t = _read(text, where)
+def parse_rfc3339(text, where: str = "", zone_required: bool = False) -> datetime:
+    """An RFC 3339 time as naive UTC; ConfigError (a ValueError) naming `where` otherwise, and where
+    `zone_required` and the time has no zone (a date alone, or a clock without Z or an offset)."""
+    t = _read(text, where, zone_required)
     if t is None:
         raise ConfigError(f"{_prefix(where)}expected an RFC 3339 time like {EXAMPLE}; got {str(text)[:40]!r}")
     return t
@@ -81,8 +86,12 @@ def parse_time(text: str, reference: datetime | None, where: str = "", reference
     return reference - timedelta(seconds=seconds)
 
 
-def rfc3339(t: datetime) -> str:
-    """A naive UTC (or aware) datetime in RFC 3339, whole seconds: how sloscope's JSON writes times."""
+def rfc3339(t: datetime, fraction: bool = False) -> str:
+    """A naive UTC (or aware) datetime in RFC 3339, whole seconds: how sloscope's JSON writes times. With
+    `fraction`, its microseconds where it has any, trailing zeros left out: for times that must read back as they
+    were (a simulated run may start at any microsecond; the live demo's fault windows are measured to it)."""
     if t.tzinfo is not None:
         t = t.astimezone(timezone.utc)
+    if fraction and t.microsecond:
+        return t.strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0") + "Z"
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")

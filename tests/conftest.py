@@ -1,4 +1,5 @@
 import os
+import socket
 
 import pytest
 
@@ -13,6 +14,24 @@ def need(condition: bool, why: str) -> None:
     if REQUIRE_PRIVILEGED:
         pytest.fail(f"required by SLOSCOPE_REQUIRE_PRIVILEGED=1 but unavailable: {why}")
     pytest.skip(why)
+
+
+@pytest.fixture
+def ipv6_loopback() -> str:
+    """The IPv6 loopback address, for a test that listens there: skipped only where this machine has none."""
+    need(_has_ipv6_loopback(), "no IPv6 loopback (::1) on this machine")
+    return "::1"
+
+
+def _has_ipv6_loopback() -> bool:
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
--- Version 2 -> 3: trace and span ids as 64-bit words instead of hex text (sloscope/ids.py). Every stored id is
+-- Version 2 -> 3: trace and span ids as 64-bit words instead of hex text (analytics/ids.py). Every stored id is
 -- valid hex of its length: the decoders refused any other. (DuckDB cannot add a NOT NULL constraint after an
 -- UPDATE in the same transaction, so trace_lo is added NOT NULL with a default that is dropped once filled.)
 ALTER TABLE requests ADD COLUMN trace_lo UBIGINT NOT NULL DEFAULT 0;

@@ -5,7 +5,7 @@ CREATE TABLE IF NOT EXISTS meta (
 );
 
 -- One row per SERVER span (a request). The tier is already resolved against the SLO spec's allow-list. Ids are
--- unsigned 64-bit words, the id's bytes big-endian (sloscope/ids.py): the trace id in hex is
+-- unsigned 64-bit words, the id's bytes big-endian (analytics/ids.py): the trace id in hex is
 -- printf('%016x%016x', trace_hi, trace_lo), the span id printf('%016x', span_id).
 CREATE TABLE IF NOT EXISTS requests (
     trace_hi    UBIGINT NOT NULL,

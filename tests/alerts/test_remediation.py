@@ -15,7 +15,8 @@ import pytest
 from sloscope.alerts.actions import ActionFailed, ConfigError, Runner
 from sloscope.analytics.store import Reader
 from sloscope.alerts.audit import AuditStore
-from sloscope.alerts.remediation import Engine, active_sampling_overrides, load_config, parse_config
+from sloscope.alerts.remediation import Engine, active_sampling_overrides
+from sloscope.alerts.remediation_config import load_config, parse_config
 from sloscope.slo_spec import load_spec
 from tests.conftest import need
 

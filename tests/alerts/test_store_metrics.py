@@ -6,8 +6,8 @@ from datetime import datetime, timezone
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sloscope import metric_names
-from sloscope.alerts.store_metrics import StoreCollector, registry_for, render
+from sloscope import exposition, metric_names
+from sloscope.alerts.store_metrics import StoreCollector, render
 from sloscope.alerts.rules import rules_dict
 from sloscope.analytics.ingest import Ingestor
 from sloscope.analytics.store import Store
@@ -38,9 +38,8 @@ def ingest(store, tmp_path, lines, name="in.jsonl"):
 
 def scrape(collector) -> dict:
     """family name -> {(sample name, sorted labels): value}"""
-    from prometheus_client import generate_latest
 
-    text = generate_latest(registry_for(collector)).decode()
+    text = exposition.render(collector).decode()
     out = {}
     for family in text_string_to_metric_families(text):
         out[family.name] = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in family.samples}

@@ -4,6 +4,7 @@ resolve, 5xx only when the audit store is busy."""
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,7 +16,8 @@ import duckdb
 import pytest
 
 from sloscope.alerts.audit import AuditStore
-from sloscope.alerts.remediation import Engine, parse_config
+from sloscope.alerts.remediation import Engine
+from sloscope.alerts.remediation_config import parse_config
 from sloscope.alerts.webhook import (MAX_ALERTS, TOKEN_ENV, TokenError, WebhookApp, WebhookServer, load_token,
                                      validate_payload)
 from sloscope.commands.cli import main
@@ -174,7 +176,12 @@ BAD = [
     (_broken(lambda d: d["alerts"][0].pop("fingerprint")), "alerts[0]: missing fingerprint"),
     (_broken(lambda d: d["alerts"][0].pop("endsAt")), "alerts[0]: missing endsAt"),
     (_broken(lambda d: d["alerts"][0].update(status="unknown")), "alerts[0].status"),
-    (_broken(lambda d: d["alerts"][0].update(startsAt="yesterday")), "alerts[0].startsAt: not an RFC 3339"),
+    (_broken(lambda d: d["alerts"][0].update(startsAt="yesterday")), "alerts[0].startsAt: expected an RFC 3339 time"),
+    (_broken(lambda d: d["alerts"][0].update(startsAt=11)), "alerts[0].startsAt: expected an RFC 3339 time string"),
+    # Alertmanager writes every time with its zone: a date alone or a clock without one is not read as UTC
+    (_broken(lambda d: d["alerts"][0].update(startsAt="2026-01-01")), "alerts[0].startsAt: '2026-01-01' has no zone"),
+    (_broken(lambda d: d["alerts"][0].update(endsAt="2026-01-01T12:30:00")),
+     "alerts[0].endsAt: '2026-01-01T12:30:00' has no zone"),
     (_broken(lambda d: d["alerts"][0].update(startsAt="0001-01-01T00:00:00+01:00")),
      "alerts[0].startsAt: '0001-01-01T00:00:00+01:00' is outside the years 1 to 9999 in UTC"),
     (_broken(lambda d: d["alerts"][0].update(fingerprint="../../x")), "alerts[0].fingerprint"),
@@ -269,6 +276,30 @@ def test_webhook_command_serves_and_refuses_to_start_without_a_token(tmp_path, c
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def test_webhook_command_listens_on_ipv6_loopback(tmp_path, ipv6_loopback):
+    """The URL it prints is one a client can use: the IPv6 host in brackets."""
+    cfg, token, db = tmp_path / "remediation.yaml", tmp_path / "token", tmp_path / "a.duckdb"
+    cfg.write_text(CONFIG.replace("execute: true", "execute: false"))
+    token.write_text(TOKEN.decode())
+    token.chmod(0o600)
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "webhook", "--config", str(cfg), "--db",
+                             str(db), "--token-file", str(token), "--listen", f"[{ipv6_loopback}]:0"],
+                            cwd=Path(__file__).parents[2], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        listening = re.fullmatch(r"listening on http://\[::1\]:(\d+)/alerts\n", line)
+        assert listening, proc.stderr.read() if not line else line
+        conn = http.client.HTTPConnection(ipv6_loopback, int(listening[1]), timeout=5)
+        conn.request("POST", "/alerts", body=json.dumps(payload()),
+                     headers={"Authorization": "Bearer " + TOKEN.decode(), "Content-Type": "application/json"})
+        assert json.loads(conn.getresponse().read())["results"][0]["decision"] == "dry_run"
+        conn.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
+    assert audit(db, "decision, client") == [("dry_run", "::1")]
 
 
 def test_slow_senders_are_cut_off_and_cannot_take_every_connection(server, monkeypatch):

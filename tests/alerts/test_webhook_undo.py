@@ -9,7 +9,8 @@ import duckdb
 import pytest
 
 from sloscope.alerts.audit import AuditStore
-from sloscope.alerts.remediation import Engine, parse_config
+from sloscope.alerts.remediation import Engine
+from sloscope.alerts.remediation_config import parse_config
 from sloscope.alerts.webhook import WebhookApp, WebhookServer
 from sloscope.slo_spec import load_spec
 from tests.alerts.test_remediation import Clock, FakeRunner

@@ -5,6 +5,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 
+from sloscope import exposition
 from sloscope.analytics.retention import RetentionSchedule
 from sloscope.analytics.store import Store
 from sloscope.commands.cli import main
@@ -126,13 +127,12 @@ def test_serve_with_retention_starts_cleanly_every_time(tmp_path):
 
 def _request_families(store, spec) -> dict:
     """Every sample of /metrics' request families: (sample name, labels) -> value."""
-    from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
     from sloscope import metric_names
-    from sloscope.alerts.store_metrics import StoreCollector, registry_for
+    from sloscope.alerts.store_metrics import StoreCollector
 
-    text = generate_latest(registry_for(StoreCollector(store.reading, spec))).decode()
+    text = exposition.render(StoreCollector(store.reading, spec)).decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
             if f.name in (metric_names.REQUEST_DURATION, "sloscope_requests", "sloscope_request_errors") for s in f.samples}
 
@@ -170,9 +170,8 @@ def test_a_scrape_during_a_retention_run_counts_each_request_once(tmp_path):
     between them is seen by both or neither, never counted twice."""
     from contextlib import contextmanager
 
-    from sloscope.alerts.store_metrics import StoreCollector, registry_for
+    from sloscope.alerts.store_metrics import StoreCollector
     from sloscope.analytics.retention import apply_retention
-    from prometheus_client import generate_latest
 
     _load(tmp_path)
     with Store(tmp_path / "x.duckdb") as store:
@@ -189,7 +188,7 @@ def test_a_scrape_during_a_retention_run_counts_each_request_once(tmp_path):
                 reader.rows = rows
                 yield reader
 
-        text = generate_latest(registry_for(StoreCollector(reading_with_a_run_between_its_queries))).decode()
+        text = exposition.render(StoreCollector(reading_with_a_run_between_its_queries)).decode()
         assert store.scalar("SELECT count(*) FROM retired_requests") > 0  # the run deleted and counted
     totals = [line for line in text.splitlines() if line.startswith("sloscope_requests_total{")]
     assert totals and sum(float(line.rsplit(" ", 1)[1]) for line in totals) == 2

@@ -96,6 +96,29 @@ def test_bad_config_files_are_clear_errors(tmp_path, text, message):
         cfgmod.load(write_config(tmp_path, text), environ={})
 
 
+@pytest.mark.parametrize("file, flag, listen", [
+    ("listen: off\n", None, None), ("listen: false\n", None, None), ("listen: 'OFF'\n", None, None),
+    ("listen: '[::1]:9465'\n", None, "[::1]:9465"), ("listen: ':9465'\n", None, "127.0.0.1:9465"),
+    ("listen: off\n", "[::1]:9466", "[::1]:9466"), ("", "Off", None), ("", None, cfgmod.DEFAULT_LISTEN),
+])
+def test_listen_is_an_address_or_off_from_the_file_or_the_flag(tmp_path, file, flag, listen):
+    assert cfgmod.load(write_config(tmp_path, file), flags={"listen": flag}, environ={}).listen == listen
+
+
+@pytest.mark.parametrize("file, flag, where", [
+    ("listen: none\n", None, ":1: listen"), ("listen: 'false'\n", None, ":1: listen"),
+    ("listen:\n", None, ":1: listen"), ("listen: '::1:80'\n", None, ":1: listen"), ("", "none", "--listen"),
+    ("", "", "--listen"), ("", "false", "--listen"),
+])
+def test_off_has_one_word_for_listen(tmp_path, file, flag, where):
+    """The file's YAML false is off, as a bare off reads; the words none and "false" are refused as any other."""
+    path = write_config(tmp_path, file)
+    with pytest.raises(cfgmod.ConfigError) as caught:
+        cfgmod.load(path, flags={"listen": flag}, environ={})
+    assert str(caught.value).startswith(f"{path if where.startswith(':') else ''}{where}: expected HOST:PORT (like "
+                                        "127.0.0.1:4318, :4318 or [::1]:4318) or off; got "), str(caught.value)
+
+
 def test_probe_options_the_probes_take_are_kept(tmp_path):
     path = write_config(tmp_path, "probe_options: {spdk: {qd_sampling_period_us: 10000}}\ncgroups: [/a]\n")
     cfg = cfgmod.load(path, environ={})

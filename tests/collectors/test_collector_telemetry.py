@@ -3,6 +3,7 @@ endpoint that goes away and comes back; JSON logs; and, as root, eBPF probes tha
 namespace without tracefs (`ip netns exec` remounts /sys), because the collector mounts it."""
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import uuid
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
+from sloscope.addresses import address_text
 from sloscope.collectors.agent import Agent
 from sloscope.collectors.spool import Spool
 from tests.conftest import need
@@ -24,10 +26,10 @@ from tests.collectors.test_collector import counting_probe, make_config, run_in_
 SLOSCOPE = [sys.executable, "-m", "sloscope.commands.cli"]
 
 
-def get(port, path):
-    """(status, body) of GET http://127.0.0.1:port/path."""
+def get(port, path, host="127.0.0.1"):
+    """(status, body) of GET http://HOST:PORT/path."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        with urllib.request.urlopen(f"http://{address_text((host, port))}{path}", timeout=5) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -76,6 +78,24 @@ def test_health_and_metrics_follow_the_endpoint(tmp_path, counting_probe):  # no
     assert result["rc"] == 0
     with pytest.raises(OSError):  # gone with the collector
         get(port, "/healthz")
+
+
+def test_telemetry_listens_on_ipv6_loopback(tmp_path, counting_probe, caplog, ipv6_loopback):  # noqa: F811
+    caplog.set_level(logging.INFO, logger="sloscope.collectors.telemetry")
+    with OtlpSink("http") as sink:
+        agent = Agent(make_config(tmp_path, sink, listen=f"[{ipv6_loopback}]:0"), retry_initial_s=0.1,
+                      retry_max_s=0.2)
+        thread, result = run_in_thread(agent)
+        try:
+            assert wait_for(lambda: agent.telemetry is not None and agent.telemetry.port)
+            port = agent.telemetry.port
+            assert wait_for(lambda: get(port, "/healthz", ipv6_loopback) == (200, "ok\n"))
+            assert get(port, "/metrics", ipv6_loopback)[0] == 200
+        finally:
+            agent.request_stop()
+            thread.join(30)
+    assert result["rc"] == 0
+    assert f"telemetry: /healthz and /metrics on http://[::1]:{port}" in caplog.text
 
 
 def test_a_port_in_use_costs_the_telemetry_not_the_collection(tmp_path, counting_probe, caplog):  # noqa: F811

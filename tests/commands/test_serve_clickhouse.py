@@ -8,6 +8,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from argparse import Namespace
 
 import pytest
 
@@ -16,6 +17,7 @@ pytest.importorskip("chdb")
 from sloscope import metric_names  # noqa: E402
 from sloscope.analytics.stores import open_store  # noqa: E402
 from sloscope.commands.cli import main  # noqa: E402
+from sloscope.commands.serve_clickhouse import refuse_writer_flags  # noqa: E402
 from sloscope.simulator.fleet import SimulationConfig, simulate  # noqa: E402
 from tests.alerting_stack import free_port, wait_listening  # noqa: E402
 from tests.collector_exporter import rows_of_files  # noqa: E402
@@ -109,6 +111,19 @@ def test_what_only_a_writer_does_is_refused_before_anything_opens(tmp_path, caps
                  "127.0.0.1:4317"]) == 2
     err = capsys.readouterr().err
     assert "--webhook" in err and "--grpc" in err and not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("off", ["off", "OFF", "Off"])
+def test_off_in_any_case_is_off_to_the_check_of_what_only_a_writer_does(off):
+    """serve reads `off` in any case: --grpc OFF and --webhook Off ask for no listener, --http OFF leaves nothing
+    to serve (the check runs before the store opens; serve would otherwise bind nothing and run)."""
+    args = Namespace(http="127.0.0.1:0", grpc=off, webhook=off, kube_api=None, retention=None)
+    refuse_writer_flags(args)
+    with pytest.raises(ValueError) as caught:
+        refuse_writer_flags(Namespace(**{**vars(args), "http": off}))
+    assert str(caught.value) == "--http off leaves nothing to serve"
+    with pytest.raises(ValueError, match="^--grpc: no OTLP intake on a ClickHouse store"):
+        refuse_writer_flags(Namespace(**{**vars(args), "grpc": "[::1]:4317"}))
 
 
 def test_stopping_the_clickhouse_side_exits_cleanly(both):

@@ -1,5 +1,5 @@
-"""`sloscope serve` as an operator sees it: a port it cannot have, liveness and readiness, its own counters on
-/metrics, and its log lines."""
+"""`sloscope serve` as an operator sees it: a port it cannot have, an IPv6 address, liveness and readiness, its own
+counters on /metrics, and its log lines."""
 
 import io
 import json
@@ -14,7 +14,10 @@ import time
 import urllib.error
 import urllib.request
 
+import grpc
 import pytest
+from google.protobuf.json_format import ParseDict
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from sloscope.analytics.store import Store
@@ -68,6 +71,55 @@ def test_a_port_that_is_taken_is_one_line_and_a_failing_exit(tmp_path, taken):
     assert proc.returncode != 0
     assert stderr.splitlines() == [f"sloscope serve: cannot listen for {what} on 127.0.0.1:{port}: "
                                    "Address already in use"]
+
+
+def test_a_port_that_is_taken_on_ipv6_loopback_is_named_in_brackets(tmp_path, ipv6_loopback):
+    with socket.socket(socket.AF_INET6) as holder:
+        holder.bind((ipv6_loopback, 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = _serve(tmp_path / "s.duckdb", grpc=f"[{ipv6_loopback}]:{port}")
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert stderr.splitlines() == [f"sloscope serve: cannot listen for OTLP/gRPC on [::1]:{port}: "
+                                   "Address already in use"]
+
+
+def _listening_on(proc) -> dict[str, str]:
+    """What serve's log says each listener is on ({"OTLP/HTTP": "http://HOST:PORT", ...}), read up to the line
+    saying it serves."""
+    shown = {}
+    for line in proc.stderr:
+        if found := re.search(r"(OTLP/HTTP|OTLP/gRPC) on (\S+)$", line):
+            shown[found[1]] = found[2]
+        if "writing to" in line:
+            break
+    return shown
+
+
+def test_serve_receives_over_http_and_grpc_on_ipv6_loopback(tmp_path, ipv6_loopback):
+    loopback = f"[{ipv6_loopback}]:0"
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "serve", "--db", str(tmp_path / "s.duckdb"),
+                             "--decode-workers", "0", "--http", loopback, "--grpc", loopback],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        shown = _listening_on(proc)
+        assert re.fullmatch(r"http://\[::1\]:\d+", shown["OTLP/HTTP"]), shown
+        assert re.fullmatch(r"\[::1\]:\d+", shown["OTLP/gRPC"]), shown
+        spans = json.dumps(traces([span("a" * 32, "b" * 16, T0, 20, tier=["standard"])])).encode()
+        post = urllib.request.Request(shown["OTLP/HTTP"] + "/v1/traces", spans, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(post, timeout=10) as reply:
+            assert reply.status == 200
+        points = ParseDict(metrics([gauge("hw.gpu.temperature", [(T0, 61.0)], {"hw.id": "GPU-1"})]),
+                           metrics_service_pb2.ExportMetricsServiceRequest())
+        with grpc.insecure_channel(shown["OTLP/gRPC"]) as channel:
+            metrics_service_pb2_grpc.MetricsServiceStub(channel).Export(points, timeout=10)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0
+    with Store(tmp_path / "s.duckdb", read_only=True) as store:
+        assert store.rows("SELECT count(*) FROM requests") == [(1,)]
+        assert store.rows("SELECT count(*) FROM samples") == [(1,)]
 
 
 def test_health_readiness_counters_and_json_logs_of_a_running_serve(tmp_path):

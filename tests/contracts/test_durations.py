@@ -5,7 +5,7 @@ import pytest
 
 from sloscope.alerts.actions import ConfigError as RemediationConfigError
 from sloscope.collectors.config import ConfigError as CollectorConfigError
-from sloscope.sampling.policy import ConfigError as SamplingConfigError
+from sloscope.sampling.config import ConfigError as SamplingConfigError
 from sloscope.durations import format_duration, parse_duration
 from sloscope.errors import ConfigError
 from sloscope.slo_spec import SpecError, parse_spec

@@ -13,12 +13,12 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from sloscope.alerts import actions, remediation
+from sloscope.alerts import actions, remediation_config
 from sloscope.collectors import config as collector
 from sloscope.live.config import SLO_YAML
 from sloscope.errors import ConfigError
 from sloscope.probes import registry
-from sloscope.sampling import policy
+from sloscope.sampling import config as sampling_config
 from sloscope.slo_spec import DEFAULT_SPEC_YAML, SPEC_OPTIONAL, SPEC_REQUIRED, load_spec
 from tests.declared_specs import QUEUE_TIME
 
@@ -103,26 +103,26 @@ def test_the_collector_refuses_a_nested_key_given_twice(tmp_path):
 
 def test_remediation_refuses_a_second_execute_rather_than_letting_it_win():
     with pytest.raises(ConfigError) as caught:
-        remediation.parse_config("execute: false\ncooldown: 5m\nexecute: true\n", "r.yaml")
+        remediation_config.parse_config("execute: false\ncooldown: 5m\nexecute: true\n", "r.yaml")
     assert str(caught.value) == "r.yaml:3: not valid YAML: duplicate key 'execute' (first on line 1)"
 
 
 def test_remediation_refuses_a_key_given_twice_in_an_action():
     text = "actions:\n  SloscopeNvmeHot:\n    action: notify_only\n    dry_run: true\n    action: spdk_qos_limit\n"
     with pytest.raises(ConfigError) as caught:
-        remediation.parse_config(text, "r.yaml")
+        remediation_config.parse_config(text, "r.yaml")
     assert str(caught.value) == "r.yaml:5: not valid YAML: duplicate key 'action' (first on line 3)"
 
 
 def test_sampling_refuses_a_key_given_twice():
     with pytest.raises(ConfigError) as caught:
-        policy.parse_config("budget_spans_per_s: 50\ndwell: 5m\nbudget_spans_per_s: 500\n", "s.yaml")
+        sampling_config.parse_config("budget_spans_per_s: 50\ndwell: 5m\nbudget_spans_per_s: 500\n", "s.yaml")
     assert str(caught.value) == "s.yaml:3: not valid YAML: duplicate key 'budget_spans_per_s' (first on line 1)"
 
 
 def test_a_merge_key_is_no_duplicate_and_the_mapping_s_own_key_wins():
     """`<<: *base` brings keys the mapping may override, as YAML means: not a key written twice."""
-    config = remediation.parse_config("""\
+    config = remediation_config.parse_config("""\
 actions:
   SloscopeLatencyBudgetBurn: &base
     action: raise_sampling
@@ -154,7 +154,7 @@ actions:
 ])
 def test_remediation_errors_name_file_line_and_key(text, start):
     with pytest.raises(ConfigError) as caught:
-        remediation.parse_config(text, "r.yaml")
+        remediation_config.parse_config(text, "r.yaml")
     assert str(caught.value).startswith(start), str(caught.value)
 
 
@@ -167,7 +167,7 @@ def test_remediation_errors_name_file_line_and_key(text, start):
 ])
 def test_sampling_errors_name_file_line_and_key(text, start):
     with pytest.raises(ConfigError) as caught:
-        policy.parse_config(text, "s.yaml")
+        sampling_config.parse_config(text, "s.yaml")
     assert str(caught.value).startswith(start), str(caught.value)
 
 
@@ -206,7 +206,7 @@ def test_a_collector_setting_from_a_flag_is_named_as_before(tmp_path):
 def test_a_file_that_is_not_text_is_a_clear_error(tmp_path):
     path = tmp_path / "binary.yaml"
     path.write_bytes(b"execute: \xff\xfe\n")
-    for load, what in ((remediation.load_config, "remediation config"),
+    for load, what in ((remediation_config.load_config, "remediation config"),
                        (lambda p: collector.load(str(p), environ={}), "collector config")):
         with pytest.raises(ConfigError) as caught:
             load(path)
@@ -230,6 +230,8 @@ INVALID = [
      ":11: not valid YAML: duplicate key 'window' (first on line 9)"),
     ("collector.yaml", "endpoint: http://otelcol:4317\ncompression: zstd\n",
      ":2: compression: 'zstd' is not one of none, gzip"),
+    ("listen.yaml", "interval: 2s\nlisten: ':\u00b2'\n",  # a digit to str.isdigit, not to int()
+     ":2: listen: expected HOST:PORT (like 127.0.0.1:4318, :4318 or [::1]:4318) or off; got ':\u00b2'"),
     ("remediation.yaml", "execute: false\nactions:\n  A: {action: notify_only}\nexecute: true\n",
      ":4: not valid YAML: duplicate key 'execute' (first on line 1)"),
     ("misspelt.yaml", "execute: false\ncooldwon: 5m\n", ":2: unknown key 'cooldwon'"),
@@ -339,7 +341,7 @@ REFUSED = [
 ]
 LOADERS = {"slo": load_spec,
            "collector": lambda path: collector.load(str(path), environ={}),
-           "remediation": remediation.load_config, "sampling": policy.load_config}
+           "remediation": remediation_config.load_config, "sampling": sampling_config.load_config}
 
 
 @pytest.mark.parametrize("kind, text", REFUSED)
@@ -349,14 +351,50 @@ def test_the_schemas_refuse_what_the_parsers_refuse(tmp_path, kind, text):
     assert not Draft202012Validator(schema(kind)).is_valid(yaml.safe_load(text))
 
 
+# The collector's values of a grammar (sloscope/addresses.py, sloscope/sizes.py), as YAML: (text, taken).
+COLLECTOR_GRAMMARS = [
+    ("listen: 127.0.0.1:9465", True), ("listen: ':9465'", True), ("listen: '[::1]:9465'", True),
+    ("listen: '[::ffff:10.0.0.1]:0'", True), ("listen: node-3:65535", True), ("listen: ' 0.0.0.0:80 '", True),
+    ("listen: off", True), ("listen: false", True), ("listen: 'OFF'", True), ("listen: 'Off'", True),
+    ("listen: '::1:80'", False), ("listen: none", False), ("listen: 'false'", False), ("listen: 'no'", False),
+    ("listen:", False), ("listen: ''", False), ("listen: true", False), ("listen: 9465", False),
+    ("listen: ':65536'", False), ("listen: ':\u00b2'", False), ("listen: ':\u0663'", False),
+    ("listen: '[::1:80'", False), ("listen: 'a]:80'", False), ("listen: '[]:80'", False),
+    ("listen: [a, b]", False),
+    ("spool: {max_bytes: 268435456}", True), ("spool: {max_bytes: 256MiB}", True), ("spool: {max_bytes: 256Mi}", True),
+    ("spool: {max_bytes: 256mib}", True), ("spool: {max_bytes: 256MB}", True), ("spool: {max_bytes: 256mb}", True),
+    ("spool: {max_bytes: 256M}", True), ("spool: {max_bytes: 1.5GiB}", True), ("spool: {max_bytes: 64kb}", True),
+    ("spool: {max_bytes: 1e9}", True), ("spool: {max_bytes: 2E+3k}", True), ("spool: {max_bytes: 2Ei}", True),
+    ("spool: {max_bytes: 1P}", True), ("spool: {max_bytes: 512b}", True), ("spool: {max_bytes: ' 3 GB '}", True),
+    ("spool: {max_bytes: 9223372036854775807}", True),
+    ("spool: {max_bytes: 256m}", False), ("spool: {max_bytes: lots}", False), ("spool: {max_bytes: 12 parsecs}", False),
+    ("spool: {max_bytes: 0}", False), ("spool: {max_bytes: -1}", False), ("spool: {max_bytes: 1.5}", False),
+    ("spool: {max_bytes: 9223372036854775808}", False), ("spool: {max_bytes: 1e999}", False),
+    ("spool: {max_bytes: 1m5}", False), ("spool: {max_bytes: 1ib}", False), ("spool: {max_bytes: true}", False),
+    ("spool: {max_bytes: 1KiBB}", False),
+]
+
+
+@pytest.mark.parametrize("text, taken", COLLECTOR_GRAMMARS, ids=[text for text, _ in COLLECTOR_GRAMMARS])
+def test_the_collector_schema_reads_listen_and_sizes_as_the_parser_does(tmp_path, text, taken):
+    """What a JSON Schema cannot check is left out: that a size comes to whole bytes above zero and below 2^63."""
+    try:
+        collector.load(str(write(tmp_path, "c.yaml", text + "\n")), environ={})
+    except ConfigError:
+        parsed = False
+    else:
+        parsed = True
+    assert (parsed, Draft202012Validator(schema("collector")).is_valid(yaml.safe_load(text))) == (taken, taken)
+
+
 def test_the_schemas_know_the_keys_the_parsers_know():
     assert set(schema("slo")["properties"]) == {*SPEC_REQUIRED, *SPEC_OPTIONAL}
     assert schema("slo")["required"] == list(SPEC_REQUIRED)
     assert set(schema("collector")["properties"]) == set(collector.FILE_KEYS)
     assert set(schema("collector")["properties"]["spool"]["properties"]) == set(collector.SPOOL_KEYS)
-    assert set(schema("remediation")["properties"]) == set(remediation.CONFIG_KEYS)
-    assert set(schema("remediation")["$defs"]["rule"]["properties"]) == set(remediation.RULE_KEYS)
-    assert set(schema("sampling")["properties"]) == set(policy.CONFIG_KEYS)
+    assert set(schema("remediation")["properties"]) == set(remediation_config.CONFIG_KEYS)
+    assert set(schema("remediation")["$defs"]["rule"]["properties"]) == set(remediation_config.RULE_KEYS)
+    assert set(schema("sampling")["properties"]) == set(sampling_config.CONFIG_KEYS)
     assert all(document["additionalProperties"] is False for document in map(schema, SCHEMA_FILES))
 
 

@@ -18,7 +18,7 @@ from sloscope.analytics.store import Store
 from sloscope.analytics.writer import Writer
 from sloscope.receiver.server import Receiver, http_server
 from sloscope.enrich.kube_watch import KubeApi, PodWatch
-from sloscope.enrich.pods import PodDirectory
+from sloscope.enrich.pods import PodDirectory, incarnation_of
 from sloscope.enrich.tiers import TierResolver
 from sloscope.enrich.topology import GpuTopology
 from sloscope.catalog import UNKNOWN_NODE
@@ -280,6 +280,16 @@ def test_metrics_show_the_pod_watch(kube, serving):
     assert "sloscope_kube_pods_known 1.0" in text and "sloscope_kube_watch_synced 1.0" in text
     assert 'sloscope_kube_events_total{type="added"} 1.0' in text
     assert "sloscope_kube_lists_total 1.0" in text and "sloscope_kube_watch_errors_total 0.0" in text
+
+
+@pytest.mark.parametrize("created, born", [
+    ("2026-01-01T00:00:00Z", datetime(2026, 1, 1)), ("2026-01-01T01:00:00+01:00", datetime(2026, 1, 1)),
+    (None, datetime(1970, 1, 1)), ("yesterday", datetime(1970, 1, 1)), ("2026-02-30T00:00:00Z", datetime(1970, 1, 1)),
+])
+def test_a_pods_creation_time_is_naive_utc_and_since_ever_when_unreadable(created, born):
+    _, incarnation = incarnation_of({"metadata": {"uid": "u1", "name": "p-0", "namespace": "inference",
+                                                  "creationTimestamp": created}, "spec": {"nodeName": "gpu-node-1"}})
+    assert incarnation.born == born
 
 
 def test_pod_series_that_name_no_node_are_placed_on_their_pods_node():

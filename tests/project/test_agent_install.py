@@ -70,6 +70,19 @@ def test_the_agent_commands_run_without_the_server_packages(argv, says):
     assert says in done.stdout
 
 
+def test_a_node_validates_its_configs_without_the_server_packages(tmp_path):
+    collector = tmp_path / "collector.yaml"
+    collector.write_text("interval: 5s\nlisten: 127.0.0.1:9465\nspool: {max_bytes: 256Mi}\n")
+    twice = tmp_path / "remediation.yaml"
+    twice.write_text("execute: false\nexecute: true\n")
+    files = [str(collector), str(REPO / "alerts" / "remediation.example.yaml"), str(twice)]
+    argv = ["validate", *files]
+    done = run_without_server(f"import sys\nfrom sloscope.commands.cli import main\nsys.exit(main({argv!r}))")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"{collector}: ok (collector)" in done.stdout and "remediation.example.yaml: ok (remediation)" in done.stdout
+    assert f"{twice}:2: not valid YAML: duplicate key 'execute' (first on line 1)" in done.stderr
+
+
 def test_a_server_command_names_the_install_that_brings_it():
     done = run_without_server("import sys\nfrom sloscope.commands.cli import main\nsys.exit(main(['rca']))")
     assert done.returncode == 2

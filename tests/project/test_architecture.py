@@ -1,6 +1,8 @@
-"""The import rule of docs/architecture.md: a module imports only its own package and lower floors."""
+"""The rules of docs/architecture.md: a module imports only its own package and lower floors, and reads each
+grammar through floor 0."""
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,3 +98,11 @@ def test_alerts_and_receiver_share_only_the_edge():
                 for line, name in imports(path, module)
                 if {package_of(module), package_of(name)} == {"sloscope.alerts", "sloscope.receiver"}]
     assert not crossing, "alerts and receiver import each other:\n" + "\n".join(crossing)
+
+
+def test_times_are_read_by_sloscope_times_alone():
+    """Each grammar once: an RFC 3339 time is parsed by sloscope/times.py, whichever module it reaches."""
+    parsing = re.compile(r"\b(fromisoformat|strptime)\(")
+    readers = [f"{path.relative_to(ROOT)}:{n}" for path, module in modules() if module != "sloscope.times"
+               for n, line in enumerate(path.read_text().splitlines(), 1) if parsing.search(line)]
+    assert not readers, "times parsed outside sloscope/times.py:\n" + "\n".join(readers)

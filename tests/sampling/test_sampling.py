@@ -20,7 +20,8 @@ from sloscope.sampling.head_sampler import (MAX_THRESHOLD, AdaptiveSampler, deco
                                             probability_of, threshold_for)
 from sloscope.sampling.budget import fair_shares
 from sloscope.sampling.observations import Observations, Sli
-from sloscope.sampling.policy import ConfigError, SamplingConfig, SamplingPolicy, SamplingService, parse_config
+from sloscope.sampling.config import ConfigError, SamplingConfig, parse_config
+from sloscope.sampling.policy import SamplingPolicy, SamplingService
 from sloscope.sampling.tail_sampling import render
 from sloscope.analytics.frames import Frames
 from sloscope.analytics.store import Store

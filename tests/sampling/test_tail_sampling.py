@@ -14,7 +14,8 @@ import yaml
 from sloscope.analytics.store import Store
 from sloscope.commands.cli import main
 from sloscope.sampling.observations import Observations, Sli
-from sloscope.sampling.policy import SamplingConfig, SamplingPolicy
+from sloscope.sampling.config import SamplingConfig
+from sloscope.sampling.policy import SamplingPolicy
 from sloscope.sampling.tail_sampling import render, to_yaml, write_atomic
 from sloscope.slo_spec import parse_spec
 from tests.sampling.test_sampling import CRIT, HEADER, SPEC, STD, T0, _walk, steady, write_requests

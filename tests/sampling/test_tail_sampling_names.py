@@ -15,7 +15,8 @@ from collections import Counter
 import yaml
 
 from sloscope.sampling.observations import Observations, Sli
-from sloscope.sampling.policy import SamplingConfig, SamplingPolicy
+from sloscope.sampling.config import SamplingConfig
+from sloscope.sampling.policy import SamplingPolicy
 from sloscope.sampling.tail_sampling import render, to_yaml
 from sloscope.catalog import TIER_ATTRIBUTES
 from sloscope.slo_spec import parse_spec
