@@ -50,6 +50,28 @@ def test_installing_the_wheel_adds_only_sloscope_to_site_packages(wheel, tmp_pat
     added = {p.name for p in site.iterdir()} - before
     assert {n for n in added if not n.endswith(".dist-info")} == {"sloscope"}
     # the installed package imports from its own copy, the stages under its name
-    where = subprocess.run([python, "-c", "import sloscope.probes.tcp_states as tcp_states; print(tcp_states.__file__)"],
-                           capture_output=True, text=True, cwd=tmp_path, check=True).stdout.strip()
+    code = "import sloscope.probes.tcp_states as tcp_states; print(tcp_states.__file__)"
+    where = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True).stdout.strip()
     assert Path(where).is_relative_to(site / "sloscope" / "probes")
+
+
+def test_the_agent_install_runs_the_agent_and_leaves_the_server_out(wheel, tmp_path):
+    """`pip install sloscope` for real, its dependencies from the package index (or pip's cache): the node agent's
+    commands run, the server's packages are not there, and a server command says which install brings them."""
+    env = tmp_path / "venv"
+    venv.create(env, with_pip=True)
+    python, sloscope = env / "bin" / "python", env / "bin" / "sloscope"
+    installed = subprocess.run([python, "-m", "pip", "install", "-q", str(wheel)], capture_output=True, text=True,
+                               timeout=600)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    absent = subprocess.run([python, "-c", "import importlib.util as found; print(*[m for m in ('duckdb', 'polars', "
+                             "'pyarrow', 'numpy', 'grafana_client') if found.find_spec(m)])"],
+                            capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert absent.stdout.split() == []
+    probe = subprocess.run([sloscope, "probe", "pressure", "--duration", "0.5", "--interval", "0.2", "--format",
+                            "json"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert probe.returncode == 0 and '"record": "status"' in probe.stdout, probe.stderr[-3000:]
+    collect = subprocess.run([sloscope, "collect", "--help"], capture_output=True, text=True, timeout=120)
+    assert collect.returncode == 0 and "--spool-max-bytes" in collect.stdout
+    refused = subprocess.run([sloscope, "serve"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert refused.returncode == 2 and "pip install 'sloscope[server]'" in refused.stderr, refused.stderr[-3000:]
