@@ -3,7 +3,7 @@ while the endpoint is down.
 
 Two threads. The main thread wakes every interval, collects from every running probe (a failing probe is
 logged and skipped, never fatal), turns the samples into the SDK's `MetricsData` (otlp_metrics.py) and
-hands it to the sender (shipper.py), which owns the exporter (otlp_exporter.py) and the spool (spool.py). So
+hands it to the sender (shipper.py), which owns the exporter (otlp_answers.py makes it) and the spool (spool.py). So
 the collection loop never waits for the network.
 
 Its own /healthz and /metrics (telemetry.py) are served on `listen` while it runs. Before the probes start, a
@@ -30,7 +30,7 @@ from sloscope.probes.registry import ProbeSet
 from sloscope.probes.tracefs_mount import ensure_tracefs
 
 from .config import CollectorConfig, ConfigError, check_probes
-from .otlp_exporter import make_exporter
+from .otlp_answers import make_exporter
 from .otlp_metrics import MetricsBuilder, count_points
 from .shipper import RETRY_INITIAL_S, RETRY_MAX_S, SHUTDOWN_GRACE_S, Shipper
 from .spool import Spool, SpoolInUse

@@ -1,6 +1,6 @@
 """The node collector's sender: exports batches in order, and keeps what it cannot deliver in the spool.
 
-One thread owns the exporter (otlp_exporter.py) and the spool:
+One thread owns the exporter (otlp_http.py or otlp_grpc.py) and the spool:
 
 - healthy (spool empty): each batch is sent once. Delivered: done. A retryable answer (a busy receiver's 503 /
   UNAVAILABLE, 429, no answer at all) is backpressure, never a rejection: the batch goes to the spool and the
@@ -38,7 +38,7 @@ from typing import Callable
 
 from opentelemetry.sdk.metrics.export import MetricsData
 
-from .otlp_exporter import DELIVERED, REFUSED, RETRY, Answer
+from .otlp_answers import DELIVERED, REFUSED, RETRY, Answer
 from .otlp_metrics import count_points, encode
 from .spool import Spool
 
@@ -146,7 +146,7 @@ class Shipper:
                 log.warning("export still running after %.1f s: aborting it, the rest goes to the spool", grace_s)
                 self._aborted = True
                 self._shutdown_exporter()
-                self._thread.join(self.timeout_s + 5.0)  # an attempt's deadline (otlp_exporter.send), and slack
+                self._thread.join(self.timeout_s + 5.0)  # an attempt's deadline (the exporter's send), and slack
         if self._thread.is_alive():  # should not happen: every export attempt has a deadline
             log.error("export thread did not stop; %d batches still in memory were lost", len(self._queue))
         else:

@@ -8,7 +8,9 @@ import pytest
 
 from sloscope.collectors import config as cfgmod
 from sloscope.collectors.agent import Agent
-from sloscope.collectors.otlp_exporter import DELIVERED, RETRY, GrpcExporter, HttpExporter, Transport
+from sloscope.collectors.otlp_answers import DELIVERED, RETRY, Transport
+from sloscope.collectors.otlp_grpc import GrpcExporter
+from sloscope.collectors.otlp_http import HttpExporter
 from tests.conftest import need
 from tests.fakes.otlp_sink import OtlpSink
 from tests.fakes.tls import make_pki

@@ -10,7 +10,9 @@ import time
 import grpc
 import pytest
 
-from sloscope.collectors.otlp_exporter import DELIVERED, REFUSED, RETRY, GrpcExporter, HttpExporter, parse_retry_after
+from sloscope.collectors.otlp_answers import DELIVERED, REFUSED, RETRY, parse_retry_after
+from sloscope.collectors.otlp_grpc import GrpcExporter
+from sloscope.collectors.otlp_http import HttpExporter
 from tests.fakes.otlp_sink import OtlpSink, free_port
 from tests.collectors.test_spool import request
 

@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.sdk.metrics.export import MetricsData
 from opentelemetry.sdk.resources import Resource
 
-from sloscope.collectors.otlp_exporter import DELIVERED, REFUSED, RETRY, Answer, make_exporter
+from sloscope.collectors.otlp_answers import DELIVERED, REFUSED, RETRY, Answer, make_exporter
 from sloscope.collectors.otlp_metrics import MetricsBuilder
 from sloscope.collectors.shipper import Shipper
 from sloscope.collectors.spool import Spool
@@ -225,7 +225,7 @@ def test_an_unwritable_spool_drops_counted_and_the_sender_goes_on(tmp_path):
 
 UNREADABLE_FOR_A_WHILE = textwrap.dedent("""
     import os, resource, sys, time
-    from sloscope.collectors.otlp_exporter import HttpExporter
+    from sloscope.collectors.otlp_http import HttpExporter
     from sloscope.collectors.shipper import Shipper
     from sloscope.collectors.spool import Spool
     from tests.fakes.otlp_sink import OtlpSink

@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from sloscope.collectors.otlp_exporter import RETRY, HttpExporter
+from sloscope.collectors.otlp_answers import RETRY
+from sloscope.collectors.otlp_http import HttpExporter
 from sloscope.collectors.shipper import Shipper
 from sloscope.collectors.spool import Spool
 from tests.collectors.test_collector import wait_for
