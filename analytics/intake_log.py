@@ -39,6 +39,7 @@ import fcntl
 import logging
 import mmap
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ from sloscope.files import fsync_directory
 from sloscope.analytics.intake_record import CorruptRecord, Record, later_record, read_record
 
 log = logging.getLogger("sloscope.intake_log")
+FILE_NUMBER = re.compile(r"[0-9]{16}")  # a segment's or a spare's name, before its suffix
 SEGMENT_BYTES = 16 * 2**20  # a crash replays at most about this much that was already committed
 SPARE_BYTES = 256 * 2**20  # serve's default --queue-bytes: at most what the log may hold uncommitted anyway
 REJECTED = "rejected"
@@ -110,17 +112,34 @@ class IntakeLog:
         self._work = threading.Condition(self._lock)
         self._queue: list[_Append] = []
         self._closing = False
+        self._highest_taken = 0  # the highest number a file of the directory wears, the log's own or not
         self._segments: list[Segment] = []
-        self._spares: list[Path] = sorted(self.directory.glob("*.spare"))  # left by a crash
+        self._spares: list[Path] = self._own_files(".spare")  # left by a crash
         self._direct = hasattr(os, "O_DIRECT")  # until the file system refuses it
         self._buffer: mmap.mmap | None = None  # page-aligned, for O_DIRECT writes; the log thread's alone
         self._active: Segment | None = None
-        for path in sorted(self.directory.glob("*.log")):
+        for path in self._own_files(".log"):
             self._recover(Segment(path, reusable=False))
         self._thread = threading.Thread(target=self._run, name="sloscope-intake-log", daemon=True)
         self._thread.start()
 
     # --- recovery ----------------------------------------------------------------------------------------
+
+    def _own_files(self, suffix: str) -> list[Path]:
+        """The log's own files of `suffix` (NNNNNNNNNNNNNNNN.log, .spare), in order. Anything else that wears the
+        suffix (notes.log, a directory named like a segment) is left alone and said once: it must never stop
+        serve from starting. A new segment is numbered above it all the same (_highest_taken)."""
+        own = []
+        for path in sorted(self.directory.glob(f"*{suffix}")):
+            numbered = FILE_NUMBER.fullmatch(path.stem) is not None
+            if numbered:
+                self._highest_taken = max(self._highest_taken, int(path.stem))
+            if numbered and path.is_file() and not path.is_symlink():
+                own.append(path)
+            else:
+                log.warning("%s: not one of the intake log's files (a regular file named NNNNNNNNNNNNNNNN%s); left "
+                            "alone", path, suffix)
+        return own
 
     def _recover(self, segment: Segment) -> None:
         raw, at = segment.path.read_bytes(), 0
@@ -262,7 +281,7 @@ class IntakeLog:
                 self._close(self._active)
             numbers = [s.number for s in self._segments] + [int(p.stem) for p in self._spares]
             spare = self._spares.pop() if self._spares else None
-        segment = Segment(self.directory / f"{max(numbers, default=0) + 1:016d}.log")
+        segment = Segment(self.directory / f"{max([*numbers, self._highest_taken]) + 1:016d}.log")
         if spare is None:
             self._open(segment, os.O_CREAT | os.O_EXCL)
         else:

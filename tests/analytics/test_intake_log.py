@@ -436,3 +436,26 @@ def test_a_replay_a_full_disk_holds_back_leaves_serve_answering_its_health_check
             assert serve.stop() == 0, serve.log.read_text()[-3000:]
     with Store(db, read_only=True) as store:
         assert store.scalar(f"SELECT count(DISTINCT substr({TRACE_ID}, 9, 8)) FROM requests") == 4
+
+
+def test_files_that_are_not_the_logs_own_are_left_alone_and_never_stop_it(tmp_path, caplog):
+    """A stray notes.log, a copy named like a segment but a directory, or a link: the log opens, replays its own
+    records, numbers its next segment above them all, and leaves them as they were."""
+    _logged(tmp_path / "log", 2)
+    stray = tmp_path / "log" / "notanumber.log"
+    stray.write_text("not a segment\n")
+    taken = tmp_path / "log" / "0000000000000009.log"
+    taken.mkdir()
+    (tmp_path / "log" / "0000000000000003.spare").symlink_to(stray)
+    with caplog.at_level("WARNING", logger="sloscope.intake_log"):
+        log = IntakeLog(tmp_path / "log")
+    try:
+        assert len(log.recovered) == 2
+        log.append(encode(_spans(7), {}))
+        assert "0000000000000010.log" in _segments(tmp_path / "log")  # above the directory's 9
+    finally:
+        log.close()
+    assert stray.read_text() == "not a segment\n" and taken.is_dir()
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "notanumber.log: not one of the intake log's files" in warned and "0000000000000009.log" in warned
+    assert "0000000000000003.spare" in warned
