@@ -21,11 +21,12 @@ file's in the directory. Spares go when an append fails (their space may be what
 which, with everything committed, leaves the directory empty. Together these take the log thread from about
 0.40 to 0.10 CPU seconds per million spans (its CPU clock, under benchmarks/ingest_throughput.py's load).
 
-At open, every segment left is read back for replay, and new records go to a new segment. A record that does not
-check out ends its segment. When some record of the segment checks out after it, the record was damaged: the
-bytes from it on are moved to `rejected/` and cut off. Otherwise it is the segment's end: a torn last record,
-from a crash during its append (never acknowledged, since the acknowledgement comes after the fsync), the zeros
-that pad its last block, or records of the file's earlier use; it is cut off.
+At open, every segment left is read back for replay, and new records go to a new segment. When a record does not
+check out but some record of the segment does after it, the record was damaged (a flipped bit, a zeroed block):
+its bytes, up to the next record that checks out, are copied to `rejected/` for inspection, and the records after
+them are replayed as the ones before, so that one damaged record costs only itself. Otherwise it is the segment's
+end: a torn last record, from a crash during its append (never acknowledged, since the acknowledgement comes
+after the fsync), the zeros that pad its last block, or records of the file's earlier use; it is cut off.
 
 Replaying a record that was committed before a crash (its segment was not yet deleted) adds no rows: the store's
 writes are idempotent. What it does count again: the counters that came with the request (tier resolution,
@@ -147,8 +148,13 @@ class IntakeLog:
             try:
                 payload, end = read_record(raw, at, segment.number)
             except CorruptRecord as exc:
-                self._cut(segment, raw, at, exc)
-                break
+                resume = later_record(raw, at, segment.number)
+                if resume is None:
+                    self._cut(segment, raw, at, exc)
+                    break
+                self._set_damaged_aside(segment, raw, at, resume, exc)
+                at = resume
+                continue
             self.recovered.append((Entry(segment, at, end - at), payload))
             at = end
         segment.size = at
@@ -156,16 +162,18 @@ class IntakeLog:
         self._segments.append(segment)
         self._retire_if_done(segment)
 
+    def _set_damaged_aside(self, segment: Segment, raw: bytes, at: int, resume: int, why: CorruptRecord) -> None:
+        """Copy the damaged bytes [at, resume) to rejected/; the segment keeps them, between records it replays,
+        until it is deleted with them."""
+        kept = self._set_aside(f"{segment.path.stem}-{at}.damaged", raw[at:resume])
+        log.warning("%s: record at byte %d does not check out (%s), though the one at byte %d does; its %d bytes "
+                    "copied to %s, and the records after them replayed", segment.path, at, why, resume, resume - at,
+                    kept)
+
     def _cut(self, segment: Segment, raw: bytes, at: int, why: CorruptRecord) -> None:
-        """End the segment at `at`; what follows is kept aside when a record of the segment is among it."""
-        damaged = later_record(raw, at, segment.number)
-        if damaged is not None:
-            kept = self._set_aside(f"{segment.path.stem}-{at}.tail", raw[at:])
-            log.warning("%s: record at byte %d does not check out (%s), though the one at byte %d does; %d bytes "
-                        "from it on moved to %s", segment.path, at, why, damaged, len(raw) - at, kept)
-        else:
-            log.info("%s: its records end at byte %d; %d bytes after them (a torn append or an earlier use of the "
-                     "file: %s) cut off", segment.path, at, len(raw) - at, why)
+        """End the segment at `at`: nothing of the segment checks out after it."""
+        log.info("%s: its records end at byte %d; %d bytes after them (a torn append or an earlier use of the file: "
+                 "%s) cut off", segment.path, at, len(raw) - at, why)
         with segment.path.open("r+b") as f:
             f.truncate(at)
             os.fsync(f.fileno())

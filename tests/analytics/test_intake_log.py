@@ -284,16 +284,54 @@ def test_spares_are_bounded_and_go_when_an_append_fails_and_at_a_stop(tmp_path, 
     assert os.listdir(directory) == []
 
 
-def test_a_record_that_fails_its_checksum_ends_the_segment(tmp_path):
-    records = _logged(tmp_path / "log", 3)
+def _damaged(tmp_path, count: int, damage) -> tuple[list[bytes], IntakeLog]:
+    """`count` records logged, `damage(raw, starts)` done to their segment's bytes, and the log opened again."""
+    records = _logged(tmp_path / "log", count)
     segment = tmp_path / "log" / _segments(tmp_path / "log")[0]
     raw = bytearray(segment.read_bytes())
-    raw[len(records[0]) + HEADER_V5_BYTES + 100] ^= 0xFF  # one flipped bit pattern in the second record's payload
+    starts = [sum(map(len, records[:n])) for n in range(count)]
+    damage(raw, starts)
     segment.write_bytes(bytes(raw))
-    log = IntakeLog(tmp_path / "log")
-    assert len(log.recovered) == 1 and log.recovered[0][1] == records[0][HEADER_V5_BYTES:]
-    assert segment.stat().st_size == len(records[0])
-    log.close()
+    return records, IntakeLog(tmp_path / "log")
+
+
+def _flip(raw, starts):
+    raw[starts[1] + HEADER_V5_BYTES + 100] ^= 0xFF  # a flipped bit pattern in the second record's payload
+
+
+def _zero_block(raw, starts):
+    raw[starts[2] - 1000:starts[2] + 3096] = bytes(4096)  # a zeroed 4 KiB block across records 2 and 3
+
+
+def _break_first_header(raw, starts):
+    raw[0:4] = b"XXXX"
+
+
+@pytest.mark.parametrize("damage, lost", [(_flip, {1}), (_zero_block, {1, 2}), (_break_first_header, {0})])
+def test_a_damaged_record_costs_itself_and_the_records_after_it_are_replayed(tmp_path, damage, lost):
+    records, log = _damaged(tmp_path, 6, damage)
+    try:
+        assert [payload for _, payload in log.recovered] == [r[HEADER_V5_BYTES:] for n, r in enumerate(records)
+                                                           if n not in lost]
+        kept = sorted((tmp_path / "log" / "rejected").glob("*.damaged"))
+        assert len(kept) == 1 and kept[0].stat().st_size > 0  # the damaged bytes, for inspection
+    finally:
+        log.close()
+
+
+def _flip_last(raw, starts):
+    raw[starts[-1] + HEADER_V5_BYTES + 100] ^= 0xFF
+
+
+def test_a_record_that_fails_its_checksum_at_the_end_ends_the_segment(tmp_path):
+    records, log = _damaged(tmp_path, 3, _flip_last)
+    try:
+        assert [payload for _, payload in log.recovered] == [r[HEADER_V5_BYTES:] for r in records[:2]]
+        segment = tmp_path / "log" / _segments(tmp_path / "log")[0]
+        assert segment.stat().st_size == len(records[0]) + len(records[1])  # a torn last record is cut off
+        assert not (tmp_path / "log" / "rejected").exists()
+    finally:
+        log.close()
 
 
 def test_the_bound_counts_logged_bytes_until_they_are_committed(tmp_path):
