@@ -66,10 +66,9 @@ def parse_rfc3339(text, where: str = "", zone_required: bool = False) -> datetim
     return t
 
 
-def parse_time(text: str, reference: datetime | None, where: str = "", reference_is: str = "the newest stored "
-               "request") -> datetime:
-    """RFC 3339, or a duration back from `reference` (e.g. 1h). ConfigError naming `where` otherwise, and where
-    a relative time has nothing to count back from."""
+def parse_time(text: str, reference: datetime | None, where: str = "") -> datetime:
+    """RFC 3339, or a duration back from `reference`, the newest stored request (e.g. 1h). ConfigError naming
+    `where` otherwise, and where a relative time has nothing to count back from."""
     t = _read(text, where)
     if t is not None:
         return t
@@ -81,8 +80,8 @@ def parse_time(text: str, reference: datetime | None, where: str = "", reference
         raise ConfigError(f"{_prefix(where)}{str(text)[:40]!r} is neither an RFC 3339 time nor a duration back "
                           f"(like {EXAMPLE} or 30m)") from None
     if reference is None:
-        raise ConfigError(f"{_prefix(where)}a relative time counts back from {reference_is}, and there is none: "
-                          "give an RFC 3339 time")
+        raise ConfigError(f"{_prefix(where)}a relative time counts back from the newest stored request, and there "
+                          "is none: give an RFC 3339 time")
     return reference - timedelta(seconds=seconds)
 
 
