@@ -465,8 +465,8 @@ class ClickHouseStore(StoreBase):
         for table, data in exporter_tables.tables_of(frames):
             if data.num_rows:
                 self._insert(table, data)
-        counts.update(requests_loaded=len(frames.requests), samples_loaded=len(frames.points),
-                      histograms_loaded=len(frames.histograms))
+        counts.update(requests_loaded=len(frames.requests), spans_loaded=len(frames.graph_spans),
+                      samples_loaded=len(frames.points), histograms_loaded=len(frames.histograms))
         self.add_counters(counts)
         return counts
 

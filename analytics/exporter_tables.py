@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sloscope.analytics.ids import hex_of_words
 from sloscope.records import HISTOGRAM_OFFSET
@@ -136,25 +137,37 @@ def _node_resource(nodes: pl.Series) -> pa.Array:
     return _keyed_map({"k8s.node.name": nodes})
 
 
-def traces(requests: pl.DataFrame) -> pa.Table:
-    r = requests
+# The exporter's names of OTLP's span kinds (ptrace.SpanKind's String).
+KIND_NAMES = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
+
+
+def traces(spans: pl.DataFrame) -> pa.Table:
+    r = spans
     start_ns = r["start_time"].dt.cast_time_unit("ns").cast(pl.Int64).to_numpy()
     status = r["status_code"].cast(pl.Int64).cast(pl.String)
     return pa.table({
         "Timestamp": pa.array(start_ns, pa.int64()).cast(NS),
         "TraceId": hex_of_words(r["trace_hi"].to_numpy(), r["trace_lo"].to_numpy()),
         "SpanId": hex_of_words(r["span_id"].to_numpy()),
+        "ParentSpanId": _parent_ids(r["parent_id"]),
         "SpanName": r["route"].fill_null("").to_arrow(),
-        "SpanKind": pa.array(["Server"] * len(r), pa.string()),
+        "SpanKind": r["kind"].replace_strict(KIND_NAMES, return_dtype=pl.String).to_arrow(),
         "ServiceName": r["service"].to_arrow(),
         "ResourceAttributes": _keyed_map({"service.name": r["service"], "k8s.node.name": r["node"],
                                           "k8s.pod.name": r["pod"], "k8s.namespace.name": r["namespace"],
                                           "k8s.pod.ip": r["pod_ip"]}),
         "SpanAttributes": _keyed_map({"http.request.header.x-slo-tier": r["tier"], "http.route": r["route"],
-                                      "http.response.status_code": status, "hw.id": r["gpu_id"]}),
+                                      "http.response.status_code": status, "hw.id": r["gpu_id"],
+                                      "peer.service": r["peer"]}),
         "Duration": pa.array(np.rint(r["duration_ms"].to_numpy() * 1e6).astype(np.uint64), pa.uint64()),
         "StatusCode": pa.array(np.where(r["failed"].to_numpy(), "Error", "Unset"), pa.string()),
     })
+
+
+def _parent_ids(parents: pl.Series) -> pa.Array:
+    """ParentSpanId as the exporter writes it: the id's hex, empty for a root."""
+    known = hex_of_words(parents.fill_null(0).to_numpy())
+    return pc.if_else(parents.is_not_null().to_arrow(), known, pa.scalar("", pa.string()))
 
 
 def _metric_columns(frame: pl.DataFrame) -> dict:
@@ -197,8 +210,8 @@ def exponential_histograms(histograms: pl.DataFrame) -> pa.Table:
 def tables_of(frames: Frames) -> list[tuple[str, pa.Table]]:
     """(table, rows) for each exporter table the frames have rows for."""
     out = []
-    if not frames.requests.is_empty():
-        out.append((TRACES, traces(frames.requests)))
+    if not frames.spans.is_empty():
+        out.append((TRACES, traces(frames.spans)))
     if not frames.points.is_empty():
         out += [(GAUGE, gauges(frames.points)), (SUM, sums(frames.points))]
     if not frames.histograms.is_empty():

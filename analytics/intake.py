@@ -51,11 +51,11 @@ class Enrichment:
         """Place the requests that name no node: by their pod (its name, else its IP; peer: the client's IP, a
         pod IP for spans naming no pod), then by their GPU as the metrics seen so far place it; and the data
         points that name no node by the pod their series names. The counts of each."""
-        frames.requests, counts = place_requests(frames.requests, self.pods, peer)
+        frames.spans, counts = place_requests(frames.spans, self.pods, peer)
         frames.points, by_pod = place_points(frames.points, self.pods)
         with self._lock:
             self.topology.learn(frames.points, frames.histograms)
-            frames.requests = self.topology.place(frames.requests)
+            frames.spans = self.topology.place(frames.spans)
             counts += self.topology.counts
             self.topology.counts.clear()
         if by_pod:  # counted as unknown when decoded: the caller adds these to the decoding counts

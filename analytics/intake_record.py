@@ -8,7 +8,7 @@ by the request thread and written by the log thread, which puts the header on; a
         14     4  CRC-32C  of the payload (versions 1 to 3: zlib's CRC-32)
         18     8  segment  the number of the segment the record was written into (version 5 only)
         26     4  CRC-32C  of the header's bytes before it (version 5 only)
-        30     -  payload: four lengths (8 bytes each), then the requests, points and histograms frames as Arrow
+        30     -  payload: four lengths (8 bytes each), then the spans, points and histograms frames as Arrow
                   IPC streams (version 1: IPC files; none, length 0, for an empty frame), then the request's
                   ingest counters as a JSON object. Versions 1 and 2 held the ids as hex text, read as words.
                   Versions 1 to 4 have no segment number and no header CRC: their payload begins at offset 18.
@@ -27,7 +27,7 @@ import polars as pl
 
 from sloscope.analytics.ids import SPAN_WORDS, TRACE_WORDS, words_of_hex
 
-from sloscope.analytics.frames import REQUEST_COLUMNS, Frames
+from sloscope.analytics.frames import Frames, with_span_defaults
 
 MAGIC = b"SLIL"
 VERSION = 5
@@ -75,7 +75,7 @@ def encode(frames: Frames, counts: dict) -> Record:
     behind every busy request thread; Arrow's own writer took 1.5-2 times the CPU per record with ten threads
     encoding at once (benchmarks/intake_log_append.py)."""
     parts = [frame.serialize(format="binary") if not frame.is_empty() else b""  # an empty frame is a third of
-             for frame in (frames.requests, frames.points, frames.histograms)]  # a one-signal record's time
+             for frame in (frames.spans, frames.points, frames.histograms)]  # a one-signal record's time
     parts.append(json.dumps({k: int(v) for k, v in counts.items() if v}).encode())
     lengths = PARTS.pack(*map(len, parts))
     crc = google_crc32c.value(lengths)
@@ -96,9 +96,10 @@ def decode(payload: bytes) -> tuple[Frames, dict]:
         at += length
     empty = Frames.concat([])
     frames = Frames(*(_frame(part) if part else getattr(empty, name)
-                      for part, name in zip(parts, ("requests", "points", "histograms"))))
-    if "trace_id" in frames.requests.columns:
-        frames.requests = _id_words(frames.requests)
+                      for part, name in zip(parts, ("spans", "points", "histograms"))))
+    if "trace_id" in frames.spans.columns:
+        frames.spans = _id_words(frames.spans)
+    frames.spans = with_span_defaults(frames.spans)
     return frames, json.loads(parts[3])
 
 
@@ -107,7 +108,7 @@ def _id_words(requests: pl.DataFrame) -> pl.DataFrame:
     trace = words_of_hex(requests["trace_id"].to_list(), TRACE_WORDS)
     span = words_of_hex(requests["span_id"].to_list(), SPAN_WORDS)
     return requests.with_columns(trace_hi=pl.Series(trace[:, 0]), trace_lo=pl.Series(trace[:, 1]),
-                                 span_id=pl.Series(span[:, 0])).select(REQUEST_COLUMNS)
+                                 span_id=pl.Series(span[:, 0])).drop("trace_id")
 
 
 def read_record(raw: bytes | memoryview, at: int, segment: int | None = None) -> tuple[bytes, int]:

@@ -29,7 +29,7 @@ from sloscope.analytics.store import Store, StoreError
 log = logging.getLogger("sloscope.retention")
 RETENTION_INTERVAL_S = 3600.0
 
-TIME_COLUMNS = {"requests": "start_time", "samples": "ts", "histograms": "ts"}
+TIME_COLUMNS = {"requests": "start_time", "spans": "start_time", "samples": "ts", "histograms": "ts"}
 DUCKDB_ONLY = "retention applies to DuckDB stores; ClickHouse expires rows with the exporter's ttl setting"
 
 

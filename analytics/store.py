@@ -28,7 +28,7 @@ from sloscope.analytics.rollups import Rollups, readers
 from sloscope.analytics.sql_files import sql
 from sloscope.analytics.store_base import ReaderBase, StoreBase
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # How DuckDB knows its own files: a block checksum of 8 bytes, then these magic bytes.
 DUCKDB_MAGIC, DUCKDB_MAGIC_OFFSET = b"DUCK", 8
 DEFAULT_DB = Path(os.environ.get("SLOSCOPE_DB", "var/sloscope.duckdb"))
@@ -251,8 +251,9 @@ class Store(CumulativeWrites, Reader, StoreBase):
         how many rows were added and skipped, by kind."""
         counts = Counter(extra_counts or {})
         with self.transaction():
-            if not frames.requests.is_empty():
+            if not frames.spans.is_empty():
                 counts.update(self._write_requests(frames.requests))
+                counts.update(self._write_graph_spans(frames.graph_spans))
             if not frames.points.is_empty():
                 counts.update(self._write_points(frames.points))
             if not frames.histograms.is_empty():
@@ -297,6 +298,10 @@ class Store(CumulativeWrites, Reader, StoreBase):
     def _write_requests(self, frame: pl.DataFrame) -> dict[str, int]:
         added = self._insert_new("requests", frame, REQUEST_KEY, "start_time", check_first="span_id")
         return {"requests_loaded": added, "requests_duplicate": len(frame) - added}
+
+    def _write_graph_spans(self, frame: pl.DataFrame) -> dict[str, int]:
+        added = self._insert_new("spans", frame, REQUEST_KEY, "start_time", check_first="span_id")
+        return {"spans_loaded": added, "spans_duplicate": len(frame) - added}
 
     def _write_points(self, frame: pl.DataFrame) -> dict[str, int]:
         direct = frame.filter(~pl.col("cumulative")).with_columns(

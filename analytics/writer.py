@@ -73,7 +73,7 @@ class Pending:
 
 
 def frame_bytes(frames: Frames) -> int:
-    return sum(f.estimated_size() for f in (frames.requests, frames.points, frames.histograms))
+    return sum(f.estimated_size() for f in (frames.spans, frames.points, frames.histograms))
 
 
 def _store_fault(exc: BaseException) -> bool:

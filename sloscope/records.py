@@ -7,6 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
+# OTLP's SpanKind values (0 is unspecified, which the receiver keeps as INTERNAL, as the specification says to).
+SPAN_KIND_INTERNAL, SPAN_KIND_SERVER, SPAN_KIND_CLIENT, SPAN_KIND_PRODUCER, SPAN_KIND_CONSUMER = 1, 2, 3, 4, 5
+SPAN_KINDS = {SPAN_KIND_INTERNAL: "internal", SPAN_KIND_SERVER: "server", SPAN_KIND_CLIENT: "client",
+              SPAN_KIND_PRODUCER: "producer", SPAN_KIND_CONSUMER: "consumer"}
+
 # Exponential histograms are normalised to scale 0 over one fixed bucket range, so that deltas and merges are
 # element-wise: bucket i holds values in (2**(i + HISTOGRAM_OFFSET), 2**(i + 1 + HISTOGRAM_OFFSET)].
 # 2**-40 s is about 1 ps and 2**8 s about 4 min: every latency the catalog measures fits.
@@ -29,12 +34,17 @@ class Columns:
 
 @dataclass
 class SpanColumns(Columns):
-    """One row per SERVER span, its ids in hex. `tier_header` is the raw, untrusted header value until enrich resolves `tier`;
-    `node` is None when the span names none, until enrich places it (by its GPU `gpu_id`, or its pod by name or by
-    `pod_ip`)."""
+    """One row per span of any kind, its ids in hex (`parent_id` None for a trace's root). `kind` is OTLP's SpanKind
+    (SPAN_KINDS); the SERVER spans are the requests. `peer` is what a CLIENT (or PRODUCER) span says it called
+    (peer.service, server.address, Envoy's upstream_cluster), None where it says nothing. `tier_header` is the raw,
+    untrusted header value until enrich resolves `tier`; `node` is None when the span names none, until enrich
+    places it (by its GPU `gpu_id`, or its pod by name or by `pod_ip`)."""
 
     trace_id: list = field(default_factory=list)
     span_id: list = field(default_factory=list)
+    parent_id: list = field(default_factory=list)
+    kind: list = field(default_factory=list)
+    peer: list = field(default_factory=list)
     service: list = field(default_factory=list)
     node: list = field(default_factory=list)
     gpu_id: list = field(default_factory=list)
@@ -108,7 +118,7 @@ class HistogramColumns(Columns):
 
 @dataclass
 class SpanTable:
-    """SERVER spans already in columns, as the receiver's fast path reads them (receiver/otlp_spans.c): how many,
+    """Spans of every kind already in columns, as the receiver's fast path reads them (receiver/otlp_spans.c): how many,
     each distinct tier header (None: no header) with how many spans carry it, and `batch`, which gives the
     columns in the requests table's shape as an Arrow record batch once each header's tier is known (`tiers`,
     which enrich.tiers sets). Ids are words (analytics/ids.py)."""

@@ -1,4 +1,4 @@
--- sloscope store, schema version 5 (older versions are migrated by migrate_to_N.sql). Times are UTC; counters and histograms are per-interval deltas.
+-- sloscope store, schema version 6 (older versions are migrated by migrate_to_N.sql). Times are UTC; counters and histograms are per-interval deltas.
 CREATE TABLE IF NOT EXISTS meta (
     key   VARCHAR PRIMARY KEY,
     value VARCHAR NOT NULL
@@ -6,7 +6,8 @@ CREATE TABLE IF NOT EXISTS meta (
 
 -- One row per SERVER span (a request). The tier is already resolved against the SLO spec's allow-list. Ids are
 -- unsigned 64-bit words, the id's bytes big-endian (analytics/ids.py): the trace id in hex is
--- printf('%016x%016x', trace_hi, trace_lo), the span id printf('%016x', span_id).
+-- printf('%016x%016x', trace_hi, trace_lo), the span id printf('%016x', span_id). parent_id is NULL for a trace's
+-- root (docs/traces.md says how the graph is read from parents).
 CREATE TABLE IF NOT EXISTS requests (
     trace_hi    UBIGINT NOT NULL,
     trace_lo    UBIGINT NOT NULL,
@@ -22,7 +23,27 @@ CREATE TABLE IF NOT EXISTS requests (
     gpu_id      VARCHAR,
     route       VARCHAR,
     status_code SMALLINT,
-    failed      BOOLEAN NOT NULL
+    failed      BOOLEAN NOT NULL,
+    parent_id   UBIGINT
+);
+
+-- Every span that is not a SERVER span (OTLP SpanKind: 1 INTERNAL, 3 CLIENT, 4 PRODUCER, 5 CONSUMER), with what the
+-- trace graph needs of it: its parent, and for a CLIENT span the peer it says it called. The tier is the span's
+-- own header's (a gateway's span carries it); a trace's tier is its entry's (analytics/sql/trace_spans.sql).
+CREATE TABLE IF NOT EXISTS spans (
+    trace_hi    UBIGINT NOT NULL,
+    trace_lo    UBIGINT NOT NULL,
+    span_id     UBIGINT NOT NULL,
+    parent_id   UBIGINT,
+    kind        UTINYINT NOT NULL,
+    start_time  TIMESTAMP NOT NULL,
+    duration_ms DOUBLE NOT NULL,
+    service     VARCHAR NOT NULL,
+    node        VARCHAR NOT NULL,
+    pod         VARCHAR,
+    tier        VARCHAR NOT NULL,
+    failed      BOOLEAN NOT NULL,
+    peer        VARCHAR
 );
 
 -- Gauges (value as measured, interval_s NULL) and counters (value = increase over interval_s seconds).

@@ -1,0 +1,250 @@
+"""The trace graph: where the entry's latency and errors went, along the traces' call trees (docs/traces.md).
+
+A span's own time is its duration less the time its children cover: the union of their intervals, clipped to its
+own, so that calls made in parallel count once. A SERVER, INTERNAL or CONSUMER span's own time is its service's
+work on its pod. A CLIENT or PRODUCER span's own time is the network gap of its call: its duration less the SERVER
+span it reached (or, where the callee sent no span, the callee's time as well, which is then the peer's).
+
+Each trace is judged by its entry: the earliest of its spans whose parent is not stored (the gateway's or first
+service's span; deeper services see no tier header, so the entry's tier is the trace's). Per entry request, each
+(service, pod, node)'s own time, each call edge's network gap and each place where a trace's failure began (a
+failed span with no failed child) is compared between a baseline window and the observed one: what grew by
+much more than its traces' own variation (a Welch z of at least MIN_Z) and holds a share of the entry's growth
+of at least MIN_SHARE is a culprit. A pod whose calls grew slower on the wire is named once for all its edges,
+caller or callee: the pod that the slowed edges share.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+
+import polars as pl
+
+from sloscope.records import SPAN_KIND_CLIENT, SPAN_KIND_PRODUCER, SPAN_KIND_SERVER, SPAN_KINDS
+
+from sloscope.analytics.store_api import StoreReader
+
+SELF, NETWORK, ERRORS = "self", "network", "errors"
+MIN_Z = 4.0  # a change of the mean per entry request this many standard errors away from the baseline's
+MIN_SHARE = 0.1  # of the entry's growth (latency or failures per request)
+MIN_GROWTH_MS = 1.0  # less added per entry request is no one's fault worth naming
+MIN_TRACES = 20  # per window: fewer entry requests say nothing about a mean
+UNINSTRUMENTED = "(no span)"  # the pod and node of a callee that sent no span, named by its caller's peer
+CALLERS = (SPAN_KIND_CLIENT, SPAN_KIND_PRODUCER)
+PLACE = ("service", "pod", "node")
+
+
+def trace_spans(store: StoreReader, since: datetime, until: datetime) -> pl.DataFrame:
+    """Every span that started in [since, until) (analytics/sql/trace_spans.sql)."""
+    return store.frame(store.sql("trace_spans"), {"since": since, "until": until})
+
+
+def own_times(spans: pl.DataFrame) -> pl.DataFrame:
+    """The spans with their own time (`own_ms`), whether a child failed, and for a call the callee's place
+    (`callee_service`, `callee_pod`, `callee_node`: the SERVER or CONSUMER span it reached, null where none)."""
+    spans = spans.with_columns(start_us=pl.col("start_time").dt.epoch("us"),
+                               end_us=pl.col("start_time").dt.epoch("us") + (pl.col("duration_ms") * 1000).cast(
+                                   pl.Int64)).with_columns(pl.col(p).fill_null("") for p in ("pod", "peer"))
+    parents = spans.select("trace", parent_id="span_id", p_start="start_us", p_end="end_us")
+    children = (spans.select("trace", "parent_id", "kind", "failed", *PLACE, c_start="start_us", c_end="end_us")
+                .join(parents, on=["trace", "parent_id"])
+                .with_columns(c_start=pl.max_horizontal("c_start", "p_start"),
+                              c_end=pl.min_horizontal("c_end", "p_end"))
+                .filter(pl.col("c_end") > pl.col("c_start"))
+                .sort("trace", "parent_id", "c_start"))
+    reached = pl.col("kind").is_in([SPAN_KIND_SERVER, 5])
+    covered = children.with_columns(
+        before=pl.col("c_end").cum_max().shift(1).over("trace", "parent_id")).with_columns(
+        covered=(pl.col("c_end") - pl.max_horizontal("c_start", pl.col("before").fill_null(pl.col("c_start"))))
+        .clip(lower_bound=0)).group_by("trace", "parent_id").agg(
+        covered_us=pl.col("covered").sum(), child_failed=pl.col("failed").any(),
+        callee_service=pl.col("service").filter(reached).first(), callee_pod=pl.col("pod").filter(reached).first(),
+        callee_node=pl.col("node").filter(reached).first())
+    return (spans.join(covered.rename({"parent_id": "span_id"}), on=["trace", "span_id"], how="left")
+            .with_columns(own_ms=(pl.col("duration_ms") - pl.col("covered_us").fill_null(0) / 1000).clip(0.0),
+                          child_failed=pl.col("child_failed").fill_null(False)))
+
+
+def entries(spans: pl.DataFrame) -> pl.DataFrame:
+    """Per trace its entry span: the earliest of those whose parent is not stored (the longest, where two
+    began together)."""
+    stored = spans.select("trace", parent_id="span_id")
+    roots = spans.join(stored, on=["trace", "parent_id"], how="anti")
+    return (roots.sort("trace", "start_time", pl.col("duration_ms"), descending=[False, False, True])
+            .group_by("trace", maintain_order=True).first()
+            .select("trace", entry_service="service", entry_start="start_time", entry_ms="duration_ms",
+                    entry_failed="failed", entry_tier="tier"))
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The baseline and observed windows, by the entry span's start."""
+
+    baseline_start: datetime
+    baseline_end: datetime
+    observed_start: datetime
+    observed_end: datetime
+
+    def label(self) -> pl.Expr:
+        start = pl.col("entry_start")
+        return (pl.when((start >= self.baseline_start) & (start < self.baseline_end)).then(pl.lit("baseline"))
+                .when((start >= self.observed_start) & (start < self.observed_end)).then(pl.lit("observed")))
+
+
+def culprits(store: StoreReader, windows: Windows, tier: str | None = None, services: list[str] | None = None,
+             ) -> tuple[list[dict], dict]:
+    """(culprits ranked by their share of the entry's growth, the entry's own change), for the traces whose entry
+    is of `tier` (all where None) and, where given, of one of `services`."""
+    spans = own_times(trace_spans(store, windows.baseline_start, windows.observed_end))
+    traced = spans.join(entries(spans), on="trace").with_columns(window=windows.label()).filter(
+        pl.col("window").is_not_null())
+    if tier is not None:
+        traced = traced.filter(pl.col("entry_tier") == tier)
+    if services:
+        traced = traced.filter(pl.col("entry_service").is_in(services))
+    per_trace = traced.group_by("trace").agg(pl.col("window", "entry_ms", "entry_failed").first())
+    counts = dict(per_trace.group_by("window").len().iter_rows())
+    if counts.get("baseline", 0) < MIN_TRACES or counts.get("observed", 0) < MIN_TRACES:
+        return [], {"traces": counts}
+    entry = _entry_change(per_trace)
+    found = (_latency_culprits(traced, counts, entry["latency_growth_ms"]) +
+             _error_culprits(traced, counts, entry["error_growth"]))
+    found.sort(key=lambda c: -c["share"])
+    for culprit in found:
+        culprit["path"] = _path(traced, culprit)
+    return found, {"traces": counts, **entry}
+
+
+def _entry_change(per_trace: pl.DataFrame) -> dict:
+    stats = dict((w, (ms, failed)) for w, ms, failed in per_trace.group_by("window").agg(
+        pl.col("entry_ms").mean(), pl.col("entry_failed").mean()).iter_rows())
+    (base_ms, base_failed), (seen_ms, seen_failed) = stats["baseline"], stats["observed"]
+    return {"baseline_ms": round(base_ms, 3), "observed_ms": round(seen_ms, 3),
+            "latency_growth_ms": seen_ms - base_ms, "baseline_error_ratio": round(base_failed, 4),
+            "observed_error_ratio": round(seen_failed, 4), "error_growth": seen_failed - base_failed}
+
+
+def _welch(per_key: pl.DataFrame, key: list[str], counts: dict) -> pl.DataFrame:
+    """Per key: the mean of `x` per entry request in each window (traces without the key count 0), their change
+    and its Welch z."""
+    sums = per_key.group_by(*key, "window").agg(s1=pl.col("x").sum(), s2=(pl.col("x") ** 2).sum())
+    n = pl.col("window").replace_strict(counts, return_dtype=pl.Float64)
+    sums = sums.with_columns(mean=pl.col("s1") / n).with_columns(
+        var=(pl.col("s2") / n - pl.col("mean") ** 2).clip(0.0) / n)
+    wide = sums.pivot("window", index=key, values=["mean", "var"]).fill_null(0.0)
+    for column in ("mean_baseline", "mean_observed", "var_baseline", "var_observed"):
+        if column not in wide.columns:
+            wide = wide.with_columns(pl.lit(0.0).alias(column))
+    growth = pl.col("mean_observed") - pl.col("mean_baseline")
+    return wide.with_columns(growth=growth, z=growth / (pl.col("var_baseline") + pl.col("var_observed")).sqrt()
+                             .clip(1e-9))
+
+
+def _latency_culprits(traced: pl.DataFrame, counts: dict, entry_growth: float) -> list[dict]:
+    calls = pl.col("kind").is_in(CALLERS)
+    reached = pl.col("callee_service").is_not_null()
+    # A call no span answered: its whole time is the peer's, as far as anyone can tell.
+    own = traced.with_columns(
+        service=pl.when(calls & ~reached).then(pl.when(pl.col("peer") != "").then("peer").otherwise(
+            pl.lit(UNINSTRUMENTED))).otherwise("service"),
+        pod=pl.when(calls & ~reached).then(pl.lit(UNINSTRUMENTED)).otherwise("pod"),
+        node=pl.when(calls & ~reached).then(pl.lit(UNINSTRUMENTED)).otherwise("node"))
+    selves = _welch(own.filter(~(calls & reached)).group_by("trace", "window", *PLACE).agg(x=pl.col("own_ms").sum()),
+                    list(PLACE), counts)
+    edge = [*PLACE, "callee_service", "callee_pod", "callee_node"]
+    edges = _welch(traced.filter(calls & reached).group_by("trace", "window", *edge).agg(x=pl.col("own_ms").sum()),
+                   edge, counts)
+    moved = (pl.col("z") >= MIN_Z) & (pl.col("growth") >= MIN_GROWTH_MS)
+    found = [_culprit(row, SELF, "ms", entry_growth) for row in selves.filter(moved).iter_rows(named=True)]
+    found += _network_culprits(edges.filter(moved), entry_growth)
+    return [c for c in found if c["share"] >= MIN_SHARE]
+
+
+def _network_culprits(edges: pl.DataFrame, entry_growth: float) -> list[dict]:
+    """The pods that the slowed edges share, greedily: the pod on most of the added gap first, then the rest of
+    the edges."""
+    rows, found = edges.to_dicts(), []
+    while rows:
+        ends: dict[tuple, list[dict]] = {}
+        for row in rows:
+            ends.setdefault(tuple(row[p] for p in PLACE), []).append(row)
+            ends.setdefault(tuple(row[f"callee_{p}"] for p in PLACE), []).append(row)
+        place, through = max(ends.items(), key=lambda item: (sum(r["growth"] for r in item[1]), item[0] > ("",)))
+        found.append(_culprit({**dict(zip(PLACE, place)), "mean_baseline": sum(r["mean_baseline"] for r in through),
+                               "mean_observed": sum(r["mean_observed"] for r in through),
+                               "growth": sum(r["growth"] for r in through), "z": min(r["z"] for r in through)},
+                              NETWORK, "ms", entry_growth,
+                              edges=[{"caller": r["service"], "callee": r["callee_service"],
+                                      "baseline_ms": round(r["mean_baseline"], 3),
+                                      "observed_ms": round(r["mean_observed"], 3)} for r in through]))
+        rows = [r for r in rows if not any(r is t for t in through)]
+    return found
+
+
+def _error_culprits(traced: pl.DataFrame, counts: dict, entry_growth: float) -> list[dict]:
+    began = traced.filter(pl.col("failed") & ~pl.col("child_failed")).group_by("trace", "window", *PLACE).agg(
+        x=pl.lit(1.0))
+    if began.is_empty():
+        return []
+    moved = _welch(began, list(PLACE), counts).filter((pl.col("z") >= MIN_Z) & (pl.col("growth") > 0))
+    found = [_culprit(row, ERRORS, "failures per request", entry_growth) for row in moved.iter_rows(named=True)]
+    return [c for c in found if c["share"] >= MIN_SHARE]
+
+
+def _culprit(row: dict, kind: str, unit: str, entry_growth: float, **extra) -> dict:
+    share = row["growth"] / entry_growth if entry_growth > 0 else 1.0
+    return {"service": row["service"], "pod": row["pod"] or None, "node": row["node"], "kind": kind,
+            "share": round(min(1.0, share), 3), "baseline": _round(row["mean_baseline"]),
+            "observed": _round(row["mean_observed"]), "unit": unit, "z": round(min(row["z"], 1e6), 1), **extra}
+
+
+def _path(traced: pl.DataFrame, culprit: dict) -> list[str]:
+    """The services from the entry to the culprit, in the observed trace where it took the most."""
+    where = pl.all_horizontal(pl.col(p) == (culprit[p] or "") for p in PLACE) & (pl.col("window") == "observed")
+    spot = traced.filter(where).sort("own_ms", descending=True).head(1)
+    if spot.is_empty():
+        return [culprit["service"]]
+    trace = traced.filter(pl.col("trace") == spot["trace"][0])
+    parent_of = dict(zip(trace["span_id"].to_list(), trace["parent_id"].to_list()))
+    service_of = dict(zip(trace["span_id"].to_list(), trace["service"].to_list()))
+    path, span = [], spot["span_id"][0]
+    while span in service_of and len(path) < 64:  # a trace's depth; a cycle of bad ids ends here too
+        if not path or path[-1] != service_of[span]:
+            path.append(service_of[span])
+        span = parent_of[span]
+    if culprit["service"] not in path:
+        path.insert(0, culprit["service"])
+    return path[::-1]
+
+
+def service_graph(store: StoreReader, since: datetime, until: datetime) -> dict:
+    """The services with their pods and nodes, and the calls between them: calls per second, mean latency, error
+    ratio and mean network gap (the CLIENT span less the SERVER span it reached), over [since, until)."""
+    spans = own_times(trace_spans(store, since, until))
+    seconds = max((until - since).total_seconds(), 1e-9)
+    served = spans.filter(~pl.col("kind").is_in(CALLERS))
+    nodes = served.group_by("service").agg(
+        pods=pl.col("pod").filter(pl.col("pod") != "").unique().sort(), nodes=pl.col("node").unique().sort(),
+        requests_per_s=(pl.col("kind") == SPAN_KIND_SERVER).sum() / seconds,
+        mean_ms=pl.col("duration_ms").filter(pl.col("kind") == SPAN_KIND_SERVER).mean(),
+        error_ratio=pl.col("failed").filter(pl.col("kind") == SPAN_KIND_SERVER).mean()).sort("service")
+    callee = pl.coalesce(pl.col("callee_service"), pl.when(pl.col("peer") != "").then("peer"),
+                         pl.lit(UNINSTRUMENTED))
+    edges = spans.filter(pl.col("kind").is_in(CALLERS)).with_columns(target=callee).group_by(
+        source="service", target="target").agg(
+        calls_per_s=pl.len() / seconds, mean_ms=pl.col("duration_ms").mean(), error_ratio=pl.col("failed").mean(),
+        network_gap_ms=pl.col("own_ms").filter(pl.col("callee_service").is_not_null()).mean()).sort("source", "target")
+    return {"since": since, "until": until, "nodes": _rounded(nodes.to_dicts()), "edges": _rounded(edges.to_dicts()),
+            "kinds": {str(k): SPAN_KINDS.get(k, "internal") for k in sorted(spans["kind"].unique().to_list())}}
+
+
+def _rounded(rows: list[dict]) -> list[dict]:
+    return [{k: _round(v) if isinstance(v, float) else v for k, v in row.items()} for row in rows]
+
+
+def _round(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.4g}")

@@ -1,0 +1,13 @@
+-- Every stored span that started in [since, until), requests and the spans of other kinds alike, as the trace graph
+-- reads them (analytics/graph.py): its trace (a 64-bit hash of the trace id: the graph only needs to tell a
+-- window's traces apart), its id and its parent's, OTLP kind, where it ran, its own tier and its time. A trace's
+-- tier is its entry span's, which the graph reads: deeper services see no header.
+SELECT hash(trace_hi, trace_lo) AS trace, span_id, parent_id, 2::UTINYINT AS kind, service, pod, node, tier,
+       start_time, duration_ms, failed, NULL::VARCHAR AS peer
+FROM requests
+WHERE start_time >= $since AND start_time < $until
+UNION ALL
+SELECT hash(trace_hi, trace_lo), span_id, parent_id, kind, service, pod, node, tier, start_time, duration_ms, failed,
+       peer
+FROM spans
+WHERE start_time >= $since AND start_time < $until

@@ -1,0 +1,139 @@
+"""The trace graph: own times along call trees, entries, and the culprits of an entry's change."""
+
+import random
+from datetime import datetime, timedelta
+
+import polars as pl
+import pytest
+
+from sloscope.analytics import graph
+from sloscope.analytics.frames import SPAN_COLUMNS, SPAN_SCHEMA, Frames
+from sloscope.analytics.store import Store
+from sloscope.records import SPAN_KIND_CLIENT, SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
+
+T0 = datetime(2026, 12, 1, 12, 0, 0)
+# service -> (pod, node)
+PLACES = {"frontend": ("frontend-1", "node-a"), "cart": ("cart-1", "node-b"), "catalog": ("catalog-1", "node-c")}
+
+
+class Traces:
+    """Rows of the spans frame, a trace at a time: frontend calls cart, then catalog."""
+
+    def __init__(self):
+        self.rows, self.next_id = [], 1
+
+    def span(self, trace: int, parent: int | None, kind: int, service: str, start: datetime, ms: float,
+             failed: bool = False, peer: str | None = None, tier: str = "default") -> int:
+        span_id, self.next_id = self.next_id, self.next_id + 1
+        pod, node = PLACES.get(service, (None, "unknown"))
+        self.rows.append({"trace_hi": 0, "trace_lo": trace, "span_id": span_id, "parent_id": parent, "kind": kind,
+                          "start_time": start, "duration_ms": ms, "service": service, "node": node, "pod": pod,
+                          "namespace": "shop", "pod_ip": None, "gpu_id": None, "tier": tier, "route": "/",
+                          "status_code": None, "failed": failed, "peer": peer})
+        return span_id
+
+    def request(self, trace: int, start: datetime, cart_ms: float, gap_ms: float, cart_fails: bool = False,
+                rng: random.Random = random.Random(0)) -> None:
+        own = 2.0 + rng.random()
+        cart = cart_ms * (0.9 + 0.2 * rng.random())
+        catalog = 5.0 * (0.9 + 0.2 * rng.random())
+        total = own + cart + 2 * gap_ms + catalog + 1.0
+        entry = self.span(trace, None, SPAN_KIND_SERVER, "frontend", start, total, failed=cart_fails, tier="gold")
+        at = start + timedelta(milliseconds=own)
+        call = self.span(trace, entry, SPAN_KIND_CLIENT, "frontend", at, cart + gap_ms, failed=cart_fails,
+                         peer="cart")
+        self.span(trace, call, SPAN_KIND_SERVER, "cart", at + timedelta(milliseconds=gap_ms / 2), cart,
+                  failed=cart_fails)
+        at += timedelta(milliseconds=cart + gap_ms)
+        call = self.span(trace, entry, SPAN_KIND_CLIENT, "frontend", at, catalog + gap_ms, peer="catalog")
+        served = self.span(trace, call, SPAN_KIND_SERVER, "catalog", at + timedelta(milliseconds=gap_ms / 2),
+                           catalog)
+        self.span(trace, served, SPAN_KIND_INTERNAL, "catalog", at + timedelta(milliseconds=gap_ms / 2), catalog / 2)
+
+    def frames(self) -> Frames:
+        spans = pl.DataFrame(self.rows, schema={**SPAN_SCHEMA, "start_time": pl.Datetime("us"),
+                                                "duration_ms": pl.Float64}).select(SPAN_COLUMNS)
+        frames = Frames.concat([])
+        frames.spans = spans
+        return frames
+
+
+def _store(tmp_path, cart_ms=20.0, gap_ms=0.5, cart_fails_every=0, seconds=900, fault_at=600) -> Store:
+    """A request every 200 ms; from `fault_at` s on, cart takes cart_ms and calls cross gap_ms."""
+    traces, rng = Traces(), random.Random(7)
+    for n in range(seconds * 5):
+        start = T0 + timedelta(milliseconds=200 * n)
+        faulty = n >= fault_at * 5
+        fails = faulty and cart_fails_every and n % cart_fails_every == 0
+        traces.request(n + 1, start, cart_ms if faulty else 20.0, gap_ms if faulty else 0.5, bool(fails), rng)
+    store = Store(tmp_path / "g.duckdb")
+    store.write(traces.frames())
+    return store
+
+
+WINDOWS = graph.Windows(T0, T0 + timedelta(minutes=9), T0 + timedelta(minutes=10), T0 + timedelta(minutes=11))
+
+
+def test_requests_and_other_spans_go_to_their_tables(tmp_path):
+    with _store(tmp_path, seconds=10) as store:
+        assert store.scalar("SELECT count(*) FROM requests") == 50 * 3
+        assert store.scalar("SELECT count(*) FROM spans") == 50 * 3
+        assert store.scalar("SELECT count(*) FROM requests WHERE parent_id IS NULL") == 50  # the entries
+        kinds = dict(store.rows("SELECT kind, count(*) FROM spans GROUP BY kind"))
+        assert kinds == {SPAN_KIND_CLIENT: 100, SPAN_KIND_INTERNAL: 50}
+
+
+def test_own_time_leaves_out_the_children_and_a_call_keeps_its_gap(tmp_path):
+    with _store(tmp_path, seconds=2) as store:
+        spans = graph.own_times(graph.trace_spans(store, T0, T0 + timedelta(hours=1)))
+    calls = spans.filter(pl.col("kind") == SPAN_KIND_CLIENT)
+    assert calls["own_ms"].to_list() == pytest.approx([0.5] * len(calls), abs=1e-3)
+    assert set(calls["callee_service"].to_list()) == {"cart", "catalog"}
+    catalog = spans.filter((pl.col("service") == "catalog") & (pl.col("kind") == SPAN_KIND_SERVER))
+    internal = spans.filter(pl.col("kind") == SPAN_KIND_INTERNAL)
+    assert (catalog["own_ms"] + internal["own_ms"]).to_list() == pytest.approx(catalog["duration_ms"].to_list(), abs=2e-3)
+    entries = graph.entries(spans)
+    assert entries["entry_service"].unique().to_list() == ["frontend"] and entries["entry_tier"][0] == "gold"
+
+
+def test_a_slow_deep_service_is_the_culprit_with_its_path(tmp_path):
+    with _store(tmp_path, cart_ms=80.0) as store:
+        found, entry = graph.culprits(store, WINDOWS)
+    assert entry["latency_growth_ms"] == pytest.approx(60, rel=0.1)
+    top = found[0]
+    assert (top["service"], top["pod"], top["node"], top["kind"]) == ("cart", "cart-1", "node-b", graph.SELF)
+    assert top["share"] > 0.9 and top["path"] == ["frontend", "cart"]
+    assert top["baseline"] == pytest.approx(20, rel=0.1) and top["observed"] == pytest.approx(80, rel=0.1)
+    assert len(found) == 1  # frontend and catalog did not change
+
+
+def test_a_slower_wire_names_the_pod_its_slowed_calls_share(tmp_path):
+    with _store(tmp_path, gap_ms=30.0) as store:
+        found, _ = graph.culprits(store, WINDOWS)
+    top = found[0]
+    assert top["kind"] == graph.NETWORK and top["service"] == "frontend"  # both of its calls slowed
+    assert {e["callee"] for e in top["edges"]} == {"cart", "catalog"}
+
+
+def test_failures_are_placed_where_they_began(tmp_path):
+    with _store(tmp_path, cart_fails_every=3) as store:
+        found, entry = graph.culprits(store, WINDOWS)
+    errors = [c for c in found if c["kind"] == graph.ERRORS]
+    assert entry["observed_error_ratio"] == pytest.approx(1 / 3, abs=0.02)
+    assert [(c["service"], c["node"]) for c in errors] == [("cart", "node-b")]
+
+
+def test_a_steady_mesh_has_no_culprit(tmp_path):
+    with _store(tmp_path, fault_at=10**6) as store:
+        assert graph.culprits(store, WINDOWS)[0] == []
+
+
+def test_the_service_graph_counts_calls_and_gaps(tmp_path):
+    with _store(tmp_path, seconds=60) as store:
+        shown = graph.service_graph(store, T0, T0 + timedelta(seconds=60))
+    edges = {(e["source"], e["target"]): e for e in shown["edges"]}
+    assert set(edges) == {("frontend", "cart"), ("frontend", "catalog")}
+    assert edges["frontend", "cart"]["calls_per_s"] == pytest.approx(5.0)
+    assert edges["frontend", "cart"]["network_gap_ms"] == pytest.approx(0.5, abs=0.01)
+    nodes = {n["service"]: n for n in shown["nodes"]}
+    assert nodes["cart"]["pods"] == ["cart-1"] and nodes["cart"]["nodes"] == ["node-b"]
