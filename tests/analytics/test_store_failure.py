@@ -112,7 +112,7 @@ class Filler(threading.Thread):
 
     def __init__(self, directory: Path):
         super().__init__(daemon=True)
-        self.path, self.stopped = directory / "filler", threading.Event()
+        self.path, self.stopped, self.refused = directory / "filler", threading.Event(), threading.Event()
 
     def run(self) -> None:
         with self.path.open("wb", buffering=0) as f:
@@ -120,11 +120,12 @@ class Filler(threading.Thread):
                 try:
                     f.write(b"\0" * 2**16)
                 except OSError:
+                    self.refused.set()
                     self.stopped.wait(0.02)
 
     def full(self) -> bool:
-        """Whether the file system has no block left to give."""
-        return os.statvfs(self.path.parent).f_bavail == 0
+        """Whether the file system has refused the filler a write."""
+        return self.refused.is_set()
 
     def free(self) -> None:
         self.stopped.set()
