@@ -41,6 +41,7 @@ CAUSE_ACTIONS = {
     "storage_thermal": QOS,
     "disk_io": NOTIFY,
     "network_loss": DRAIN,
+    "network_latency": NOTIFY,
     "connection_churn": NOTIFY,
     "cpu_contention": NOTIFY,
     "memory_pressure": NOTIFY,

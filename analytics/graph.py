@@ -36,9 +36,24 @@ CALLERS = (SPAN_KIND_CLIENT, SPAN_KIND_PRODUCER)
 PLACE = ("service", "pod", "node")
 
 
-def trace_spans(store: StoreReader, since: datetime, until: datetime) -> pl.DataFrame:
-    """Every span that started in [since, until) (analytics/sql/trace_spans.sql)."""
-    return store.frame(store.sql("trace_spans"), {"since": since, "until": until})
+@dataclass(frozen=True)
+class Entry:
+    """The entry requests whose traces an analysis reads: those of `service` on `node` of `tier` (an incident's),
+    or every trace where `service` is empty."""
+
+    service: str = ""
+    node: str = ""
+    tier: str = ""
+
+
+EVERY_TRACE = Entry()
+
+
+def trace_spans(store: StoreReader, since: datetime, until: datetime, entry: Entry = EVERY_TRACE) -> pl.DataFrame:
+    """Every span that started in [since, until) (analytics/sql/trace_spans.sql), of the traces of `entry`."""
+    spans = store.frame(store.sql("trace_spans"), {"since": since, "until": until, "service": entry.service,
+                                                   "node": entry.node, "tier": entry.tier})
+    return spans.with_columns(pl.col("failed").cast(pl.Boolean))  # ClickHouse answers its booleans as integers
 
 
 def own_times(spans: pl.DataFrame) -> pl.DataFrame:
@@ -93,17 +108,12 @@ class Windows:
                 .when((start >= self.observed_start) & (start < self.observed_end)).then(pl.lit("observed")))
 
 
-def culprits(store: StoreReader, windows: Windows, tier: str | None = None, services: list[str] | None = None,
-             ) -> tuple[list[dict], dict]:
-    """(culprits ranked by their share of the entry's growth, the entry's own change), for the traces whose entry
-    is of `tier` (all where None) and, where given, of one of `services`."""
-    spans = own_times(trace_spans(store, windows.baseline_start, windows.observed_end))
+def culprits(store: StoreReader, windows: Windows, entry: Entry = EVERY_TRACE) -> tuple[list[dict], dict]:
+    """(culprits ranked by their share of the entry's growth, the entry's own change), over the traces of
+    `entry`."""
+    spans = own_times(trace_spans(store, windows.baseline_start, windows.observed_end, entry))
     traced = spans.join(entries(spans), on="trace").with_columns(window=windows.label()).filter(
         pl.col("window").is_not_null())
-    if tier is not None:
-        traced = traced.filter(pl.col("entry_tier") == tier)
-    if services:
-        traced = traced.filter(pl.col("entry_service").is_in(services))
     per_trace = traced.group_by("trace").agg(pl.col("window", "entry_ms", "entry_failed").first())
     counts = dict(per_trace.group_by("window").len().iter_rows())
     if counts.get("baseline", 0) < MIN_TRACES or counts.get("observed", 0) < MIN_TRACES:

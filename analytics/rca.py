@@ -16,6 +16,8 @@ from sloscope.times import parse_time, rfc3339
 from sloscope.analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, Fleet, Window, diagnose,
                                             evidence_still_moved, fleet_movement, series_scores, signal_step_s,
                                             signal_steps, steps_params)
+from sloscope.analytics.graph import Entry, Windows, culprits
+from sloscope.analytics.localize import culprit_causes
 from sloscope.analytics.slo import Incident, find_incidents, sli_params
 from sloscope.analytics.store_api import StoreReader
 
@@ -158,8 +160,25 @@ def analyse(store: StoreReader, spec, since: datetime | None = None, until: date
         scores = analysis.scores(window, incident.node)
         with timed("attribution"):
             causes, diagnosis = diagnose(scores, incident.node, window, top, spec.taxonomy, fleet)
-        out.append(incident_json(incident, causes, diagnosis))
+        with timed("trace_graph"):
+            found, _ = culprits(store, Windows(window.baseline_start, window.analysis_start, start, end),
+                                Entry(incident.service, incident.node, incident.tier))
+            causes, diagnosis = _led_by_culprits(analysis, incident, (start, end), found, causes, diagnosis, top)
+        out.append(incident_json(incident, causes, diagnosis, found))
     return {"incidents": out}
+
+
+def _led_by_culprits(analysis: "_Analysis", incident: Incident, episode: tuple[datetime, datetime],
+                     found: list[dict], causes: list[dict], diagnosis: dict, top: int) -> tuple[list[dict], dict]:
+    """An incident's causes with the trace graph's culprits first (each cause names the service and pod it was
+    found for; the incident node's own, its service). Where no culprit stands out, or the first is the
+    incident's own service and node and its signals name a cause, the node's own ranking stands."""
+    own = [{"service": incident.service, "pod": None, "node": incident.node, **c} for c in causes]
+    if not found or ((found[0]["service"], found[0]["node"]) == (incident.service, incident.node) and own):
+        return own, diagnosis
+    led = culprit_causes(found, lambda node: analysis.causes(node, *episode, top), top)
+    ranked = led + [c for c in own if (c["node"], c["cause"]) not in {(x["node"], x["cause"]) for x in led}]
+    return ranked[:top], {"verdict": "ranked", "floor": diagnosis["floor"], "baseline": diagnosis["baseline"]}
 
 
 def roll_up(store: StoreReader, spec) -> None:
@@ -175,20 +194,28 @@ def roll_up(store: StoreReader, spec) -> None:
 
 def explain_moment(store: StoreReader, spec, at: datetime, node: str | None = None, top: int = 5,
                    baseline: timedelta = BASELINE, lookback: timedelta = LOOKBACK) -> dict:
-    """(node, cause) pairs ranked for the minute from `at`, with no SLI breach required: what changed then.
-    The same scores and floor as an incident's causes; each cause also names its node."""
+    """(service, node, cause) ranked for the minute from `at`, with no SLI breach required: what changed then.
+    The trace graph's culprits lead (analytics/graph.py): each one's causes on its node, or network_latency or
+    application (analytics/localize.py); then the other nodes' physical causes, with the same scores and floor
+    as an incident's. Each cause names its node, and the service and pod it was found for (None where no
+    culprit led to it)."""
     analysis = _Analysis(store, spec, baseline, lookback)
     fleet = Window.around(at, at + MOMENT_SPAN, spec.resolution_s, baseline, lookback)
     nodes = [node] if node else sorted(set(analysis.scores(fleet)["node"].to_list()))
-    ranked, candidates, baselines = [], [], {}
+    ranked, candidates, baselines, by_node = [], [], {}, {}
     for name in nodes:
         window = analysis.window(name, at, at + MOMENT_SPAN)
         causes, diagnosis = diagnose(analysis.scores(window), name, window, top, spec.taxonomy)
-        ranked += [{"node": name, **c} for c in causes]
+        by_node[name] = causes
+        ranked += [{"service": None, "pod": None, "node": name, **c} for c in causes]
         candidates += [{"node": name, **c} for c in diagnosis.get("candidates", [])]
         baselines[name] = diagnosis.pop("baseline")
     ranked.sort(key=lambda c: -c["score"])
     candidates.sort(key=lambda c: -c["score"])
+    found, entry = culprits(store, Windows(at - lookback - baseline, at - lookback, at, at + MOMENT_SPAN))
+    found = [c for c in found if node is None or c["node"] == node]
+    led = culprit_causes(found, lambda name: by_node.get(name) or _node_causes(analysis, spec, name, at, top), top)
+    ranked = led + [c for c in ranked if (c["node"], c["cause"]) not in {(x["node"], x["cause"]) for x in led}]
     if ranked:
         diagnosis = {"verdict": "ranked", "floor": CLEAR_CAUSE_FLOOR}
     elif not node or diagnosis["verdict"] == "no_clear_cause":  # else the one node asked for says why it has none
@@ -196,8 +223,14 @@ def explain_moment(store: StoreReader, spec, at: datetime, node: str | None = No
                      "reason": f"no (node, cause) pair's evidence reaches the floor of {CLEAR_CAUSE_FLOOR:g}"
                                if nodes else "no node has signals around that moment"}
     moment = {"at": rfc3339(at), "until": rfc3339(at + MOMENT_SPAN), "node": node, "causes": ranked[:top],
-              "diagnosis": {**diagnosis, "baselines": baselines}}
+              "culprits": found, "entry": entry, "diagnosis": {**diagnosis, "baselines": baselines}}
     return {"incidents": [], "moment": moment}
+
+
+def _node_causes(analysis: "_Analysis", spec, node: str, at: datetime, top: int) -> list[dict]:
+    """The physical causes of a node the moment's ranking did not score (it has no signals in the fleet's window)."""
+    window = analysis.window(node, at, at + MOMENT_SPAN)
+    return diagnose(analysis.scores(window, node), node, window, top, spec.taxonomy)[0]
 
 
 class _Analysis:
@@ -236,6 +269,14 @@ class _Analysis:
             with self.timed("signal_steps"):
                 self._fleets[window] = fleet_movement(self.store, window, self.known)
         return self._fleets[window]
+
+    def causes(self, node: str, start: datetime, end: datetime, top: int) -> list[dict]:
+        """A node's ranked causes for an episode (none where none reaches the floor), each naming the node."""
+        window = self.window(node, start, end)
+        fleet = self.fleet(window)
+        scores = self.scores(window, node)
+        with self.timed("attribution"):
+            return [{"node": node, **c} for c in diagnose(scores, node, window, top, self.known, fleet)[0]]
 
     def top_cause(self, node: str, start: datetime, end: datetime) -> dict | None:
         window = self.window(node, start, end)
@@ -286,10 +327,10 @@ def episodes(incidents: list[Incident], continues=None) -> list[tuple[datetime, 
     return [spans[i] for i in ids]
 
 
-def incident_json(incident: Incident, causes: list[dict], diagnosis: dict) -> dict:
+def incident_json(incident: Incident, causes: list[dict], diagnosis: dict, found: list[dict]) -> dict:
     return {"tier": incident.tier, "service": incident.service, "node": incident.node,
             "start": rfc3339(incident.start), "end": rfc3339(incident.end), "sli": incident.sli, "causes": causes,
-            "diagnosis": diagnosis}
+            "culprits": found, "diagnosis": diagnosis}
 
 
 def format_table(result: dict, no_requests: bool = False) -> str:

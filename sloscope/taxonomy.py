@@ -147,6 +147,12 @@ CAUSES: tuple[Cause, ...] = (
                    _ev("system.network.dropped", 2)),
           "packet loss on the path",
           "drain traffic from {node}'s network path and check its link"),
+    # The path's own delay: TCP's smoothed round-trip time. The calls' network gaps, which the traces give, are the
+    # trace graph's evidence for it (analytics/localize.py). Loss raises round trips too: loss explains them away.
+    Cause("network_latency", "network", _measure("network.rtt", _ev("sloscope.tcp.rtt")),
+          "added latency on the path (a congested link, a traffic shaper, a longer route)",
+          "check the network path to and from {node}: its calls' round trips grew with no loss",
+          explained_by=("network_loss",)),
     Cause("connection_churn", "network",
           _measure("tcp.time_wait", _ev("system.network.connection.count", network__connection__state="time_wait"),
                    _ev("sloscope.tcp.state_transitions"), _ev("system.network.connections", 2, state="TIME_WAIT")),
@@ -184,6 +190,10 @@ CAUSES: tuple[Cause, ...] = (
 BY_ID: dict[str, Cause] = {c.id: c for c in CAUSES}
 CAUSE_IDS: tuple[str, ...] = tuple(BY_ID)
 assert all(other in BY_ID for c in CAUSES for other in c.explained_by)
+
+# Not a physical cause: the verdict where a service's own time or failures grew and no physical signal explains it
+# (analytics/localize.py): its own code or configuration.
+APPLICATION = "application"
 
 SPEC_PRODUCER = "slo_spec"  # the producer named for a metric the SLO spec declares as evidence
 

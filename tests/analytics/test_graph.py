@@ -8,8 +8,11 @@ import pytest
 
 from sloscope.analytics import graph
 from sloscope.analytics.frames import SPAN_COLUMNS, SPAN_SCHEMA, Frames
+from sloscope.analytics.rca import explain_moment
 from sloscope.analytics.store import Store
+from sloscope.analytics.stores import open_store
 from sloscope.records import SPAN_KIND_CLIENT, SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
+from sloscope.slo_spec import load_spec
 
 T0 = datetime(2026, 12, 1, 12, 0, 0)
 # service -> (pod, node)
@@ -137,3 +140,35 @@ def test_the_service_graph_counts_calls_and_gaps(tmp_path):
     assert edges["frontend", "cart"]["network_gap_ms"] == pytest.approx(0.5, abs=0.01)
     nodes = {n["service"]: n for n in shown["nodes"]}
     assert nodes["cart"]["pods"] == ["cart-1"] and nodes["cart"]["nodes"] == ["node-b"]
+
+
+def test_a_moment_names_the_culprit_and_its_cause(tmp_path):
+    """With no physical signal anywhere, a slower service is the application's doing; a slower wire is
+    network_latency on the pod its slowed calls share."""
+    at = T0 + timedelta(minutes=10)
+    with _store(tmp_path, cart_ms=80.0) as store:
+        moment = explain_moment(store, load_spec(None), at)["moment"]
+    first = moment["causes"][0]
+    assert (first["service"], first["pod"], first["node"], first["cause"]) == ("cart", "cart-1", "node-b",
+                                                                               "application")
+    assert moment["culprits"][0]["path"] == ["frontend", "cart"] and "cart" in first["remediation"]
+    assert moment["diagnosis"]["verdict"] == "ranked"
+    with _store(tmp_path / "wire", gap_ms=30.0) as store:
+        moment = explain_moment(store, load_spec(None), at)["moment"]
+    assert [(c["service"], c["cause"]) for c in moment["causes"]][:1] == [("frontend", "network_latency")]
+
+
+def test_clickhouse_reads_the_same_graph(tmp_path):
+    """The exporter's otel_traces hold every kind with ParentSpanId: the culprits and the service graph are the
+    DuckDB store's."""
+    pytest.importorskip("chdb")
+    traces, rng = Traces(), random.Random(3)
+    for n in range(900 * 5):
+        traces.request(n + 1, T0 + timedelta(milliseconds=200 * n), 80.0 if n >= 3000 else 20.0, 0.5, rng=rng)
+    with Store(tmp_path / "d.duckdb") as duck, open_store(f"chdb:///{tmp_path}/ch") as house:
+        for store in (duck, house):
+            store.write(traces.frames())
+        found = [graph.culprits(store, WINDOWS)[0] for store in (duck, house)]
+        shown = [graph.service_graph(store, T0, T0 + timedelta(minutes=1)) for store in (duck, house)]
+    assert found[0] == found[1] and found[0][0]["service"] == "cart"
+    assert shown[0]["edges"] == shown[1]["edges"] and shown[0]["nodes"] == shown[1]["nodes"]

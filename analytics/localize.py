@@ -1,0 +1,56 @@
+"""From the trace graph's culprits to causes: each culprit's physical causes on its own node, where its node's
+signals show one; `network_latency` for a culprit whose calls slowed on the wire; `application`, with the culprit
+named, where its own time or failures grew and no physical signal explains it (never a physical cause on no
+evidence). The order is the culprits': the first culprit's best cause leads (docs/analysis.md)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from sloscope import taxonomy
+
+from sloscope.analytics.attribution import CLEAR_CAUSE_FLOOR, THRESHOLD
+from sloscope.analytics.graph import ERRORS, NETWORK, SELF, UNINSTRUMENTED
+
+# What the graph's evidence is called where a cause lists its evidence, beside the catalog's signals.
+GRAPH_SIGNALS = {SELF: "trace.own_time", NETWORK: "trace.network_gap", ERRORS: "trace.failures_began"}
+GRAPH_SOURCE = "traces"
+NETWORK_LAYER = "network"
+
+
+def culprit_causes(culprits: list[dict], node_causes: Callable[[str], list[dict]], top: int) -> list[dict]:
+    """Each culprit's causes in culprit order, at most `top` per culprit; `node_causes(node)` gives a node's ranked
+    physical causes (those reaching CLEAR_CAUSE_FLOOR, best first; none where its signals show none)."""
+    out, seen = [], set()
+    for culprit in culprits:
+        physical = [] if culprit["node"] == UNINSTRUMENTED else node_causes(culprit["node"])
+        if culprit["kind"] == NETWORK:
+            physical = [c for c in physical if c["layer"] == NETWORK_LAYER]
+        causes = physical or [_graph_cause(culprit)]
+        for cause in causes[:top]:
+            key = (culprit["service"], culprit["node"], cause["cause"])
+            if key not in seen:
+                seen.add(key)
+                out.append({"service": culprit["service"], "pod": culprit["pod"], "node": culprit["node"], **cause,
+                            "culprit": culprit["kind"]})
+    return out
+
+
+def _graph_cause(culprit: dict) -> dict:
+    """network_latency or application, from the trace graph's evidence alone."""
+    z = culprit["z"]
+    score = round(culprit["share"] * z / (z + THRESHOLD), 3)
+    evidence = {"signal": GRAPH_SIGNALS[culprit["kind"]],
+                "attributes": {"service": culprit["service"], "pod": culprit["pod"]}, "source": GRAPH_SOURCE,
+                "measure": GRAPH_SIGNALS[culprit["kind"]], "rank": 1, "baseline": culprit["baseline"],
+                "observed": culprit["observed"], "onset": None, "z": z, "fleet_share": 0.0}
+    where = culprit["pod"] or culprit["service"]
+    if culprit["kind"] == NETWORK:
+        cause = taxonomy.BY_ID["network_latency"]
+        return {"cause": cause.id, "layer": cause.layer, "score": max(score, CLEAR_CAUSE_FLOOR),
+                "evidence": [evidence], "remediation": cause.remediation.format(node=culprit["node"])}
+    what = "own time" if culprit["kind"] == SELF else "failures"
+    return {"cause": taxonomy.APPLICATION, "layer": "application", "score": max(score, CLEAR_CAUSE_FLOOR),
+            "evidence": [evidence],
+            "remediation": f"look at {culprit['service']}'s own code, configuration or recent rollout ({where}): its "
+                           f"{what} grew while no physical signal on {culprit['node']} moved"}
