@@ -17,7 +17,7 @@ from sloscope.analytics import exporter_tables
 from sloscope.analytics.clickhouse_store import derived_column_statements, modifying, sql_literal
 from sloscope.analytics.errors import StoreError
 from sloscope.analytics.ingest import Ingestor
-from sloscope.analytics.rca import NO_REQUESTS, Query, format_table, roll_up
+from sloscope.analytics.rca import NO_REQUESTS, Query, format_table, graph_answer, roll_up
 from sloscope.analytics.retention import DUCKDB_ONLY, apply_retention, kept_period, utc_now
 from sloscope.analytics.stores import add_store_arguments, open_from_args, parse_store_url, store_url
 
@@ -68,6 +68,19 @@ def register(subparsers) -> None:
                      help="the baseline ends this long before the incident; causes' onsets are searched from "
                      "there (default: %(default)s)")
     rca.set_defaults(func=run_rca)
+
+    shown = subparsers.add_parser(
+        "graph", help="the service graph: services with their pods and nodes, the calls between them",
+        description="The service graph read from the stored traces (docs/traces.md), as JSON: nodes are services "
+        "with their pods, nodes, requests per second, mean latency and error ratio; edges are calls with calls per "
+        "second, mean latency, error ratio and the mean network gap (the CLIENT span less the SERVER span it "
+        "reached). Over --since/--until, or the minute from --at; by default the 5 minutes up to the newest "
+        "request. GET /graph on serve answers the same.")
+    add_store_arguments(shown)
+    add_range_arguments(shown)
+    shown.add_argument("--at", metavar="TIME", help="the minute from TIME (RFC 3339, or a duration back from the "
+                       "newest request) instead of a range")
+    shown.set_defaults(func=run_graph)
 
     retention = subparsers.add_parser(
         "retention", help="delete stored rows older than a kept period (DuckDB stores)",
@@ -172,6 +185,17 @@ def run_rca(args) -> int:
         print(f"sloscope rca: {store.path} {NO_REQUESTS}", file=sys.stderr)
     fmt = args.format or ("table" if sys.stdout.isatty() else "json")
     print(format_table(result, empty) if fmt == "table" else json.dumps(result, indent=2))
+    return EXIT_OK
+
+
+def run_graph(args) -> int:
+    try:
+        with open_from_args(args, read_only=True) as store:
+            result = graph_answer(store, args.since or "", args.until or "", args.at or "")
+    except (StoreError, ValueError) as exc:
+        print(f"sloscope graph: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(result, indent=2))
     return EXIT_OK
 
 

@@ -16,7 +16,7 @@ from sloscope.times import parse_time, rfc3339
 from sloscope.analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, Fleet, Window, diagnose,
                                             evidence_still_moved, fleet_movement, series_scores, signal_step_s,
                                             signal_steps, steps_params)
-from sloscope.analytics.graph import Entry, Windows, culprits
+from sloscope.analytics.graph import Entry, Windows, culprits, service_graph
 from sloscope.analytics.localize import culprit_causes
 from sloscope.analytics.slo import Incident, find_incidents, sli_params
 from sloscope.analytics.store_api import StoreReader
@@ -25,6 +25,7 @@ NO_REQUESTS = "holds no requests in the analysed range"
 EPISODE_GAP = timedelta(minutes=2)
 CLOCK_SKEW = timedelta(minutes=5)  # how far ahead of this host's clock a request may start and still be "newest"
 MOMENT_SPAN = timedelta(minutes=1)  # a moment is explained by what its signals did in the minute from it
+GRAPH_SPAN = timedelta(minutes=5)  # the service graph's range when none is asked: up to the newest request
 
 
 def newest_request(store, now: datetime | None = None) -> datetime | None:
@@ -102,6 +103,26 @@ class Query:
     def holds_requests(self, store: StoreReader) -> bool:
         """Whether the store holds requests in the range this query analyses."""
         return holds_requests(store, *analysed_range(self.since, self.until, newest_request(store), self.named))
+
+
+def graph_answer(store: StoreReader, since: str = "", until: str = "", at: str = "",
+                 named: Callable[[str], str] = flag) -> dict:
+    """The service graph (analytics/graph.py) of the minute from `at`, or of [since, until): by default the
+    GRAPH_SPAN up to the newest stored request. ValueError names what the query got wrong."""
+    newest = newest_request(store)
+    if at and (since or until):
+        raise ValueError(f"{named('at')} asks for a minute: give it, or {named('since')} and {named('until')}")
+    if at:
+        start = parse_time(at, newest, named("at"))
+        end = start + MOMENT_SPAN
+    else:
+        start, end = analysed_range(since, until, newest, named)
+        end = end or (newest + timedelta(seconds=1) if newest else None)
+        start = start or (end - GRAPH_SPAN if end else None)
+    if start is None or end is None:
+        return {"since": None, "until": None, "nodes": [], "edges": [], "kinds": {}}
+    shown = service_graph(store, start, end)
+    return {**shown, "since": rfc3339(start), "until": rfc3339(end)}
 
 
 class StageTimer:
@@ -353,13 +374,31 @@ def format_table(result: dict, no_requests: bool = False) -> str:
         lines.append("")
         lines.append(f"#{n} {inc['tier']} / {inc['service']} on {inc['node']}  {inc['start']} .. {inc['end']}  "
                      f"({what})")
+        lines.extend(_culprit_lines(inc.get("culprits", [])))
         if not inc["causes"]:
             lines.extend(_no_cause_lines(inc.get("diagnosis", {})))
         for rank, cause in enumerate(inc["causes"], 1):
-            lines.append(f"   {rank}. {cause['cause']:<22} {cause['layer']:<8} score {cause['score']:.2f}  "
-                         f"-> {cause['remediation']}")
+            lines.append(f"   {rank}. {_where(cause)}{cause['cause']:<22} {cause['layer']:<8} score "
+                         f"{cause['score']:.2f}  -> {cause['remediation']}")
             lines.extend(_evidence_lines(cause))
     return "\n".join(lines)
+
+
+def _where(cause: dict) -> str:
+    """The service, pod and node a cause was found for, where a culprit led to it."""
+    if not cause.get("service") or not cause.get("pod"):
+        return ""
+    return f"{cause['service']} ({cause['pod']} on {cause['node']}): "
+
+
+def _culprit_lines(found: list[dict]) -> list[str]:
+    """Each culprit with its path from the entry."""
+    lines = []
+    for culprit in found:
+        change = f"{culprit['baseline']} -> {culprit['observed']} {culprit['unit']}"
+        lines.append(f"   culprit {' -> '.join(culprit['path'])} ({culprit['pod'] or '-'} on {culprit['node']}): "
+                     f"{culprit['kind']} {change}, {culprit['share']:.0%} of the entry's change")
+    return lines
 
 
 def _evidence_lines(cause: dict) -> list[str]:
@@ -374,11 +413,12 @@ def _evidence_lines(cause: dict) -> list[str]:
 def _moment_table(moment: dict) -> str:
     where = f" on {moment['node']}" if moment["node"] else ""
     lines = [f"What changed{where} in {moment['at']} .. {moment['until']}"]
+    lines.extend(_culprit_lines(moment.get("culprits", [])))
     if not moment["causes"]:
         lines.extend(_no_cause_lines(moment["diagnosis"]))
     for rank, cause in enumerate(moment["causes"], 1):
-        lines.append(f"   {rank}. {cause['node']:<16} {cause['cause']:<22} score {cause['score']:.2f}  -> "
-                     f"{cause['remediation']}")
+        lines.append(f"   {rank}. {cause.get('service') or '-':<16} {cause['node']:<16} {cause['cause']:<22} score "
+                     f"{cause['score']:.2f}  -> {cause['remediation']}")
         lines.extend(_evidence_lines(cause))
     return "\n".join(lines)
 

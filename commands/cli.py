@@ -20,7 +20,8 @@ from sloscope.arguments import Parser
 # Each command, by the module that registers it (tests/commands/test_cli.py holds this to what the modules register).
 COMMANDS = {
     "simulate": "sloscope.simulator.cli",
-    "ingest": "sloscope.analytics.cli", "rca": "sloscope.analytics.cli", "retention": "sloscope.analytics.cli",
+    "ingest": "sloscope.analytics.cli", "rca": "sloscope.analytics.cli", "graph": "sloscope.analytics.cli",
+    "retention": "sloscope.analytics.cli",
     "clickhouse-columns": "sloscope.analytics.cli",
     "demo": "sloscope.commands.demo",
     "serve": "sloscope.commands.serve",

@@ -11,7 +11,7 @@ import signal
 import threading
 
 from sloscope.addresses import address_text
-from sloscope.analytics.rca import Query, query_parameter
+from sloscope.analytics.rca import Query, graph_answer, query_parameter
 from sloscope.alerts.store_metrics import render
 from sloscope.alerts.webhook import WebhookServer
 from sloscope.receiver.server import grpc_server, http_server
@@ -38,10 +38,21 @@ def rca_page(store, spec):
     return page
 
 
+def graph_page(store):
+    """GET /graph: `sloscope graph` in this process. Query parameters as its flags: since, until, at."""
+
+    def page(since: str = "", until: str = "", at: str = ""):
+        with store.reading() as reader:
+            result = graph_answer(reader, since, until, at, query_parameter)
+        return json.dumps(result).encode(), "application/json"
+
+    return page
+
+
 def pages_of(store, spec, sampling, stopping: threading.Event, writer=None, intake_metrics=None) -> dict:
     """GET endpoints on the OTLP/HTTP port; `writer` and `intake_metrics` where serve writes the store."""
     return {"/metrics": lambda: render(store, spec, intake_metrics), "/sampling": sampling.page,
-            "/rca": rca_page(store, spec), "/healthz": healthz, "/readyz": readiness_page(store, writer, stopping)}
+            "/rca": rca_page(store, spec), "/graph": graph_page(store), "/healthz": healthz, "/readyz": readiness_page(store, writer, stopping)}
 
 
 def stop_on_signals() -> threading.Event:

@@ -1,5 +1,6 @@
 """The trace graph: own times along call trees, entries, and the culprits of an entry's change."""
 
+import json
 import random
 from datetime import datetime, timedelta
 
@@ -11,6 +12,7 @@ from sloscope.analytics.frames import SPAN_COLUMNS, SPAN_SCHEMA, Frames
 from sloscope.analytics.rca import explain_moment
 from sloscope.analytics.store import Store
 from sloscope.analytics.stores import open_store
+from sloscope.commands.cli import main
 from sloscope.records import SPAN_KIND_CLIENT, SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
 from sloscope.slo_spec import load_spec
 
@@ -172,3 +174,16 @@ def test_clickhouse_reads_the_same_graph(tmp_path):
         shown = [graph.service_graph(store, T0, T0 + timedelta(minutes=1)) for store in (duck, house)]
     assert found[0] == found[1] and found[0][0]["service"] == "cart"
     assert shown[0]["edges"] == shown[1]["edges"] and shown[0]["nodes"] == shown[1]["nodes"]
+
+
+def test_the_graph_command_and_rca_at_through_the_cli(tmp_path, capsys):
+    with _store(tmp_path, cart_ms=80.0) as store:
+        path = store.path
+    assert main(["graph", "--db", str(path), "--at", "2026-12-01T12:10:00Z"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["since"] == "2026-12-01T12:10:00Z" and {e["target"] for e in shown["edges"]} == {"cart", "catalog"}
+    assert main(["graph", "--db", str(path), "--at", "5m", "--since", "10m"]) == 2
+    assert "--at asks for a minute" in capsys.readouterr().err
+    assert main(["rca", "--db", str(path), "--at", "2026-12-01T12:10:00Z", "--format", "table"]) == 0
+    table = capsys.readouterr().out
+    assert "culprit frontend -> cart (cart-1 on node-b): self 19.97 -> 80.17 ms" in table and "application" in table
