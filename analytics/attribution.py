@@ -8,6 +8,12 @@ is evidence for a cause (taxonomy) when
   from baseline (magnitude);
 - it moved first: its onset (first of two consecutive anomalous steps) is at or before the SLI broke; a
   signal that only moves afterwards is an effect of the incident, not its cause (precedence);
+
+Each series is judged at its own resolution: a series whose points come further apart than the analysis' steps
+(a Prometheus scrape or the Collector's receivers every 60 s) is judged by its points, never by steps it cannot
+fill. Its break is the first point at or after the SLI broke, its onset may come one of its intervals later, and
+its last point in the window counts alone where the next one is not in the window yet (a minute-old point is a
+minute of data, not one noisy sample);
 - it stayed moved: anomalous in most of the incident's steps (consistency);
 - it moved here: the same signal did not move on the other nodes at the same time, which would make it a
   fleet-wide change (a rollout, the weather) rather than this node's problem (locality).
@@ -47,6 +53,7 @@ from sloscope.analytics.errors import StoreError
 from sloscope.analytics.store_api import StoreReader
 
 THRESHOLD = 3.0  # robust z above which a step counts as anomalous
+POD_ATTRIBUTE = "k8s.pod.name"  # how a pod's own series (kubeletstats) name it
 BASELINE = timedelta(minutes=10)
 LOOKBACK = timedelta(minutes=1)  # onsets are searched from this long before the incident started
 MAX_OBSERVED = timedelta(minutes=5)  # only the incident's first minutes say what started it
@@ -202,20 +209,26 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True,
                 .join(meta, on="metric")
                 .with_columns(scale=pl.max_horizontal((pl.col("q3") - pl.col("q1")) / IQR_TO_SIGMA,
                                                       pl.col("floor") / THRESHOLD, pl.lit(MIN_SCALE))))
-    recent = steps.filter(pl.col("step") >= window.analysis_start).join(baseline, on=SERIES_KEY)
+    recent = steps.filter(pl.col("step") >= window.analysis_start).join(baseline, on=SERIES_KEY).join(
+        _resolutions(steps, window.step_s), on=SERIES_KEY)
     deviation = (pl.col("value") - pl.col("median")) / pl.col("scale")
     z = deviation * pl.col("direction") if directional else deviation.abs()
     # In time order within each series, and so within each (series, metric): sorting on the integer alone is faster.
     recent = recent.sort("series", "step").with_columns(z=z)
+    # The next point; a coarse series' last point in the window stands for itself.
+    following = pl.col("z").shift(-1).over(SERIES_KEY)
+    following = pl.when(following.is_null() & pl.col("coarse")).then(pl.col("z")).otherwise(following)
+    tolerance = pl.max_horizontal(pl.lit(window.precedence_tolerance.total_seconds()), pl.col("resolution_s"))
     recent = recent.with_columns(
-        sustained=(pl.col("z") > THRESHOLD) & (pl.col("z").shift(-1).over(SERIES_KEY) > THRESHOLD),
+        sustained=(pl.col("z") > THRESHOLD) & (following > THRESHOLD),
         # The level held for two steps from here: what a change that began at this step shows, not one noisy step.
-        held=pl.min_horizontal(pl.col("z"), pl.col("z").shift(-1).over(SERIES_KEY)),
+        held=pl.min_horizontal(pl.col("z"), following),
         in_incident=pl.col("step") >= window.incident_start,
-        # From the start of the first violating SLI window, where the SLI broke, to the precedence tolerance:
-        # steps before it would dilute a change that began within that window.
-        at_break=pl.col("step").is_between(window.incident_start,
-                                           window.incident_start + window.precedence_tolerance))
+        # From the start of the first violating SLI window, where the SLI broke, to the precedence tolerance (or
+        # the series' own interval, so that a coarse series has a point there): steps before it would dilute a
+        # change that began within that window.
+        at_break=(pl.col("step") >= window.incident_start) & (
+            pl.col("step") <= pl.lit(window.incident_start) + pl.duration(seconds=tolerance)))
     per_series = recent.group_by(SERIES_KEY).agg(
         pl.col("node", "attributes").first(),
         baseline=pl.col("median").first(),
@@ -225,12 +238,23 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True,
         onset=pl.col("step").filter(pl.col("sustained")).min(),
         consistency=(pl.col("z").filter(pl.col("in_incident")) > THRESHOLD).mean(),
         scale=pl.col("scale").first(), direction=pl.col("direction").first(),
+        resolution_s=pl.col("resolution_s").first(),
     ).select(*SERIES, pl.exclude("series", *SERIES))
     observed_dev = (pl.col("observed") - pl.col("baseline")) / pl.col("scale")
     return per_series.with_columns(
         z_observed=(observed_dev * pl.col("direction") if directional else observed_dev.abs()).fill_null(0.0),
         z_at_break=pl.col("z_at_break").fill_null(0.0),
         consistency=pl.col("consistency").fill_null(0.0))
+
+
+def _resolutions(steps: pl.DataFrame, step_s: float) -> pl.DataFrame:
+    """Per series: the median interval between its points (the analysis' step where it has fewer than two), and
+    whether it is coarse, its points at least two steps apart."""
+    gaps = steps.sort("series", "step").with_columns(
+        gap=(pl.col("step") - pl.col("step").shift(1).over(SERIES_KEY)).dt.total_microseconds() / 1e6)
+    return gaps.group_by(SERIES_KEY).agg(resolution_s=pl.col("gap").median().fill_null(step_s)).with_columns(
+        pl.max_horizontal("resolution_s", pl.lit(step_s)).alias("resolution_s"),
+        coarse=pl.col("resolution_s") >= 2 * step_s)
 
 
 @dataclass(frozen=True)
@@ -291,8 +315,10 @@ def _evidence_signal(ev: taxonomy.Evidence) -> str:
     return ev.signal + GROWTH_SUFFIX if ev.feature == "growth" else ev.signal
 
 
-def _candidates(scores: pl.DataFrame, node: str, window: Window, known: Taxonomy, fleet: Fleet) -> list[dict]:
-    """Every cause with a series on `node`, scored by its best series and explained away, best first."""
+def _candidates(scores: pl.DataFrame, node: str, window: Window, known: Taxonomy, fleet: Fleet,
+                pod: str | None = None) -> list[dict]:
+    """Every cause with a series on `node`, scored by its best series and explained away, best first; with `pod`,
+    the series of that pod count too, whatever their rank (see _strongest)."""
     fleet_share = fleet.share(scores, node)
     local: dict[str, list[tuple[dict, dict]]] = {}
     for row in scores.filter(pl.col("node") == node).iter_rows(named=True):
@@ -301,7 +327,7 @@ def _candidates(scores: pl.DataFrame, node: str, window: Window, known: Taxonomy
     for cause in known.causes:
         series = [_score_series(cause, ev, row, attributes, fleet_share.get(row["metric"], 0.0), window)
                   for evidence in taxonomy.by_measure(cause.evidence).values()
-                  for ev, row, attributes in _strongest(evidence, local)]
+                  for ev, row, attributes in _strongest(evidence, local, pod)]
         if not series:
             continue
         series.sort(key=lambda c: -c["score"])
@@ -318,15 +344,23 @@ def _candidates(scores: pl.DataFrame, node: str, window: Window, known: Taxonomy
     return ranked
 
 
-def _strongest(evidence: list[taxonomy.Evidence], local: dict) -> list[tuple]:
+def _strongest(evidence: list[taxonomy.Evidence], local: dict, pod: str | None = None) -> list[tuple]:
     """(evidence, row, attributes) of one measure's strongest rank that has a series on the node: a weaker rank
-    (another producer measuring the same thing less directly) neither adds to the cause nor replaces it."""
+    (another producer measuring the same thing less directly) neither adds to the cause nor replaces it. The
+    series of `pod`, the culprit the trace graph found, are added whatever their rank: one pod's CPU can go from
+    nothing to half a core on a node whose own usage hardly moves."""
+    found = []
     for rank in sorted({ev.rank for ev in evidence}):
         found = [(ev, row, attributes) for ev in evidence if ev.rank == rank
                  for row, attributes in local.get(_evidence_signal(ev), ()) if ev.matches(attributes)]
         if found:
-            return found
-    return []
+            break
+    if pod:
+        found += [(ev, row, attributes) for ev in evidence
+                  for row, attributes in local.get(_evidence_signal(ev), ())
+                  if attributes.get(POD_ATTRIBUTE) == pod and ev.matches(attributes)
+                  and not any(row is r for _, r, _ in found)]
+    return found
 
 
 def rank_causes(scores: pl.DataFrame, node: str, window: Window, top: int = 5,
@@ -338,7 +372,7 @@ def rank_causes(scores: pl.DataFrame, node: str, window: Window, top: int = 5,
 
 
 def diagnose(scores: pl.DataFrame, node: str, window: Window, top: int = 5, known: Taxonomy = BUILT_IN,
-             fleet: Fleet | None = None) -> tuple[list[dict], dict]:
+             fleet: Fleet | None = None, pod: str | None = None) -> tuple[list[dict], dict]:
     """(causes, diagnosis): the ranking when its best cause reaches CLEAR_CAUSE_FLOOR; otherwise no causes and
     a diagnosis that says why, with the strongest candidates and what each falls short on. `scores` hold node's
     series and `fleet` the others' movement; without it, `scores` hold every node's."""
@@ -350,7 +384,7 @@ def diagnose(scores: pl.DataFrame, node: str, window: Window, top: int = 5, know
         return [], {"verdict": "insufficient_baseline", **floor,
                     "reason": f"only {window.baseline_s:.0f} s of this node's signals precede the incident; "
                               f"at least {window.min_baseline_s:.0f} s are needed to know their normal level"}
-    candidates = _candidates(scores, node, window, known, fleet or Fleet.of(scores))
+    candidates = _candidates(scores, node, window, known, fleet or Fleet.of(scores), pod)
     if not candidates:
         return [], {"verdict": "no_evidence", **floor,
                     "reason": "no signal of this node that is evidence for a cause has a baseline in the window"}
@@ -398,9 +432,10 @@ def _score_series(cause: taxonomy.Cause, ev: taxonomy.Evidence, row: dict, attri
     if _seed_exceeded(cause, signal, row["direction"], row["baseline"], row["observed"]):
         magnitude = max(magnitude, 0.9)
     onset = row["onset"]
+    tolerance = max(window.precedence_tolerance, timedelta(seconds=row.get("resolution_s") or 0.0))
     if onset is None:
         precedence = EFFECT_PENALTY if magnitude > 0 else 0.0
-    elif onset <= window.incident_start + window.precedence_tolerance:
+    elif onset <= window.incident_start + tolerance:
         precedence = 1.0
     else:
         precedence = EFFECT_PENALTY

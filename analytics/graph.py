@@ -114,17 +114,20 @@ def culprits(store: StoreReader, windows: Windows, entry: Entry = EVERY_TRACE) -
     spans = own_times(trace_spans(store, windows.baseline_start, windows.observed_end, entry))
     traced = spans.join(entries(spans), on="trace").with_columns(window=windows.label()).filter(
         pl.col("window").is_not_null())
-    per_trace = traced.group_by("trace").agg(pl.col("window", "entry_ms", "entry_failed").first())
+    per_trace = traced.group_by("trace").agg(pl.col("window", "entry_ms", "entry_failed").first(),
+                                             spans=pl.len())
     counts = dict(per_trace.group_by("window").len().iter_rows())
-    if counts.get("baseline", 0) < MIN_TRACES or counts.get("observed", 0) < MIN_TRACES:
-        return [], {"traces": counts}
+    # Traces of one span each (services that send no calls' spans) say who slowed, not whether its own code did.
+    linked = bool(per_trace.height) and per_trace["spans"].max() > 1
+    if counts.get("baseline", 0) < MIN_TRACES or counts.get("observed", 0) < MIN_TRACES or not linked:
+        return [], {"traces": counts, "linked": linked}
     entry = _entry_change(per_trace)
     found = (_latency_culprits(traced, counts, entry["latency_growth_ms"]) +
              _error_culprits(traced, counts, entry["error_growth"]))
     found.sort(key=lambda c: -c["share"])
     for culprit in found:
         culprit["path"] = _path(traced, culprit)
-    return found, {"traces": counts, **entry}
+    return found, {"traces": counts, "linked": linked, **entry}
 
 
 def _entry_change(per_trace: pl.DataFrame) -> dict:

@@ -18,12 +18,14 @@ GRAPH_SOURCE = "traces"
 NETWORK_LAYER = "network"
 
 
-def culprit_causes(culprits: list[dict], node_causes: Callable[[str], list[dict]], top: int) -> list[dict]:
-    """Each culprit's causes in culprit order, at most `top` per culprit; `node_causes(node)` gives a node's ranked
-    physical causes (those reaching CLEAR_CAUSE_FLOOR, best first; none where its signals show none)."""
+def culprit_causes(culprits: list[dict], node_causes: Callable[[str, str | None], list[dict]], top: int
+                   ) -> list[dict]:
+    """Each culprit's causes in culprit order, at most `top` per culprit; `node_causes(node, pod)` gives a node's
+    ranked physical causes, the pod's own series among its evidence (those reaching CLEAR_CAUSE_FLOOR, best first;
+    none where its signals show none)."""
     out, seen = [], set()
     for culprit in culprits:
-        physical = [] if culprit["node"] == UNINSTRUMENTED else node_causes(culprit["node"])
+        physical = [] if culprit["node"] == UNINSTRUMENTED else node_causes(culprit["node"], culprit["pod"])
         if culprit["kind"] == NETWORK:
             physical = [c for c in physical if c["layer"] == NETWORK_LAYER]
         causes = physical or [_graph_cause(culprit)]

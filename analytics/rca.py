@@ -197,7 +197,7 @@ def _led_by_culprits(analysis: "_Analysis", incident: Incident, episode: tuple[d
     own = [{"service": incident.service, "pod": None, "node": incident.node, **c} for c in causes]
     if not found or ((found[0]["service"], found[0]["node"]) == (incident.service, incident.node) and own):
         return own, diagnosis
-    led = culprit_causes(found, lambda node: analysis.causes(node, *episode, top), top)
+    led = culprit_causes(found, lambda node, pod: analysis.causes(node, pod, *episode, top), top)
     ranked = led + [c for c in own if (c["node"], c["cause"]) not in {(x["node"], x["cause"]) for x in led}]
     return ranked[:top], {"verdict": "ranked", "floor": diagnosis["floor"], "baseline": diagnosis["baseline"]}
 
@@ -223,11 +223,10 @@ def explain_moment(store: StoreReader, spec, at: datetime, node: str | None = No
     analysis = _Analysis(store, spec, baseline, lookback)
     fleet = Window.around(at, at + MOMENT_SPAN, spec.resolution_s, baseline, lookback)
     nodes = [node] if node else sorted(set(analysis.scores(fleet)["node"].to_list()))
-    ranked, candidates, baselines, by_node = [], [], {}, {}
+    ranked, candidates, baselines = [], [], {}
     for name in nodes:
         window = analysis.window(name, at, at + MOMENT_SPAN)
         causes, diagnosis = diagnose(analysis.scores(window), name, window, top, spec.taxonomy)
-        by_node[name] = causes
         ranked += [{"service": None, "pod": None, "node": name, **c} for c in causes]
         candidates += [{"node": name, **c} for c in diagnosis.get("candidates", [])]
         baselines[name] = diagnosis.pop("baseline")
@@ -235,7 +234,7 @@ def explain_moment(store: StoreReader, spec, at: datetime, node: str | None = No
     candidates.sort(key=lambda c: -c["score"])
     found, entry = culprits(store, Windows(at - lookback - baseline, at - lookback, at, at + MOMENT_SPAN))
     found = [c for c in found if node is None or c["node"] == node]
-    led = culprit_causes(found, lambda name: by_node.get(name) or _node_causes(analysis, spec, name, at, top), top)
+    led = culprit_causes(found, lambda name, pod: _node_causes(analysis, spec, name, pod, at, top), top)
     ranked = led + [c for c in ranked if (c["node"], c["cause"]) not in {(x["node"], x["cause"]) for x in led}]
     if ranked:
         diagnosis = {"verdict": "ranked", "floor": CLEAR_CAUSE_FLOOR}
@@ -248,10 +247,10 @@ def explain_moment(store: StoreReader, spec, at: datetime, node: str | None = No
     return {"incidents": [], "moment": moment}
 
 
-def _node_causes(analysis: "_Analysis", spec, node: str, at: datetime, top: int) -> list[dict]:
-    """The physical causes of a node the moment's ranking did not score (it has no signals in the fleet's window)."""
+def _node_causes(analysis: "_Analysis", spec, node: str, pod: str | None, at: datetime, top: int) -> list[dict]:
+    """The physical causes of a culprit's node for the minute from `at`, its pod's own series among the evidence."""
     window = analysis.window(node, at, at + MOMENT_SPAN)
-    return diagnose(analysis.scores(window, node), node, window, top, spec.taxonomy)[0]
+    return diagnose(analysis.scores(window, node), node, window, top, spec.taxonomy, pod=pod)[0]
 
 
 class _Analysis:
@@ -291,13 +290,14 @@ class _Analysis:
                 self._fleets[window] = fleet_movement(self.store, window, self.known)
         return self._fleets[window]
 
-    def causes(self, node: str, start: datetime, end: datetime, top: int) -> list[dict]:
-        """A node's ranked causes for an episode (none where none reaches the floor), each naming the node."""
+    def causes(self, node: str, pod: str | None, start: datetime, end: datetime, top: int) -> list[dict]:
+        """A node's ranked causes for an episode, `pod`'s own series among the evidence (none where none reaches
+        the floor)."""
         window = self.window(node, start, end)
         fleet = self.fleet(window)
         scores = self.scores(window, node)
         with self.timed("attribution"):
-            return [{"node": node, **c} for c in diagnose(scores, node, window, top, self.known, fleet)[0]]
+            return diagnose(scores, node, window, top, self.known, fleet, pod)[0]
 
     def top_cause(self, node: str, start: datetime, end: datetime) -> dict | None:
         window = self.window(node, start, end)

@@ -7,6 +7,8 @@ tracefs, no kernel headers, or its program fails to compile or attach):
     tcp      -> netstat    (sloscope.tcp.retransmits from /proc/net/snmp RetransSegs; no state transitions)
     block    -> diskstats  (system.disk.io_time instead of the latency histogram)
     runqueue -> schedstat  (sloscope.cpu.runqueue.delay as a Sum in s instead of a histogram)
+    tcp_rtt  -> tcp_info   (the same sloscope.tcp.rtt histogram, one sample per connection per 10 s read through
+                            netlink sock_diag instead of one per received segment)
 
 GPU and storage probes fall back the same way:
 
@@ -32,6 +34,7 @@ from .ebpf.block_io import BlockIoProbe
 from .ebpf.runqueue import RunqueueProbe
 from .ebpf.syscall_latency import SyscallLatencyProbe
 from .ebpf.tcp import TcpProbe
+from .ebpf.tcp_rtt import TcpRttProbe
 from .gpu.dcgm_exporter import DcgmExporterProbe
 from .gpu.nvml import NvmlProbe
 from .procfs.diskstats import DiskstatsProbe
@@ -39,6 +42,7 @@ from .procfs.netstat import NetstatProbe
 from .procfs.pressure import PressureProbe
 from .procfs.schedstat import SchedstatProbe
 from .procfs.tcp_connections import TcpConnectionsProbe
+from .procfs.tcp_info import TcpInfoProbe
 from .procfs.vmstat import VmstatProbe
 from .sample import AnySample, Sample
 from .spdk.nvme_sysfs import NvmeSysfsProbe
@@ -47,8 +51,8 @@ from .spdk.spdk import SpdkProbe
 log = logging.getLogger(__name__)
 
 PROBES: dict[str, type[Probe]] = {cls.name: cls for cls in (
-    SyscallLatencyProbe, TcpProbe, BlockIoProbe, RunqueueProbe,
-    PressureProbe, DiskstatsProbe, NetstatProbe, SchedstatProbe, TcpConnectionsProbe, VmstatProbe,
+    SyscallLatencyProbe, TcpProbe, BlockIoProbe, RunqueueProbe, TcpRttProbe,
+    PressureProbe, DiskstatsProbe, NetstatProbe, SchedstatProbe, TcpConnectionsProbe, TcpInfoProbe, VmstatProbe,
     NvmlProbe, DcgmExporterProbe, SpdkProbe, NvmeSysfsProbe)}
 
 FALLBACKS: dict[str, tuple[str, ...]] = {
@@ -56,13 +60,15 @@ FALLBACKS: dict[str, tuple[str, ...]] = {
     "tcp": ("netstat",),
     "block": ("diskstats",),
     "runqueue": ("schedstat",),
+    "tcp_rtt": ("tcp_info",),
     "dcgm": ("nvml",),
     "spdk": ("nvme",),
 }
 
 # What a node runs by default: every eBPF probe (falling back as above) and the procfs probes that are not
 # only fallbacks.
-NODE_PROBES = ("syscall", "tcp", "block", "runqueue", "pressure", "diskstats", "tcp_connections", "vmstat")
+NODE_PROBES = ("syscall", "tcp", "block", "runqueue", "tcp_rtt", "pressure", "diskstats", "tcp_connections",
+               "vmstat")
 
 
 def probe_class(name: str) -> type[Probe]:

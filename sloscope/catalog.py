@@ -145,6 +145,10 @@ SIGNALS: tuple[Signal, ...] = (
             "netlink sock_diag, else /proc/net/tcp{,6}; one point per 10 s", noise_floor=100.0,
             # a node's connection counts move by hundreds with its clients; exhaustion is thousands
             description="TCP connections per state"),
+    _signal("sloscope.tcp.rtt", "histogram", "s", [],
+            "eBPF tcp:tcp_probe (srtt per received segment), else netlink sock_diag tcp_info rtt (per connection)",
+            # a path inside a data centre takes some 50-500 us; a tenth of a millisecond more is a path that changed
+            noise_floor=1e-4, description="smoothed round-trip time of established TCP connections"),
     _signal("sloscope.block.io.duration", "histogram", "s", ["system.device"],
             "eBPF block:block_rq_issue/complete", noise_floor=1e-4, description="block request latency"),
     _signal("system.disk.io_time", "counter", "s", ["system.device"], "/proc/diskstats field 10",

@@ -9,12 +9,15 @@ import pytest
 
 from sloscope.analytics import graph
 from sloscope.analytics.frames import SPAN_COLUMNS, SPAN_SCHEMA, Frames
+from sloscope.analytics.ingest import Ingestor
 from sloscope.analytics.rca import explain_moment
 from sloscope.analytics.store import Store
 from sloscope.analytics.stores import open_store
 from sloscope.commands.cli import main
 from sloscope.records import SPAN_KIND_CLIENT, SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
+from sloscope.enrich.tiers import TierResolver
 from sloscope.slo_spec import load_spec
+from tests.otlp_builders import attr, gauge, write_lines
 
 T0 = datetime(2026, 12, 1, 12, 0, 0)
 # service -> (pod, node)
@@ -187,3 +190,33 @@ def test_the_graph_command_and_rca_at_through_the_cli(tmp_path, capsys):
     assert main(["rca", "--db", str(path), "--at", "2026-12-01T12:10:00Z", "--format", "table"]) == 0
     table = capsys.readouterr().out
     assert "culprit frontend -> cart (cart-1 on node-b): self 19.97 -> 80.17 ms" in table and "application" in table
+
+
+def _cpu(minutes: int, busy_from: int, node: str, pod: str | None, level: float, added: float) -> dict:
+    """kubeletstats' CPU usage every 10 s: the node's (no pod) or a pod's."""
+    name = "k8s.pod.cpu.usage" if pod else "k8s.node.cpu.usage"
+    rng = random.Random(hash((node, pod)) % 1000)
+    points = [(int((T0 + timedelta(seconds=s)).timestamp() * 1e9),
+               level + rng.gauss(0, level / 20) + (added if s >= busy_from * 60 else 0.0))
+              for s in range(0, minutes * 60, 10)]
+    attrs = [attr("k8s.node.name", node)] + ([attr("k8s.pod.name", pod), attr("k8s.namespace.name", "shop")]
+                                            if pod else [])
+    return {"resourceMetrics": [{"resource": {"attributes": attrs},
+                                 "scopeMetrics": [{"metrics": [gauge(name, points)]}]}]}
+
+
+def test_the_culprit_pods_own_cpu_names_cpu_contention_on_a_node_that_hardly_moved(tmp_path):
+    """The node's CPU usage (a stronger rank) goes from 12 to 12.5 CPUs, lost in its noise; the culprit pod's goes
+    from nothing to half a CPU: its own series count for the culprit."""
+    with _store(tmp_path, cart_ms=80.0) as store:
+        path = store.path
+    lines = [_cpu(15, 10, "node-b", None, 12.0, 0.5), _cpu(15, 10, "node-b", "cart-1", 0.01, 0.5),
+             _cpu(15, 10, "node-b", "noisy-1", 0.5, 0.0)]
+    with Store(path) as store:
+        Ingestor(store, TierResolver.from_spec(load_spec(None))).ingest_files(
+            [write_lines(tmp_path / "cpu.jsonl", lines)])
+        moment = explain_moment(store, load_spec(None), T0 + timedelta(minutes=10))["moment"]
+    first = moment["causes"][0]
+    assert (first["service"], first["pod"], first["node"], first["cause"]) == ("cart", "cart-1", "node-b",
+                                                                               "cpu_contention")
+    assert any(ev["attributes"].get("k8s.pod.name") == "cart-1" for ev in first["evidence"])

@@ -16,6 +16,7 @@ from sloscope.probes.ebpf.block_io import BlockIoProbe
 from sloscope.probes.ebpf.runqueue import RunqueueProbe
 from sloscope.probes.ebpf.syscall_latency import SyscallLatencyProbe
 from sloscope.probes.ebpf.tcp import TcpProbe
+from sloscope.probes.ebpf.tcp_rtt import TcpRttProbe
 from sloscope.probes.registry import Decision, ProbeSet
 from tests.conftest import need
 
@@ -52,7 +53,7 @@ class FakeHost(Host):
 def full_host(**kwargs):
     files = {"/sys/kernel/btf/vmlinux", "/lib/modules/6.18.0-test/build/include/linux/kernel.h"}
     for probe in (TcpProbe(host=Host()), BlockIoProbe(host=Host()), RunqueueProbe(host=Host()),
-                  SyscallLatencyProbe(host=Host())):
+                  SyscallLatencyProbe(host=Host()), TcpRttProbe(host=Host())):
         for tp in probe.tracepoints():
             cat, ev = tp.split(":")
             files.add(f"{TRACEFS}/events/{cat}/{ev}/format")
@@ -62,7 +63,7 @@ def full_host(**kwargs):
 
 
 def test_a_complete_host_lacks_nothing():
-    for cls in (TcpProbe, BlockIoProbe, RunqueueProbe, SyscallLatencyProbe):
+    for cls in (TcpProbe, BlockIoProbe, RunqueueProbe, SyscallLatencyProbe, TcpRttProbe):
         assert cls(host=full_host()).check().ok, cls
 
 

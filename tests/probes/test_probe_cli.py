@@ -57,10 +57,11 @@ def test_help_lists_probes_and_fallbacks(capsys):
         main(["probe", "--help"])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
-    for name in ("syscall", "tcp", "block", "runqueue", "pressure", "diskstats", "netstat", "schedstat",
-                 "tcp_connections"):
+    for name in ("syscall", "tcp", "block", "runqueue", "tcp_rtt", "pressure", "diskstats", "netstat", "schedstat",
+                 "tcp_connections", "tcp_info"):
         assert f"\n  {name} " in text
-    assert "(fallback: netstat)" in text and "JSON Lines" in text
+    assert "(fallback: netstat)" in text and "(fallback: tcp_info)" in text and "JSON Lines" in text
+    assert "signals: sloscope.tcp.rtt" in text
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
