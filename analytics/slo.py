@@ -36,6 +36,7 @@ MIN_REQUESTS = 5  # below this a window's percentile says nothing (shown, never 
 MIN_BLOCKS = 2
 MAX_GAP_WINDOWS = 3
 WINDOW_KEY = ("tier", "service", "node")  # whose windows are tested apart
+PARENT_LOOKBACK = timedelta(minutes=10)  # how long before a request its parent span may have started
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,21 @@ def _blocks(frame: pl.DataFrame, step_s: float) -> np.ndarray:
     return np.cumsum(begins) - 1
 
 
+def judging_params(spec: SloSpec) -> dict:
+    """The parameters of judged_requests.sql: the tiers judged at named services, those services ('TIER SERVICE'),
+    and each one's own threshold."""
+    named = [(tier, s) for tier in spec.tiers.values() for s in tier.services]
+    return {"named_tiers": sorted({tier.name for tier, _ in named}),
+            "tier_services": [f"{tier.name} {s.service}" for tier, s in named],
+            "service_keys": [f"{tier.name} {s.service}" for tier, s in named],
+            "service_thresholds_ms": [float(s.threshold_ms) for _, s in named],
+            "parent_lookback_s": PARENT_LOOKBACK.total_seconds()}
+
+
 def sli_params(store: StoreReader, spec: SloSpec, since: datetime, until: datetime) -> dict:
     """The parameters of sli_windows.sql for every tier of the spec in [since, until)."""
     objectives = list(spec.tiers.values())
-    return {**store.tier_params(spec), "tiers": [o.name for o in objectives],
+    return {**store.tier_params(spec), **judging_params(spec), "tiers": [o.name for o in objectives],
             "thresholds_ms": [float(o.threshold_ms) for o in objectives], "step_s": spec.resolution_s,
             "since": since, "until": until}
 
@@ -120,6 +132,10 @@ def sli_windows(store: StoreReader, spec: SloSpec, since: datetime, until: datet
     test_tier = frame["tier"].gather(firsts)
     allowance = test_tier.replace_strict({o.name: slow_allowance(o) for o in objectives}, return_dtype=pl.Float64)
     budget = test_tier.replace_strict({o.name: o.error_budget for o in objectives}, return_dtype=pl.Float64)
+    own = {f"{o.name} {s.service}": 1.0 - s.availability / 100.0 for o in objectives for s in o.services}
+    if own:  # a service the spec gives its own availability
+        tested = test_tier + " " + frame["service"].gather(firsts)
+        budget = tested.replace_strict(own, default=budget, return_dtype=pl.Float64)
     frame = frame.with_columns(block=pl.Series(block), latency_p=_tails(slow, requests * allowance.to_numpy())[block],
                                error_p=_tails(failures, requests * budget.to_numpy())[block])
     return {tier: frame.filter(pl.col("tier") == tier).drop("tier") for tier in tiers}
@@ -135,8 +151,8 @@ def window_latencies(store: StoreReader, spec: SloSpec, objective: TierObjective
 
 def _window_params(store: StoreReader, spec: SloSpec, objective: TierObjective, since: datetime,
                    until: datetime) -> dict:
-    return {**store.tier_params(spec), "tier": objective.name, "step_s": spec.resolution_s, "since": since,
-            "until": until}
+    return {**store.tier_params(spec), **judging_params(spec), "tier": objective.name, "step_s": spec.resolution_s,
+            "since": since, "until": until}
 
 
 def _tails(bad: np.ndarray, expected: np.ndarray) -> np.ndarray:
@@ -198,11 +214,13 @@ def _incident_slis(store: StoreReader, spec: SloSpec, objective: TierObjective, 
         return []
     starts = [run["start"] for run in runs]
     measured = {incident: rest for incident, *rest in store.rows(store.sql("incident_sli"), {
-        **store.tier_params(spec), "tier": objective.name, "quantile": objective.percentile / 100,
-        "threshold_ms": objective.threshold_ms, "services": [run["service"] for run in runs],
+        **store.tier_params(spec), **judging_params(spec), "tier": objective.name,
+        "quantile": objective.percentile / 100,
+        "incident_thresholds_ms": [float(objective.at(run["service"]).threshold_ms) for run in runs],
+        "services": [run["service"] for run in runs],
         "nodes": [run["node"] for run in runs], "starts": starts, "ends": ends,
         "start": min(starts), "end": max(ends)})}
-    return [_incident_sli(objective, run, *measured.get(place, (0, 0, 0, None)))
+    return [_incident_sli(objective.at(run["service"]), run, *measured.get(place, (0, 0, 0, None)))
             for place, run in enumerate(runs, start=1)]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sloscope import catalog, taxonomy, yaml_config
@@ -18,6 +18,7 @@ from sloscope.errors import ConfigError, read_config_text
 from sloscope.yaml_config import at, key_at
 
 TIER_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+MAX_SERVICE_NAME = 253  # as the receiver bounds the service names it stores
 
 DEFAULT_SPEC_YAML = """\
 default_tier: standard
@@ -47,10 +48,28 @@ class TierObjective:
     percentile: float
     threshold_ms: float
     availability: float  # percent
+    # Where given, the services the tier is judged at instead of its traces' entry (docs/tiers.md), each with its
+    # own threshold_ms and availability (the tier's where it gives none); the percentile is the tier's.
+    services: tuple["ServiceObjective", ...] = ()
 
     @property
     def error_budget(self) -> float:
         return 1.0 - self.availability / 100.0
+
+    def at(self, service: str) -> "TierObjective":
+        """The objective a service is judged by in this tier: its own where the spec gives one, else the tier's."""
+        own = next((s for s in self.services if s.service == service), None)
+        return self if own is None else replace(self, threshold_ms=own.threshold_ms, availability=own.availability,
+                                                services=())
+
+
+@dataclass(frozen=True)
+class ServiceObjective:
+    """A service a tier is judged at, with its own objective."""
+
+    service: str
+    threshold_ms: float
+    availability: float  # percent
 
 
 @dataclass(frozen=True)
@@ -108,16 +127,44 @@ def _mapping(value, where: str, required: tuple[str, ...], optional: tuple[str, 
 def _tier(name, body, where: str) -> TierObjective:
     if not isinstance(name, str) or not TIER_NAME.match(name):
         raise SpecError(f"{where}: tier names are lower-case [a-z0-9._-], at most 63 characters; got {name!r}")
-    body = _mapping(body, f"{where}.{name}", ("latency", "availability"))
+    body = _mapping(body, f"{where}.{name}", ("latency", "availability"), ("services",))
     latency = _mapping(body["latency"], f"{where}.{name}.latency", ("percentile", "threshold_ms"))
-    return TierObjective(
+    tier = TierObjective(
         name=name,
         percentile=_number(latency["percentile"], f"{where}.{name}.latency.percentile", 0, 100,
                            open_low=True, open_high=True),
-        threshold_ms=_number(latency["threshold_ms"], f"{where}.{name}.latency.threshold_ms", 0, 1e9, open_low=True),
-        availability=_number(body["availability"], f"{where}.{name}.availability", 0, 100,
-                             open_low=True, open_high=True),
+        threshold_ms=_threshold(latency["threshold_ms"], f"{where}.{name}.latency.threshold_ms"),
+        availability=_availability(body["availability"], f"{where}.{name}.availability"),
     )
+    if "services" not in body:
+        return tier
+    return replace(tier, services=_services(tier, body["services"], f"{where}.{name}.services"))
+
+
+def _threshold(value, where: str) -> float:
+    return _number(value, where, 0, 1e9, open_low=True)
+
+
+def _availability(value, where: str) -> float:
+    return _number(value, where, 0, 100, open_low=True, open_high=True)
+
+
+def _services(tier: TierObjective, body, where: str) -> tuple[ServiceObjective, ...]:
+    """A tier's `services`: service name -> its own threshold_ms and availability, both optional (null or {}
+    keeps the tier's)."""
+    if not isinstance(body, dict) or not body:
+        raise SpecError(f"{where}: expected a non-empty mapping of service name to its objective ({{}} for the "
+                        "tier's)")
+    out = []
+    for service, own in body.items():
+        if not isinstance(service, str) or not service or len(service) > MAX_SERVICE_NAME:
+            raise SpecError(f"{where}: expected service names of 1 to {MAX_SERVICE_NAME} characters; got "
+                            f"{service!r}")
+        own = _mapping({} if own is None else own, f"{where}.{service}", (), ("threshold_ms", "availability"))
+        out.append(ServiceObjective(
+            service, _threshold(own.get("threshold_ms", tier.threshold_ms), f"{where}.{service}.threshold_ms"),
+            _availability(own.get("availability", tier.availability), f"{where}.{service}.availability")))
+    return tuple(out)
 
 
 def parse_spec(text: str, source: str = "<string>") -> SloSpec:

@@ -75,7 +75,8 @@ def rows_of_files(files: list[Path]) -> dict[str, pa.Table]:
 
 def _span(resource, span: dict) -> dict:
     start, end = int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])
-    return {"Timestamp": start, "TraceId": span["traceId"], "SpanId": span["spanId"], "SpanName": span["name"],
+    return {"Timestamp": start, "TraceId": span["traceId"], "SpanId": span["spanId"],
+            "ParentSpanId": span.get("parentSpanId", ""), "SpanName": span["name"],
             "SpanKind": SPAN_KINDS[span.get("kind", 0)], "ServiceName": _service(resource),
             "ResourceAttributes": resource, "SpanAttributes": _attributes(span.get("attributes")),
             "Duration": end - start, "StatusCode": STATUS_CODES[span.get("status", {}).get("code", 0)]}

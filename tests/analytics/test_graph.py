@@ -66,7 +66,7 @@ class Traces:
         return frames
 
 
-def _store(tmp_path, cart_ms=20.0, gap_ms=0.5, cart_fails_every=0, seconds=900, fault_at=600) -> Store:
+def _mesh(cart_ms=20.0, gap_ms=0.5, cart_fails_every=0, seconds=900, fault_at=600) -> Traces:
     """A request every 200 ms; from `fault_at` s on, cart takes cart_ms and calls cross gap_ms."""
     traces, rng = Traces(), random.Random(7)
     for n in range(seconds * 5):
@@ -74,8 +74,13 @@ def _store(tmp_path, cart_ms=20.0, gap_ms=0.5, cart_fails_every=0, seconds=900, 
         faulty = n >= fault_at * 5
         fails = faulty and cart_fails_every and n % cart_fails_every == 0
         traces.request(n + 1, start, cart_ms if faulty else 20.0, gap_ms if faulty else 0.5, bool(fails), rng)
+    return traces
+
+
+def _store(tmp_path, **mesh) -> Store:
+    """A DuckDB store of _mesh(**mesh)."""
     store = Store(tmp_path / "g.duckdb")
-    store.write(traces.frames())
+    store.write(_mesh(**mesh).frames())
     return store
 
 

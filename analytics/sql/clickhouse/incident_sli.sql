@@ -1,12 +1,13 @@
--- The SLI over each incident of tier {tier}: requests, failures, slow requests and the tier's latency percentile, of
--- the requests of its service and node started in [start, end). The incidents are given place by place in
+-- The SLI over each incident of tier {tier}: requests, failures, slow requests (over its service's threshold, in
+-- {incident_thresholds_ms}) and the tier's latency percentile, of the requests the tier is judged on
+-- (judged_requests.sql) of its service and node started in [start, end). The incidents are given place by place in
 -- {services}, {nodes}, {starts} and {ends}; `incident` is the place (from 1). One read of their nodes' spans over
 -- [{start}, {end}), the incidents' whole span, where each finds its own (an incident's windows never overlap
 -- another's of the same tier, service and node).
 SELECT incident,
        toInt64(count()) AS requests,
        toInt64(countIf(failed)) AS failures,
-       toInt64(countIf(duration_ms > {threshold_ms:Float64})) AS slow,
+       toInt64(countIf(duration_ms > {incident_thresholds_ms:Array(Float64)}[incident])) AS slow,
        quantileExactInclusive({quantile:Float64})(duration_ms) AS latency_ms
 FROM (
     SELECT failed, duration_ms,
@@ -15,7 +16,7 @@ FROM (
                                AND start_time >= incident_start AND start_time < incident_end,
                            {services:Array(String)}, {nodes:Array(String)}, {starts:Array(DateTime64(6))},
                            {ends:Array(DateTime64(6))}) AS incident
-    FROM {{requests start end}}
+    FROM {{judged_requests start end}}
     WHERE tier = {tier:String} AND has({nodes:Array(String)}, node) AND has({services:Array(String)}, service)
 )
 WHERE incident > 0

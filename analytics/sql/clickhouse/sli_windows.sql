@@ -1,5 +1,5 @@
--- Every tier's SLI per (service, node) and step in one pass over the requests, as analytics/sql/sli_windows.sql
--- computes it: windows aligned as DuckDB's time_bucket aligns them (from 2000-01-03); only [since, until) is read.
+-- Every tier's SLI per (service, node) and step in one pass over the requests it is judged on, as
+-- analytics/sql/sli_windows.sql computes it: windows aligned as DuckDB's time_bucket aligns them (from 2000-01-03); only [since, until) is read.
 -- A span stored twice counts once: its copies fall in one group (they share tier, service, node and start), so each
 -- group counts its distinct span keys, where requests.sql would deduplicate the whole range at once. Each group
 -- collects its keys in an array and counts them as it is finished: a hash set per group (uniqExact) held the
@@ -14,7 +14,10 @@ SELECT tier,
        toInt64(arrayUniq(groupArray(span_key))) AS requests,
        toInt64(arrayUniq(groupArrayIf(span_key, failed))) AS failures,
        toInt64(arrayUniq(groupArrayIf(
-           span_key, duration_ms > {thresholds_ms:Array(Float64)}[indexOf({tiers:Array(String)}, tier)]))) AS slow
-FROM {{server_spans}}
+           span_key, duration_ms > if(has({service_keys:Array(String)}, concat(tier, ' ', service)),
+                                      {service_thresholds_ms:Array(Float64)}[
+                                          indexOf({service_keys:Array(String)}, concat(tier, ' ', service))],
+                                      {thresholds_ms:Array(Float64)}[indexOf({tiers:Array(String)}, tier)])))) AS slow
+FROM {{judged_requests}}
 WHERE has({tiers:Array(String)}, tier)
 GROUP BY tier, service, node, window_start

@@ -6,7 +6,7 @@ SELECT service,
                                 toInt64(round({step_s:Float64} * 1e6))) * toInt64(round({step_s:Float64} * 1e6))),
                                 'UTC') AS window_start,
        quantileExactInclusive({quantile:Float64})(duration_ms) AS latency_ms
-FROM {{requests}}
+FROM {{judged_requests}}
 WHERE tier = {tier:String}
 GROUP BY service, node, window_start
 ORDER BY service, node, window_start
