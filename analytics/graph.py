@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import polars as pl
 
@@ -32,6 +32,7 @@ MIN_SHARE = 0.1  # of the entry's growth (latency or failures per request)
 MIN_GROWTH_MS = 1.0  # less added per entry request is no one's fault worth naming
 MIN_TRACES = 20  # per window: fewer entry requests say nothing about a mean
 UNINSTRUMENTED = "(no span)"  # the pod and node of a callee that sent no span, named by its caller's peer
+ONSET_STEP = timedelta(seconds=10)  # the resolution at which a culprit's onset is placed
 CALLERS = (SPAN_KIND_CLIENT, SPAN_KIND_PRODUCER)
 PLACE = ("service", "pod", "node")
 
@@ -103,9 +104,11 @@ class Windows:
     observed_end: datetime
 
     def label(self) -> pl.Expr:
+        """baseline, observed, or lookback (between them: where onsets are searched, in no comparison)."""
         start = pl.col("entry_start")
         return (pl.when((start >= self.baseline_start) & (start < self.baseline_end)).then(pl.lit("baseline"))
-                .when((start >= self.observed_start) & (start < self.observed_end)).then(pl.lit("observed")))
+                .when((start >= self.observed_start) & (start < self.observed_end)).then(pl.lit("observed"))
+                .when((start >= self.baseline_end) & (start < self.observed_start)).then(pl.lit("lookback")))
 
 
 def culprits(store: StoreReader, windows: Windows, entry: Entry = EVERY_TRACE) -> tuple[list[dict], dict]:
@@ -114,7 +117,7 @@ def culprits(store: StoreReader, windows: Windows, entry: Entry = EVERY_TRACE) -
     spans = own_times(trace_spans(store, windows.baseline_start, windows.observed_end, entry))
     traced = spans.join(entries(spans), on="trace").with_columns(window=windows.label()).filter(
         pl.col("window").is_not_null())
-    per_trace = traced.group_by("trace").agg(pl.col("window", "entry_ms", "entry_failed").first(),
+    per_trace = traced.group_by("trace").agg(pl.col("window", "entry_start", "entry_ms", "entry_failed").first(),
                                              spans=pl.len())
     counts = dict(per_trace.group_by("window").len().iter_rows())
     # Traces of one span each (services that send no calls' spans) say who slowed, not whether its own code did.
@@ -127,7 +130,39 @@ def culprits(store: StoreReader, windows: Windows, entry: Entry = EVERY_TRACE) -
     found.sort(key=lambda c: -c["share"])
     for culprit in found:
         culprit["path"] = _path(traced, culprit)
+        culprit["onset"] = _onset(_measured(traced, culprit), per_trace, windows)
     return found, {"traces": counts, "linked": linked, **entry}
+
+
+def _measured(traced: pl.DataFrame, culprit: dict) -> pl.DataFrame:
+    """(trace, x): what the culprit's measure took in each trace where it took anything."""
+    place = pl.all_horizontal(pl.col(p) == (culprit[p] or "") for p in PLACE)
+    calls, reached = pl.col("kind").is_in(CALLERS), pl.col("callee_service").is_not_null()
+    if culprit["kind"] == ERRORS:
+        return traced.filter(place & pl.col("failed") & ~pl.col("child_failed")).group_by("trace").agg(
+            x=pl.lit(1.0))
+    if culprit["kind"] == NETWORK:
+        callee = pl.all_horizontal(pl.col(f"callee_{p}") == (culprit[p] or "") for p in PLACE)
+        rows = traced.filter(calls & reached & (place | callee))
+    else:
+        rows = traced.filter(place & ~(calls & reached))
+    return rows.group_by("trace").agg(x=pl.col("own_ms").sum())
+
+
+def _onset(measured: pl.DataFrame, per_trace: pl.DataFrame, windows: Windows) -> datetime:
+    """When the culprit's change began: the first ONSET_STEP after the baseline whose mean per entry request, and
+    the next one's, lie MIN_Z standard errors above the baseline's mean (the observed window's start where none
+    does)."""
+    values = per_trace.join(measured, on="trace", how="left").with_columns(pl.col("x").fill_null(0.0))
+    base = values.filter(pl.col("window") == "baseline")["x"]
+    mean, spread = base.mean(), base.std(ddof=0) or 0.0
+    steps = (values.filter(pl.col("entry_start") >= windows.baseline_end)
+             .group_by(step=pl.col("entry_start").dt.truncate(f"{int(ONSET_STEP.total_seconds())}s"))
+             .agg(mean=pl.col("x").mean(), n=pl.len()).sort("step")
+             .with_columns(above=pl.col("mean") > mean + MIN_Z * spread / pl.col("n").sqrt()))
+    held = steps["above"] & steps["above"].shift(-1, fill_value=True)
+    first = steps.filter(held)["step"]
+    return first[0] if len(first) else windows.observed_start
 
 
 def _entry_change(per_trace: pl.DataFrame) -> dict:
@@ -171,20 +206,26 @@ def _latency_culprits(traced: pl.DataFrame, counts: dict, entry_growth: float) -
                    edge, counts)
     moved = (pl.col("z") >= MIN_Z) & (pl.col("growth") >= MIN_GROWTH_MS)
     found = [_culprit(row, SELF, "ms", entry_growth) for row in selves.filter(moved).iter_rows(named=True)]
-    found += _network_culprits(edges.filter(moved), entry_growth)
+    found += _network_culprits(edges.with_columns(moved=moved), entry_growth)
     return [c for c in found if c["share"] >= MIN_SHARE]
 
 
 def _network_culprits(edges: pl.DataFrame, entry_growth: float) -> list[dict]:
-    """The pods that the slowed edges share, greedily: the pod on most of the added gap first, then the rest of
-    the edges."""
-    rows, found = edges.to_dicts(), []
+    """The pods that the slowed edges (`moved`) share, greedily. A delay on a pod's network slows every call to and
+    from it, so a pod is weighed by the gap added on its slowed edges times the share of its edges that slowed:
+    a caller with one slow callee among many is not the place, the callee is."""
+    calls: dict[tuple, int] = {}
+    for row in edges.iter_rows(named=True):
+        for end in (tuple(row[p] for p in PLACE), tuple(row[f"callee_{p}"] for p in PLACE)):
+            calls[end] = calls.get(end, 0) + 1
+    rows, found = edges.filter("moved").to_dicts(), []
     while rows:
         ends: dict[tuple, list[dict]] = {}
         for row in rows:
             ends.setdefault(tuple(row[p] for p in PLACE), []).append(row)
             ends.setdefault(tuple(row[f"callee_{p}"] for p in PLACE), []).append(row)
-        place, through = max(ends.items(), key=lambda item: (sum(r["growth"] for r in item[1]), item[0] > ("",)))
+        place, through = max(ends.items(), key=lambda item: sum(r["growth"] for r in item[1]) * len(item[1]) /
+                             calls[item[0]])
         found.append(_culprit({**dict(zip(PLACE, place)), "mean_baseline": sum(r["mean_baseline"] for r in through),
                                "mean_observed": sum(r["mean_observed"] for r in through),
                                "growth": sum(r["growth"] for r in through), "z": min(r["z"] for r in through)},

@@ -9,7 +9,7 @@ from typing import Callable
 
 from sloscope import taxonomy
 
-from sloscope.analytics.attribution import CLEAR_CAUSE_FLOOR, THRESHOLD
+from sloscope.analytics.attribution import CLEAR_CAUSE_FLOOR, POD_ATTRIBUTE, THRESHOLD
 from sloscope.analytics.graph import ERRORS, NETWORK, SELF, UNINSTRUMENTED
 
 # What the graph's evidence is called where a cause lists its evidence, beside the catalog's signals.
@@ -26,9 +26,9 @@ def culprit_causes(culprits: list[dict], node_causes: Callable[[str, str | None]
     out, seen = [], set()
     for culprit in culprits:
         physical = [] if culprit["node"] == UNINSTRUMENTED else node_causes(culprit["node"], culprit["pod"])
-        if culprit["kind"] == NETWORK:
-            physical = [c for c in physical if c["layer"] == NETWORK_LAYER]
-        causes = physical or [_graph_cause(culprit)]
+        if culprit["kind"] == NETWORK:  # the wire's causes, or the pod's own (a starved pod answers late)
+            physical = [c for c in physical if c["layer"] == NETWORK_LAYER or _names_pod(c, culprit["pod"])]
+        causes = _first_moved_first(physical) or [_graph_cause(culprit)]
         for cause in causes[:top]:
             key = (culprit["service"], culprit["node"], cause["cause"])
             if key not in seen:
@@ -36,6 +36,18 @@ def culprit_causes(culprits: list[dict], node_causes: Callable[[str, str | None]
                 out.append({"service": culprit["service"], "pod": culprit["pod"], "node": culprit["node"], **cause,
                             "culprit": culprit["kind"]})
     return out
+
+
+def _first_moved_first(causes: list[dict]) -> list[dict]:
+    """A culprit's physical causes, the one whose evidence moved first leading: a cause precedes its effects, and
+    the culprit's onset already dates the trouble (a signal that moved only after another did is more likely its
+    effect, however strongly it moved). Equal onsets keep their scores' order."""
+    return sorted(causes, key=lambda c: (c["evidence"][0]["onset"] is None, c["evidence"][0]["onset"] or "",
+                                         -c["score"]))
+
+
+def _names_pod(cause: dict, pod: str | None) -> bool:
+    return pod is not None and any(ev["attributes"].get(POD_ATTRIBUTE) == pod for ev in cause["evidence"])
 
 
 def _graph_cause(culprit: dict) -> dict:

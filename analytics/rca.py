@@ -196,8 +196,10 @@ def _led_by_culprits(analysis: "_Analysis", incident: Incident, episode: tuple[d
     incident's own service and node and its signals name a cause, the node's own ranking stands."""
     own = [{"service": incident.service, "pod": None, "node": incident.node, **c} for c in causes]
     if not found or ((found[0]["service"], found[0]["node"]) == (incident.service, incident.node) and own):
+        _onsets_as_text(found)
         return own, diagnosis
     led = culprit_causes(found, lambda node, pod: analysis.causes(node, pod, *episode, top), top)
+    _onsets_as_text(found)
     ranked = led + [c for c in own if (c["node"], c["cause"]) not in {(x["node"], x["cause"]) for x in led}]
     return ranked[:top], {"verdict": "ranked", "floor": diagnosis["floor"], "baseline": diagnosis["baseline"]}
 
@@ -234,7 +236,10 @@ def explain_moment(store: StoreReader, spec, at: datetime, node: str | None = No
     candidates.sort(key=lambda c: -c["score"])
     found, entry = culprits(store, Windows(at - lookback - baseline, at - lookback, at, at + MOMENT_SPAN))
     found = [c for c in found if node is None or c["node"] == node]
-    led = culprit_causes(found, lambda name, pod: _node_causes(analysis, spec, name, pod, at, top), top)
+    onsets = {(c["node"], c["pod"]): c["onset"] for c in reversed(found)}  # the first culprit's, where two share
+    led = culprit_causes(found, lambda name, pod: _node_causes(analysis, spec, name, pod, onsets[name, pod],
+                                                                at + MOMENT_SPAN, top), top)
+    _onsets_as_text(found)
     ranked = led + [c for c in ranked if (c["node"], c["cause"]) not in {(x["node"], x["cause"]) for x in led}]
     if ranked:
         diagnosis = {"verdict": "ranked", "floor": CLEAR_CAUSE_FLOOR}
@@ -247,10 +252,18 @@ def explain_moment(store: StoreReader, spec, at: datetime, node: str | None = No
     return {"incidents": [], "moment": moment}
 
 
-def _node_causes(analysis: "_Analysis", spec, node: str, pod: str | None, at: datetime, top: int) -> list[dict]:
-    """The physical causes of a culprit's node for the minute from `at`, its pod's own series among the evidence."""
-    window = analysis.window(node, at, at + MOMENT_SPAN)
-    return diagnose(analysis.scores(window, node), node, window, top, spec.taxonomy, pod=pod)[0]
+def _node_causes(analysis: "_Analysis", spec, node: str, pod: str | None, onset: datetime, end: datetime,
+                 top: int) -> list[dict]:
+    """The physical causes of a culprit's node from the culprit's onset (its baseline ends before the culprit
+    changed, and a cause must have moved by then), its pod's own series among the evidence, judged against the
+    fleet's movement (a change seen everywhere is no node's cause)."""
+    window = analysis.window(node, onset, max(end, onset + MOMENT_SPAN))
+    return diagnose(analysis.scores(window, node), node, window, top, spec.taxonomy, analysis.fleet(window), pod)[0]
+
+
+def _onsets_as_text(found: list[dict]) -> None:
+    for culprit in found:
+        culprit["onset"] = rfc3339(culprit["onset"])
 
 
 class _Analysis:

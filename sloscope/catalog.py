@@ -228,9 +228,10 @@ SIGNALS: tuple[Signal, ...] = (
     # --- the kubeletstats receiver: the node's and each pod's and container's usage, from the kubelet ---
     _kubeletstats("k8s.node.cpu.usage", "{cpu}", (), 0.1, "CPUs the node uses"),
     _kubeletstats("k8s.node.memory.working_set", "By", (), 2**28, "the node's working set"),
-    _kubeletstats("k8s.pod.cpu.usage", "{cpu}", POD_RESOURCE, 0.1, "CPUs a pod uses"),
+    # A pod often uses a few millicores: a floor of a tenth of a CPU would hide it going from 1 m to 50 m.
+    _kubeletstats("k8s.pod.cpu.usage", "{cpu}", POD_RESOURCE, 0.005, "CPUs a pod uses"),
     _kubeletstats("k8s.pod.memory.working_set", "By", POD_RESOURCE, 2**26, "a pod's working set"),
-    _kubeletstats("container.cpu.usage", "{cpu}", CONTAINER_RESOURCE, 0.1, "CPUs a container uses"),
+    _kubeletstats("container.cpu.usage", "{cpu}", CONTAINER_RESOURCE, 0.005, "CPUs a container uses"),
     _kubeletstats("container.memory.working_set", "By", CONTAINER_RESOURCE, 2**26, "a container's working set"),
     # --- dcgm-exporter's fields as the prometheus receiver writes them: names and units as DCGM defines them,
     # kept apart from sloscope's own GPU signals (a 0..100 percent is never compared with a 0..1 ratio) ---

@@ -225,3 +225,10 @@ def test_the_culprit_pods_own_cpu_names_cpu_contention_on_a_node_that_hardly_mov
     assert (first["service"], first["pod"], first["node"], first["cause"]) == ("cart", "cart-1", "node-b",
                                                                                "cpu_contention")
     assert any(ev["attributes"].get("k8s.pod.name") == "cart-1" for ev in first["evidence"])
+
+
+def test_a_culprits_onset_is_where_its_change_began(tmp_path):
+    with _store(tmp_path, cart_ms=80.0) as store:
+        moment = explain_moment(store, load_spec(None), T0 + timedelta(minutes=11), lookback=timedelta(minutes=2))
+    assert moment["moment"]["culprits"][0]["onset"] == "2026-12-01T12:10:00Z"
+    json.dumps(moment)  # every value is JSON's
