@@ -12,6 +12,17 @@ against its target.
 
 With --clickhouse every run is also loaded into chDB from the same files, and the runs where both stores find the
 same incidents (tier, service, node, start, end) and causes are counted.
+
+With --mesh the fleet is a service mesh (`sloscope simulate --mesh`: 8 services, 13 pods over 3 nodes, every
+request a trace) and each fault sits on one pod of a service at depth >= 2: every physical cause, network_latency
+(calls to the pod slowed on the wire), slow_handler and exceptions (its code slower or failing: cause
+`application`). For each, the analysis is asked about the moment 2 minutes into the fault (`explain_moment`, as
+`sloscope rca --at`), and its ranked causes are scored on (service, node, cause): AC@1 and AC@3 per fault kind,
+the share of code faults whose first cause is `application`, and the first culprit's service, pod and kind.
+Healthy meshes give the false incidents per 100 node-hours (`analyse`). Defaults: 2 seeds, 3 nodes, 13 min runs
+with the fault from 10 min in, 2 requests/s per node into the mesh, one healthy mesh per seed.
+
+    .venv/bin/python benchmarks/rca_accuracy.py --mesh [--seeds 2] [--causes slow_handler,disk_io] [--nodes 3]
 """
 
 from __future__ import annotations
@@ -30,11 +41,12 @@ import polars as pl
 
 from sloscope.analytics.attribution import GROWTH_SUFFIX, Window, series_scores, signal_steps
 from sloscope.analytics.ingest import Ingestor
-from sloscope.analytics.rca import analyse
+from sloscope.analytics.rca import analyse, explain_moment
 from sloscope.analytics.slo import MIN_BLOCKS, find_incidents
 from sloscope.analytics.store import Store
 from sloscope.analytics.stores import open_store
 from sloscope.enrich.tiers import TierResolver
+from sloscope.simulator import faults, mesh
 from sloscope.simulator.fleet import SimulationConfig, simulate
 from sloscope import taxonomy
 from sloscope.slo_spec import load_spec
@@ -133,7 +145,7 @@ def summarise(cases: list[dict]) -> str:
             p[f"{who}@3"] += c["cause"] in c[who][:3]
     lines = [f"{'cause':<22} {'n':>3} {'AC@1':>6} {'AC@3':>6} {'base@1':>7} {'base@3':>7} {'node ok':>8}"]
     total = defaultdict(int)
-    for cause in taxonomy.CAUSE_IDS:
+    for cause in faults.PHYSICAL_CAUSES:
         p = per.get(cause)
         if not p:
             continue
@@ -144,7 +156,8 @@ def summarise(cases: list[dict]) -> str:
                      f"{p['baseline@1'] / n:>7.2f} {p['baseline@3'] / n:>7.2f} {p['right_node']:>4}/{n}")
     n = total["n"] or 1
     lines.append(f"{'overall':<22} {total['n']:>3} {total['ours@1'] / n:>6.2f} {total['ours@3'] / n:>6.2f} "
-                 f"{total['baseline@1'] / n:>7.2f} {total['baseline@3'] / n:>7.2f} {total['right_node']:>4}/{total['n']}")
+                 f"{total['baseline@1'] / n:>7.2f} {total['baseline@3'] / n:>7.2f} "
+                 f"{total['right_node']:>4}/{total['n']}")
     return "\n".join(lines + _targets(cases, total["ours@1"] / n))
 
 
@@ -173,19 +186,190 @@ def _targets(cases: list[dict], ac1: float) -> list[str]:
     ]
 
 
+# ------------------------------------------------------------------------------------------------ mesh
+
+MESH_DEFAULTS = {"seeds": 2, "nodes": 3, "rate": 2.0, "duration": 780, "controls": 1}
+MESH_FAULT_AT_S = 600  # 10 min in: the analysis' baseline (10 min, ending 1 min before the moment) fits the run
+MESH_FAULT_DURATION_S = 180
+MOMENT_AFTER_S = 120  # the moment asked about, after the fault's onset
+TARGET_APPLICATION = 0.9
+CODE_FAULTS = ("slow_handler", "exceptions")
+# The culprit kind the trace graph should name first for each fault kind (physical causes slow the pod's own code).
+CULPRIT_KIND = {"network_latency": "network", "slow_handler": "self", "exceptions": "errors"}
+
+
+def _at(c: dict, key: str):
+    """A field of a cause or culprit; None where the analysis does not give it (a miss, not a crash)."""
+    return c.get(key) if isinstance(c, dict) else None
+
+
+def run_mesh_case(kind: str | None, seed: int, args, workdir: Path) -> dict:
+    spec = load_spec(None)
+    out = workdir / f"mesh-{kind or 'control'}-{seed}"
+    truth = simulate(SimulationConfig(out=out, nodes=args.nodes, seed=seed, fault=kind, rate=args.rate,
+                                      duration_s=args.duration, fault_at_s=args.fault_at,
+                                      fault_duration_s=args.fault_duration, mesh=True))
+    with Store(out / "db.duckdb") as store:
+        Ingestor(store, TierResolver.from_spec(spec)).ingest_files(sorted(out.glob("*.jsonl*")))
+    case = {"kind": kind, "seed": seed, "node_hours": args.nodes * args.duration / 3600}
+    moment = {}
+    with Store(out / "db.duckdb", read_only=True) as store:
+        # An analysis that fails on a run scores it as a miss (a false incident for a control) and says why,
+        # rather than ending the benchmark with the runs before it lost.
+        try:
+            if kind is None:
+                case["incidents"] = len(analyse(store, spec)["incidents"])
+                return case
+            at = parse_rfc3339(truth.fault["onset"], "ground_truth.json: fault.onset") + \
+                timedelta(seconds=MOMENT_AFTER_S)
+            lookback = {} if args.lookback is None else {"lookback": timedelta(seconds=args.lookback)}
+            moment = explain_moment(store, spec, at, **lookback).get("moment") or {}
+        except Exception as exc:  # noqa: BLE001 - any failure of the analysis is reported with the run
+            case["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            if kind is None:
+                case["incidents"] = 1
+                return case
+    f = truth.fault
+    case["truth"] = {k: f[k] for k in ("service", "pod", "node", "cause")}
+    case["ranked"] = [[_at(c, "service"), _at(c, "node"), _at(c, "cause")] for c in moment.get("causes") or []][:5]
+    case["culprits"] = [{k: _at(c, k) for k in ("service", "pod", "node", "kind")}
+                        for c in moment.get("culprits") or []][:3]
+    return case
+
+
+def _mesh_scores(case: dict) -> dict:
+    t = case["truth"]
+    want = [t["service"], t["node"], t["cause"]]
+    ranked, culprits = case["ranked"], case["culprits"]
+    first = culprits[0] if culprits else {}
+    return {
+        "@1": ranked[:1] == [want], "@3": want in ranked[:3],
+        "node_cause@1": bool(ranked) and ranked[0][1:] == want[1:],
+        "application@1": bool(ranked) and ranked[0][2] == "application",
+        "culprit@1": (first.get("service"), first.get("pod")) == (t["service"], t["pod"]) and
+        first.get("kind") == CULPRIT_KIND.get(case["kind"], "self"),
+    }
+
+
+def summarise_mesh(cases: list[dict], kinds: list[str]) -> str:
+    per = defaultdict(lambda: defaultdict(int))
+    for c in cases:
+        if c["kind"] is None:
+            continue
+        p = per[c["kind"]]
+        p["n"] += 1
+        for k, v in _mesh_scores(c).items():
+            p[k] += v
+    lines = [f"{'fault kind':<22} {'cause':<21} {'n':>3} {'AC@1':>6} {'AC@3':>6} {'node+cause@1':>13} "
+             f"{'culprit@1':>10}"]
+    for kind in kinds:
+        p = per.get(kind)
+        if not p:
+            continue
+        n = p["n"]
+        lines.append(f"{kind:<22} {mesh.FAULT_CAUSE.get(kind, kind):<21} {n:>3} {p['@1'] / n:>6.2f} "
+                     f"{p['@3'] / n:>6.2f} {p['node_cause@1'] / n:>13.2f} {p['culprit@1'] / n:>10.2f}")
+
+    def share(group, key):
+        n = sum(per[k]["n"] for k in group if k in per)
+        return (sum(per[k][key] for k in group if k in per) / n, n) if n else (float("nan"), 0)
+
+    def verdict(ok: bool) -> str:
+        return "ok" if ok else "BELOW TARGET"
+    out = []
+    physical, n = share(faults.PHYSICAL_CAUSES, "@1")
+    if n:
+        out.append(f"physical faults: AC@1 {physical:.2f} over {n} runs (target >= {TARGET_AC1:g}: "
+                   f"{verdict(physical >= TARGET_AC1)})")
+    app, n = share(CODE_FAULTS, "application@1")
+    if n:
+        out.append(f"code faults: application first in {app:.2f} of {n} runs (target >= {TARGET_APPLICATION:g}: "
+                   f"{verdict(app >= TARGET_APPLICATION)})")
+    net, n = share(("network_latency",), "@1")
+    if n:
+        out.append(f"network_latency: AC@1 {net:.2f} over {n} runs (no target)")
+    controls = [c for c in cases if c["kind"] is None]
+    node_hours = sum(c["node_hours"] for c in controls)
+    if controls:
+        false = sum(c["incidents"] for c in controls)
+        rate = 100 * false / node_hours
+        out.append(f"healthy meshes: {len(controls)} runs, {node_hours:.1f} node-hours, {false} incidents: "
+                   f"{rate:.2f} per 100 node-hours (target <= {TARGET_FALSE_PER_100_NODE_HOURS:g}: "
+                   f"{'ok' if rate <= TARGET_FALSE_PER_100_NODE_HOURS else 'ABOVE TARGET'})")
+    failed = [c for c in cases if "error" in c]
+    if failed:
+        out.append(f"the analysis failed on {len(failed)} of {len(cases)} runs (each counted as a miss, or as one "
+                   f"false incident for a healthy mesh): first {failed[0]['error']}")
+    return "\n".join(lines + out)
+
+
+def main_mesh(args, kinds: list[str]) -> int:
+    cases = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(1, args.seeds + 1):
+            for kind in kinds + [None] * args.controls:
+                case = run_mesh_case(kind, seed if kind else seed * 100 + len(cases), args, Path(tmp))
+                cases.append(case)
+                error = f", ANALYSIS FAILED: {case['error']}" if "error" in case else ""
+                if kind is None:
+                    print(f"     control                seed {case['seed']}: incidents {case['incidents']}{error}",
+                          file=sys.stderr, flush=True)
+                else:
+                    sc = _mesh_scores(case)
+                    t = case["truth"]
+                    print(f"{'ok ' if sc['@1'] else 'MISS':4} {kind:<22} seed {seed}: truth "
+                          f"{[t['service'], t['node'], t['cause']]}, ranked {case['ranked'][:3]}, first culprit "
+                          f"{case['culprits'][:1]}{error}", file=sys.stderr, flush=True)
+                shutil.rmtree(Path(tmp) / f"mesh-{kind or 'control'}-{case['seed']}", ignore_errors=True)
+    print(summarise_mesh(cases, kinds))
+    print(f"{len(cases)} runs in {time.monotonic() - started:.0f}s")
+    if args.json:
+        args.json.write_text(json.dumps(cases, indent=1))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--causes", default=",".join(taxonomy.CAUSE_IDS))
-    parser.add_argument("--nodes", type=int, default=5)
-    parser.add_argument("--rate", type=float, default=4.0, help="requests/s per service per node")
-    parser.add_argument("--duration", type=int, default=1800, help="seconds per run")
-    parser.add_argument("--controls", type=int, default=2, help="healthy runs per seed")
+    parser.add_argument("--mesh", action="store_true",
+                        help="a service mesh, scored on (service, node, cause) at a moment of each fault")
+    parser.add_argument("--seeds", type=int, default=None, help="default: 5, or 2 with --mesh")
+    parser.add_argument("--causes", default=None,
+                        help="comma-separated causes, or with --mesh fault kinds (default: all of them)")
+    parser.add_argument("--nodes", type=int, default=None, help="default: 5, or 3 with --mesh")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="requests/s per service per node (default: 4); with --mesh, into the mesh per node "
+                        "(default: 2)")
+    parser.add_argument("--duration", type=int, default=None,
+                        help="seconds per run (default: 1800, or 780 with --mesh)")
+    parser.add_argument("--controls", type=int, default=None,
+                        help="healthy runs per seed (default: 2, or 1 with --mesh)")
+    parser.add_argument("--fault-at", type=int, default=MESH_FAULT_AT_S,
+                        help="with --mesh: fault onset, s into the run")
+    parser.add_argument("--fault-duration", type=int, default=MESH_FAULT_DURATION_S, help="with --mesh: its length, s")
+    parser.add_argument("--lookback", type=int, default=None,
+                        help="with --mesh: seconds between the baseline's end and the moment (default: the analysis' "
+                        "own, 1 min, so the baseline holds the fault's first minute; 150 ends it before the fault)")
     parser.add_argument("--json", type=Path, help="also write every case here")
     parser.add_argument("--clickhouse", action="store_true",
                         help="also load every run into chDB (pip install 'sloscope[clickhouse]') and count the runs "
                         "where it finds the same incidents and causes as DuckDB")
     args = parser.parse_args()
+    defaults = MESH_DEFAULTS if args.mesh else {"seeds": 5, "nodes": 5, "rate": 4.0, "duration": 1800, "controls": 2}
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    known = mesh.fault_kinds() if args.mesh else faults.PHYSICAL_CAUSES
+    if args.causes is None:
+        args.causes = ",".join(known)
+    unknown = [c for c in args.causes.split(",") if c and c not in known]
+    if unknown:
+        parser.error(f"unknown {'fault kinds' if args.mesh else 'causes'} {', '.join(unknown)}: choose from "
+                     f"{', '.join(known)}")
+    if args.mesh:
+        if args.clickhouse:
+            parser.error("--clickhouse compares incidents of flat fleets; it does not apply to --mesh")
+        return main_mesh(args, [c for c in args.causes.split(",") if c])
     causes = [c for c in args.causes.split(",") if c]
     cases = []
     started = time.monotonic()
@@ -200,7 +384,8 @@ def main() -> int:
                       f"wrong node {case.get('wrong_node')}, detected after {case.get('detected_after_s')} s, "
                       f"ours {case.get('ours')}, baseline {case.get('baseline')}"
                       + ("" if "same_on_clickhouse" not in case else
-                         f", chDB {'agrees' if case['same_on_clickhouse'] else 'DIFFERS'}"), file=sys.stderr, flush=True)
+                         f", chDB {'agrees' if case['same_on_clickhouse'] else 'DIFFERS'}"),
+                      file=sys.stderr, flush=True)
                 for path in (Path(tmp) / f"{cause or 'control'}-{case['seed']}").iterdir():
                     path.unlink()
                 shutil.rmtree(Path(tmp) / "clickhouse", ignore_errors=True)

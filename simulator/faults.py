@@ -123,6 +123,14 @@ def shift(series: Gauge, p: np.ndarray, delta: float) -> None:
 
 # ------------------------------------------------------------------------------------------------ causes
 
+# The taxonomy's causes that live in a node's hardware or kernel, each bent by `apply_cause`. The taxonomy also
+# has causes no node signal shows alone (a slow network path to one pod, the application's own code): only the
+# mesh simulates those, from its spans (simulator/mesh.py).
+PHYSICAL_CAUSES = ("gpu_sm_contention", "gpu_memory_bandwidth", "gpu_memory_leak", "gpu_interconnect", "gpu_thermal",
+                   "storage_queue", "storage_thermal", "disk_io", "network_loss", "connection_churn",
+                   "cpu_contention", "memory_pressure", "syscall_overhead")
+assert set(PHYSICAL_CAUSES) <= set(taxonomy.CAUSE_IDS)
+
 
 @dataclass
 class FaultSpec:

@@ -9,6 +9,9 @@ the telemetry (the fault, its onset, the confounders) goes to `ground_truth.json
 
 Output, in `out`: `metrics.jsonl.gz`, `traces.jsonl.gz` (one Export*ServiceRequest per line, one line per
 node per flush interval; several gzip members, which every gzip reader concatenates) and `ground_truth.json`.
+
+With `mesh=True` the services call each other as a tree of pods over the nodes, each request one trace, and the
+fault sits on one pod (simulator/mesh.py); the nodes' signals and confounders are made as for a flat fleet.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sloscope import catalog, taxonomy
-from sloscope.simulator import blips, otlp_json, planning, signals, traffic
+from sloscope import catalog
+from sloscope.simulator import blips, faults, mesh, otlp_json, planning, signals, traffic
 from sloscope.simulator.signals import Counter, Gauge, Histogram, NodeSeries
 from sloscope.times import parse_rfc3339, rfc3339
 
@@ -36,6 +39,7 @@ COLLECTOR_SERVICE = "sloscope-collector"
 NODE_PREFIX = "gpu-node-"
 NAMESPACE = "inference"
 CHUNK_S = 60  # rendering unit (and the span RNG's unit): output does not depend on the worker count
+RUN_COUNTS = ("metric_lines", "data_points", "trace_lines", "server_spans", "client_spans", "internal_spans")
 
 
 @dataclass
@@ -47,13 +51,15 @@ class SimulationConfig:
     seed: int = 0
     rate: float = 10.0  # requests/s per service per node
     services: tuple = traffic.DEFAULT_SERVICES
-    fault: str | None = None  # a taxonomy cause id; None or "none": healthy control
+    fault: str | None = None  # a physical cause of the taxonomy, or with mesh a mesh fault; None or "none": healthy
     fault_node: str | int | None = None  # node name or 1-based number; default drawn by seed
     fault_at_s: int | None = None  # onset, seconds after start; default mid-run, >= 10 min of baseline
     fault_duration_s: int = 300
     flush_interval_s: int = 10
     compress: bool = True
     workers: int | None = None  # processes for rendering; None: automatic
+    mesh: bool = False  # an entry service calling a tree of services over the nodes (simulator/mesh.py)
+    fault_service: str | None = None  # mesh: the service of the fault's pod; default drawn among the deep ones
 
 
 @dataclass
@@ -91,7 +97,7 @@ class Fleet:
     start_ns: int
     names: list
     nodes: list  # NodeSeries
-    plan: traffic.TrafficPlan
+    plan: traffic.TrafficPlan | mesh.MeshPlan
     truth: GroundTruth
     reset: tuple | None  # (node index, second of restart, gap)
 
@@ -134,9 +140,17 @@ def _validate(cfg: SimulationConfig) -> None:
         raise ValueError("rate must be > 0")
     if not cfg.services or len(set(cfg.services)) != len(cfg.services):
         raise ValueError("services must be non-empty and distinct")
-    if cfg.fault not in (None, "none") and cfg.fault not in taxonomy.CAUSE_IDS:
-        raise ValueError(f"unknown fault {cfg.fault!r}: expected none or one of {', '.join(taxonomy.CAUSE_IDS)}")
-    traffic.check_latency_margin(cfg.services)
+    kinds = mesh.fault_kinds() if cfg.mesh else faults.PHYSICAL_CAUSES
+    if cfg.fault not in (None, "none") and cfg.fault not in kinds:
+        if cfg.fault in mesh.fault_kinds():
+            raise ValueError(f"fault {cfg.fault!r} needs a mesh (--mesh): a flat fleet has no calls between services")
+        raise ValueError(f"unknown fault {cfg.fault!r}: expected none or one of {', '.join(kinds)}")
+    if cfg.fault_service is not None and not cfg.mesh:
+        raise ValueError("a fault service needs a mesh (--mesh): on a flat fleet every node runs every service")
+    if cfg.fault_service is not None and cfg.fault in (None, "none"):
+        raise ValueError("a fault service needs a fault")
+    if not cfg.mesh:
+        traffic.check_latency_margin(cfg.services)
 
 
 def _run_start(cfg: SimulationConfig, n: int) -> datetime:
@@ -156,6 +170,8 @@ def build_fleet(cfg: SimulationConfig) -> Fleet:
     names = [f"{NODE_PREFIX}{i + 1}" for i in range(cfg.nodes)]
     seed = int(cfg.seed)
     rng = np.random.default_rng([seed, 0])
+    if cfg.mesh:
+        return _build_mesh_fleet(cfg, n, start, start_ns, names, rng)
     run = planning.Run(n, names, [signals.build_node(seed, i, names[i], n) for i in range(cfg.nodes)],
                        tuple(cfg.services), lambda second: _time_at(start, second))
     cause = None if cfg.fault in (None, "none") else cfg.fault
@@ -181,14 +197,53 @@ def build_fleet(cfg: SimulationConfig) -> Fleet:
     return Fleet(cfg, n, start, start_ns, names, run.nodes, plan, truth, reset)
 
 
-def _truth_extra(plan: traffic.TrafficPlan, run: planning.Run, innocent: list) -> dict:
+def _build_mesh_fleet(cfg: SimulationConfig, n: int, start: datetime, start_ns: int, names: list,
+                      rng: np.random.Generator) -> Fleet:
+    """build_fleet for a mesh: the same nodes, fault window and confounders; the fault on one pod."""
+    seed = int(cfg.seed)
+    topo = mesh.build_topology(seed, names)
+    run = planning.Run(n, names, [signals.build_node(seed, i, names[i], n) for i in range(cfg.nodes)],
+                       tuple(topo.names), lambda second: _time_at(start, second))
+    kind = None if cfg.fault in (None, "none") else cfg.fault
+    onset = int(cfg.fault_at_s) if cfg.fault_at_s is not None else default_onset(n)
+    ref_node = _resolve_node(cfg.fault_node, names, rng)
+    frng = np.random.default_rng([seed, 5])
+    injected = effect_truth = None
+    effect_signals: set = set()
+    if kind is not None:
+        chosen = ref_node if cfg.fault_node is not None else None
+        # the pod is drawn per fault kind, so that one seed's faults of different kinds land on different services
+        where_rng = np.random.default_rng([seed, 12, zlib.crc32(kind.encode())])
+        injected = mesh.inject(run, topo, kind, cfg.fault_service, chosen, onset, cfg.fault_duration_s, frng,
+                               where_rng)
+        ref_node = injected.node
+        if injected.physical is not None:
+            effect_truth, effect_signals = planning.add_effect(run, kind, ref_node, injected.physical, frng)
+    # the fleet-wide change keeps clear of a physical cause's own evidence; the mesh's other faults have none
+    physical = kind if kind in faults.PHYSICAL_CAUSES else None
+    fleet_truth = planning.add_fleet_wide_change(run, physical, ref_node, onset, injected.score if injected else 0.0,
+                                                 effect_signals, frng)
+    reset, reset_truth = planning.plan_restart(run, kind, onset, rng)
+    innocent = blips.add_blips(run.nodes, names, ref_node if kind else None, n, seed, run.at)
+    plan = mesh.make_plan(seed, n, start_ns, int(cfg.flush_interval_s), topo, cfg.rate * cfg.nodes,
+                          injected.fault if injected else None)
+    extra = _truth_extra(plan, run, innocent)
+    extra["topology"] = topo.truth()
+    truth = GroundTruth(
+        seed=seed, start=run.at(0), end=run.at(n), nodes=list(names), services=list(topo.names),
+        fault=injected.truth if injected else None, effect=effect_truth, fleet_wide=fleet_truth,
+        counter_reset=reset_truth, extra=extra)
+    return Fleet(cfg, n, start, start_ns, names, run.nodes, plan, truth, reset)
+
+
+def _truth_extra(plan: traffic.TrafficPlan | mesh.MeshPlan, run: planning.Run, innocent: list) -> dict:
     """The ground truth beside the fault and its confounders: the spec the traffic was made for, bursts, blips."""
     return {
         "slo": {"default_tier": traffic.DEFAULT_TIER,
                 "tiers": {t: {"latency": {"percentile": v["percentile"], "threshold_ms": v["threshold_s"] * 1e3},
                               "availability": v["availability"]} for t, v in traffic.TIERS.items()},
                 "resolution": "10s"},
-        "bursts": {s: [run.at(b) for b in plan.bursts[s].tolist()] for s in run.services},
+        "bursts": {s: [run.at(b) for b in bursts.tolist()] for s, bursts in plan.bursts.items()},
         "blips": innocent,
         "reference_score": "median over the anomaly of the harmful-direction deviation from the median of "
                            "the 10 min before it (ending 30 s before), in baseline IQRs floored at the "
@@ -301,7 +356,7 @@ class _Renderer:
         self.span_heads = [[otlp_json.traces_resource_head([
             ("service.name", svc), ("service.namespace", NAMESPACE), ("host.name", nm), ("k8s.node.name", nm),
             ("k8s.namespace.name", NAMESPACE), ("k8s.pod.name", _pod(fleet.config.seed, svc, i))])
-            for svc in cfg.services] for i, nm in enumerate(fleet.names)]
+            for svc in cfg.services] for i, nm in enumerate(fleet.names)] if not cfg.mesh else []
         self.flush = int(cfg.flush_interval_s)
         self.chunk_s = max(1, CHUNK_S // self.flush) * self.flush
         self.chunks = int(math.ceil(fleet.n / self.chunk_s))
@@ -310,7 +365,7 @@ class _Renderer:
         f = self.fleet
         a, b = ci * self.chunk_s, min(f.n, (ci + 1) * self.chunk_s)
         intervals = range(a // self.flush, (b - 1) // self.flush + 1)
-        stats = {"metric_lines": 0, "data_points": 0, "trace_lines": 0, "server_spans": 0, "client_spans": 0}
+        stats = dict.fromkeys(RUN_COUNTS, 0)
         mlines: dict = {j: [] for j in intervals}
         for i, groups in enumerate(self.renders):
             node = f.nodes[i]
@@ -336,6 +391,23 @@ class _Renderer:
                     h, t = self.metric_heads[name]
                     parts.append(h + ",".join(dp) + t)
                 mlines[j].append(self.line_heads[i] + ",".join(parts) + otlp_json.METRICS_LINE_TAIL)
+        if isinstance(f.plan, mesh.MeshPlan):
+            tlines = self._mesh_traces(ci, a, b, intervals, stats)
+        else:
+            tlines = self._flat_traces(ci, a, b, intervals, stats)
+        mtext = "".join(["\n".join(mlines[j]) + "\n" for j in intervals if mlines[j]])
+        ttext = "".join(["\n".join(tlines[j]) + "\n" for j in intervals if tlines[j]])
+        stats["metric_lines"] = sum(len(v) for v in mlines.values())
+        stats["trace_lines"] = sum(len(v) for v in tlines.values())
+        return mtext, ttext, stats
+
+    def _mesh_traces(self, ci: int, a: int, b: int, intervals: range, stats: dict) -> dict:
+        tb = mesh.render_chunk(self.fleet.plan, ci, a, b)
+        stats["server_spans"], stats["client_spans"], stats["internal_spans"] = tb.server, tb.client, tb.internal
+        return {j: tb.lines.get(j, []) for j in intervals}
+
+    def _flat_traces(self, ci: int, a: int, b: int, intervals: range, stats: dict) -> dict:
+        f = self.fleet
         tlines: dict = {j: [] for j in intervals}
         for i in range(len(f.nodes)):
             batches = [traffic.chunk_spans(f.plan, i, s, ci, a, b) for s in range(len(f.plan.services))]
@@ -347,11 +419,7 @@ class _Renderer:
                        for s, sb in enumerate(batches) if sb.by_interval.get(j)]
                 if res:
                     tlines[j].append('{"resourceSpans":[' + ",".join(res) + "]}")
-        mtext = "".join(["\n".join(mlines[j]) + "\n" for j in intervals if mlines[j]])
-        ttext = "".join(["\n".join(tlines[j]) + "\n" for j in intervals if tlines[j]])
-        stats["metric_lines"] = sum(len(v) for v in mlines.values())
-        stats["trace_lines"] = sum(len(v) for v in tlines.values())
-        return mtext, ttext, stats
+        return tlines
 
 
 def _pod(seed: int, service: str, node: int) -> str:
@@ -397,7 +465,7 @@ def simulate(cfg: SimulationConfig) -> GroundTruth:
     for stale in (out / METRICS_FILE, out / TRACES_FILE, out / (METRICS_FILE + ".gz"), out / (TRACES_FILE + ".gz")):
         if stale.exists() and stale not in (mpath, tpath):
             stale.unlink()
-    totals = {"metric_lines": 0, "data_points": 0, "trace_lines": 0, "server_spans": 0, "client_spans": 0}
+    totals = dict.fromkeys(RUN_COUNTS, 0)
     tasks = [(ci, cfg.compress) for ci in range(renderer.chunks)]
     workers = _workers(cfg, fleet)
     _ACTIVE = renderer
@@ -417,8 +485,11 @@ def simulate(cfg: SimulationConfig) -> GroundTruth:
     truth.extra["counts"] = totals
     truth.extra["config"] = {
         "nodes": cfg.nodes, "duration_s": fleet.n, "rate": cfg.rate, "flush_interval_s": int(cfg.flush_interval_s),
-        "services": list(cfg.services), "fault": cfg.fault or "none", "fault_duration_s": cfg.fault_duration_s,
+        "services": list(fleet.truth.services), "fault": cfg.fault or "none",
+        "fault_duration_s": cfg.fault_duration_s,
     }
+    if cfg.mesh:
+        truth.extra["config"].update(mesh=True, entry_rate=cfg.rate * cfg.nodes, fault_service=cfg.fault_service)
     truth.write(out / TRUTH_FILE)
     return truth
 

@@ -55,25 +55,54 @@ def _affected_services(cause: str, services: tuple, rng: np.random.Generator) ->
     return affected
 
 
-def inject_fault(run: Run, cause: str, fault_node: int, onset: int, duration_s: float,
-                 probe_plan: traffic.TrafficPlan, frng: np.random.Generator) -> InjectedFault:
-    """The fault's evidence on its node, then the request response 5-15 s later (slower requests on the
-    affected services, errors too under packet loss)."""
-    n = run.n
+@dataclass(frozen=True)
+class NodeFault:
+    """A cause's evidence bent on its node: what it hit, how strongly, and when requests feel it."""
+
+    cause: str
+    node: int
+    onset: int
+    duration: int
+    ramp: float
+    target: dict  # the component it hit (hw.id / spdk.bdev.name), if any
+    evidence: list  # (series, feature) pairs
+    score: float  # the cause's reference score
+    baseline: tuple  # the reference score's baseline window (seconds)
+    lag: int  # requests slow down this long after onset
+
+
+def fault_window(n: int, onset: int, duration_s: float) -> int:
+    """The fault's length within the run; ValueError where it does not fit."""
     if not 30 <= onset <= n - 30:
         raise ValueError(f"fault onset {onset}s must lie within the run, 30 s from either end (run: {n}s)")
     duration = int(min(duration_s, n - onset))
     if duration < 20:
         raise ValueError("the fault must last at least 20 s")
+    return duration
+
+
+def node_fault(run: Run, cause: str, fault_node: int, onset: int, duration_s: float,
+               frng: np.random.Generator) -> NodeFault:
+    """Bend the cause's evidence on its node over a 10-20 s ramp; requests feel it 5-15 s after onset."""
+    duration = fault_window(run.n, onset, duration_s)
     ramp = float(frng.uniform(10, 20))
     node = run.nodes[fault_node]
-    target = faults.apply_cause(node, faults.FaultSpec(cause, fault_node, onset, duration, ramp), n, frng)
+    target = faults.apply_cause(node, faults.FaultSpec(cause, fault_node, onset, duration, ramp), run.n, frng)
     evidence = faults.cause_series(node, cause, target)
     base = faults.baseline_window(onset)
     active = (onset + int(math.ceil(ramp)), onset + duration)
     score = max(faults.robust_score(s, base, active, feat) for s, feat in evidence)
     lag = int(frng.integers(5, 16))
-    sli_onset = onset + lag
+    return NodeFault(cause, fault_node, onset, duration, ramp, target, evidence, score, base, lag)
+
+
+def inject_fault(run: Run, cause: str, fault_node: int, onset: int, duration_s: float,
+                 probe_plan: traffic.TrafficPlan, frng: np.random.Generator) -> InjectedFault:
+    """The fault's evidence on its node, then the request response 5-15 s later (slower requests on the
+    affected services, errors too under packet loss)."""
+    nf = node_fault(run, cause, fault_node, onset, duration_s, frng)
+    duration, ramp, target, evidence, score = nf.duration, nf.ramp, nf.target, nf.evidence, nf.score
+    sli_onset = onset + nf.lag
     affected = _affected_services(cause, run.services, frng)
     mult, errors = {}, {}
     for i, svc in enumerate(run.services):
@@ -83,7 +112,7 @@ def inject_fault(run: Run, cause: str, fault_node: int, onset: int, duration_s: 
         mult[svc] = round(max(want / p99, 1.2), 3)
         if cause == "network_loss":
             errors[svc] = round(frng.uniform(0.03, 0.08) / (1 if svc in affected else 3), 4)
-    latency = traffic.LatencyFault(fault_node, float(sli_onset), 5.0, float(onset + duration + lag), mult, errors)
+    latency = traffic.LatencyFault(fault_node, float(sli_onset), 5.0, float(onset + duration + nf.lag), mult, errors)
     truth = {
         "cause": cause, "layer": taxonomy.BY_ID[cause].layer, "node": run.names[fault_node],
         "onset": run.at(onset), "end": run.at(onset + duration), **target,
@@ -93,7 +122,7 @@ def inject_fault(run: Run, cause: str, fault_node: int, onset: int, duration_s: 
         "latency_multiplier": mult, "error_ratio": errors or None,
         "reference_score": round(score, 2),
     }
-    return InjectedFault(truth, latency, score, base, sli_onset, onset + duration)
+    return InjectedFault(truth, latency, score, nf.baseline, sli_onset, onset + duration)
 
 
 def add_effect(run: Run, cause: str, fault_node: int, fault: InjectedFault,

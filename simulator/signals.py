@@ -29,6 +29,7 @@ PSI = (("cpu", "some"), ("io", "some"), ("io", "full"), ("memory", "some"), ("me
 GPU_LINKS = ("nvlink", "pcie")
 DIRECTIONS = ("transmit", "receive")
 GPU_MEMORY_LIMIT = 80 * 2**30
+RTT = "sloscope.tcp.rtt"
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -311,5 +312,12 @@ def build_node(seed: int, index: int, name: str, n: int) -> NodeSeries:
     for signal in ("sloscope.gpu.sm.active", "sloscope.gpu.dram.active"):
         series.append(Gauge("sloscope.probe.signal.health", (("probe.name", "dcgm"), ("sloscope.signal.name", signal)),
                             sid(), values=np.ones(n), decimals=0))
+    # TCP round-trip time, from a generator of its own as well, where the catalog names it
+    if RTT in catalog.BY_NAME:
+        rtt_rng = np.random.default_rng([seed, 4, index])
+        cr = rtt_rng.uniform(1500.0, 4000.0) * (1.0 + drift(rtt_rng, n, 0.1) + smooth_noise(rtt_rng, n, 0.05, 10.0))
+        med = rtt_rng.uniform(1.2e-4, 2.5e-4) * np.exp(drift(rtt_rng, n, 0.08) +
+                                                        smooth_noise(rtt_rng, n, 0.04, 6.0))
+        series.append(Histogram(RTT, (), sid(), count_rate=np.maximum(cr, 0.0), median=med, sigma=0.5))
     return NodeSeries(name=name, index=index, gpus=gpus, series=series,
                       uptime_s=float(rng.uniform(3600.0, 2 * 86400.0)), phase_ns=int(rng.integers(0, 1000)) * 10**6)

@@ -281,6 +281,21 @@ class SpanBatch:
     client: int
 
 
+def draw_tiers(rng: np.random.Generator, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each request's tier header: (TIER_FRAGMENTS index, effective tier code, critical mask)."""
+    r = rng.random(total)
+    hostile = r < SHARE_HOSTILE
+    critical = (r >= SHARE_HOSTILE) & (r < SHARE_HOSTILE + SHARE_CRITICAL)
+    missing = r >= 1.0 - SHARE_MISSING
+    enc = rng.random(total)
+    enc_idx = np.where(enc < 0.8, 0, np.where(enc < 0.92, 1, 2))
+    frag = np.where(critical, enc_idx, 3 + enc_idx)
+    frag = np.where(missing, 6, frag)
+    frag = np.where(hostile, FRAG_HOSTILE0 + rng.integers(0, len(HOSTILE_VALUES), size=total), frag)
+    tier = np.where(critical, 0, 1).astype(np.int64)
+    return frag, tier, critical
+
+
 def chunk_spans(plan: TrafficPlan, node: int, svc: int, chunk: int, a: int, b: int) -> SpanBatch:
     """Spans of (node, service) whose requests start in seconds [a, b) of the run."""
     rng = np.random.default_rng([plan.seed, 3, node, svc, chunk])
@@ -297,17 +312,7 @@ def chunk_spans(plan: TrafficPlan, node: int, svc: int, chunk: int, a: int, b: i
     t.sort()
     in_burst = np.repeat(burst, counts)
 
-    # tier header
-    r = rng.random(total)
-    hostile = r < SHARE_HOSTILE
-    critical = (r >= SHARE_HOSTILE) & (r < SHARE_HOSTILE + SHARE_CRITICAL)
-    missing = r >= 1.0 - SHARE_MISSING
-    enc = rng.random(total)
-    enc_idx = np.where(enc < 0.8, 0, np.where(enc < 0.92, 1, 2))
-    frag = np.where(critical, enc_idx, 3 + enc_idx)
-    frag = np.where(missing, 6, frag)
-    frag = np.where(hostile, FRAG_HOSTILE0 + rng.integers(0, len(HOSTILE_VALUES), size=total), frag)
-    tier = np.where(critical, 0, 1).astype(np.int64)
+    frag, tier, critical = draw_tiers(rng, total)
 
     # latency
     med = np.where(critical, prof.median_s[CRITICAL], prof.median_s[DEFAULT_TIER])
