@@ -280,6 +280,7 @@ def service_graph(store: StoreReader, since: datetime, until: datetime) -> dict:
     seconds = max((until - since).total_seconds(), 1e-9)
     served = spans.filter(~pl.col("kind").is_in(CALLERS))
     nodes = served.group_by("service").agg(
+        id=pl.col("service").first(),
         pods=pl.col("pod").filter(pl.col("pod") != "").unique().sort(), nodes=pl.col("node").unique().sort(),
         requests_per_s=(pl.col("kind") == SPAN_KIND_SERVER).sum() / seconds,
         mean_ms=pl.col("duration_ms").filter(pl.col("kind") == SPAN_KIND_SERVER).mean(),
@@ -288,6 +289,7 @@ def service_graph(store: StoreReader, since: datetime, until: datetime) -> dict:
                          pl.lit(UNINSTRUMENTED))
     edges = spans.filter(pl.col("kind").is_in(CALLERS)).with_columns(target=callee).group_by(
         source="service", target="target").agg(
+        id=pl.concat_str(pl.col("service").first(), pl.lit("->"), pl.col("target").first()),
         calls_per_s=pl.len() / seconds, mean_ms=pl.col("duration_ms").mean(), error_ratio=pl.col("failed").mean(),
         network_gap_ms=pl.col("own_ms").filter(pl.col("callee_service").is_not_null()).mean()).sort("source", "target")
     return {"since": since, "until": until, "nodes": _rounded(nodes.to_dicts()), "edges": _rounded(edges.to_dicts()),

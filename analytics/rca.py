@@ -26,6 +26,9 @@ EPISODE_GAP = timedelta(minutes=2)
 CLOCK_SKEW = timedelta(minutes=5)  # how far ahead of this host's clock a request may start and still be "newest"
 MOMENT_SPAN = timedelta(minutes=1)  # a moment is explained by what its signals did in the minute from it
 GRAPH_SPAN = timedelta(minutes=5)  # the service graph's range when none is asked: up to the newest request
+# The longest range the service graph reads (its end kept): every span of it is read, and a dashboard's "last 7
+# days" must not make serve read a week of traces.
+GRAPH_MAX_SPAN = timedelta(hours=1)
 
 
 def newest_request(store, now: datetime | None = None) -> datetime | None:
@@ -120,9 +123,11 @@ def graph_answer(store: StoreReader, since: str = "", until: str = "", at: str =
         end = end or (newest + timedelta(seconds=1) if newest else None)
         start = start or (end - GRAPH_SPAN if end else None)
     if start is None or end is None:
-        return {"since": None, "until": None, "nodes": [], "edges": [], "kinds": {}}
+        return {"since": None, "until": None, "nodes": [], "edges": [], "kinds": {}, "clipped": False}
+    clipped = end - start > GRAPH_MAX_SPAN
+    start = max(start, end - GRAPH_MAX_SPAN)
     shown = service_graph(store, start, end)
-    return {**shown, "since": rfc3339(start), "until": rfc3339(end)}
+    return {**shown, "since": rfc3339(start), "until": rfc3339(end), "clipped": clipped}
 
 
 class StageTimer:

@@ -7,6 +7,7 @@ from sloscope.slo_spec import SloSpec, TierObjective
 
 from sloscope import metric_names
 from sloscope.alerts.burn import PAGE, burn_windows, promql_duration
+from sloscope.dashboards.grafana_graph import API_DATASOURCE_UID, api_variable, service_graph_panel
 from sloscope.dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, OVERVIEW_UID, above, dashboard, fmt_ms,
                                                 fmt_num, fmt_pct, gd, matchers, query, series_panel, stat_panel,
                                                 threshold_steps, with_row)
@@ -80,7 +81,8 @@ def _tier_row(spec: SloSpec, t: TierObjective) -> tuple[str, list]:
     return title, [latency, errors, latency_burn, error_burn, budget_left]
 
 
-def slo_overview(spec: SloSpec, datasource_uid: str = DEFAULT_DATASOURCE_UID) -> gd.Dashboard:
+def slo_overview(spec: SloSpec, datasource_uid: str = DEFAULT_DATASOURCE_UID,
+                 api_uid: str = API_DATASOURCE_UID) -> gd.Dashboard:
     board = dashboard(OVERVIEW_UID, "sloscope / SLO overview",
                       "Per SLO tier: latency percentile against its objective, error ratio, burn rates and the error "
                       f"budget left over {promql_duration(spec.window_s)}. Generated from the SLO spec "
@@ -100,6 +102,7 @@ def slo_overview(spec: SloSpec, datasource_uid: str = DEFAULT_DATASOURCE_UID) ->
         [query(f"count(max by (tier, service, node) ({metric_names.INCIDENT_CAUSE_SCORE}{{{s}}})) or vector(0)",
                "incidents", instant=True)],
         w=6, thresholds=threshold_steps((None, "green"), (1, "red")), decimals=0))
+    board = board.with_variable(api_variable(api_uid)).with_panel(service_graph_panel())
     for t in spec.tiers.values():
         board = with_row(board, *_tier_row(spec, t))
     return board

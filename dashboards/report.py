@@ -36,12 +36,13 @@ from sloscope.analytics.slo import MIN_REQUESTS, sli_windows, window_latencies
 from sloscope.analytics.store_api import StoreReader
 
 from sloscope.dashboards import grafana
-from sloscope.dashboards.svg import Chart, Marker, Series, Shade, format_value, time_chart
+from sloscope.dashboards.svg import Chart, Marker, Series, Shade, format_value, path_diagram, time_chart
 
 AFTER = timedelta(minutes=2)  # shown after an episode ends
 REMEDIATION_BEFORE = timedelta(minutes=10)
 REMEDIATION_AFTER = timedelta(minutes=30)
 OTHER_NODES = "other nodes (median)"
+CULPRITS_SHOWN = 3
 
 
 @dataclass
@@ -161,6 +162,19 @@ background:#f7f7f7;padding:8px}
 """
 
 
+def _culprit_paths(ep: Episode) -> list[str]:
+    """The path from the entry to each culprit of the episode's best-explained incident (docs/traces.md)."""
+    best = max(ep.incidents, key=lambda i: i["causes"][0]["score"] if i["causes"] else -1.0)
+    out = []
+    for culprit in best.get("culprits", [])[:CULPRITS_SHOWN]:
+        where = f"{culprit['pod'] or '-'} on {culprit['node']}"
+        what = (f"{culprit['kind']}: {culprit['baseline']} -> {culprit['observed']} {culprit['unit']}, "
+                f"{culprit['share']:.0%} of the entry's change")
+        out.append(f"<div class=path><p class=small>Culprit, from the entry:</p>"
+                   f"{path_diagram(culprit['path'], where, what)}</div>")
+    return out
+
+
 def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f'<td{" class=num" if i in numeric else ""}>{c}</td>' for i, c in enumerate(r))
@@ -267,6 +281,7 @@ class Report:
         parts = [head]
         if top:
             parts.append(f"<div class=rem><b>Suggested remediation:</b> {escape(top['remediation'])}</div>")
+        parts.extend(_culprit_paths(ep))
 
         # SLI of every incident, against its objective.
         step = timedelta(seconds=spec.resolution_s)

@@ -231,3 +231,32 @@ def time_chart(chart: Chart) -> str:
                        f'</polyline>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def path_diagram(path: list[str], where: str, what: str) -> str:
+    """The services of a culprit's path from the entry, left to right, each a box with an arrow to the next; the
+    last, the culprit, in red with `where` (its pod and node) and `what` (its change) under it."""
+    box_w, box_h, gap, pad = 150, 34, 46, 10
+    width = pad * 2 + len(path) * box_w + (len(path) - 1) * gap
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{box_h + 52}' role='img' "
+             f"aria-label='{escape(' to '.join(path), quote=True)}'>",
+             "<defs><marker id='arrow' markerWidth='8' markerHeight='8' refX='7' refY='4' orient='auto'>"
+             "<path d='M0,0 L8,4 L0,8 z' fill='#555'/></marker></defs>"]
+    for i, service in enumerate(path):
+        x = pad + i * (box_w + gap)
+        culprit = i == len(path) - 1
+        stroke, fill = ("#d62728", "#fde8e8") if culprit else ("#555", "#f4f4f4")
+        parts.append(f"<rect x='{x}' y='{pad}' width='{box_w}' height='{box_h}' rx='6' fill='{fill}' "
+                     f"stroke='{stroke}' stroke-width='{2 if culprit else 1}'/>")
+        label = service if len(service) <= 20 else service[:19] + "…"
+        parts.append(f"<text x='{x + box_w / 2}' y='{pad + box_h / 2 + 4}' text-anchor='middle' "
+                     f"font-size='12' font-family='sans-serif'>{escape(label)}</text>")
+        if not culprit:
+            parts.append(f"<line x1='{x + box_w}' y1='{pad + box_h / 2}' x2='{x + box_w + gap - 2}' "
+                         f"y2='{pad + box_h / 2}' stroke='#555' marker-end='url(#arrow)'/>")
+    last_x = pad + (len(path) - 1) * (box_w + gap)
+    for n, line in enumerate((where, what)):
+        parts.append(f"<text x='{last_x}' y='{pad + box_h + 16 + 14 * n}' font-size='11' font-family='sans-serif' "
+                     f"fill='#555'>{escape(line)}</text>")
+    parts.append("</svg>")
+    return "".join(parts)

@@ -66,11 +66,12 @@ def series_names(expr: str) -> set[str]:
 
 
 def queries(board: dict) -> list[tuple[str, str]]:
-    """(where, PromQL) of every panel target, query variable and annotation of a dashboard."""
+    """(where, PromQL) of every Prometheus panel target, query variable and annotation of a dashboard."""
     out = []
     for panel in board["panels"]:
         for target in panel.get("targets", []):
-            out.append((f"panel {panel['title']!r} {target['refId']}", target["expr"]))
+            if target.get("datasource", {}).get("type", "prometheus") == "prometheus":
+                out.append((f"panel {panel['title']!r} {target['refId']}", target["expr"]))
     for var in board["templating"]["list"]:
         if var["type"] == "query":
             m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", var["query"])
@@ -262,10 +263,13 @@ def test_datasource_is_a_configurable_template_variable():
         assert ds["name"] == "datasource" and ds["query"] == "prometheus"
         assert ds["current"]["value"] == "prom-eu-1"
         for p in panels(board):
+            if p["type"] == "nodeGraph":  # serve's /graph, through the `api` data source (its own test)
+                continue
             assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
             assert all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
         names = [v["name"] for v in board["templating"]["list"]]
-        assert names == ["datasource", "tier", "service", "node"]
+        assert names == ["datasource", "tier", "service", "node"] + (["api"] if board["uid"] == grafana.OVERVIEW_UID
+                                                                     else [])
         for where, expr in queries(board):  # every panel and annotation follows the node selection
             follows = 'node=~"$node"' in expr or 'target=~".*$node.*"' in expr  # actions name their node
             assert where.startswith("variable") or follows, (board["uid"], where)
@@ -282,6 +286,9 @@ def test_json_round_trips_through_the_sdk_models(boards):
         assert grafana.dumps(model) == board
         for panel in model.panels:
             if panel.type_val == "row":
+                continue
+            if panel.type_val == "nodeGraph":  # the Infinity plugin's queries, which the SDK has no model of
+                assert {t.data["refId"] for t in panel.targets} == {"nodes", "edges"}
                 continue
             assert all(isinstance(t, prometheus.Dataquery) for t in panel.targets), panel.title
             if panel.type_val in options_type:
@@ -442,3 +449,28 @@ def test_report_renders_in_headless_chromium(sim_db, tmp_path):
     assert red > 500, "no chart lines (the incident's series are drawn red)"
     dom = subprocess.run([*flags, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120).stdout
     assert dom.count("<svg") == out.read_text().count("<svg ") and dom.count("<polyline") >= len(result["incidents"])
+
+
+def test_the_service_graph_panel_reads_the_fields_serve_s_graph_gives(boards, tmp_path):
+    """The node-graph panel's Infinity queries ask GET /graph for the dashboard's range and map its fields onto
+    the panel's frames (id, title, mainstat, ...; source and target for edges): every field they read is one
+    /graph answers."""
+    from datetime import timedelta
+
+    from sloscope.analytics.rca import graph_answer
+    from tests.analytics.test_graph import T0, _store
+
+    [panel] = [p for p in boards[grafana.OVERVIEW_UID]["panels"] if p["type"] == "nodeGraph"]
+    targets = {t["refId"]: t for t in panel["targets"]}
+    assert set(targets) == {"nodes", "edges"}
+    assert all(t["datasource"] == {"type": "yesoreyeram-infinity-datasource", "uid": "${api}"}
+               and t["url"].startswith("/graph?since=${__from:date:iso}&until=") for t in targets.values())
+    assert {"id", "title", "mainstat"} <= {c["text"] for c in targets["nodes"]["columns"]}
+    assert {"id", "source", "target"} <= {c["text"] for c in targets["edges"]["columns"]}
+    with _store(tmp_path, seconds=60) as store:
+        shown = graph_answer(store, "2026-12-01T12:00:00.000Z", "2026-12-01T12:01:00.000Z")
+    assert shown["since"] == "2026-12-01T12:00:00Z" and not shown["clipped"]
+    for root in ("nodes", "edges"):
+        assert {c["selector"] for c in targets[root]["columns"]} <= set(shown[root][0]), root
+    api = [v for v in boards[grafana.OVERVIEW_UID]["templating"]["list"] if v["name"] == "api"]
+    assert api and api[0]["query"] == "yesoreyeram-infinity-datasource"
