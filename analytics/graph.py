@@ -33,6 +33,7 @@ MIN_GROWTH_MS = 1.0  # less added per entry request is no one's fault worth nami
 MIN_TRACES = 20  # per window: fewer entry requests say nothing about a mean
 UNINSTRUMENTED = "(no span)"  # the pod and node of a callee that sent no span, named by its caller's peer
 ONSET_STEP = timedelta(seconds=10)  # the resolution at which a culprit's onset is placed
+ONSET_Z = 2.0  # a step above the baseline by this many standard errors, in a run that lasts, is the change
 CALLERS = (SPAN_KIND_CLIENT, SPAN_KIND_PRODUCER)
 PLACE = ("service", "pod", "node")
 
@@ -150,19 +151,24 @@ def _measured(traced: pl.DataFrame, culprit: dict) -> pl.DataFrame:
 
 
 def _onset(measured: pl.DataFrame, per_trace: pl.DataFrame, windows: Windows) -> datetime:
-    """When the culprit's change began: the first ONSET_STEP after the baseline whose mean per entry request, and
-    the next one's, lie MIN_Z standard errors above the baseline's mean (the observed window's start where none
-    does)."""
+    """When the culprit's change began: the first ONSET_STEP after the baseline from which every step's mean per
+    entry request lies ONSET_Z standard errors above the baseline's mean, to the end of the window (a change that
+    has held since, found as early as its own traffic shows it; each step alone needs far fewer traces than the
+    culprit's whole test); else the first whose mean, and the next one's, lie MIN_Z above; else the observed
+    window's start."""
     values = per_trace.join(measured, on="trace", how="left").with_columns(pl.col("x").fill_null(0.0))
     base = values.filter(pl.col("window") == "baseline")["x"]
     mean, spread = base.mean(), base.std(ddof=0) or 0.0
     steps = (values.filter(pl.col("entry_start") >= windows.baseline_end)
              .group_by(step=pl.col("entry_start").dt.truncate(f"{int(ONSET_STEP.total_seconds())}s"))
              .agg(mean=pl.col("x").mean(), n=pl.len()).sort("step")
-             .with_columns(above=pl.col("mean") > mean + MIN_Z * spread / pl.col("n").sqrt()))
-    held = steps["above"] & steps["above"].shift(-1, fill_value=True)
-    first = steps.filter(held)["step"]
-    return first[0] if len(first) else windows.observed_start
+             .with_columns(above=pl.col("mean") > mean + MIN_Z * spread / pl.col("n").sqrt(),
+                           raised=(pl.col("mean") > mean + ONSET_Z * spread / pl.col("n").sqrt()).cast(pl.Int8)))
+    since = steps.filter(steps["raised"].reverse().cum_min().reverse() == 1)["step"]
+    if len(since):
+        return since[0]
+    held = steps.filter(steps["above"] & steps["above"].shift(-1, fill_value=True))["step"]
+    return held[0] if len(held) else windows.observed_start
 
 
 def _entry_change(per_trace: pl.DataFrame) -> dict:

@@ -167,7 +167,7 @@ def analyse(store: StoreReader, spec, since: datetime | None = None, until: date
     `baseline` that ends `lookback` before its episode began (attribution.BASELINE and LOOKBACK by default),
     shortened to the history there is. With `timings`, the seconds of each stage are added to it: sli_windows
     (the SLI windows and their incidents), incident_merge (incidents into episodes), signal_steps (the signal
-    queries) and attribution (scores and causes)."""
+    queries), attribution (scores and causes) and trace_graph (the culprits along the incidents' traces)."""
     timed = StageTimer(timings)
     with timed("sli_windows"):
         first, last = store.rows(store.sql("data_range"))[0]

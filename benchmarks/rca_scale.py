@@ -35,7 +35,7 @@ from sloscope.receiver.otlp_files import read_lines
 from sloscope.simulator.fleet import SimulationConfig, simulate
 
 SLOSCOPE = [sys.executable, "-m", "sloscope.commands.cli"]
-STAGES = ("sli_windows", "incident_merge", "signal_steps", "attribution")
+STAGES = ("sli_windows", "incident_merge", "signal_steps", "attribution", "trace_graph")
 RAW_ROWS = {"duckdb": "SELECT (SELECT count() FROM requests) + (SELECT count() FROM samples) + "
                       "(SELECT count() FROM histograms), (SELECT count() FROM requests)",
             "chdb": "SELECT (SELECT count() FROM otel_traces) + (SELECT count() FROM otel_metrics_gauge) + "
