@@ -11,7 +11,8 @@ is evidence for a cause (taxonomy) when
 
 Each series is judged at its own resolution: a series whose points come further apart than the analysis' steps
 (a Prometheus scrape or the Collector's receivers every 60 s) is judged by its points, never by steps it cannot
-fill. Its break is the first point at or after the SLI broke, its onset may come one of its intervals later, and
+fill. Its break is its points up to two of its intervals after the SLI broke (a point covers the interval before
+it: a change that began just after one shows wholly only in the one after next), its onset may come as late, and
 its last point in the window counts alone where the next one is not in the window yet (a minute-old point is a
 minute of data, not one noisy sample);
 - it stayed moved: anomalous in most of the incident's steps (consistency);
@@ -54,6 +55,9 @@ from sloscope.analytics.store_api import StoreReader
 
 THRESHOLD = 3.0  # robust z above which a step counts as anomalous
 POD_ATTRIBUTE = "k8s.pod.name"  # how a pod's own series (kubeletstats) name it
+# A coarse series' point covers the interval before it: a change that began just after one point shows in part in
+# the next and wholly only in the one after, so its onset may come this many of its intervals after the break.
+COARSE_INTERVALS = 2
 BASELINE = timedelta(minutes=10)
 LOOKBACK = timedelta(minutes=1)  # onsets are searched from this long before the incident started
 MAX_OBSERVED = timedelta(minutes=5)  # only the incident's first minutes say what started it
@@ -218,7 +222,8 @@ def series_scores(steps: pl.DataFrame, window: Window, directional: bool = True,
     # The next point; a coarse series' last point in the window stands for itself.
     following = pl.col("z").shift(-1).over(SERIES_KEY)
     following = pl.when(following.is_null() & pl.col("coarse")).then(pl.col("z")).otherwise(following)
-    tolerance = pl.max_horizontal(pl.lit(window.precedence_tolerance.total_seconds()), pl.col("resolution_s"))
+    tolerance = pl.max_horizontal(pl.lit(window.precedence_tolerance.total_seconds()),
+                                  COARSE_INTERVALS * pl.col("resolution_s"))
     recent = recent.with_columns(
         sustained=(pl.col("z") > THRESHOLD) & (following > THRESHOLD),
         # The level held for two steps from here: what a change that began at this step shows, not one noisy step.
@@ -432,7 +437,7 @@ def _score_series(cause: taxonomy.Cause, ev: taxonomy.Evidence, row: dict, attri
     if _seed_exceeded(cause, signal, row["direction"], row["baseline"], row["observed"]):
         magnitude = max(magnitude, 0.9)
     onset = row["onset"]
-    tolerance = max(window.precedence_tolerance, timedelta(seconds=row.get("resolution_s") or 0.0))
+    tolerance = max(window.precedence_tolerance, timedelta(seconds=COARSE_INTERVALS * (row.get("resolution_s") or 0.0)))
     if onset is None:
         precedence = EFFECT_PENALTY if magnitude > 0 else 0.0
     elif onset <= window.incident_start + tolerance:

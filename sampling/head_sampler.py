@@ -17,10 +17,11 @@ Per span: a local parent decides for its children (the decision is per service e
 that starts a trace or continues a remote one, the sampler looks up its own threshold for (tier, service, route),
 where the tier comes from the span's `http.request.header.x-slo-tier` or `slo.tier` attribute, resolved through the
 policy's allow-list (an unknown, forged, empty or oversized value is the default tier: a client cannot buy 100 %).
-A remote parent that was not sampled stays unsampled; a sampled one with `th` raises the threshold to
-max(T_parent, T_own) (without `th`, e.g. from a sampler that does not write it, T_own alone): a downstream
-service only ever keeps a subset of what its caller kept, so kept traces are complete from the root down. A
-dropped span passes the caller's tracestate on without `th`.
+A remote parent that was not sampled stays unsampled; a sampled one with `th` decides for the trace: its
+threshold T_parent is kept, whatever this service's own (without `th`, e.g. from a sampler that does not write it,
+T_own alone). A trace's tier is its entry's (docs/traces.md): deeper services see no header and would otherwise
+sample at the default tier's rate, keeping half of what the entry kept. So a kept trace is kept whole, from the
+root down. A dropped span passes the caller's tracestate on without `th`.
 
 The policy is fetched by a daemon thread every `refresh_s`; decisions only read a precomputed table (one dict
 lookup per level, prebuilt SamplingResult objects), never the network. When the policy is unreachable the last
@@ -200,7 +201,7 @@ def _decide(own: int, trace_id: int, state: TraceState, ot: str | None) -> Sampl
         if rv is not None:
             randomness = rv
         if parent_th is not None and randomness >= parent_th:  # an inconsistent th is ignored
-            threshold = max(threshold, parent_th)
+            threshold = parent_th
     if randomness < threshold:
         return _dropped(state, ot)
     return SamplingResult(Decision.RECORD_AND_SAMPLE, None, state.update("ot", with_th(ot, encode_th(threshold))))
@@ -209,8 +210,7 @@ def _decide(own: int, trace_id: int, state: TraceState, ot: str | None) -> Sampl
 def _plan(ot: str, own: int) -> tuple:
     """(parent threshold, rv, combined threshold, keep result, drop result) for a tracestate of only `ot=...`."""
     parent_th, rv = parse_ot(ot)
-    parent_th = parent_th or 0
-    threshold = max(own, parent_th)
+    threshold = own if parent_th is None else parent_th
     keep = SamplingResult(Decision.RECORD_AND_SAMPLE, None, TraceState([("ot", with_th(ot, encode_th(threshold)))]))
     return parent_th, rv, threshold, keep, _dropped(TraceState([("ot", ot)]), ot)
 
@@ -359,7 +359,7 @@ class AdaptiveSampler(Sampler):
                 plan = self._plans[(ot, entry.threshold)] = _plan(ot, entry.threshold)
             parent_th, rv, threshold, keep, drop = plan
             randomness = (trace_id & RANDOM_MASK) if rv is None else rv
-            if randomness >= parent_th:
+            if parent_th is None or randomness >= parent_th:
                 return keep if randomness >= threshold else drop
         return _decide(entry.threshold, trace_id, state, ot)
 

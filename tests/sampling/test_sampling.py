@@ -298,31 +298,29 @@ def test_two_samplers_with_the_same_threshold_keep_exactly_the_same_trace_ids():
     assert kept_result.trace_state.get("ot") == "th:c"
 
 
-def test_a_downstream_sampler_respects_the_parents_threshold():
+def test_a_downstream_sampler_keeps_the_whole_trace_its_caller_kept():
+    """A trace's tier is its entry's: a sampled caller's threshold decides for the trace, so a deeper service
+    (which sees no tier header) keeps exactly what its caller kept, neither more nor half of it."""
     parent_state = TraceState([("ot", "th:c"), ("vendor", "x")])  # the caller kept 25 %
     caller_kept = {t for t in TRACE_IDS if (t & (MAX_THRESHOLD - 1)) >= threshold_for(0.25)}
     generous = sampler(_doc({STD: 1.0, CRIT: 1.0}))
     stingy = sampler(_doc({STD: 0.1, CRIT: 0.1}))
-    down_generous = {t for t in caller_kept if generous.should_sample(
-        remote_parent(t, state=parent_state), t, "s", SpanKind.SERVER, {}).decision.is_sampled()}
-    assert down_generous == caller_kept  # 100 % below a 25 % caller keeps what the caller kept, no more
-    result = generous.should_sample(remote_parent(next(iter(caller_kept)), state=parent_state),
-                                    next(iter(caller_kept)), "s", SpanKind.SERVER, {})
-    assert result.trace_state.get("ot") == "th:c" and result.trace_state.get("vendor") == "x"
-    down_stingy = {t for t in caller_kept if stingy.should_sample(
-        remote_parent(t, state=parent_state), t, "s", SpanKind.SERVER, {}).decision.is_sampled()}
-    assert down_stingy == kept(stingy, TRACE_IDS) and down_stingy < caller_kept
-    t = next(iter(down_stingy))
-    assert stingy.should_sample(remote_parent(t, state=parent_state), t, "s").trace_state.get("ot") == \
-        f"th:{encode_th(threshold_for(0.1))}"
-    dropped = next(iter(caller_kept - down_stingy))
-    result = stingy.should_sample(remote_parent(dropped, state=parent_state), dropped, "s")
-    assert not result.decision.is_sampled() and dict(result.trace_state) == {"vendor": "x"}  # th erased
+    for own in (generous, stingy):
+        down = {t for t in caller_kept if own.should_sample(
+            remote_parent(t, state=parent_state), t, "s", SpanKind.SERVER, {}).decision.is_sampled()}
+        assert down == caller_kept
+        result = own.should_sample(remote_parent(next(iter(caller_kept)), state=parent_state),
+                                   next(iter(caller_kept)), "s", SpanKind.SERVER, {})
+        assert result.trace_state.get("ot") == "th:c" and result.trace_state.get("vendor") == "x"
     only_ot = TraceState([("ot", "th:c;rv:ffffffffffffff")])
-    result = stingy.should_sample(remote_parent(dropped, state=only_ot), dropped, "s")
-    assert result.decision.is_sampled() and result.trace_state.get("ot") == \
-        f"th:{encode_th(threshold_for(0.1))};rv:ffffffffffffff"
-    # an unsampled caller: nothing; rv in the tracestate replaces the trace id's randomness
+    t = next(iter(caller_kept))
+    result = stingy.should_sample(remote_parent(t, state=only_ot), t, "s")
+    assert result.decision.is_sampled() and result.trace_state.get("ot") == "th:c;rv:ffffffffffffff"
+    # a caller that wrote no th: the service's own threshold; an unsampled caller: nothing; rv in the
+    # tracestate replaces the trace id's randomness
+    no_th = {t for t in caller_kept if stingy.should_sample(
+        remote_parent(t, state=TraceState([("vendor", "x")])), t, "s").decision.is_sampled()}
+    assert no_th == kept(stingy, TRACE_IDS) & caller_kept
     assert not generous.should_sample(remote_parent(t, sampled=False), t, "s").decision.is_sampled()
     low_rv = TraceState([("ot", "rv:00000000000001")])
     assert not stingy.should_sample(remote_parent(t, state=low_rv), t, "s").decision.is_sampled()
