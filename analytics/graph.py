@@ -180,20 +180,25 @@ def _entry_change(per_trace: pl.DataFrame) -> dict:
             "observed_error_ratio": round(seen_failed, 4), "error_growth": seen_failed - base_failed}
 
 
-def _welch(per_key: pl.DataFrame, key: list[str], counts: dict) -> pl.DataFrame:
-    """Per key: the mean of `x` per entry request in each window (traces without the key count 0), their change
-    and its Welch z."""
-    sums = per_key.group_by(*key, "window").agg(s1=pl.col("x").sum(), s2=(pl.col("x") ** 2).sum())
-    n = pl.col("window").replace_strict(counts, return_dtype=pl.Float64)
-    sums = sums.with_columns(mean=pl.col("s1") / n).with_columns(
-        var=(pl.col("s2") / n - pl.col("mean") ** 2).clip(0.0) / n)
-    wide = sums.pivot("window", index=key, values=["mean", "var"]).fill_null(0.0)
-    for column in ("mean_baseline", "mean_observed", "var_baseline", "var_observed"):
+def _welch(per_key: pl.DataFrame, key: list[str], counts: dict, within: bool = False) -> pl.DataFrame:
+    """Per key: the mean of `x` per entry request in each window (traces without the key count 0) and its change
+    (`growth`, what a share is of), with the change's Welch z. With `within`, the z is taken over the traces that
+    hold the key: a service on a path one trace in twenty takes shows its change there, where the mean per entry
+    request dilutes it in the other nineteen's zeros (and a path taken more often, at the same time per trace, is
+    no one's fault)."""
+    sums = per_key.group_by(*key, "window").agg(s1=pl.col("x").sum(), s2=(pl.col("x") ** 2).sum(), k=pl.len())
+    n = pl.col("window").replace_strict(counts, return_dtype=pl.Float64) if not within else pl.col("k")
+    sums = sums.with_columns(mean=pl.col("s1") / pl.col("window").replace_strict(counts, return_dtype=pl.Float64),
+                             tested=pl.col("s1") / n).with_columns(
+        var=(pl.col("s2") / n - pl.col("tested") ** 2).clip(0.0) / n)
+    wide = sums.pivot("window", index=key, values=["mean", "tested", "var"]).fill_null(0.0)
+    for column in ("mean_baseline", "mean_observed", "tested_baseline", "tested_observed", "var_baseline",
+                   "var_observed"):
         if column not in wide.columns:
             wide = wide.with_columns(pl.lit(0.0).alias(column))
-    growth = pl.col("mean_observed") - pl.col("mean_baseline")
-    return wide.with_columns(growth=growth, z=growth / (pl.col("var_baseline") + pl.col("var_observed")).sqrt()
-                             .clip(1e-9))
+    change = pl.col("tested_observed") - pl.col("tested_baseline")
+    return wide.with_columns(growth=pl.col("mean_observed") - pl.col("mean_baseline"),
+                             z=change / (pl.col("var_baseline") + pl.col("var_observed")).sqrt().clip(1e-9))
 
 
 def _latency_culprits(traced: pl.DataFrame, counts: dict, entry_growth: float) -> list[dict]:
@@ -206,10 +211,10 @@ def _latency_culprits(traced: pl.DataFrame, counts: dict, entry_growth: float) -
         pod=pl.when(calls & ~reached).then(pl.lit(UNINSTRUMENTED)).otherwise("pod"),
         node=pl.when(calls & ~reached).then(pl.lit(UNINSTRUMENTED)).otherwise("node"))
     selves = _welch(own.filter(~(calls & reached)).group_by("trace", "window", *PLACE).agg(x=pl.col("own_ms").sum()),
-                    list(PLACE), counts)
+                    list(PLACE), counts, within=True)
     edge = [*PLACE, "callee_service", "callee_pod", "callee_node"]
     edges = _welch(traced.filter(calls & reached).group_by("trace", "window", *edge).agg(x=pl.col("own_ms").sum()),
-                   edge, counts)
+                   edge, counts, within=True)
     moved = (pl.col("z") >= MIN_Z) & (pl.col("growth") >= MIN_GROWTH_MS)
     found = [_culprit(row, SELF, "ms", entry_growth) for row in selves.filter(moved).iter_rows(named=True)]
     found += _network_culprits(edges.with_columns(moved=moved), entry_growth)
