@@ -5,9 +5,11 @@ evidence). The order is the culprits': the first culprit's best cause leads (doc
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Callable
 
 from sloscope import taxonomy
+from sloscope.times import parse_rfc3339
 
 from sloscope.analytics.attribution import CLEAR_CAUSE_FLOOR, POD_ATTRIBUTE, THRESHOLD
 from sloscope.analytics.graph import ERRORS, NETWORK, SELF, UNINSTRUMENTED
@@ -16,6 +18,7 @@ from sloscope.analytics.graph import ERRORS, NETWORK, SELF, UNINSTRUMENTED
 GRAPH_SIGNALS = {SELF: "trace.own_time", NETWORK: "trace.network_gap", ERRORS: "trace.failures_began"}
 GRAPH_SOURCE = "traces"
 NETWORK_LAYER = "network"
+ONSET_MARGIN = timedelta(seconds=20)  # two SLI steps of the default spec: closer onsets are the signals' sampling
 
 
 def culprit_causes(culprits: list[dict], node_causes: Callable[[str, str | None], list[dict]], top: int
@@ -39,11 +42,22 @@ def culprit_causes(culprits: list[dict], node_causes: Callable[[str, str | None]
 
 
 def _first_moved_first(causes: list[dict]) -> list[dict]:
-    """A culprit's physical causes, the one whose evidence moved first leading: a cause precedes its effects, and
-    the culprit's onset already dates the trouble (a signal that moved only after another did is more likely its
-    effect, however strongly it moved). Equal onsets keep their scores' order."""
-    return sorted(causes, key=lambda c: (c["evidence"][0]["onset"] is None, c["evidence"][0]["onset"] or "",
-                                         -c["score"]))
+    """A culprit's physical causes by score, except that the one whose evidence moved first leads where it moved
+    more than ONSET_MARGIN before the best-scored one: a cause precedes its effects, and a signal that moved
+    clearly after another did is more likely its effect, however strongly it moved. Onsets closer than that are
+    within the signals' own sampling, and the scores decide."""
+    onsets = [(_onset(c), n) for n, c in enumerate(causes) if _onset(c) is not None]
+    if not onsets or _onset(causes[0]) is None:
+        return causes
+    earliest, n = min(onsets)
+    if earliest < _onset(causes[0]) - ONSET_MARGIN:
+        return [causes[n]] + causes[:n] + causes[n + 1:]
+    return causes
+
+
+def _onset(cause: dict) -> datetime | None:
+    onset = cause["evidence"][0]["onset"]
+    return None if onset is None else parse_rfc3339(onset)
 
 
 def _names_pod(cause: dict, pod: str | None) -> bool:
