@@ -15,15 +15,15 @@ import orjson
 
 from sloscope import catalog
 from sloscope.metric_rules import MetricRule
-from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET
+from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET, SPAN_KIND_INTERNAL, SPAN_KINDS
 
-SPAN_KIND_SERVER = 2
+SPAN_KIND_UNSPECIFIED = 0  # kept as INTERNAL, as OTLP says to treat it
 STATUS_CODE_ERROR = 2
 TEMPORALITY_DELTA = 1
 TEMPORALITY_CUMULATIVE = 2
 FLAG_NO_RECORDED_VALUE = 1
 MAX_ATTRIBUTE_DEPTH = 8
-MAX_NAME_LENGTH = 253  # node, service, pod, namespace, route: stored columns, so bounded (a DNS name's limit)
+MAX_NAME_LENGTH = 253  # node, service, pod, namespace, route, peer: stored, so bounded (a DNS name's limit)
 TIER_ATTRIBUTES = catalog.TIER_ATTRIBUTES
 GPU_ATTRIBUTE = "hw.id"
 POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE, POD_IP_ATTRIBUTE = "k8s.pod.name", "k8s.namespace.name", "k8s.pod.ip"
@@ -34,9 +34,13 @@ UNKNOWN_SERVICE = "unknown_service"  # also the SDKs' default prefix (unknown_se
 ISTIO_DEFAULT_SERVICE = "istio-proxy"  # Istio's tracing service name for a proxy without app labels
 STATUS_ATTRIBUTES = ("http.response.status_code", "http.status_code")  # current semantic conventions, then old
 ROUTE_ATTRIBUTE = "http.route"
+# What a span called, first given first: the semantic conventions' peer.service, Envoy's upstream_cluster tag, the
+# current server.address, then the old net.peer.name.
+PEER_SERVICE_ATTRIBUTE, UPSTREAM_CLUSTER_ATTRIBUTE = "peer.service", "upstream_cluster"
+PEER_ATTRIBUTES = (PEER_SERVICE_ATTRIBUTE, UPSTREAM_CLUSTER_ATTRIBUTE, "server.address", "net.peer.name")
 SPAN_ATTRIBUTES = frozenset({*STATUS_ATTRIBUTES, ROUTE_ATTRIBUTE, GPU_ATTRIBUTE, POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE,
                              POD_IP_ATTRIBUTE, ENVOY_NODE_ATTRIBUTE, CANONICAL_SERVICE_ATTRIBUTE, *TIER_ATTRIBUTES,
-                             *catalog.NODE_ATTRIBUTES})
+                             *catalog.NODE_ATTRIBUTES, *PEER_ATTRIBUTES})
 
 
 MAX_INT64 = 2**63 - 1  # times (ns) and counts are stored as signed 64-bit integers
@@ -44,8 +48,8 @@ MAX_INT64 = 2**63 - 1  # times (ns) and counts are stored as signed 64-bit integ
 
 # Why a single span or data point is refused: each is an ingest counter, and the partial success names them.
 REFUSAL_REASONS = {
-    "spans_invalid": "not a span object, or a field of the wrong type",
-    "spans_invalid_id": "a trace id that is not 16 bytes (32 hex digits) or a span id not 8 (16)",
+    "spans_invalid": "not a span object, a field of the wrong type, or a span kind outside 0..5",
+    "spans_invalid_id": "a trace id that is not 16 bytes (32 hex digits), or a span or parent span id not 8 (16)",
     "spans_invalid_time": "no start time, an end before the start, or times past 2**63 ns",
     "spans_invalid_status_code": "http.response.status_code not an integer (or decimal digits) in 0..999",
     "spans_invalid_attribute": "an attribute value of the wrong type or nested too deep",
@@ -152,6 +156,38 @@ def envoy_node(node_id) -> tuple[str | None, str | None, str | None]:
     return pod[:MAX_NAME_LENGTH], namespace[:MAX_NAME_LENGTH], parts[1][:MAX_NAME_LENGTH]
 
 
+def span_kind(kind: int) -> int:
+    """A span's OTLP SpanKind as kept: UNSPECIFIED as INTERNAL; a value OTLP does not define refuses the span."""
+    if kind == SPAN_KIND_UNSPECIFIED:
+        return SPAN_KIND_INTERNAL
+    if kind not in SPAN_KINDS:
+        raise DecodeError(f"span kind {str(kind)[:40]} is none of OTLP's (0 to 5)", "spans_invalid")
+    return kind
+
+
+def peer_of(attrs: dict) -> str | None:
+    """What a span says it called: the first of PEER_ATTRIBUTES that names something, bounded; else None."""
+    for key in PEER_ATTRIBUTES:
+        value = attrs.get(key)
+        if isinstance(value, str) and value:
+            if key == UPSTREAM_CLUSTER_ATTRIBUTE:
+                value = upstream_peer(value)
+                if not value:
+                    continue
+            return value[:MAX_NAME_LENGTH]
+    return None
+
+
+def upstream_peer(cluster: str) -> str:
+    """The peer an Envoy upstream cluster names ("": none). Istio names its clusters DIRECTION|PORT|SUBSET|HOST:
+    an outbound one names the first DNS label of its host (outbound|7070||cartservice.default.svc.cluster.local:
+    cartservice), an inbound one the proxy's own workload, so no peer. Any other cluster name is kept as it is."""
+    parts = cluster.split("|")
+    if len(parts) != 4 or parts[0] not in ("outbound", "inbound"):
+        return cluster
+    return parts[3].split(".", 1)[0] if parts[0] == "outbound" else ""
+
+
 def _text(source: dict, key: str) -> str | None:
     """A string attribute (bounded: these become stored columns)."""
     value = source.get(key)
@@ -177,9 +213,10 @@ class SpanResource:
         self.pod_ip = _text(resource_attrs, POD_IP_ATTRIBUTE)
 
 
-def append_span(cols, trace_id: str, span_id: str, resource: SpanResource, attrs: dict,
-                start: int, end: int, status_error: bool, name: str) -> None:
-    """Validate one SERVER span's fields and add it as a row; attrs holds only SPAN_ATTRIBUTES."""
+def append_span(cols, trace_id: str, span_id: str, parent_id: str | None, kind: int, resource: SpanResource,
+                attrs: dict, start: int, end: int, status_error: bool, name: str) -> None:
+    """Validate one span's fields and add it as a row; ids in hex (parent_id None for a root), kind as span_kind
+    gives it, attrs holding only SPAN_ATTRIBUTES."""
     if start <= 0 or end < start:
         raise DecodeError(f"span {span_id}: end time before start time or no start time", "spans_invalid_time")
     if end > MAX_INT64:
@@ -202,6 +239,9 @@ def append_span(cols, trace_id: str, span_id: str, resource: SpanResource, attrs
     route = attrs.get(ROUTE_ATTRIBUTE)
     cols.trace_id.append(trace_id)
     cols.span_id.append(span_id)
+    cols.parent_id.append(parent_id)
+    cols.kind.append(kind)
+    cols.peer.append(peer_of(attrs))
     cols.service.append(mesh_service(resource.service, _text(attrs, CANONICAL_SERVICE_ATTRIBUTE)))
     cols.node.append(node)
     cols.gpu_id.append(gpu)
@@ -353,7 +393,7 @@ class MetricSeries(NamedTuple):
 
 
 class Skips:
-    """Counts of data that was well-formed but is not kept (not a SERVER span, not in the catalog, ...), and of
+    """Counts of data that was well-formed but is not kept (a metric not in the catalog, ...), and of
     items refused as invalid (REFUSAL_REASONS), which also count into `skipped`."""
 
     def __init__(self):

@@ -25,13 +25,14 @@ from sloscope.records import Batch
 
 from sloscope.receiver import nesting
 from sloscope.receiver.otlp_common import (FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, MAX_INT64, SPAN_ATTRIBUTES,
-                                           SPAN_KIND_SERVER, STATUS_CODE_ERROR, TEMPORALITY_CUMULATIVE,
-                                           TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips,
-                                           SpanResource, TextCache, append_span, explicit_buckets, histogram_totals,
-                                           point_times, scale0_buckets, valueless_point)
+                                           STATUS_CODE_ERROR, TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError,
+                                           MetricResource, MetricSeries, Skips, SpanResource, TextCache, append_span,
+                                           explicit_buckets, histogram_totals, point_times, scale0_buckets, span_kind,
+                                           valueless_point)
 
 _HEX_TRACE = re.compile(r"[0-9a-fA-F]{32}")
 _HEX_SPAN = re.compile(r"[0-9a-fA-F]{16}")
+_NO_PARENT = "0" * 16  # an all-zero parent id is no parent
 _INTEGER = re.compile(r"-?[0-9]{1,20}")  # ASCII digits only, and no more than a 64-bit integer has
 
 
@@ -257,15 +258,17 @@ class Decoder(Skips):
     def _span(self, span, resource: SpanResource, batch: Batch) -> None:
         if not isinstance(span, dict):
             raise DecodeError("spans: expected objects")
-        kind = _int(_get(span, "kind", None, 0), "span kind")
-        if kind != SPAN_KIND_SERVER:
-            self._skip("spans_not_server")
-            return
+        kind = span_kind(_int(_get(span, "kind", None, 0), "span kind"))
         trace_id, span_id = _get(span, "traceId", "trace_id", ""), _get(span, "spanId", "span_id", "")
         if not isinstance(trace_id, str) or not _HEX_TRACE.fullmatch(trace_id):
             raise DecodeError(f"traceId: expected 32 hex digits, got {str(trace_id)[:40]!r}", "spans_invalid_id")
         if not isinstance(span_id, str) or not _HEX_SPAN.fullmatch(span_id):
             raise DecodeError(f"spanId: expected 16 hex digits, got {str(span_id)[:40]!r}", "spans_invalid_id")
+        parent_id = _get(span, "parentSpanId", "parent_span_id", "")
+        if parent_id != "" and (not isinstance(parent_id, str) or not _HEX_SPAN.fullmatch(parent_id)):
+            raise DecodeError(f"span {span_id}: parentSpanId: expected 16 hex digits or none, got "
+                              f"{str(parent_id)[:40]!r}", "spans_invalid_id")
+        parent_id = parent_id.lower() if parent_id and parent_id != _NO_PARENT else None
         try:
             start = _int(_get(span, "startTimeUnixNano", "start_time_unix_nano", 0), "startTimeUnixNano")
             end = _int(_get(span, "endTimeUnixNano", "end_time_unix_nano", 0), "endTimeUnixNano")
@@ -277,7 +280,7 @@ class Decoder(Skips):
             raise DecodeError(f"span {span_id}: {exc}", "spans_invalid_attribute") from None
         span_status = _get(span, "status", None, {})
         status_error = _get(span_status, "code", None, 0) in (STATUS_CODE_ERROR, "STATUS_CODE_ERROR")
-        append_span(batch.spans, trace_id.lower(), span_id.lower(), resource, attrs, start, end,
+        append_span(batch.spans, trace_id.lower(), span_id.lower(), parent_id, kind, resource, attrs, start, end,
                     status_error, str(_get(span, "name", None, "")))
 
     # --- metrics --------------------------------------------------------------------------------------
@@ -342,7 +345,8 @@ class Decoder(Skips):
             return
         start, time = self._times(point, name)
         attrs = self._canonical(point.get("attributes"), series)
-        batch.points.add(self._node(series, point.get("attributes")), name, attrs, is_sum, cumulative, start, time, value)
+        batch.points.add(self._node(series, point.get("attributes")), name, attrs, is_sum, cumulative, start, time,
+                         value)
 
     def _histogram_point(self, point, series: MetricSeries, batch: Batch, _is_sum: bool, cumulative: bool,
                          explicit: bool = False) -> None:

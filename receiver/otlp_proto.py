@@ -21,11 +21,12 @@ from sloscope.records import Batch
 
 from sloscope.receiver import nesting
 from sloscope.receiver.otlp_common import (FLAG_NO_RECORDED_VALUE, MAX_ATTRIBUTE_DEPTH, SPAN_ATTRIBUTES,
-                                           SPAN_KIND_SERVER, STATUS_CODE_ERROR, TEMPORALITY_CUMULATIVE,
-                                           TEMPORALITY_DELTA, DecodeError, MetricResource, MetricSeries, Skips,
-                                           SpanResource, TextCache, append_span, explicit_buckets, histogram_totals,
-                                           point_times, scale0_buckets, valueless_point)
+                                           STATUS_CODE_ERROR, TEMPORALITY_CUMULATIVE, TEMPORALITY_DELTA, DecodeError,
+                                           MetricResource, MetricSeries, Skips, SpanResource, TextCache, append_span,
+                                           explicit_buckets, histogram_totals, point_times, scale0_buckets, span_kind,
+                                           valueless_point)
 
+_NO_PARENT = bytes(8)  # an all-zero parent id is no parent
 REQUEST_TYPES = {"traces": ExportTraceServiceRequest, "metrics": ExportMetricsServiceRequest,
                  "logs": ExportLogsServiceRequest}
 
@@ -123,17 +124,18 @@ class ProtoDecoder(Skips):
                     self._refuse(exc)
 
     def _span(self, span, resource: SpanResource, batch: Batch) -> None:
-        if span.kind != SPAN_KIND_SERVER:
-            self._skip("spans_not_server")
-            return
-        trace_id, span_id = span.trace_id, span.span_id
+        kind = span_kind(span.kind)
+        trace_id, span_id, parent_id = span.trace_id, span.span_id, span.parent_span_id
         if len(trace_id) != 16 or len(span_id) != 8:
             raise DecodeError("span: trace_id must be 16 bytes and span_id 8 bytes", "spans_invalid_id")
+        if parent_id and len(parent_id) != 8:
+            raise DecodeError(f"span {span_id.hex()}: parent_span_id must be 8 bytes or none", "spans_invalid_id")
+        parent = parent_id.hex() if parent_id and parent_id != _NO_PARENT else None
         try:
             kept = {kv.key: any_value(kv.value) for kv in span.attributes if kv.key in SPAN_ATTRIBUTES}
         except DecodeError as exc:
             raise DecodeError(f"span {span_id.hex()}: {exc}", "spans_invalid_attribute") from None
-        append_span(batch.spans, trace_id.hex(), span_id.hex(), resource, kept, span.start_time_unix_nano,
+        append_span(batch.spans, trace_id.hex(), span_id.hex(), parent, kind, resource, kept, span.start_time_unix_nano,
                     span.end_time_unix_nano, span.status.code == STATUS_CODE_ERROR, span.name)
 
     def _resource_metrics(self, block, batch: Batch) -> None:

@@ -1,4 +1,4 @@
-/* The SERVER spans of an OTLP ExportTraceServiceRequest as columns, read straight from its protobuf bytes.
+/* The spans, of every kind, of an OTLP ExportTraceServiceRequest as columns, read straight from its protobuf bytes.
  *
  * The receiver's fast path (otlp_spans.py). Reading spans field by field from Python costs microseconds per
  * span; here it is a pass over the bytes, without the interpreter lock, that yields the columns in Arrow's
@@ -9,9 +9,9 @@
  * and the request takes the general path (otlp_proto.py), which decides what is valid and says why. So this
  * file never refuses a request; it only declines to be fast.
  *
- * Attributes are matched against fourteen keys given by the caller (the SLOT_* order below); the semantics of
- * each (which one wins, the 253-character bound, what counts as empty, Envoy's node id and status texts) are
- * those of otlp_common.py.
+ * Attributes are matched against eighteen keys given by the caller (the SLOT_* order below); the semantics of
+ * each (which one wins, the 253-character bound, what counts as empty, Envoy's node id, status texts and upstream
+ * cluster names) are those of otlp_common.py.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,7 +27,8 @@ enum { OK = 0, DECLINE = 1, NO_MEMORY = 2 };  /* DECLINE is 1, what || of checks
 #define MAX_NESTING 16      /* attribute values within values; far inside the protobuf runtime's 100 levels */
 #define MAX_READ_NESTING 8  /* otlp_common.MAX_ATTRIBUTE_DEPTH: the general path refuses deeper values it reads */
 #define MAX_NAME_CHARS 253  /* otlp_common.MAX_NAME_LENGTH */
-#define SPAN_KIND_SERVER 2
+#define SPAN_KIND_INTERNAL 1  /* what an unspecified kind (0) is kept as */
+#define SPAN_KIND_LAST 5      /* CONSUMER: the general path refuses a kind past it */
 #define STATUS_CODE_ERROR 2
 
 /* Attribute slots, in the order of the caller's key tuple. */
@@ -36,6 +37,7 @@ enum {
     SLOT_SERVICE,                                                   /* resource only */
     SLOT_STATUS, SLOT_STATUS_OLD, SLOT_ROUTE, SLOT_TIER, SLOT_TIER_ISTIO, /* span only */
     SLOT_ENVOY_NODE, SLOT_CANONICAL_SERVICE,
+    SLOT_PEER_SERVICE, SLOT_UPSTREAM_CLUSTER, SLOT_SERVER_ADDRESS, SLOT_PEER_NAME, /* the peer, first given first */
     N_SLOTS
 };
 #define RESOURCE_SLOTS ((1u << SLOT_K8S_NODE) | (1u << SLOT_HOST) | (1u << SLOT_GPU) | (1u << SLOT_POD) | \
@@ -43,7 +45,10 @@ enum {
 #define SPAN_SLOTS (((1u << N_SLOTS) - 1) & ~(1u << SLOT_SERVICE))
 
 typedef struct { const uint8_t *p, *end; } Slice;
-typedef struct { Slice keys[N_SLOTS]; } Keys;
+#define KEY_LENGTHS 64  /* keys of this length or more share the last entry of Keys.by_length */
+/* by_length: the slots whose key has each length, so that most attributes (Envoy writes twenty per span) are
+ * passed over without comparing their key to any. */
+typedef struct { Slice keys[N_SLOTS]; uint32_t by_length[KEY_LENGTHS]; } Keys;
 
 /* V_ONE_STRING: an array of exactly one string, as semantic conventions type http.request.header.* */
 enum { V_ABSENT, V_NONE, V_STRING, V_ONE_STRING, V_BOOL, V_INT, V_DOUBLE, V_BYTES, V_NESTED };
@@ -299,12 +304,20 @@ static int any_value(Slice m, int depth, int limit, Value *out)
     return OK;
 }
 
+static size_t length_entry(size_t n)
+{
+    return n < KEY_LENGTHS ? n : KEY_LENGTHS - 1;
+}
+
 static int slot_of(const Keys *keys, Slice key, uint32_t slots)
 {
     size_t n = (size_t)(key.end - key.p);
-    for (int k = 0; k < N_SLOTS; k++) {
+    for (uint32_t candidates = keys->by_length[length_entry(n)] & slots; candidates; candidates &= candidates - 1) {
+        int k = __builtin_ctz(candidates);
         const Slice *want = &keys->keys[k];
-        if ((slots & (1u << k)) && (size_t)(want->end - want->p) == n && memcmp(want->p, key.p, n) == 0)
+        /* the last byte first: keys of one length mostly differ there (upstream_address, upstream_cluster) */
+        if ((size_t)(want->end - want->p) == n && (n == 0 || (want->p[n - 1] == key.p[n - 1] &&
+                                                              memcmp(want->p, key.p, n - 1) == 0)))
             return k;
     }
     return -1;
@@ -341,20 +354,26 @@ static int plain_attribute(Slice *m, uint32_t wt)
 
 typedef struct { uint8_t *data; size_t len, cap; } Buf;
 
-static int buf_add(Buf *b, const void *src, size_t n)
+static int buf_grow(Buf *b, size_t n)
+{
+    size_t cap = b->cap ? b->cap * 2 : 4096;
+    while (cap < b->len + n)
+        cap *= 2;
+    uint8_t *data = realloc(b->data, cap);
+    if (!data)
+        return NO_MEMORY;
+    b->data = data;
+    b->cap = cap;
+    return OK;
+}
+
+/* Inline, as a row adds to some thirty buffers: the copy of a few bytes, once the compiler knows how many. */
+static inline int buf_add(Buf *b, const void *src, size_t n)
 {
     if (n == 0)
         return OK;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->len + n)
-            cap *= 2;
-        uint8_t *data = realloc(b->data, cap);
-        if (!data)
-            return NO_MEMORY;
-        b->data = data;
-        b->cap = cap;
-    }
+    if (b->len + n > b->cap && buf_grow(b, n))
+        return NO_MEMORY;
     memcpy(b->data + b->len, src, n);
     b->len += n;
     return OK;
@@ -419,6 +438,8 @@ static int intern(Strings *t, Slice s, int32_t *index)
 /* The first MAX_NAME_CHARS characters (code points, as Python slices) of a valid UTF-8 string. */
 static Slice bounded(Slice s)
 {
+    if (s.end - s.p <= MAX_NAME_CHARS)  /* no more characters than bytes */
+        return s;
     int chars = 0;
     for (const uint8_t *p = s.p; p < s.end; p++) {
         if ((*p & 0xc0) != 0x80 && chars++ == MAX_NAME_CHARS) {
@@ -432,8 +453,9 @@ static Slice bounded(Slice s)
 /* Columns of names, as Arrow string views: per row 16 bytes (the length, then the string itself when it has at
  * most 12 bytes, else its first 4 bytes, buffer 0 and its offset in the column's bytes) and a validity byte. Views
  * are what polars keeps strings as, so they need no conversion there. */
-enum { COL_SERVICE, COL_NODE, COL_GPU, COL_POD, COL_NAMESPACE, COL_POD_IP, COL_ROUTE, N_TEXT };
-static const char *TEXT_COLUMNS[N_TEXT] = {"service", "node", "gpu_id", "pod", "namespace", "pod_ip", "route"};
+enum { COL_SERVICE, COL_NODE, COL_GPU, COL_POD, COL_NAMESPACE, COL_POD_IP, COL_ROUTE, COL_PEER, N_TEXT };
+static const char *TEXT_COLUMNS[N_TEXT] = {"service", "node", "gpu_id", "pod", "namespace", "pod_ip", "route",
+                                           "peer"};
 typedef struct { Buf views, bytes, valid; } TextColumn;
 
 /* A name of a row: absent (null) or a string bounded to MAX_NAME_CHARS. */
@@ -442,9 +464,10 @@ typedef struct { int present; Slice s; } Text;
 typedef struct {
     const Keys *keys;
     Strings tier_headers;  /* the tier header is enrich's to resolve: each distinct one once */
-    Buf trace_hi, trace_lo, span_id, start_ns, end_ns, status_code, status_valid, failed, tier_header;
+    Buf trace_hi, trace_lo, span_id, parent_id, parent_valid, kind, start_ns, end_ns, status_code, status_valid,
+        failed, tier_header;
     TextColumn text[N_TEXT];
-    Py_ssize_t rows, not_server;
+    Py_ssize_t rows;
     int taken;  /* by batch(): the buffers are the record batch's */
 } Decoder;
 
@@ -573,7 +596,7 @@ static int status(Slice m, int64_t *code)
 }
 
 typedef struct {
-    Slice trace_id, span_id, name;
+    Slice trace_id, span_id, parent_id, name;
     int64_t kind, status_code;
     uint64_t start, end;
     Kept kept;
@@ -586,6 +609,7 @@ static int span_fields(Decoder *d, Slice m, SpanFields *f)
     Slice s;
     memset(f, 0, sizeof *f);
     f->trace_id.p = f->trace_id.end = f->span_id.p = f->span_id.end = f->name.p = f->name.end = m.p;
+    f->parent_id = f->name;
     for (int k = 0; k < N_SLOTS; k++)
         f->kept.v[k].kind = V_ABSENT;
     while (m.p < m.end) {
@@ -609,7 +633,7 @@ static int span_fields(Decoder *d, Slice m, SpanFields *f)
             case 1: rc = length_delimited(&m, wt, &f->trace_id); break;
             case 2: rc = length_delimited(&m, wt, &f->span_id); break;
             case 3: rc = string_field(&m, wt, &s); break;
-            case 4: rc = length_delimited(&m, wt, &s); break;
+            case 4: rc = length_delimited(&m, wt, &f->parent_id); break;
             case 5: rc = string_field(&m, wt, &f->name); break;
             case 6: rc = int32_varint(&m, wt, &f->kind); break;
             case 7: rc = wt == WT_FIXED64 ? fixed(&m, wt, &f->start) : DECLINE; break;
@@ -655,14 +679,14 @@ static int envoy_node(Slice id, Text *pod, Text *namespace, Text *pod_ip)
 {
     Slice parts[4];
     int n = 0;
-    const uint8_t *from = id.p;
-    for (const uint8_t *p = id.p; p <= id.end; p++) {
-        if (p == id.end || *p == '~') {
-            if (n == 4)
-                return 0;
-            parts[n++] = (Slice){from, p};
-            from = p + 1;
-        }
+    for (const uint8_t *from = id.p;;) {
+        const uint8_t *tilde = memchr(from, '~', (size_t)(id.end - from));
+        if (n == 4)
+            return 0;
+        parts[n++] = (Slice){from, tilde ? tilde : id.end};
+        if (!tilde)
+            break;
+        from = tilde + 1;
     }
     if (n != 4 || !(same(parts[0], "sidecar") || same(parts[0], "router")))
         return 0;
@@ -714,6 +738,38 @@ static int64_t status_of_text(Slice s)
     return code;
 }
 
+/* The peer an Envoy upstream cluster names (otlp_common.upstream_peer): an Istio cluster's
+ * (DIRECTION|PORT|SUBSET|HOST) first DNS label of its host when outbound, none when inbound; any other name whole. */
+static Text upstream_peer(Slice cluster)
+{
+    const uint8_t *bars[3];
+    int n = 0;
+    for (const uint8_t *bar = cluster.p; (bar = memchr(bar, '|', (size_t)(cluster.end - bar))); bar++) {
+        if (n == 3)
+            return (Text){1, bounded(cluster)};  /* more than four fields: not Istio's */
+        bars[n++] = bar;
+    }
+    Slice direction = {cluster.p, n ? bars[0] : cluster.end};
+    int outbound = same(direction, "outbound");
+    if (n != 3 || !(outbound || same(direction, "inbound")))
+        return (Text){1, bounded(cluster)};
+    Slice host = {bars[2] + 1, cluster.end};
+    const uint8_t *dot = memchr(host.p, '.', (size_t)(host.end - host.p));
+    if (dot)
+        host.end = dot;
+    return (Text){outbound && host.end > host.p, bounded(host)};
+}
+
+/* What a span says it called (otlp_common.peer_of): the first peer slot that names something. */
+static Text peer_of(const Kept *kept)
+{
+    Text peer = text_of(&kept->v[SLOT_PEER_SERVICE]);
+    const Value *cluster = &kept->v[SLOT_UPSTREAM_CLUSTER];
+    if (!peer.present && cluster->kind == V_STRING && cluster->s.end > cluster->s.p)
+        peer = upstream_peer(cluster->s);
+    return peer.present ? peer : first_text(kept, SLOT_SERVER_ADDRESS, SLOT_PEER_NAME);
+}
+
 /* One row (otlp_common.append_span), or DECLINE where the general path would refuse the span. */
 static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
 {
@@ -722,6 +778,12 @@ static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
         return DECLINE;
     if (f->start == 0 || f->end < f->start || f->end > INT64_MAX)
         return DECLINE;
+    size_t parent_bytes = (size_t)(f->parent_id.end - f->parent_id.p);
+    if (f->kind > SPAN_KIND_LAST || (parent_bytes != 0 && parent_bytes != 8))
+        return DECLINE;
+    uint8_t kind = f->kind ? (uint8_t)f->kind : SPAN_KIND_INTERNAL;
+    uint64_t parent_id = parent_bytes ? big_endian_word(f->parent_id.p) : 0;
+    uint8_t has_parent = parent_id != 0;  /* all zeros: no parent, as absent */
     Text text[N_TEXT];
     memcpy(text, r->text, sizeof r->text);
     static const int overrides[][3] = {{SLOT_K8S_NODE, SLOT_HOST, COL_NODE}, {SLOT_GPU, -1, COL_GPU},
@@ -744,6 +806,7 @@ static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
     /* A span that names no node stays null here, as in the general path: enrich places it (GPU, else unknown). */
     const Value *route = &kept->v[SLOT_ROUTE];
     text[COL_ROUTE] = (Text){1, bounded(route->kind == V_STRING ? route->s : f->name)};
+    text[COL_PEER] = peer_of(kept);
 
     const Value *code = first_present(kept, SLOT_STATUS, SLOT_STATUS_OLD);
     int16_t http_status = 0;
@@ -768,7 +831,8 @@ static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
     uint64_t trace_hi = big_endian_word(f->trace_id.p), trace_lo = big_endian_word(f->trace_id.p + 8),
              span_id = big_endian_word(f->span_id.p);  /* analytics/ids.py */
     if (buf_add(&d->trace_hi, &trace_hi, 8) || buf_add(&d->trace_lo, &trace_lo, 8) ||
-        buf_add(&d->span_id, &span_id, 8) || buf_add(&d->start_ns, &start, 8) ||
+        buf_add(&d->span_id, &span_id, 8) || buf_add(&d->parent_id, &parent_id, 8) ||
+        buf_add(&d->parent_valid, &has_parent, 1) || buf_add(&d->kind, &kind, 1) || buf_add(&d->start_ns, &start, 8) ||
         buf_add(&d->end_ns, &end, 8) || buf_add(&d->status_code, &http_status, 2) ||
         buf_add(&d->status_valid, &has_status, 1) || buf_add(&d->failed, &failed, 1) ||
         buf_add(&d->tier_header, &tier_header, 4))
@@ -791,12 +855,8 @@ static int scope_spans(Decoder *d, Slice m, const Resource *r)
         int rc;
         if (field == 2) {
             rc = length_delimited(&m, wt, &s) || span_fields(d, s, &f);
-            if (!rc) {
-                if (f.kind == SPAN_KIND_SERVER)
-                    rc = span_row(d, &f, r);
-                else
-                    d->not_server++;
-            }
+            if (!rc)
+                rc = span_row(d, &f, r);
         } else if (!first_time(&seen, field)) {
             return DECLINE;
         } else if (field == 1) {
@@ -821,8 +881,9 @@ static int resource_spans(Decoder *d, Slice m)
         if (field == 2) {
             if (length_delimited(&scan, wt, &s))
                 return DECLINE;
-        } else if (!first_time(&seen, field) ||
-                   (field == 1 ? length_delimited(&scan, wt, &res) : field == 3 ? string_field(&scan, wt, &s) : DECLINE)) {
+        } else if (!first_time(&seen, field) || (field == 1   ? length_delimited(&scan, wt, &res)
+                                                 : field == 3 ? string_field(&scan, wt, &s)
+                                                              : DECLINE)) {
             return DECLINE;
         }
     }
@@ -856,8 +917,8 @@ static int request(Decoder *d, Slice m)
 
 static void decoder_free(Decoder *d)
 {
-    Buf *bufs[] = {&d->trace_hi, &d->trace_lo, &d->span_id, &d->start_ns, &d->end_ns, &d->status_code,
-                   &d->status_valid, &d->failed, &d->tier_header};
+    Buf *bufs[] = {&d->trace_hi, &d->trace_lo, &d->span_id, &d->parent_id, &d->parent_valid, &d->kind,
+                   &d->start_ns, &d->end_ns, &d->status_code, &d->status_valid, &d->failed, &d->tier_header};
     for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++)
         free(bufs[k]->data);
     for (int k = 0; k < N_TEXT; k++) {
@@ -946,7 +1007,6 @@ static PyObject *result(Decoder *decoded)
     }
     PyObject *out = PyDict_New();
     if (!out || put(out, "rows", PyLong_FromSsize_t(d->rows)) ||
-        put(out, "not_server", PyLong_FromSsize_t(d->not_server)) ||
         put(out, "tier_headers", strings_of(&d->tier_headers)) || put(out, "tier_counts", tier_counts_of(d))) {
         Py_XDECREF(out);
         out = NULL;
@@ -993,7 +1053,8 @@ static int hand_over(Batch *b, Buf *buf)
     return data ? batch_own(b, data) : 0;
 }
 
-/* The requests table's columns, in its order (analytics.store.REQUEST_COLUMNS). */
+/* The spans' columns, in the order of analytics.frames.SPAN_COLUMNS: the requests table's, with parent_id and kind
+ * after span_id, and peer last. */
 static int fill_batch(Batch *b, Decoder *d, const Slice *tiers)
 {
     static const int text_order[] = {COL_SERVICE, COL_NODE, COL_POD, COL_NAMESPACE, COL_POD_IP, COL_GPU};
@@ -1008,6 +1069,8 @@ static int fill_batch(Batch *b, Decoder *d, const Slice *tiers)
              batch_fixed(b, "L", "trace_hi", d->trace_hi.data, NULL) |
              batch_fixed(b, "L", "trace_lo", d->trace_lo.data, NULL) |
              batch_fixed(b, "L", "span_id", d->span_id.data, NULL) |
+             batch_fixed(b, "L", "parent_id", d->parent_id.data, d->parent_valid.data) |
+             batch_fixed(b, "C", "kind", d->kind.data, NULL) |
              batch_fixed(b, "tsu:", "start_time", d->start_ns.data, NULL) |
              batch_fixed(b, "g", "duration_ms", d->end_ns.data, NULL);
     for (size_t k = 0; k < sizeof text_order / sizeof *text_order; k++) {
@@ -1015,14 +1078,15 @@ static int fill_batch(Batch *b, Decoder *d, const Slice *tiers)
         rc |= batch_views(b, TEXT_COLUMNS[text_order[k]], c->views.data, c->bytes.data, (int64_t)c->bytes.len,
                           c->valid.data);
     }
-    TextColumn *route = &d->text[COL_ROUTE];
+    TextColumn *route = &d->text[COL_ROUTE], *peer = &d->text[COL_PEER];
     rc |= batch_views(b, "tier", views.data, bytes.data, (int64_t)bytes.len, NULL) |
           batch_views(b, "route", route->views.data, route->bytes.data, (int64_t)route->bytes.len,
                       route->valid.data) |
           batch_fixed(b, "s", "status_code", d->status_code.data, d->status_valid.data) |
-          batch_booleans(b, "failed", d->failed.data);
-    Buf *bufs[] = {&d->trace_hi, &d->trace_lo, &d->span_id, &d->start_ns, &d->end_ns, &d->status_code,
-                   &d->status_valid, &d->failed};
+          batch_booleans(b, "failed", d->failed.data) |
+          batch_views(b, "peer", peer->views.data, peer->bytes.data, (int64_t)peer->bytes.len, peer->valid.data);
+    Buf *bufs[] = {&d->trace_hi, &d->trace_lo, &d->span_id, &d->parent_id, &d->parent_valid, &d->kind,
+                   &d->start_ns, &d->end_ns, &d->status_code, &d->status_valid, &d->failed};
     for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++)
         rc |= hand_over(b, bufs[k]);
     for (int k = 0; k < N_TEXT; k++)
@@ -1032,7 +1096,7 @@ static int fill_batch(Batch *b, Decoder *d, const Slice *tiers)
 
 PyDoc_STRVAR(batch_doc,
 "batch(columns, tiers) -> (schema capsule, array capsule)\n\n"
-"The decoded spans as one record batch in the requests table's shape, through the Arrow C data interface.\n"
+"The decoded spans as one record batch (analytics.frames.SPAN_COLUMNS), through the Arrow C data interface.\n"
 "columns: what decode() gave under 'columns' (taken: once only); tiers: the tier of each distinct header, in\n"
 "the order of decode()'s 'tier_headers'.");
 
@@ -1082,10 +1146,9 @@ static PyObject *batch(PyObject *module, PyObject *args)
 
 PyDoc_STRVAR(decode_doc,
 "decode(body, keys) -> dict | None\n\n"
-"The SERVER spans of a protobuf ExportTraceServiceRequest, or None when the request needs the general path:\n"
-"rows, not_server (spans of other kinds), tier_headers (each distinct one; index 0: none), tier_counts (rows\n"
-"per header) and columns (for batch()). keys: the fourteen attribute keys, as bytes, in slot order (see\n"
-"otlp_spans.py).");
+"The spans of a protobuf ExportTraceServiceRequest, or None when the request needs the general path: rows,\n"
+"tier_headers (each distinct one; index 0: none), tier_counts (rows per header) and columns (for batch()).\n"
+"keys: the eighteen attribute keys, as bytes, in slot order (see otlp_spans.py).");
 
 static PyObject *decode(PyObject *module, PyObject *args)
 {
@@ -1094,6 +1157,7 @@ static PyObject *decode(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "SO!:decode", &body, &PyTuple_Type, &key_tuple))
         return NULL;
     Keys keys;
+    memset(keys.by_length, 0, sizeof keys.by_length);
     if (PyTuple_GET_SIZE(key_tuple) != N_SLOTS)
         return PyErr_Format(PyExc_ValueError, "decode: %d keys expected", N_SLOTS);
     for (int k = 0; k < N_SLOTS; k++) {
@@ -1102,6 +1166,7 @@ static PyObject *decode(PyObject *module, PyObject *args)
             return PyErr_Format(PyExc_TypeError, "decode: keys must be bytes");
         keys.keys[k].p = (const uint8_t *)PyBytes_AS_STRING(key);
         keys.keys[k].end = keys.keys[k].p + PyBytes_GET_SIZE(key);
+        keys.by_length[length_entry((size_t)PyBytes_GET_SIZE(key))] |= 1u << k;
     }
     Decoder d;
     memset(&d, 0, sizeof d);

@@ -1,5 +1,5 @@
-"""The receiver's fast path for OTLP/protobuf trace requests: the SERVER spans read straight from the request
-bytes into columns by a C extension (otlp_spans.c), with no Python object per span.
+"""The receiver's fast path for OTLP/protobuf trace requests: the spans, of every kind, read straight from the
+request bytes into columns by a C extension (otlp_spans.c), with no Python object per span.
 
 `span_table` gives None when the extension declines a request (an encoding other than the canonical one, or a
 span the receiver would refuse) or was not built; the general path (otlp_proto.py) then does all the work. Both
@@ -14,8 +14,8 @@ from sloscope import catalog
 from sloscope.records import SpanTable
 
 from sloscope.receiver.otlp_common import (CANONICAL_SERVICE_ATTRIBUTE, ENVOY_NODE_ATTRIBUTE, GPU_ATTRIBUTE,
-                                           NAMESPACE_ATTRIBUTE, POD_ATTRIBUTE, POD_IP_ATTRIBUTE, ROUTE_ATTRIBUTE,
-                                           STATUS_ATTRIBUTES, TIER_ATTRIBUTES)
+                                           NAMESPACE_ATTRIBUTE, PEER_ATTRIBUTES, POD_ATTRIBUTE, POD_IP_ATTRIBUTE,
+                                           ROUTE_ATTRIBUTE, STATUS_ATTRIBUTES, TIER_ATTRIBUTES)
 
 try:
     from sloscope.receiver import _otlp_spans
@@ -30,15 +30,15 @@ pa.array([0])
 SLOT_KEYS = tuple(key.encode() for key in (*catalog.NODE_ATTRIBUTES, GPU_ATTRIBUTE, POD_ATTRIBUTE,
                                            NAMESPACE_ATTRIBUTE, POD_IP_ATTRIBUTE, "service.name", *STATUS_ATTRIBUTES,
                                            ROUTE_ATTRIBUTE, *TIER_ATTRIBUTES, ENVOY_NODE_ATTRIBUTE,
-                                           CANONICAL_SERVICE_ATTRIBUTE))
+                                           CANONICAL_SERVICE_ATTRIBUTE, *PEER_ATTRIBUTES))
 
 
 def available() -> bool:
     return _otlp_spans is not None
 
 
-def span_table(body: bytes) -> tuple[SpanTable, int] | None:
-    """(the SERVER spans, how many spans were not SERVER spans), or None: take the general path."""
+def span_table(body: bytes) -> SpanTable | None:
+    """The request's spans, or None: take the general path."""
     if _otlp_spans is None:
         return None
     decoded = _otlp_spans.decode(body, SLOT_KEYS)
@@ -49,4 +49,4 @@ def span_table(body: bytes) -> tuple[SpanTable, int] | None:
     def batch(tiers: list[str]) -> pa.RecordBatch:
         return pa.RecordBatch._import_from_c_capsule(*_otlp_spans.batch(columns, tiers))
 
-    return SpanTable(decoded["rows"], decoded["tier_headers"], decoded["tier_counts"], batch), decoded["not_server"]
+    return SpanTable(decoded["rows"], decoded["tier_headers"], decoded["tier_counts"], batch)

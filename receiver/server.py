@@ -78,14 +78,8 @@ def fast_decode(signal: str, body: bytes, is_json: bool) -> tuple[Batch, dict] |
     """(batch, counts) by the trace fast path (otlp_spans), or None where it does not apply or declines."""
     if signal != "traces" or is_json:
         return None
-    fast = otlp_spans.span_table(body)
-    if fast is None:
-        return None
-    spans, not_server = fast
-    counts = {FAST_PATH: 1}
-    if not_server:
-        counts["spans_not_server"] = not_server
-    return Batch(spans=spans), counts
+    spans = otlp_spans.span_table(body)
+    return None if spans is None else (Batch(spans=spans), {FAST_PATH: 1})
 
 
 class Decoders:

@@ -38,7 +38,7 @@ def test_spans_load_with_tiers_resolved_against_the_allow_list(tmp_path):
         span(trace_id(5), span_id(5), T0, 160),  # no header
         span(trace_id(6), span_id(6), T0, 170, tier=["standard", "p99-latency-critical"]),  # ambiguous
         span(trace_id(7), span_id(7), T0, 180, extra={"slo.tier": "p99-latency-critical"}),  # Istio tag
-        span(trace_id(8), span_id(8), T0, 190, kind=3),  # CLIENT: not a request
+        span(trace_id(8), span_id(8), T0, 190, kind=3),  # CLIENT: not a request, kept in the spans table
         span(trace_id(9), span_id(9), T0, 200, status=503),
     ]
     f = write_lines(tmp_path / "t.jsonl", [traces(spans)])
@@ -49,10 +49,12 @@ def test_spans_load_with_tiers_resolved_against_the_allow_list(tmp_path):
     assert rows[trace_id(3)] == rows[trace_id(4)] == rows[trace_id(5)] == rows[trace_id(6)] == "standard"
     assert rows[trace_id(7)] == "p99-latency-critical"
     assert trace_id(8) not in rows
+    assert query(tmp_path, f"SELECT {TRACE_ID}, kind FROM spans") == [(trace_id(8), 3)]
     assert query(tmp_path, "SELECT failed FROM requests WHERE status_code = 503") == [(True,)]
     with Store(tmp_path / "x.duckdb", read_only=True) as store:
         c = store.counters()
-    assert c["tier_invalid"] == 3 and c["tier_missing"] == 2 and c["spans_not_server"] == 1
+    # The CLIENT span names no tier either: every span's header is resolved, whatever its kind.
+    assert c["tier_invalid"] == 3 and c["tier_missing"] == 3 and c["spans_loaded"] == 1 and "spans_not_server" not in c
 
 
 def test_malformed_lines_are_reported_counted_and_the_rest_loads(tmp_path, capsys):

@@ -130,7 +130,7 @@ def test_a_traces_file_loads_as_its_json_lines_do(tmp_path, layout):
     assert ingest(tmp_path, "proto.duckdb", write_proto(tmp_path / "traces.pb", requests, layout)) == EXIT_OK
     rows = stored(tmp_path, "proto.duckdb")
     assert rows == as_json_lines(tmp_path, requests)
-    assert len(rows["requests"]) == 16 and rows["counters"]["spans_not_server"] == 4
+    assert len(rows["requests"]) == 16 and rows["counters"]["spans_loaded"] == 4
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

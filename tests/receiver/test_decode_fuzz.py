@@ -28,6 +28,10 @@ json_values = st.recursive(
     max_leaves=20)
 VALID = [
     traces([span("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", T0, 100, tier=["standard"])]),
+    # a CLIENT span: its parent and what it called are read too
+    traces([{**span("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203332", T0, 50, kind=3,
+                    extra={"peer.service": "cart", "upstream_cluster": "outbound|7070||cart.shop.svc.cluster.local",
+                           "server.address": "cart.shop"}), "parentSpanId": "b7ad6b7169203331"}]),
     metrics([gauge("hw.gpu.temperature", [(T0, 60.0)], {"hw.id": "GPU-1"}),
              counter("sloscope.tcp.retransmits", T0 - 1, [(T0, 5)]),
              exp_histogram("sloscope.cpu.runqueue.delay", T0 - 1, [(T0, 3, 0.001, -14, [1, 2])])]),
@@ -65,7 +69,7 @@ def _stored(store, batch) -> None:
     """Write a decoded batch as serve and ingest do: a failure here is input that poisons the store."""
     resolve_tiers(batch.spans, TierResolver(frozenset({"standard"}), "standard"))
     frames = Frames.of(batch)
-    frames.requests = GpuTopology().place(frames.requests)
+    frames.spans = GpuTopology().place(frames.spans)
     store.write(frames)
 
 

@@ -1,32 +1,39 @@
 """The trace fast path (receiver/otlp_spans.c) must give exactly the rows and counters of the general decoder
 for every request it takes, take the requests SDKs and the Collector send, and never take one the protobuf
-runtime or the receiver would refuse."""
+runtime or the receiver would refuse. Spans of every kind are kept, each with its parent and what it called (its
+peer), by both paths and by the OTLP/JSON decoder alike."""
 
+import base64
 import gc
+import json
 import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from sloscope.analytics.frames import Frames
+from sloscope.analytics.frames import SPAN_COLUMNS, Frames
 from sloscope.receiver import otlp_spans
-from sloscope.receiver.otlp_common import REFUSAL_REASONS, DecodeError
+from sloscope.receiver.otlp_common import PEER_ATTRIBUTES, REFUSAL_REASONS, DecodeError
 from sloscope.receiver.server import FAST_PATH, GENERAL_PATH, Decoders, fast_decode
 from sloscope.enrich.tiers import TierResolver, resolve_tiers
-from sloscope.records import Batch
+from sloscope.records import SPAN_KIND_CLIENT, SPAN_KIND_INTERNAL, SPAN_KIND_SERVER, Batch
+from tests.otlp_builders import span, traces
 
 TIERS = frozenset({"standard", "p99-latency-critical"})
 SERVER = Span.SPAN_KIND_SERVER
 KEYS = [key.decode() for key in otlp_spans.SLOT_KEYS] + ["http.request.method", "url.full", "x", ""]
+PEER_KEYS = list(PEER_ATTRIBUTES)
 T0 = 1_764_410_400_000_000_000
+TRACE, SPAN = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 
 
 def fast_rows(body: bytes):
-    """(requests frame, counters) by the fast path, or None where it declines."""
+    """(spans frame, counters) by the fast path, or None where it declines."""
     decoded = fast_decode("traces", body, False)
     return None if decoded is None else _rows(*decoded)
 
@@ -35,12 +42,28 @@ def general_rows(body: bytes):
     return _rows(*Decoders().decode("traces", body, False))
 
 
+def json_rows(body: bytes):
+    """(spans frame, counters) of the same request sent as OTLP/JSON."""
+    return _rows(*Decoders().decode("traces", as_json(body), True))
+
+
+def as_json(body: bytes) -> bytes:
+    """An export request in OTLP/JSON: protobuf's JSON mapping with ids in hex rather than base64."""
+    doc = MessageToDict(ExportTraceServiceRequest.FromString(body), use_integers_for_enums=True)
+    for block in doc.get("resourceSpans", []):
+        for scope in block.get("scopeSpans", []):
+            for span in scope.get("spans", []):
+                for key in {"traceId", "spanId", "parentSpanId"} & span.keys():
+                    span[key] = base64.b64decode(span[key]).hex()
+    return json.dumps(doc).encode()
+
+
 def _rows(batch, counts):
-    """(requests frame, counters but the one naming the decoder)."""
+    """(spans frame, counters but the one naming the decoder)."""
     resolver = TierResolver(TIERS, "standard")
     resolve_tiers(batch.spans, resolver)
     counts = {k: n for k, n in counts.items() if k not in (FAST_PATH, GENERAL_PATH)}
-    return Frames.of(batch).requests, {**counts, **resolver.counts}
+    return Frames.of(batch).spans, {**counts, **resolver.counts}
 
 
 def assert_same_as_general(body: bytes) -> bool:
@@ -65,10 +88,18 @@ node_ids = st.builds(lambda kind, ip, pod, ns, dot, domain: f"{kind}~{ip}~{pod}{
                      st.sampled_from(["bookinfo", "", "."]),
                      st.sampled_from([".bookinfo", "", ".other", "."]),
                      st.sampled_from([".svc.cluster.local", "", "~x"]))
+# Envoy's upstream clusters: Istio's DIRECTION|PORT|SUBSET|HOST, and near misses.
+clusters = st.builds(lambda direction, port, subset, host, extra: f"{direction}|{port}|{subset}|{host}{extra}",
+                     st.sampled_from(["outbound", "inbound", "Outbound", "", "outbound_"]),
+                     st.sampled_from(["7070", "", "|"]), st.sampled_from(["", "v1", "é"]),
+                     st.sampled_from(["cartservice.default.svc.cluster.local", "cartservice", "", ".x", "é" * 260,
+                                      "a" * 250 + ".b", "api.example.com"]),
+                     st.sampled_from(["", "|x", "."]))
 texts = st.one_of(st.sampled_from(["standard", "p99-latency-critical", " standard ", "", "gpu-node-1", "/v1/chat",
                                    "200", "503", "0404", "1000", "２００", " 200", "ratings", "ratings.bookinfo",
-                                   "istio-proxy", "unknown_service:envoy", "ratings."]),
-                  node_ids, st.text(max_size=300))
+                                   "istio-proxy", "unknown_service:envoy", "ratings.", "PassthroughCluster",
+                                   "outbound_.9080_.v1_.reviews.bookinfo.svc.cluster.local"]),
+                  node_ids, clusters, st.text(max_size=300))
 scalars = st.one_of(
     st.builds(lambda v: AnyValue(string_value=v), texts),
     st.builds(lambda v: AnyValue(int_value=v), st.one_of(st.sampled_from([200, 404, 500, 503, 999, 1000, -1]),
@@ -86,17 +117,48 @@ values = st.recursive(scalars, lambda inner: st.one_of(
 one_string_arrays = st.builds(lambda v: AnyValue(array_value=ArrayValue(values=[AnyValue(string_value=v)])), texts)
 attributes = st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), st.sampled_from(KEYS),
                                 st.one_of(scalars, scalars, one_string_arrays, values)), max_size=8)
+# What a span says it called, mostly as text: the keys in turn decide, so several are often given at once.
+text_values = st.builds(lambda v: AnyValue(string_value=v), st.one_of(texts, clusters))
+peer_attributes = st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), st.sampled_from(PEER_KEYS),
+                                     st.one_of(text_values, text_values, scalars)), max_size=4)
+
+
+def plain_attribute(key: str):
+    """An attribute of a value the receiver reads without refusing the span or declining: a status code as an
+    integer or digits, a tier header as text, anything else as text, an integer, a boolean or a one-string array."""
+    if key in STATUS_KEYS:
+        value = st.one_of(st.builds(lambda v: AnyValue(int_value=v), st.sampled_from([200, 404, 503, 999])),
+                          st.builds(lambda v: AnyValue(string_value=v), st.sampled_from(["200", "0503", "0"])))
+    elif key in TIER_KEYS:
+        value = st.one_of(text_values, one_string_arrays)
+    else:
+        value = st.one_of(text_values, one_string_arrays,
+                          st.builds(lambda v: AnyValue(int_value=v), st.integers(-2**63, 2**63 - 1)),
+                          st.builds(lambda v: AnyValue(bool_value=v), st.booleans()))
+    return st.builds(lambda v: KeyValue(key=key, value=v), value)
+
+
+plain_attributes = st.lists(st.sampled_from(KEYS + PEER_KEYS).flatmap(plain_attribute), max_size=10)
+
+
+# Ids, times and kinds: the valid ones, then those the receiver refuses (drawn only for spans not `valid`).
+KINDS = ([SERVER, SERVER, SERVER, Span.SPAN_KIND_CLIENT, Span.SPAN_KIND_CLIENT, 0, Span.SPAN_KIND_INTERNAL,
+          Span.SPAN_KIND_PRODUCER, Span.SPAN_KIND_CONSUMER], [6, 9])
+PARENTS = ([b"", b"", b"", bytes(8), b"\x07" * 8, bytes(7) + b"\x01"], [b"\x07" * 7, b"\x07" * 9, b"\x07" * 16])
 
 
 @st.composite
-def spans(draw, index: int):
-    start = draw(st.sampled_from([T0 + index, T0 + index, 0, 2**63 + 5]))
-    span = Span(trace_id=draw(st.sampled_from([bytes(15) + bytes([index % 250 + 1]), b"\x01" * 15])),
-                span_id=bytes(7) + bytes([index % 250 + 1]), name=draw(texts),
-                kind=draw(st.sampled_from([SERVER, SERVER, SERVER, Span.SPAN_KIND_CLIENT, 0])),
-                start_time_unix_nano=start,
-                end_time_unix_nano=start + draw(st.sampled_from([10**6, 0, 2**62])) if start else T0,
-                attributes=draw(attributes), flags=draw(st.sampled_from([0, 0x100, 0x301])),
+def spans(draw, index: int, valid: bool):
+    def pick(choices: tuple[list, list]):
+        return draw(st.sampled_from(choices[0] if valid else choices[0] + choices[1]))
+
+    start = pick(([T0 + index], [0, 2**63 + 5]))
+    span = Span(trace_id=pick(([bytes(15) + bytes([index % 250 + 1])], [b"\x01" * 15])),
+                span_id=bytes(7) + bytes([index % 250 + 1]), name=draw(texts), kind=pick(KINDS),
+                parent_span_id=pick(PARENTS), start_time_unix_nano=start,
+                end_time_unix_nano=start + pick(([10**6, 0], [2**62])) if start else T0,
+                attributes=draw(plain_attributes) if valid else draw(attributes) + draw(peer_attributes),
+                flags=draw(st.sampled_from([0, 0x100, 0x301])),
                 status=Status(code=draw(st.sampled_from([0, 1, 2])), message=draw(st.sampled_from(["", "boom"]))))
     if draw(st.booleans()):
         span.events.add(time_unix_nano=start, name="exception", attributes=draw(attributes))
@@ -106,17 +168,21 @@ def spans(draw, index: int):
 
 @st.composite
 def requests(draw):
+    """Requests of any spans, or (half of them) of spans with valid ids, times and kinds and plain attributes,
+    which the fast path mostly takes."""
     request = ExportTraceServiceRequest()
+    valid = draw(st.booleans())
     for _ in range(draw(st.integers(1, 3))):
-        block = request.resource_spans.add(schema_url=draw(st.sampled_from(["", "https://opentelemetry.io/schemas/1.26.0"])))
+        block = request.resource_spans.add(
+            schema_url=draw(st.sampled_from(["", "https://opentelemetry.io/schemas/1.26.0"])))
         if draw(st.integers(0, 4)):
-            block.resource.attributes.extend(draw(attributes))
+            block.resource.attributes.extend(draw(plain_attributes if valid else attributes))
             block.resource.attributes.add(key=draw(st.sampled_from(["host.name", "k8s.node.name", "hw.id", "x"])),
                                           value=AnyValue(string_value=draw(texts)))
         for _ in range(draw(st.integers(1, 2))):
             scope = block.scope_spans.add()
             scope.scope.name, scope.scope.version = "opentelemetry.instrumentation.fastapi", "0.48b0"
-            scope.spans.extend(draw(spans(i)) for i in range(draw(st.integers(0, 4))))
+            scope.spans.extend(draw(spans(i, valid)) for i in range(draw(st.integers(0, 4))))
     return request
 
 
@@ -145,7 +211,8 @@ def _refused_in_part(body: bytes):
 RESOURCE_KEYS = {"service.name", "k8s.node.name", "host.name", "hw.id", "k8s.pod.name", "k8s.namespace.name",
                  "k8s.pod.ip"}
 SPAN_KEYS = {k.decode() for k in otlp_spans.SLOT_KEYS} - {"service.name"}
-STATUS_KEYS, TIER_KEYS = {"http.response.status_code", "http.status_code"}, {"http.request.header.x-slo-tier", "slo.tier"}
+STATUS_KEYS = {"http.response.status_code", "http.status_code"}
+TIER_KEYS = {"http.request.header.x-slo-tier", "slo.tier"}
 
 
 def _left_to_general_path(request):
@@ -163,7 +230,8 @@ def _left_to_general_path(request):
                         raise LeftToGeneralPath("a status code that is neither an integer nor decimal digits")
                     if kv.key in TIER_KEYS and kind not in (None, "string_value") and not _one_string(kv.value):
                         raise LeftToGeneralPath("a tier header that is not one string")
-                for kv in [*(a for e in span.events for a in e.attributes), *(a for l in span.links for a in l.attributes)]:
+                for kv in [*(a for e in span.events for a in e.attributes),
+                           *(a for link in span.links for a in link.attributes)]:
                     _check_value(kv, False)
     raise AssertionError("the fast path declined a request it should take")
 
@@ -185,7 +253,8 @@ def _digits(value) -> bool:
 
 def _one_string(value) -> bool:
     items = value.array_value.values
-    return value.WhichOneof("value") == "array_value" and len(items) == 1 and items[0].WhichOneof("value") == "string_value"
+    return (value.WhichOneof("value") == "array_value" and len(items) == 1
+            and items[0].WhichOneof("value") == "string_value")
 
 
 def _depth(value, depth: int = 0) -> int:
@@ -214,10 +283,15 @@ def sdk_like_request(spans: int = 50) -> ExportTraceServiceRequest:
         span.attributes.add(key="http.route", value=AnyValue(string_value="/v1/chat/completions"))
         span.attributes.add(key="http.response.status_code", value=AnyValue(int_value=503 if i % 5 == 0 else 200))
         header = AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="p99-latency-critical")]))
-        span.attributes.add(key="http.request.header.x-slo-tier", value=header if i % 2 else AnyValue(string_value="bogus"))
-        span.events.add(time_unix_nano=T0 + i, name="first_token", attributes=[KeyValue(key="n", value=AnyValue(int_value=1))])
-    scope.spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="GET", kind=Span.SPAN_KIND_CLIENT,
-                    start_time_unix_nano=T0, end_time_unix_nano=T0 + 1)
+        span.attributes.add(key="http.request.header.x-slo-tier",
+                            value=header if i % 2 else AnyValue(string_value="bogus"))
+        span.events.add(time_unix_nano=T0 + i, name="first_token",
+                        attributes=[KeyValue(key="n", value=AnyValue(int_value=1))])
+    client = scope.spans.add(trace_id=random.Random(0).randbytes(16), span_id=b"\x02" * 8,
+                             parent_span_id=random.Random(0).randbytes(8), name="GET", kind=Span.SPAN_KIND_CLIENT,
+                             start_time_unix_nano=T0, end_time_unix_nano=T0 + 1)
+    for key, value in (("net.peer.name", "old-name"), ("server.address", "model-cache.inference")):
+        client.attributes.add(key=key, value=AnyValue(string_value=value))
     return request
 
 
@@ -229,29 +303,33 @@ def test_an_sdk_request_takes_the_fast_path_with_the_same_rows():
     body = sdk_like_request().SerializeToString()
     assert assert_same_as_general(body)
     rows, counts = fast_rows(body)
-    assert len(rows) == 50 and counts["spans_not_server"] == 1 and counts["tier_invalid"] == 25
-    assert rows["failed"].sum() == len([i for i in range(50) if i % 7 == 0 or i % 5 == 0])
+    requests = rows.filter(rows["kind"] == SPAN_KIND_SERVER)
+    assert len(rows) == 51 and len(requests) == 50 and counts["tier_invalid"] == 25 and counts["tier_missing"] == 1
+    assert "spans_not_server" not in counts
+    assert requests["failed"].sum() == len([i for i in range(50) if i % 7 == 0 or i % 5 == 0])
+    assert set(requests["parent_id"]) == {0x0707070707070707} and requests["peer"].null_count() == 50
+    client = rows.filter(rows["kind"] == SPAN_KIND_CLIENT).row(0, named=True)
+    assert client["parent_id"] == requests["span_id"][0] and client["peer"] == "model-cache.inference"
 
 
-def test_a_request_without_server_spans_gives_an_empty_frame_of_the_requests_shape():
+def test_a_request_without_spans_gives_an_empty_frame_of_the_spans_shape():
     request = ExportTraceServiceRequest()
-    request.resource_spans.add().scope_spans.add().spans.add(
-        trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="GET", kind=Span.SPAN_KIND_CLIENT,
-        start_time_unix_nano=T0, end_time_unix_nano=T0 + 1)
+    request.resource_spans.add().scope_spans.add()
     body = request.SerializeToString()
     assert assert_same_as_general(body)
     rows, counts = fast_rows(body)
-    assert rows.is_empty() and counts["spans_not_server"] == 1
+    assert rows.is_empty() and not counts
+    assert tuple(rows.columns) == SPAN_COLUMNS
     assert rows.schema == general_rows(sdk_like_request().SerializeToString())[0].schema
 
 
 def test_the_columns_are_handed_over_once_and_outlive_the_decoder():
     body = sdk_like_request().SerializeToString()
-    table, _ = otlp_spans.span_table(body)
+    table = otlp_spans.span_table(body)
     with pytest.raises(ValueError, match="3 tiers expected"):
         table.batch(["standard"])
     resolve_tiers(table, TierResolver(TIERS, "standard"))
-    frame = Frames.of(Batch(spans=table)).requests
+    frame = Frames.of(Batch(spans=table)).spans
     with pytest.raises(ValueError, match="taken already"):
         table.batch(table.tiers)
     del table
@@ -271,7 +349,7 @@ def _declines_and_general_says(body: bytes, error: str | None = None, refused: s
     rows, counts = general_rows(body)
     refusals = {k: n for k, n in counts.items() if k in REFUSAL_REASONS}
     assert refusals == ({refused: 1} if refused else {})
-    assert len(rows) == 3 - bool(refused)
+    assert len(rows) == 4 - bool(refused)  # of sdk_like_request(3): three SERVER spans and a CLIENT one
 
 
 def test_what_it_declines_the_general_path_decides():
@@ -290,7 +368,7 @@ def test_what_it_declines_the_general_path_decides():
     bad_utf8 = good.SerializeToString().replace(b"POST /v1/chat", b"POST /v1/ch\xff\xfe")
     _declines_and_general_says(bad_utf8, error="not a valid")
     alone = sdk_like_request(1)
-    del alone.resource_spans[0].scope_spans[0].spans[1]  # the CLIENT span, which is good (though not kept)
+    del alone.resource_spans[0].scope_spans[0].spans[1]  # the CLIENT span, which is good
     alone.resource_spans[0].scope_spans[0].spans[0].span_id = b"\x01" * 7
     _declines_and_general_says(alone.SerializeToString(), error="spans_invalid_id")  # nothing good: a 400
 
@@ -298,10 +376,11 @@ def test_what_it_declines_the_general_path_decides():
 def test_a_singular_field_written_twice_is_left_to_the_general_path():
     block = sdk_like_request(2).resource_spans[0]
     resource = block.resource.SerializeToString()
-    block_bytes = block.SerializeToString() + b"\x0a" + _varint(len(resource)) + resource  # ResourceSpans.resource again
+    # ResourceSpans.resource again
+    block_bytes = block.SerializeToString() + b"\x0a" + _varint(len(resource)) + resource
     body = b"\x0a" + _varint(len(block_bytes)) + block_bytes
     assert fast_rows(body) is None
-    assert len(general_rows(body)[0]) == 2  # protobuf merges the two resources; the general path reads that
+    assert len(general_rows(body)[0]) == 3  # protobuf merges the two resources; the general path reads that
 
 
 def _varint(n: int) -> bytes:
@@ -311,6 +390,128 @@ def _varint(n: int) -> bytes:
         n >>= 7
         if not n:
             return bytes(out)
+
+
+# --- every kind, with its parent and what it called -------------------------------------------------------
+
+
+def request_of(*spans: dict) -> ExportTraceServiceRequest:
+    """One trace's spans, each given by what differs from a plain SERVER span (attributes as a dict of text or
+    AnyValue values)."""
+    request = ExportTraceServiceRequest()
+    block = request.resource_spans.add()
+    block.resource.attributes.add(key="service.name", value=AnyValue(string_value="frontend"))
+    scope = block.scope_spans.add()
+    for i, fields in enumerate(spans):
+        attributes = [KeyValue(key=k, value=v if isinstance(v, AnyValue) else AnyValue(string_value=v))
+                      for k, v in fields.get("attributes", {}).items()]
+        scope.spans.append(Span(**{"trace_id": b"\x01" * 16, "span_id": (i + 1).to_bytes(8, "big"), "name": "GET /",
+                                   "kind": SERVER, "start_time_unix_nano": T0 + i, "end_time_unix_nano": T0 + i + 10**6,
+                                   **fields, "attributes": attributes}))
+    return request
+
+
+def read_alike(request: ExportTraceServiceRequest, fast: bool = True):
+    """(spans frame, counters) of the general decoder, which the fast path (it must take the request when `fast`,
+    else decline it) and the same request as OTLP/JSON must give too."""
+    body = request.SerializeToString()
+    general = general_rows(body)
+    assert assert_same_as_general(body) == fast
+    as_json = json_rows(body)
+    assert as_json[0].equals(general[0]), (as_json[0], general[0])
+    assert as_json[1] == general[1]
+    return general
+
+
+def test_every_kind_is_kept_and_an_unspecified_one_as_internal():
+    rows, counts = read_alike(request_of(*({"kind": kind} for kind in range(6))))
+    assert rows["kind"].to_list() == [SPAN_KIND_INTERNAL, SPAN_KIND_INTERNAL, 2, 3, 4, 5]
+    assert not {k: n for k, n in counts.items() if k.startswith("spans_")}
+
+
+@pytest.mark.parametrize("kind", [6, 9, 2**31 - 1, -1])
+def test_a_kind_otlp_does_not_define_refuses_the_span_alone(kind):
+    rows, counts = read_alike(request_of({"kind": kind}, {"kind": Span.SPAN_KIND_CLIENT}), fast=False)
+    assert rows["kind"].to_list() == [SPAN_KIND_CLIENT] and counts["spans_invalid"] == 1
+
+
+def test_parent_ids_are_words_and_a_root_has_none():
+    parents = [b"", bytes(8), b"\x80" + bytes(6) + b"\x01", b"\x07" * 8]
+    rows, _ = read_alike(request_of(*({"parent_span_id": parent} for parent in parents)))
+    assert rows["parent_id"].to_list() == [None, None, 0x8000000000000001, 0x0707070707070707]
+
+
+@pytest.mark.parametrize("parent", [b"\x07" * 7, b"\x07" * 9, b"\x07" * 16, b"\x07"])
+def test_a_parent_id_not_8_bytes_refuses_the_span_alone(parent):
+    rows, counts = read_alike(request_of({"parent_span_id": parent}, {}), fast=False)
+    assert len(rows) == 1 and counts["spans_invalid_id"] == 1
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("A1B2C3D4E5F60718", 0xA1B2C3D4E5F60718), ("", None), (None, None), ("0000000000000000", None)])
+def test_json_parent_ids(given, expected):
+    doc = traces([{**span(TRACE, SPAN, T0, 5, kind=3), "parentSpanId": given}])
+    rows, counts = _rows(*Decoders().decode("traces", json.dumps(doc).encode(), True))
+    assert rows["parent_id"].to_list() == [expected] and not counts.get("spans_invalid_id")
+
+
+@pytest.mark.parametrize("given", ["a1b2c3d4e5f607", "a1b2c3d4e5f6071g", "a1b2c3d4e5f60718a1", 7,
+                                   ["a1b2c3d4e5f60718"]])
+def test_a_json_parent_id_not_16_hex_digits_refuses_the_span_alone(given):
+    doc = traces([{**span(TRACE, SPAN, T0, 5), "parent_span_id": given}, span(TRACE, "b" * 16, T0, 5)])
+    rows, counts = _rows(*Decoders().decode("traces", json.dumps(doc).encode(), True))
+    assert len(rows) == 1 and counts["spans_invalid_id"] == 1
+
+
+CART = "outbound|7070||cartservice.default.svc.cluster.local"
+
+
+@pytest.mark.parametrize("attributes, expected", [
+    ({}, None),
+    ({"peer.service": "cart", "upstream_cluster": CART, "server.address": "10.0.0.1", "net.peer.name": "old"},
+     "cart"),
+    ({"upstream_cluster": CART, "server.address": "10.0.0.1", "net.peer.name": "old"}, "cartservice"),
+    ({"server.address": "api.example.com", "net.peer.name": "old"}, "api.example.com"),
+    ({"net.peer.name": "redis-master"}, "redis-master"),
+    ({"upstream_cluster": "inbound|9080||", "server.address": "10.0.0.1"}, "10.0.0.1"),  # inbound names none
+    ({"peer.service": "", "upstream_cluster": "", "server.address": "vllm"}, "vllm"),  # empty: nothing named
+    ({"peer.service": AnyValue(int_value=5), "net.peer.name": "redis"}, "redis"),  # not text: nothing named
+    ({"peer.service": AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="cart")])),
+      "server.address": "vllm"}, "vllm"),
+    ({"peer.service": "p" * 300}, "p" * 253),
+    ({"server.address": "é" * 300}, "é" * 253),
+], ids=["none", "peer.service first", "then upstream_cluster", "then server.address", "then net.peer.name",
+        "an inbound cluster", "empty", "an integer", "a one-string array", "long", "long in UTF-8"])
+def test_the_peer_is_the_first_attribute_that_names_one(attributes, expected):
+    rows, _ = read_alike(request_of({"kind": Span.SPAN_KIND_CLIENT, "attributes": attributes}))
+    assert rows["peer"].to_list() == [expected]
+
+
+def test_a_peer_given_on_any_kind_is_kept():
+    rows, _ = read_alike(request_of(*({"kind": kind, "attributes": {"peer.service": "cart"}} for kind in range(6))))
+    assert rows["peer"].to_list() == ["cart"] * 6
+
+
+@pytest.mark.parametrize("cluster, expected", [
+    (CART, "cartservice"),
+    ("outbound|9080|v2|reviews.bookinfo.svc.cluster.local", "reviews"),  # a subset
+    ("outbound|80||httpbin", "httpbin"),
+    ("outbound|9080||" + "r" * 300 + ".svc.cluster.local", "r" * 253),
+    ("inbound|9080||", None),
+    ("inbound|9080|http|reviews.bookinfo.svc.cluster.local", None),  # an older Istio's inbound cluster
+    ("outbound|9080||", None),
+    ("outbound|9080||.svc", None),
+    ("PassthroughCluster", "PassthroughCluster"),  # Istio's other clusters, plain Envoy's own names: as they are
+    ("backend_service", "backend_service"),
+    *((srv, srv) for srv in ["outbound_.9080_.v1_.reviews.bookinfo.svc.cluster.local"]),  # not a cluster's name form
+    ("outbound|9080||reviews|x", "outbound|9080||reviews|x"),
+    ("Outbound|9080||reviews", "Outbound|9080||reviews"),
+    ("a|b|c|d", "a|b|c|d"),
+    ("c" * 300, "c" * 253),
+])
+def test_envoy_upstream_clusters(cluster, expected):
+    rows, _ = read_alike(request_of({"kind": Span.SPAN_KIND_CLIENT, "attributes": {"upstream_cluster": cluster}}))
+    assert rows["peer"].to_list() == [expected]
 
 
 # --- mutated bytes: never taken when the runtime refuses them --------------------------------------------

@@ -64,7 +64,9 @@ def test_an_example_shaped_trace_without_a_node_is_kept_on_the_unknown_node(serv
     assert "partialSuccess" not in reply
     assert server.rows(ROWS) == [EXPECTED_ROW]
     counters = server.store.counters()
-    assert counters["spans_node_unknown"] == 1 and counters["spans_not_server"] == 1
+    assert counters["spans_node_unknown"] == 2 and "spans_not_server" not in counters  # its CLIENT span is kept too
+    assert server.rows("SELECT kind, printf('%016x', parent_id), node FROM spans") == [(3, "a1b2c3d4e5f60718",
+                                                                                       UNKNOWN_NODE)]
 
 
 def test_over_protobuf_a_span_without_a_node_takes_the_fast_path_to_the_same_row(server):
@@ -72,7 +74,7 @@ def test_over_protobuf_a_span_without_a_node_takes_the_fast_path_to_the_same_row
     assert status == 200
     assert server.rows(ROWS) == [EXPECTED_ROW]
     counters = server.store.counters()
-    assert counters["trace_requests_fast_path"] == 1 and counters["spans_node_unknown"] == 1
+    assert counters["trace_requests_fast_path"] == 1 and counters["spans_node_unknown"] == 2  # and its CLIENT span
 
 
 def _batch_of_many_sources() -> dict:
@@ -126,7 +128,7 @@ def test_ingest_keeps_example_shaped_files_without_a_node(tmp_path):
         assert store.rows(ROWS) == [EXPECTED_ROW]
         assert store.rows("SELECT DISTINCT node FROM samples") == [(UNKNOWN_NODE,)]
         counters = store.counters()
-    assert counters["spans_node_unknown"] == 1 and counters["points_node_unknown"] == 2
+    assert counters["spans_node_unknown"] == 2 and counters["points_node_unknown"] == 2  # SERVER and CLIENT span
 
 
 def _slow_requests_without_a_node(start_ns: int, seconds: int) -> dict:
