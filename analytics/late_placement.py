@@ -1,5 +1,6 @@
 """Late placement: requests stored on the unknown node because their pod was not known yet (a span can arrive
-before the watch reports its pod) are moved to the pod's node once it is. Spans are never held back waiting for a
+before the watch reports its pod) are moved to the pod's node once it is, and the spans of other kinds of the same
+pods with them. Spans are never held back waiting for a
 pod: a 2xx means committed, so they are stored at once and moved afterwards, within `interval_s` of the pod
 appearing (or of the request's commit, whichever is later), for requests started in the last `window_s`."""
 
@@ -25,7 +26,8 @@ MIN_GAP_S = 0.25  # between runs, however often pods change
 
 
 def place_late(store, directory: PodDirectory, since: datetime) -> int:
-    """Move the unknown node's requests started since `since` whose pod is now known; how many moved."""
+    """Move the unknown node's requests started since `since` whose pod is now known, and the other spans of their
+    pods; how many spans moved."""
     if not len(directory):
         return 0
     reader = store.reader()
@@ -33,12 +35,15 @@ def place_late(store, directory: PodDirectory, since: datetime) -> int:
         reader.con.execute("BEGIN TRANSACTION")
         unknown = reader.frame(sql("unknown_node_requests"), [UNKNOWN_NODE, since])
         placed, _, _ = directory.place(unknown)
-        placed = placed.filter(placed["node"].is_not_null()).select(*REQUEST_KEY, "node")
+        placed = placed.filter(placed["node"].is_not_null())
         moved = 0
         if not placed.is_empty():
-            reader.con.register("placed", placed)
+            reader.con.register("placed", placed.select(*REQUEST_KEY, "node"))
             moved = reader.rows(sql("move_requests_to_nodes"), [UNKNOWN_NODE])[0][0]
             reader.con.unregister("placed")
+            reader.con.register("placed_pods", placed.select("pod", "node").drop_nulls().unique())
+            moved += reader.rows(sql("move_spans_to_nodes"), [UNKNOWN_NODE, since])[0][0]
+            reader.con.unregister("placed_pods")
         reader.con.execute("COMMIT")
         return moved
     finally:

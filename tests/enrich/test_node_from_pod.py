@@ -101,7 +101,8 @@ def test_sidecar_spans_are_placed_on_their_pods_node_at_intake(tmp_path):
             assert serving.post(envoy_request(SIDECAR, start=now_ns())) == 200
             assert serving.nodes() == {"gpu-node-2": 4}
             counters = serving.counters()
-            assert counters["spans_node_from_pod_name"] == 4 and "spans_node_unknown" not in counters
+            # The four requests and the four CLIENT spans of the same pods.
+            assert counters["spans_node_from_pod_name"] == 8 and "spans_node_unknown" not in counters
             assert any("continue=" in path for path in kube.requests)  # the list was read page by page
         finally:
             serving.close()
@@ -110,13 +111,15 @@ def test_sidecar_spans_are_placed_on_their_pods_node_at_intake(tmp_path):
 def test_a_span_that_arrives_before_its_pod_is_moved_when_the_pod_appears(kube, serving):
     assert serving.post(envoy_request(GATEWAY, start=now_ns(-1))) == 200  # stored at once: a 2xx is durable
     assert serving.nodes() == {UNKNOWN_NODE: 4}
-    assert serving.counters()["spans_node_unknown"] == 4
+    assert serving.counters()["spans_node_unknown"] == 8  # the requests and the CLIENT spans
     appeared = time.monotonic()
     kube.add_pod(GATEWAY["pod"], GATEWAY["namespace"], "edge-node-1", GATEWAY["ip"],
                  created=datetime.now(timezone.utc) - timedelta(seconds=30))
     wait_for(lambda: serving.nodes() == {"edge-node-1": 4}, 5, "the late placement")
     assert time.monotonic() - appeared < 2.0  # moved soon after the watch reported the pod, not on a slow timer
-    wait_for(lambda: serving.counters().get("spans_node_replaced_late") == 4, 5, "the late counter")
+    wait_for(lambda: serving.counters().get("spans_node_replaced_late") == 8, 5, "the late counter")
+    # the CLIENT spans went with their pod's requests
+    assert serving.store.reader().rows("SELECT DISTINCT node FROM spans") == [("edge-node-1",)]
 
 
 def ip_only_request(ip: str, start: int, span_byte: int) -> ExportTraceServiceRequest:

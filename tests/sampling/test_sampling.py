@@ -26,7 +26,7 @@ from sloscope.sampling.tail_sampling import render
 from sloscope.analytics.frames import Frames
 from sloscope.analytics.store import Store
 from sloscope.enrich.tiers import TierResolver, resolve_tiers
-from sloscope.records import Batch
+from sloscope.records import SPAN_KIND_SERVER, Batch
 from sloscope.slo_spec import load_spec
 from tests.alerting_stack import free_port, wait_listening
 
@@ -45,6 +45,9 @@ def write_requests(store, rows):
     for i, (start, ms, service, node, header, route, status) in enumerate(rows):
         s.trace_id.append(f"{random.getrandbits(128):032x}")
         s.span_id.append(f"{i + 1:016x}")
+        s.parent_id.append(None)
+        s.kind.append(SPAN_KIND_SERVER)
+        s.peer.append(None)
         s.service.append(service)
         s.node.append(node)
         s.gpu_id.append(None)
