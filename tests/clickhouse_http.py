@@ -20,6 +20,8 @@ What it speaks:
     X-ClickHouse-Timezone, X-ClickHouse-Summary, and X-ClickHouse-Exception-Code on an error, whose body is the
     exception text with a non-200 status.
   - Multi-statements are refused, as the server does.
+  - A multipart/form-data body (the query and bound parameters as form fields, where they would not fit in the
+    URL) is read as the server reads it.
 What it does not: sessions are not kept apart (session_id is accepted; one chDB session serves every request, so a
 SET from one client is seen by all), client_protocol_version is ignored (clickhouse-connect then reads Native
 without block info, as it does through a proxy that drops the parameter), no progress headers, no external data,
@@ -47,6 +49,8 @@ import threading
 import uuid
 import zlib
 from contextlib import contextmanager
+from email import policy as email_policy
+from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
@@ -161,6 +165,16 @@ def _codecs():
 CODECS = _codecs()
 
 
+def _form_fields(content_type: str, body: bytes, params: dict[str, str]) -> bytes:
+    """A multipart/form-data body's fields into `params` (the query and `param_NAME` values, as the server takes
+    them where a client's bound parameters would not fit in the URL); answers the rest of the body, none."""
+    message = BytesParser(policy=email_policy.HTTP).parsebytes(
+        f"Content-Type: {content_type}\r\n\r\n".encode() + body)
+    for part in message.iter_parts():
+        params[part.get_param("name", header="content-disposition")] = part.get_content()
+    return b""
+
+
 def _check_single_statement(sql: str) -> None:
     bare = QUOTED_OR_COMMENT.sub(" ", sql).rstrip().rstrip(";")
     if ";" in bare:
@@ -198,6 +212,8 @@ class Handler(BaseHTTPRequestHandler):
                     raise ClickHouseError(36, f"Code: 36. DB::Exception: Unknown compression method {encoding}. "
                                               "(BAD_ARGUMENTS)")
                 body = CODECS[encoding][1](body)
+            if self.headers.get("Content-Type", "").startswith("multipart/form-data"):
+                body = _form_fields(self.headers["Content-Type"], body, params)
             data = params.get("query", "").encode()
             if data and body:
                 data += b"\n"  # "a line feed is inserted between these two data parts"
