@@ -63,9 +63,9 @@ def test_a_records_frames_are_arrow_ipc_streams_any_arrow_reader_takes():
 
     frames = _spans(4)
     payload, _ = read_record(_joined(encode(frames, {})), 0)
-    requests = payload[PARTS.size:PARTS.size + PARTS.unpack_from(payload)[0]]
-    table = pa.ipc.open_stream(requests).read_all()
-    assert table.num_rows == frames.requests.height and table.column_names == frames.requests.columns
+    spans = payload[PARTS.size:PARTS.size + PARTS.unpack_from(payload)[0]]
+    table = pa.ipc.open_stream(spans).read_all()
+    assert table.num_rows == frames.spans.height and table.column_names == frames.spans.columns
 
 
 @pytest.mark.parametrize("version", [1, 2])
