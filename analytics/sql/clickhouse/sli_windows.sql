@@ -1,5 +1,6 @@
 -- Every tier's SLI per (service, node) and step in one pass over the requests it is judged on, as
--- analytics/sql/sli_windows.sql computes it: windows aligned as DuckDB's time_bucket aligns them (from 2000-01-03); only [since, until) is read.
+-- analytics/sql/sli_windows.sql computes it: windows aligned as DuckDB's time_bucket aligns them (from
+-- 2000-01-03); only [since, until) is read.
 -- A span stored twice counts once: its copies fall in one group (they share tier, service, node and start), so each
 -- group counts its distinct span keys, where requests.sql would deduplicate the whole range at once. Each group
 -- collects its keys in an array and counts them as it is finished: a hash set per group (uniqExact) held the
