@@ -2,9 +2,9 @@
 -- spans tables, every stored copy of them: requests.sql keeps one of each, and a query that groups spans itself
 -- can count each once more cheaply by span_key (a span's copies share their node, service, tier and start).
 -- Service, route, node, status, the span key and the tier header's value are sloscope's columns of the table
--- (derived_columns.sql); the untrusted tier header is resolved by the SLO spec's rules exactly as enrich/tiers.py does: the first tier attribute present, a
--- repeated header only when it has a single value, empty or longer than 64 characters is the default tier, Unicode
--- whitespace stripped, then the allow-list.
+-- (derived_columns.sql); the untrusted tier header is resolved by the SLO spec's rules exactly as enrich/tiers.py
+-- does: the first tier attribute present, a repeated header only when it has a single value, empty or longer than
+-- 64 characters is the default tier, Unicode whitespace stripped, then the allow-list.
 -- The exporter's earlier releases wrote span kinds and status codes by their proto names (SPAN_KIND_SERVER,
 -- STATUS_CODE_ERROR), later ones as Server and Error: a table kept across an upgrade holds both.
 -- Parameters: allowed_tiers, default_tier, since, until.
