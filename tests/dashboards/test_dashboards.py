@@ -357,7 +357,8 @@ def test_report_structure(sim_db, tmp_path, capsys):
     assert any(ep.node == node for ep in eps)
     n_sli = len(result["incidents"])
     n_evidence = sum(len(c["evidence"]) for ep in eps for c in ep.causes[:3])
-    assert html.count("<svg ") == n_sli + n_evidence
+    n_paths = html.count("Culprit, from the entry:")  # the trace graph's, drawn without a time axis
+    assert html.count("<svg ") == n_sli + n_evidence + n_paths
     assert html.count('class="shade"') == n_sli + n_evidence
     for inc in result["incidents"]:
         assert f"SLI {inc['tier']} / {inc['service']} on {inc['node']}" in html
