@@ -23,8 +23,12 @@ VERSION_3_STATE = """CREATE TABLE cumulative_state (node VARCHAR NOT NULL, metri
 
 def _older_store(db, version: int) -> None:
     with Store(db) as store:
-        store.con.execute("DROP TABLE retired_requests")
+        store.con.execute("DROP TABLE spans")
+        store.con.execute("ALTER TABLE requests DROP COLUMN parent_id")
         store.con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])
+        if version == 5:
+            return
+        store.con.execute("DROP TABLE retired_requests")
         if version == 4:
             return
         store.con.execute("DROP TABLE cumulative_state")
@@ -43,16 +47,19 @@ def _older_store(db, version: int) -> None:
         store.con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 def test_an_older_store_is_migrated_with_its_rows(tmp_path, version):
     db = tmp_path / f"v{version}.duckdb"
     _older_store(db, version)
     with pytest.raises(StoreError, match=f"schema version {version}, .* migrates it"):
         Store(db, read_only=True)  # a reader does not migrate: it says why it cannot read
     with Store(db) as store:
-        assert store.meta("schema_version") == str(SCHEMA_VERSION) == "5"
+        assert store.meta("schema_version") == str(SCHEMA_VERSION) == "6"
+        assert store.rows("SELECT count(*) FROM spans") == [(0,)]  # the trace graph's, new in 6
+        columns = dict(store.rows("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'requests'"))
+        assert columns["parent_id"] == "UBIGINT"
         assert store.rows("SELECT count(*) FROM retired_requests") == [(0,)]
-        if version == 4:
+        if version >= 4:
             return
         assert store.rows("SELECT metric, kind, value, count, buckets FROM cumulative_state ORDER BY metric") == [
             ("a.counter", "sum", 7.5, None, None), ("a.histogram", "histogram", None, 3, [1, 2])]

@@ -7,7 +7,8 @@ from datetime import datetime, timedelta
 
 import polars as pl
 
-from sloscope.analytics.frames import REQUEST_COLUMNS, SPAN_SCHEMA, Frames
+from sloscope.analytics.frames import SPAN_COLUMNS, SPAN_SCHEMA, Frames
+from sloscope.records import SPAN_KIND_SERVER
 
 from sloscope.analytics.store import Store
 
@@ -16,10 +17,11 @@ T0 = datetime(2026, 12, 1, 10, 0)
 
 def _frames(ids: list[tuple[int, int, int]]) -> Frames:
     rows = [{"trace_hi": hi, "trace_lo": lo, "span_id": span, "start_time": T0 + timedelta(seconds=k),
-             "duration_ms": 5.0, "service": "svc", "node": "n1", "tier": "standard", "failed": False}
+             "duration_ms": 5.0, "service": "svc", "node": "n1", "tier": "standard", "failed": False,
+             "kind": SPAN_KIND_SERVER}
             for k, (hi, lo, span) in enumerate(ids)]
     schema = {**SPAN_SCHEMA, "start_time": pl.Datetime("us"), "duration_ms": pl.Float64}
-    requests = pl.DataFrame(rows, schema={name: schema[name] for name in REQUEST_COLUMNS})
+    requests = pl.DataFrame(rows, schema={name: schema[name] for name in SPAN_COLUMNS})
     empty = Frames.concat([])
     return Frames(requests, empty.points, empty.histograms)
 

@@ -96,6 +96,16 @@ def test_rca_and_sampling_from_clickhouse_match_duckdb(both, tables):
         json.dumps(sampling["duckdb"], sort_keys=True).count("probability") > 0
 
 
+@pytest.mark.parametrize("tables", ["chdb", "chdb_collector_wrote"])
+def test_graph_from_clickhouse_matches_duckdb(both, tables):
+    """GET /graph on both sides of serve: the same services and calls, read from the requests and spans tables
+    and from the exporter's otel_traces."""
+    urls, _ = both
+    shown = {name: json.loads(_get(urls[name] + "/graph?since=1h")) for name in ("duckdb", tables)}
+    assert shown["duckdb"]["nodes"] and shown[tables]["nodes"] == shown["duckdb"]["nodes"]
+    assert shown[tables]["edges"] == shown["duckdb"]["edges"]
+
+
 def test_the_clickhouse_side_is_ready_and_refuses_otlp_with_the_reason(both):
     urls, _ = both
     assert _get(urls["chdb"] + "/readyz") == b"ready\n"
@@ -131,13 +141,3 @@ def test_stopping_the_clickhouse_side_exits_cleanly(both):
     proc = procs["chdb"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, proc.stdout.read()[-3000:]
-
-
-@pytest.mark.parametrize("tables", ["chdb", "chdb_collector_wrote"])
-def test_graph_from_clickhouse_matches_duckdb(both, tables):
-    """GET /graph on both sides of serve: the same services and calls, read from the requests and spans tables
-    and from the exporter's otel_traces."""
-    urls, _ = both
-    shown = {name: json.loads(_get(urls[name] + "/graph?since=1h")) for name in ("duckdb", tables)}
-    assert shown["duckdb"]["nodes"] and shown[tables]["nodes"] == shown["duckdb"]["nodes"]
-    assert shown[tables]["edges"] == shown["duckdb"]["edges"]
