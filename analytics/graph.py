@@ -3,7 +3,7 @@
 A span's own time is its duration less the time its children cover: the union of their intervals, clipped to its
 own, so that calls made in parallel count once. A SERVER, INTERNAL or CONSUMER span's own time is its service's
 work on its pod. A CLIENT or PRODUCER span's own time is the network gap of its call: its duration less the SERVER
-span it reached (or, where the callee sent no span, the callee's time as well, which is then the peer's).
+span it reached; a call no span answered counts as its caller's own time.
 
 Each trace is judged by its entry: the earliest of its spans whose parent is not stored (the gateway's or first
 service's span; deeper services see no tier header, so the entry's tier is the trace's). Per entry request, each
@@ -31,7 +31,7 @@ MIN_Z = 4.0  # a change of the mean per entry request this many standard errors 
 MIN_SHARE = 0.1  # of the entry's growth (latency or failures per request)
 MIN_GROWTH_MS = 1.0  # less added per entry request is no one's fault worth naming
 MIN_TRACES = 20  # per window: fewer entry requests say nothing about a mean
-UNINSTRUMENTED = "(no span)"  # the pod and node of a callee that sent no span, named by its caller's peer
+UNINSTRUMENTED = "(no span)"  # the service graph's callee of a call that names no peer and was answered by no span
 ONSET_STEP = timedelta(seconds=10)  # the resolution at which a culprit's onset is placed
 ONSET_Z = 2.0  # a step above the baseline by this many standard errors, in a run that lasts, is the change
 CALLERS = (SPAN_KIND_CLIENT, SPAN_KIND_PRODUCER)
@@ -204,14 +204,11 @@ def _welch(per_key: pl.DataFrame, key: list[str], counts: dict, within: bool = F
 def _latency_culprits(traced: pl.DataFrame, counts: dict, entry_growth: float) -> list[dict]:
     calls = pl.col("kind").is_in(CALLERS)
     reached = pl.col("callee_service").is_not_null()
-    # A call no span answered: its whole time is the peer's, as far as anyone can tell.
-    own = traced.with_columns(
-        service=pl.when(calls & ~reached).then(pl.when(pl.col("peer") != "").then("peer").otherwise(
-            pl.lit(UNINSTRUMENTED))).otherwise("service"),
-        pod=pl.when(calls & ~reached).then(pl.lit(UNINSTRUMENTED)).otherwise("pod"),
-        node=pl.when(calls & ~reached).then(pl.lit(UNINSTRUMENTED)).otherwise("node"))
-    selves = _welch(own.filter(~(calls & reached)).group_by("trace", "window", *PLACE).agg(x=pl.col("own_ms").sum()),
-                    list(PLACE), counts, within=True)
+    # A call no span answered counts as its caller's own time: it was measured there, and the caller's node (a
+    # starved pod waits longer on everything) can explain it as well as the callee can; the service graph still
+    # names the peer it called.
+    selves = _welch(traced.filter(~(calls & reached)).group_by("trace", "window", *PLACE).agg(
+        x=pl.col("own_ms").sum()), list(PLACE), counts, within=True)
     edge = [*PLACE, "callee_service", "callee_pod", "callee_node"]
     edges = _welch(traced.filter(calls & reached).group_by("trace", "window", *edge).agg(x=pl.col("own_ms").sum()),
                    edge, counts, within=True)

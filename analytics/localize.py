@@ -12,7 +12,7 @@ from sloscope import taxonomy
 from sloscope.times import parse_rfc3339
 
 from sloscope.analytics.attribution import CLEAR_CAUSE_FLOOR, POD_ATTRIBUTE, THRESHOLD
-from sloscope.analytics.graph import ERRORS, NETWORK, SELF, UNINSTRUMENTED
+from sloscope.analytics.graph import ERRORS, NETWORK, SELF
 
 # What the graph's evidence is called where a cause lists its evidence, beside the catalog's signals.
 GRAPH_SIGNALS = {SELF: "trace.own_time", NETWORK: "trace.network_gap", ERRORS: "trace.failures_began"}
@@ -28,7 +28,7 @@ def culprit_causes(culprits: list[dict], node_causes: Callable[[str, str | None]
     none where its signals show none)."""
     out, seen = [], set()
     for culprit in culprits:
-        physical = [] if culprit["node"] == UNINSTRUMENTED else node_causes(culprit["node"], culprit["pod"])
+        physical = node_causes(culprit["node"], culprit["pod"])
         if culprit["kind"] == NETWORK:  # the wire's causes, or the pod's own (a starved pod answers late)
             physical = [c for c in physical if c["layer"] == NETWORK_LAYER or _names_pod(c, culprit["pod"])]
         causes = _first_moved_first(physical) or [_graph_cause(culprit)]

@@ -179,9 +179,11 @@ def _rca(run: FaultRun, db: Path) -> dict:
 def _assert_spans_placed_by_their_pods(run: FaultRun, db: Path) -> None:
     with Store(db, read_only=True) as store:
         per_node = dict(store.rows("SELECT node, count(*) FROM requests GROUP BY node"))
+        calls = store.scalar("SELECT count(*) FROM spans WHERE node = 'unknown'")
         counters = store.counters()
     assert per_node == run.sent, per_node  # every span on its pod's node, none on `unknown`
-    assert counters["spans_node_from_pod_name"] == sum(run.sent.values()), counters
+    assert calls == 0  # nor the sidecars' CLIENT spans
+    assert counters["spans_node_from_pod_name"] == sum(run.sent.values()) + counters["spans_loaded"], counters
 
 
 def _assert_found_on_the_faulty_node(run: FaultRun, result: dict) -> list[dict]:
