@@ -171,17 +171,24 @@ def test_a_call_cancelled_before_its_message_gives_its_place_back(serve):
     grpcio ends before a unary handler runs) must not hold its place for ever."""
     s = serve(grpc_max_concurrent_rpcs=2)
     hold = threading.Event()
+    answers = []  # every answer the test got: each UNAVAILABLE is one call the server counted as busy
+
+    def export() -> grpc.StatusCode:
+        answers.append(_export(s.grpc_port, 1, timeout=1))
+        return answers[-1]
+
     for _ in range(3):  # more rounds than places: a place kept by a cancelled call would refuse the last ones
         channels, calls = _silent_calls(s.grpc_port, 2, hold)
         time.sleep(ADMITTED_S)
-        assert _export(s.grpc_port, 1, timeout=1) == grpc.StatusCode.UNAVAILABLE  # both places taken
+        assert export() == grpc.StatusCode.UNAVAILABLE  # both places taken
         for call in calls:
             call.cancel()
         for channel in channels:
             channel.close()
-        assert _eventually(lambda: _export(s.grpc_port, 1) == grpc.StatusCode.OK, within_s=5)
+        # A place comes back as the cancellation reaches the server: an export just before it is refused too.
+        assert _eventually(lambda: export() == grpc.StatusCode.OK, within_s=5)
     hold.set()
-    assert s.receiver.counts["requests_grpc_busy"] == 3
+    assert s.receiver.counts["requests_grpc_busy"] == answers.count(grpc.StatusCode.UNAVAILABLE) >= 3
 
 
 def test_silent_calls_without_the_token_hold_no_thread(tmp_path):
