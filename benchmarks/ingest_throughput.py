@@ -100,7 +100,7 @@ def graph_payloads(total: int, per_request: int) -> list[bytes]:
         req, by_place = ExportTraceServiceRequest(), {}
         while n < total and sum(len(s) for s in by_place.values()) < per_request:
             trace, start = rng.randbytes(16), T0 + n * 1000
-            spans = _trace(rng, trace, start, rng.randint(5, 10))
+            spans = _trace(rng, trace, start, min(rng.randint(5, 10), total - n))  # the last one fills up to total
             for service, node, span in spans:
                 by_place.setdefault((service, node), []).append(span)
             n += len(spans)
