@@ -199,14 +199,13 @@ def _led_by_culprits(analysis: "_Analysis", incident: Incident, episode: tuple[d
     """An incident's causes with the trace graph's culprits first (each cause names the service and pod it was
     found for; the incident node's own, its service). Where no culprit stands out, or the first is the
     incident's own service and node and its signals name a cause, the node's own ranking stands."""
+    _onsets_as_text(found)  # an incident's causes are judged from its episode, not from a culprit's onset
     own = [{"service": incident.service, "pod": None, "node": incident.node, **c} for c in causes]
     if not found or ((found[0]["service"], found[0]["node"]) == (incident.service, incident.node) and own):
-        _onsets_as_text(found)
         return own, diagnosis
     led = culprit_causes(found, lambda node, pod: analysis.causes(node, pod, *episode, top), top)
-    _onsets_as_text(found)
-    ranked = led + [c for c in own if (c["node"], c["cause"]) not in {(x["node"], x["cause"]) for x in led}]
-    return ranked[:top], {"verdict": "ranked", "floor": diagnosis["floor"], "baseline": diagnosis["baseline"]}
+    verdict = {"verdict": "ranked", "floor": diagnosis["floor"], "baseline": diagnosis["baseline"]}
+    return _after(led, own)[:top], verdict
 
 
 def roll_up(store: StoreReader, spec) -> None:
@@ -245,7 +244,7 @@ def explain_moment(store: StoreReader, spec, at: datetime, node: str | None = No
     led = culprit_causes(found, lambda name, pod: _node_causes(analysis, spec, name, pod, onsets[name, pod],
                                                                 at + MOMENT_SPAN, top), top)
     _onsets_as_text(found)
-    ranked = led + [c for c in ranked if (c["node"], c["cause"]) not in {(x["node"], x["cause"]) for x in led}]
+    ranked = _after(led, ranked)
     if ranked:
         diagnosis = {"verdict": "ranked", "floor": CLEAR_CAUSE_FLOOR}
     elif not node or diagnosis["verdict"] == "no_clear_cause":  # else the one node asked for says why it has none
@@ -264,6 +263,12 @@ def _node_causes(analysis: "_Analysis", spec, node: str, pod: str | None, onset:
     fleet's movement (a change seen everywhere is no node's cause)."""
     window = analysis.window(node, onset, max(end, onset + MOMENT_SPAN))
     return diagnose(analysis.scores(window, node), node, window, top, spec.taxonomy, analysis.fleet(window), pod)[0]
+
+
+def _after(led: list[dict], others: list[dict]) -> list[dict]:
+    """The culprits' causes, then the other causes of nodes and causes they did not name."""
+    named = {(c["node"], c["cause"]) for c in led}
+    return led + [c for c in others if (c["node"], c["cause"]) not in named]
 
 
 def _onsets_as_text(found: list[dict]) -> None:
