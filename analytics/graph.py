@@ -11,7 +11,10 @@ service's span; deeper services see no tier header, so the entry's tier is the t
 failed span with no failed child) is compared between a baseline window and the observed one: what grew by
 much more than its traces' own variation (a Welch z of at least MIN_Z) and holds a share of the entry's growth
 of at least MIN_SHARE is a culprit. A pod whose calls grew slower on the wire is named once for all its edges,
-caller or callee: the pod that the slowed edges share.
+caller or callee: the pod that the slowed edges share. Where the calls a place makes per request fell by a
+third or more, the trace now ends early there: a request answered without the work it used to do (an early return, or
+a failure the spans record no status for). The culprit is the place the cut traces now end at: the callee whose
+answer came last before the caller gave up, or the place itself where it now makes no call at all.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ from sloscope.records import SPAN_KIND_CLIENT, SPAN_KIND_PRODUCER, SPAN_KIND_SER
 
 from sloscope.analytics.store_api import StoreReader
 
-SELF, NETWORK, ERRORS = "self", "network", "errors"
+SELF, NETWORK, ERRORS, CUT = "self", "network", "errors", "cut"
 MIN_Z = 4.0  # a change of the mean per entry request this many standard errors away from the baseline's
 MIN_SHARE = 0.1  # of the entry's growth (latency or failures per request)
 MIN_GROWTH_MS = 1.0  # less added per entry request is no one's fault worth naming
+# Of the calls a place makes per request: a changed mix of requests moves a busy place's calls per request by a few
+# per cent from minute to minute (about 2 % on Online Boutique's frontend), far less than a third.
+CUT_DROP = 0.3
 MIN_TRACES = 20  # per window: fewer entry requests say nothing about a mean
 UNINSTRUMENTED = "(no span)"  # the service graph's callee of a call that names no peer and was answered by no span
 ONSET_STEP = timedelta(seconds=10)  # the resolution at which a culprit's onset is placed
@@ -130,8 +136,11 @@ def culprits(store: StoreReader, windows: Windows, entry: Entry = EVERY_TRACE) -
              _error_culprits(traced, counts, entry["error_growth"]))
     found.sort(key=lambda c: -c["share"])
     for culprit in found:
-        culprit["path"] = _path(traced, culprit)
         culprit["onset"] = _onset(_measured(traced, culprit), per_trace, windows)
+    # A cut explains no growth of the entry's latency or failures, so it follows those that do.
+    found += _cut_culprits(traced, counts, per_trace, windows, {tuple(c[p] for p in PLACE) for c in found})
+    for culprit in found:
+        culprit["path"] = _path(traced, culprit)
     return found, {"traces": counts, "linked": linked, **entry}
 
 
@@ -255,11 +264,69 @@ def _error_culprits(traced: pl.DataFrame, counts: dict, entry_growth: float) -> 
     return [c for c in found if c["share"] >= MIN_SHARE]
 
 
+def _cut_culprits(traced: pl.DataFrame, counts: dict, per_trace: pl.DataFrame, windows: Windows,
+                  named: set[tuple]) -> list[dict]:
+    """The places whose calls per request fell by CUT_DROP or more (a Welch z of -MIN_Z over the traces that
+    reach them), each named at where its cut traces now end (`_cut_end`); the places already `named` are not
+    named again. Its share is the fall's; its onset that of the fall."""
+    made = traced.group_by("trace", "window", *PLACE).agg(x=pl.col("kind").is_in(CALLERS).sum().cast(pl.Float64))
+    fell = _welch(made, list(PLACE), counts, within=True).filter(
+        (pl.col("z") <= -MIN_Z) & (pl.col("tested_observed") <= (1 - CUT_DROP) * pl.col("tested_baseline")))
+    found = []
+    for row in fell.sort("z").iter_rows(named=True):
+        at = tuple(row[p] for p in PLACE)
+        end = _cut_end(traced, at)
+        if end in named:
+            continue
+        named.add(end)
+        culprit = _culprit({**row, **dict(zip(PLACE, end)), "mean_baseline": row["tested_baseline"],
+                            "mean_observed": row["tested_observed"], "growth": 0.0, "z": -row["z"]},
+                           CUT, "calls per request", 0.0, cut_at={"service": row["service"], "pod": row["pod"] or None})
+        culprit["share"] = round(1.0 - row["tested_observed"] / row["tested_baseline"], 3)
+        calls_made = made.filter(pl.all_horizontal(pl.col(p) == v for p, v in zip(PLACE, at))).select(
+            "trace", x=-pl.col("x"))  # fewer calls, a higher measure: the onset looks for a rise
+        culprit["onset"] = _onset(calls_made, per_trace, windows)
+        found.append(culprit)
+    return found
+
+
+def _cut_end(traced: pl.DataFrame, at: tuple) -> tuple:
+    """Where the traces through `at` now end: per trace, the place of the callee whose answer came last among
+    `at`'s calls (`at` itself where it made none); the end whose share of those traces grew the most from the
+    baseline, where it grew by MIN_Z standard errors (a two-proportion z), else `at`."""
+    here = traced.filter(pl.all_horizontal(pl.col(p) == v for p, v in zip(PLACE, at)))
+    last = (here.filter(pl.col("kind").is_in(CALLERS) & pl.col("callee_service").is_not_null()).sort("end_us")
+            .group_by("trace").agg(*(pl.col(f"callee_{p}").last().alias(p) for p in PLACE)))
+    ends = (here.group_by("trace").agg(pl.col("window").first()).join(last, on="trace", how="left")
+            .with_columns(pl.col(p).fill_null(v) for p, v in zip(PLACE, at)))
+    n = dict(ends.group_by("window").len().iter_rows())
+    if not n.get("baseline") or not n.get("observed"):
+        return at
+    shares = ends.group_by(*PLACE, "window").len().pivot("window", index=list(PLACE), values="len").fill_null(0)
+    best, best_z = at, MIN_Z
+    for row in shares.iter_rows(named=True):
+        k_b, k_o = row.get("baseline", 0), row.get("observed", 0)
+        pooled = (k_b + k_o) / (n["baseline"] + n["observed"])
+        spread = math.sqrt(max(pooled * (1 - pooled), 1e-12) * (1 / n["baseline"] + 1 / n["observed"]))
+        z = (k_o / n["observed"] - k_b / n["baseline"]) / spread
+        if z >= best_z:
+            best, best_z = tuple(row[p] for p in PLACE), z
+    return best
+
+
 def _culprit(row: dict, kind: str, unit: str, entry_growth: float, **extra) -> dict:
     share = row["growth"] / entry_growth if entry_growth > 0 else 1.0
     return {"service": row["service"], "pod": row["pod"] or None, "node": row["node"], "kind": kind,
             "share": round(min(1.0, share), 3), "baseline": _round(row["mean_baseline"]),
             "observed": _round(row["mean_observed"]), "unit": unit, "z": round(min(row["z"], 1e6), 1), **extra}
+
+
+def described(culprit: dict) -> str:
+    """A culprit's change in words, for tables and reports."""
+    change = f"{culprit['baseline']} -> {culprit['observed']} {culprit['unit']}"
+    if culprit["kind"] == CUT:
+        return f"cut: {culprit['cut_at']['service']}'s {change}, {culprit['share']:.0%} fewer; its requests end here"
+    return f"{culprit['kind']}: {change}, {culprit['share']:.0%} of the entry's change"
 
 
 def _path(traced: pl.DataFrame, culprit: dict) -> list[str]:

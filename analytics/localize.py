@@ -12,10 +12,14 @@ from sloscope import taxonomy
 from sloscope.times import parse_rfc3339
 
 from sloscope.analytics.attribution import CLEAR_CAUSE_FLOOR, POD_ATTRIBUTE, THRESHOLD
-from sloscope.analytics.graph import ERRORS, NETWORK, SELF
+from sloscope.analytics.graph import CUT, ERRORS, NETWORK, SELF
 
 # What the graph's evidence is called where a cause lists its evidence, beside the catalog's signals.
-GRAPH_SIGNALS = {SELF: "trace.own_time", NETWORK: "trace.network_gap", ERRORS: "trace.failures_began"}
+GRAPH_SIGNALS = {SELF: "trace.own_time", NETWORK: "trace.network_gap", ERRORS: "trace.failures_began",
+                 CUT: "trace.calls_made"}
+# What changed, in the words of an `application` verdict's remediation.
+GROWN = {SELF: "own time grew", ERRORS: "failures grew",
+         CUT: "callers' requests now end at it, without the calls they made"}
 GRAPH_SOURCE = "traces"
 NETWORK_LAYER = "network"
 ONSET_MARGIN = timedelta(seconds=20)  # two SLI steps of the default spec: closer onsets are the signals' sampling
@@ -77,8 +81,7 @@ def _graph_cause(culprit: dict) -> dict:
         cause = taxonomy.BY_ID["network_latency"]
         return {"cause": cause.id, "layer": cause.layer, "score": max(score, CLEAR_CAUSE_FLOOR),
                 "evidence": [evidence], "remediation": cause.remediation.format(node=culprit["node"])}
-    what = "own time" if culprit["kind"] == SELF else "failures"
     return {"cause": taxonomy.APPLICATION, "layer": "application", "score": max(score, CLEAR_CAUSE_FLOOR),
             "evidence": [evidence],
             "remediation": f"look at {culprit['service']}'s own code, configuration or recent rollout ({where}): its "
-                           f"{what} grew while no physical signal on {culprit['node']} moved"}
+                           f"{GROWN[culprit['kind']]} while no physical signal on {culprit['node']} moved"}

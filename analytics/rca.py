@@ -16,7 +16,7 @@ from sloscope.times import parse_time, rfc3339
 from sloscope.analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, Fleet, Window, diagnose,
                                             evidence_still_moved, fleet_movement, series_scores, signal_step_s,
                                             signal_steps, steps_params)
-from sloscope.analytics.graph import Entry, Windows, culprits, service_graph
+from sloscope.analytics.graph import Entry, Windows, culprits, described, service_graph
 from sloscope.analytics.localize import culprit_causes
 from sloscope.analytics.slo import Incident, find_incidents, sli_params
 from sloscope.analytics.store_api import StoreReader
@@ -416,12 +416,7 @@ def _where(cause: dict) -> str:
 
 def _culprit_lines(found: list[dict]) -> list[str]:
     """Each culprit with its path from the entry."""
-    lines = []
-    for culprit in found:
-        change = f"{culprit['baseline']} -> {culprit['observed']} {culprit['unit']}"
-        lines.append(f"   culprit {' -> '.join(culprit['path'])} ({culprit['pod'] or '-'} on {culprit['node']}): "
-                     f"{culprit['kind']} {change}, {culprit['share']:.0%} of the entry's change")
-    return lines
+    return [f"   culprit {' -> '.join(c['path'])} ({c['pod'] or '-'} on {c['node']}): {described(c)}" for c in found]
 
 
 def _evidence_lines(cause: dict) -> list[str]:

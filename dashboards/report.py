@@ -31,6 +31,7 @@ from sloscope.slo_spec import SloSpec
 from sloscope.times import parse_rfc3339, rfc3339
 
 from sloscope.analytics.attribution import BASELINE, GROWTH_SUFFIX, LOOKBACK, Window, signal_steps
+from sloscope.analytics.graph import described
 from sloscope.analytics.rca import EPISODE_GAP, NO_REQUESTS, analyse, holds_requests
 from sloscope.analytics.slo import MIN_REQUESTS, sli_windows, window_latencies
 from sloscope.analytics.store_api import StoreReader
@@ -168,10 +169,8 @@ def _culprit_paths(ep: Episode) -> list[str]:
     out = []
     for culprit in best.get("culprits", [])[:CULPRITS_SHOWN]:
         where = f"{culprit['pod'] or '-'} on {culprit['node']}"
-        what = (f"{culprit['kind']}: {culprit['baseline']} -> {culprit['observed']} {culprit['unit']}, "
-                f"{culprit['share']:.0%} of the entry's change")
         out.append(f"<div class=path><p class=small>Culprit, from the entry:</p>"
-                   f"{path_diagram(culprit['path'], where, what)}</div>")
+                   f"{path_diagram(culprit['path'], where, described(culprit))}</div>")
     return out
 
 

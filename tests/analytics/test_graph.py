@@ -41,17 +41,25 @@ class Traces:
         return span_id
 
     def request(self, trace: int, start: datetime, cart_ms: float, gap_ms: float, cart_fails: bool = False,
-                rng: random.Random = random.Random(0)) -> None:
+                rng: random.Random = random.Random(0), cut: str = "") -> None:
+        """cut: "frontend" answers with no call, "cart" makes frontend give up after cart answers."""
         own = 2.0 + rng.random()
         cart = cart_ms * (0.9 + 0.2 * rng.random())
         catalog = 5.0 * (0.9 + 0.2 * rng.random())
         total = own + cart + 2 * gap_ms + catalog + 1.0
+        if cut == "frontend":
+            self.span(trace, None, SPAN_KIND_SERVER, "frontend", start, own, tier="gold")
+            return
+        if cut == "cart":
+            total -= catalog + gap_ms
         entry = self.span(trace, None, SPAN_KIND_SERVER, "frontend", start, total, failed=cart_fails, tier="gold")
         at = start + timedelta(milliseconds=own)
         call = self.span(trace, entry, SPAN_KIND_CLIENT, "frontend", at, cart + gap_ms, failed=cart_fails,
                          peer="cart")
         self.span(trace, call, SPAN_KIND_SERVER, "cart", at + timedelta(milliseconds=gap_ms / 2), cart,
                   failed=cart_fails)
+        if cut == "cart":
+            return
         at += timedelta(milliseconds=cart + gap_ms)
         call = self.span(trace, entry, SPAN_KIND_CLIENT, "frontend", at, catalog + gap_ms, peer="catalog")
         served = self.span(trace, call, SPAN_KIND_SERVER, "catalog", at + timedelta(milliseconds=gap_ms / 2),
@@ -66,14 +74,16 @@ class Traces:
         return frames
 
 
-def _mesh(cart_ms=20.0, gap_ms=0.5, cart_fails_every=0, seconds=900, fault_at=600) -> Traces:
-    """A request every 200 ms; from `fault_at` s on, cart takes cart_ms and calls cross gap_ms."""
+def _mesh(cart_ms=20.0, gap_ms=0.5, cart_fails_every=0, seconds=900, fault_at=600, cut="", cut_every=1) -> Traces:
+    """A request every 200 ms; from `fault_at` s on, cart takes cart_ms and calls cross gap_ms, and one request in
+    `cut_every` is cut short at `cut`."""
     traces, rng = Traces(), random.Random(7)
     for n in range(seconds * 5):
         start = T0 + timedelta(milliseconds=200 * n)
         faulty = n >= fault_at * 5
         fails = faulty and cart_fails_every and n % cart_fails_every == 0
-        traces.request(n + 1, start, cart_ms if faulty else 20.0, gap_ms if faulty else 0.5, bool(fails), rng)
+        traces.request(n + 1, start, cart_ms if faulty else 20.0, gap_ms if faulty else 0.5, bool(fails), rng,
+                       cut if faulty and n % cut_every == 0 else "")
     return traces
 
 
@@ -136,6 +146,29 @@ def test_failures_are_placed_where_they_began(tmp_path):
     assert [(c["service"], c["node"]) for c in errors] == [("cart", "node-b")]
 
 
+def test_requests_answered_without_their_calls_name_where_they_now_end(tmp_path):
+    """With no status on any span, a service that stops calling is where its requests end: itself when it calls
+    no one, or the callee whose answer it gave up after; half the calls gone is a cut, a tenth a changed mix."""
+    with _store(tmp_path, cut="frontend") as store:
+        found, entry = graph.culprits(store, WINDOWS)
+    assert entry["latency_growth_ms"] < 0 and entry["error_growth"] == 0
+    assert [(c["service"], c["kind"], c["cut_at"]["service"]) for c in found] == [("frontend", graph.CUT, "frontend")]
+    assert found[0]["baseline"] == pytest.approx(2.0) and found[0]["observed"] == 0 and found[0]["share"] == 1.0
+    assert found[0]["onset"] == T0 + timedelta(minutes=10)
+    with _store(tmp_path / "cart", cut="cart") as store:
+        found, _ = graph.culprits(store, WINDOWS)
+        moment = explain_moment(store, load_spec(None), T0 + timedelta(minutes=10))["moment"]
+    top = found[0]
+    assert (top["service"], top["pod"], top["kind"], top["cut_at"]["service"]) == ("cart", "cart-1", graph.CUT,
+                                                                                   "frontend")
+    assert top["share"] == pytest.approx(0.5) and top["path"] == ["frontend", "cart"]
+    first = moment["causes"][0]
+    assert (first["service"], first["cause"], first["culprit"]) == ("cart", "application", graph.CUT)
+    assert first["evidence"][0]["signal"] == "trace.calls_made"
+    with _store(tmp_path / "mix", cut="cart", cut_every=5) as store:
+        assert graph.culprits(store, WINDOWS)[0] == []
+
+
 def test_a_steady_mesh_has_no_culprit(tmp_path):
     with _store(tmp_path, fault_at=10**6) as store:
         assert graph.culprits(store, WINDOWS)[0] == []
@@ -194,7 +227,7 @@ def test_the_graph_command_and_rca_at_through_the_cli(tmp_path, capsys):
     assert "--at asks for a minute" in capsys.readouterr().err
     assert main(["rca", "--db", str(path), "--at", "2026-12-01T12:10:00Z", "--format", "table"]) == 0
     table = capsys.readouterr().out
-    assert "culprit frontend -> cart (cart-1 on node-b): self 19.97 -> 80.17 ms" in table and "application" in table
+    assert "culprit frontend -> cart (cart-1 on node-b): self: 19.97 -> 80.17 ms" in table and "application" in table
 
 
 def _cpu(minutes: int, busy_from: int, node: str, pod: str | None, level: float, added: float) -> dict:
