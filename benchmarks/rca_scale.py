@@ -11,8 +11,13 @@ loads (how long that took is printed). As baselines measured in the same run on 
 the lines can merely be decompressed and parsed as JSON, and the time of one plain aggregate query over all
 requests in DuckDB.
 
+With --mesh the hour is a service mesh's (`sloscope simulate --mesh`): every request one trace of SERVER, CLIENT
+and INTERNAL spans over the nodes, so that the analysis follows the trace graph (the `trace_graph` stage: each
+incident's culprits from the raw spans of its own traces) at this scale; --rate is then the requests entering the
+mesh per second per node.
+
     .venv/bin/python benchmarks/rca_scale.py [--nodes 100] [--minutes 60] [--rate 4.6] [--keep DIR]
-                                             [--store chdb:///DIR] [--rca-runs 3]
+                                             [--store chdb:///DIR] [--rca-runs 3] [--mesh]
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ from sloscope.simulator.fleet import SimulationConfig, simulate
 
 SLOSCOPE = [sys.executable, "-m", "sloscope.commands.cli"]
 STAGES = ("sli_windows", "incident_merge", "signal_steps", "attribution", "trace_graph")
-RAW_ROWS = {"duckdb": "SELECT (SELECT count() FROM requests) + (SELECT count() FROM samples) + "
-                      "(SELECT count() FROM histograms), (SELECT count() FROM requests)",
+RAW_ROWS = {"duckdb": "SELECT (SELECT count() FROM requests) + (SELECT count() FROM spans) + "
+                      "(SELECT count() FROM samples) + (SELECT count() FROM histograms), "
+                      "(SELECT count() FROM requests) + (SELECT count() FROM spans)",
             "chdb": "SELECT (SELECT count() FROM otel_traces) + (SELECT count() FROM otel_metrics_gauge) + "
                     "(SELECT count() FROM otel_metrics_sum) + (SELECT count() FROM otel_metrics_exponential_histogram), "
                     "(SELECT count() FROM otel_traces)"}
@@ -96,7 +102,7 @@ def bytes_on_disk(path: Path) -> int:
 
 
 def stored_rows(url: str) -> tuple[int, int]:
-    """(all rows, request spans) as the store holds them (ClickHouse: the exporter's rows, duplicates and all)."""
+    """(all rows, spans) as the store holds them (ClickHouse: the exporter's rows, duplicates and all)."""
     from sloscope.analytics.stores import open_store
 
     with open_store(url, read_only=True) as store:
@@ -175,9 +181,11 @@ def measure(url: str, files: list[Path], truth, floor: float, node_seconds: floa
     disk = bytes_on_disk(Path(url.partition(":///")[2]))
     rca_s, rca_rss, rca_cpu, answer, every = analysed(url, rca_runs)
     incidents, timings = answer["incidents"], answer["timings"]
-    found = sorted({(i["node"], i["causes"][0]["cause"] if i["causes"] else "-") for i in incidents})
+    # The top cause's node: in a mesh, the culprit's, not the entry's where the incident was felt.
+    found = sorted({(i["causes"][0].get("node", i["node"]), i["causes"][0]["cause"]) if i["causes"]
+                    else (i["node"], "-") for i in incidents})
     print(f"{url}")
-    print(f"  rows stored: {rows:,} ({spans:,} request spans); on disk {disk / 2**20:,.0f} MiB "
+    print(f"  rows stored: {rows:,} ({spans:,} spans); on disk {disk / 2**20:,.0f} MiB "
           f"({disk / rows:.1f} bytes/row)")
     print(f"  ingest: {ingest_s:.0f}s, {rows / ingest_s:,.0f} rows/s, peak RSS {ingest_rss / 2**30:.2f} GiB "
           f"(main process), {ingest_cpu:.0f} CPU s; parse-only floor {floor:,.0f} rows/s per core -> ingest/floor {rows / ingest_s / floor:.2f}")
@@ -202,7 +210,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--minutes", type=int, default=60)
-    parser.add_argument("--rate", type=float, default=4.6, help="requests/s per service per node")
+    parser.add_argument("--rate", type=float, default=4.6, help="requests/s per service per node (with --mesh: "
+                        "requests/s entering the mesh per node)")
+    parser.add_argument("--mesh", action="store_true", help="a service mesh's traces, every span kind")
     parser.add_argument("--rca-runs", type=int, default=3, help="rca runs per store; the median is shown")
     parser.add_argument("--keep", type=Path, help="keep the generated files and databases here")
     parser.add_argument("--store", metavar="URL", help="a ClickHouse store to measure beside DuckDB "
@@ -219,10 +229,11 @@ def main() -> int:
     try:
         t = time.monotonic()
         truth = simulate(SimulationConfig(out=otlp, nodes=args.nodes, duration_s=args.minutes * 60, rate=args.rate,
-                                          seed=11, fault="storage_queue"))
+                                          seed=11, fault="storage_queue", mesh=args.mesh))
         files = sorted(otlp.glob("*.jsonl*"))
         size = sum(f.stat().st_size for f in files)
-        print(f"generated {args.nodes} nodes x {args.minutes} min in {time.monotonic() - t:.0f}s: "
+        what = " of a mesh" if args.mesh else ""
+        print(f"generated {args.nodes} nodes x {args.minutes} min{what} in {time.monotonic() - t:.0f}s: "
               f"{size / 2**20:.0f} MiB of gzip OTLP/JSON; fault {truth.fault['cause']} on {truth.fault['node']}")
         floor = parse_only_rate(files)
         db.unlink(missing_ok=True)

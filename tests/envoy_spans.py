@@ -71,3 +71,51 @@ def _tags(span, proxy: dict, cluster: str, tier: str | None, status: str) -> Non
         span.status.CopyFrom(Status(code=Status.STATUS_CODE_ERROR))
     for key, value in tags.items():
         span.attributes.add(key=key, value=AnyValue(string_value=value))
+
+
+PRODUCTPAGE = {"pod": "productpage-v1-7d6cfb7dfd-5mq8n", "namespace": "bookinfo", "ip": "10.4.2.9",
+               "app": "productpage", "kind": "sidecar"}
+REVIEWS = {"pod": "reviews-v2-6c5bf657cf-jmbkr", "namespace": "bookinfo", "ip": "10.4.3.3", "app": "reviews",
+           "kind": "sidecar"}
+HOPS = (GATEWAY, PRODUCTPAGE, REVIEWS)  # the ingress gateway calls productpage, which calls reviews
+
+
+def hop_request(traces: int, reviews_ms=lambda i: 8.0, gap_us: int = 400, start: int = T0,
+                tier: str = "p99-latency-critical") -> ExportTraceServiceRequest:
+    """`traces` requests, one a second from `start`, through the three proxies of HOPS, each proxy's spans in its
+    own resource block as each proxy exports its own: a proxy's SERVER span (the gateway's with the tier tag, the
+    only one: meshes forward no custom header) and its CLIENT span to the next hop, whose SERVER span is that
+    CLIENT span's child (the application between the two sidecars forwards the trace context) and starts
+    `gap_us` / 2 later; the last hop (reviews, `reviews_ms(i)` of its own) calls no one. Each proxy's own time
+    is 1 ms before its call and 0.5 ms after it."""
+    request = ExportTraceServiceRequest()
+    scopes = []
+    for proxy in HOPS:
+        block = request.resource_spans.add()
+        block.resource.attributes.add(key="service.name",
+                                      value=AnyValue(string_value=f"{proxy['app']}.{proxy['namespace']}"))
+        scopes.append(block.scope_spans.add())
+    for i in range(traces):
+        trace_id = (i + 1).to_bytes(8, "big") + b"\x5a" * 8
+        durations = [reviews_ms(i) * 10**6]
+        for _ in HOPS[1:]:  # each caller: its own time, its call's gaps, and what it called
+            durations.insert(0, durations[0] + gap_us * 10**3 + 1.5 * 10**6)
+        begin, parent = start + i * 10**9, b""
+        for hop, (proxy, scope) in enumerate(zip(HOPS, scopes)):
+            end = begin + int(durations[hop])
+            server = scope.spans.add(trace_id=trace_id, span_id=bytes([hop + 1, 1]) + (i + 1).to_bytes(6, "big"),
+                                     parent_span_id=parent, name=f"{proxy['app']}.{proxy['namespace']}:9080/*",
+                                     kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=begin, end_time_unix_nano=end)
+            cluster = "inbound|9080||" if proxy["kind"] == "sidecar" else f"outbound|9080||{HOPS[1]['app']}.bookinfo"
+            _tags(server, proxy, cluster, tier if hop == 0 else None, "200")
+            if hop + 1 == len(HOPS):
+                break
+            callee = HOPS[hop + 1]
+            call_start, call_end = begin + 10**6, end - 5 * 10**5
+            client = scope.spans.add(trace_id=trace_id, span_id=bytes([hop + 1, 2]) + (i + 1).to_bytes(6, "big"),
+                                     parent_span_id=server.span_id, name=f"{callee['app']}.bookinfo:9080/*",
+                                     kind=Span.SPAN_KIND_CLIENT, start_time_unix_nano=call_start,
+                                     end_time_unix_nano=call_end)
+            _tags(client, proxy, f"outbound|9080||{callee['app']}.bookinfo.svc.cluster.local", None, "200")
+            begin, parent = call_start + gap_us * 500, client.span_id
+    return request
