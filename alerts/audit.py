@@ -158,6 +158,16 @@ class AuditStore:
                         key[0], key[1], alert, action, target, json.dumps(params, sort_keys=True), json.dumps(undo),
                         dry_run, now])
 
+    def prune(self, con, before: datetime) -> int:
+        """Delete the decisions, deliveries, undone actions and ended sampling overrides older than `before`; the
+        decisions deleted. Actions still open stay, however old: their undo needs them."""
+        with transaction(con):
+            (removed,), = con.execute("DELETE FROM remediation_audit WHERE ts < ?", [before]).fetchall()
+            con.execute("DELETE FROM remediation_deliveries WHERE ts < ?", [before])
+            con.execute("DELETE FROM remediation_open WHERE closed_at < ?", [before])
+            con.execute("DELETE FROM sampling_overrides WHERE until < ?", [before])
+        return removed
+
     def close(self, con, fingerprint, starts_at, now) -> None:
         con.execute("UPDATE remediation_open SET closed_at = ? WHERE fingerprint = ? AND starts_at = ?",
                     [now, fingerprint, starts_at])

@@ -31,6 +31,7 @@ from sloscope.alerts.audit import TRANSIENT_ERRORS, AuditStore, Transient, trans
 from sloscope.alerts.remediation_config import Config, Rule
 
 log = logging.getLogger("sloscope.remediation")
+PRUNE_EVERY = timedelta(hours=1)  # how often the audit is cut back to its retention
 
 # --- sampling overrides --------------------------------------------------------------------------------------------
 
@@ -75,13 +76,30 @@ class Engine:
         self._decide = threading.Lock()  # decisions (checks and claims) one at a time
         self._targets: dict[str, threading.Lock] = {}  # one action per target at once
         self._in_flight = 0  # claimed but not yet audited: counts against the budget
+        # (fingerprint, startsAt) -> (action, target) of the firings whose action is running: their resolve is left
+        # to them, to undo what they opened once it is recorded
+        self._running: dict[tuple[str, str], tuple[str, str]] = {}
+        self._pruned_at: datetime | None = None
 
     def handle(self, alerts: list[dict], client: str | None = None) -> list[dict]:
         """Handle the (schema-checked) alerts of one notification, sent from the address `client`; one result per
         alert. Raises Transient when the audit store is busy (alerts already handled stay handled; a re-send finds
         them done)."""
         with self.audit.session() as con:
+            self._prune(con)
             return [self._handle(con, alert, client) for alert in alerts]
+
+    def _prune(self, con) -> None:
+        """The audit kept to `audit_retention`, checked at most every PRUNE_EVERY."""
+        now = self.now()
+        with self._decide:
+            if self._pruned_at is not None and now - self._pruned_at < PRUNE_EVERY:
+                return
+            self._pruned_at = now
+        removed = self.audit.prune(con, now - timedelta(seconds=self.config.audit_retention_s))
+        if removed:
+            log.info("remediation audit: %d decisions older than %s deleted (audit_retention)", removed,
+                     timedelta(seconds=self.config.audit_retention_s))
 
     def record_refused_request(self, alert: str, reason: str, client: str | None) -> None:
         """Audit a webhook request refused before any of its alerts was handled. `alert` and `reason` must hold
@@ -176,6 +194,7 @@ class Engine:
                     self._in_flight -= 1
                     lock.release()
                 raise
+            self._running[key[:2]] = (rule.action, plan.target)
         try:
             effect_unknown = False
             if row["dry_run"]:
@@ -196,21 +215,48 @@ class Engine:
             if (row["decision"] in ("executed", "dry_run") or effect_unknown) and plan.undo is not None:
                 opens = lambda: self.audit.open(con, key, meta["alertname"], rule.action, plan.target,  # noqa: E731
                                                 rule.params, plan.undo, row["dry_run"], self.now())
-            return self._finish(con, row, logging.ERROR if row["decision"] == "failed" else logging.INFO, opens)
+            result = self._finish(con, row, logging.ERROR if row["decision"] == "failed" else logging.INFO, opens)
+            if opens is not None:
+                self._resolved_meanwhile(con, key, meta, row)
+            return result
         except (Transient, *TRANSIENT_ERRORS):
             log.error("remediation decision not recorded (audit store busy): %r", row)
             raise
         finally:
-            if lock is not None:
-                with self._decide:
+            with self._decide:
+                self._running.pop(key[:2], None)
+                if lock is not None:
                     self._in_flight -= 1
+            if lock is not None:
                 lock.release()
+
+    def _resolved_meanwhile(self, con, key, meta: dict, row: dict) -> None:
+        """Undo at once the action just opened when its alert's resolve came while it ran (`_resolve` recorded the
+        resolve and left the undo to this firing), unless another alert still needs the target. Checked under the
+        decision lock, where `_resolve` tells a running firing from one that has ended."""
+        with self._decide:
+            resolved = self.audit.seen(con, (*key[:2], "resolved"))
+            self._running.pop(key[:2], None)
+        opened = self.audit.open_action(con, *key[:2]) if resolved else None
+        if opened is None or self._still_needed_by(con, opened["target"], meta):
+            return  # not resolved; or deferred like any undo, for the last alert on the target to resolve
+        undo = {"alert": row["alert"], "fingerprint": row["fingerprint"], "starts_at": row["starts_at"],
+                "status": "resolved", "client": row["client"], "action": opened["action"] + ".undo",
+                "target": opened["target"], "dry_run": opened["dry_run"]}
+        self._undo(con, opened, meta, undo, "its alert resolved while the action ran: ")
+        if undo["decision"] in ("executed", "dry_run"):
+            self._undo_deferred(con, opened["target"], row["client"])
 
     def _resolve(self, con, key, meta, row) -> dict:
         with self._decide:
             if self.audit.seen(con, key):
                 return _result({**row, "decision": "duplicate", "reason": "already handled"})
             opened = self.audit.open_action(con, meta["fingerprint"], meta["starts_at"])
+            if opened is None and key[:2] in self._running:  # its firing's action is still running
+                action, target = self._running[key[:2]]
+                row.update(action=action + ".undo", target=target, decision="deferred",
+                           reason="the firing's action is still running; it is undone as soon as it ends")
+                return self._finish(con, row, before=lambda: self.audit.claim(con, key, self.now()))
             if opened is None:
                 target = self._held_back(con, meta, row)
                 if target is None:

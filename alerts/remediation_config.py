@@ -8,6 +8,7 @@ The config (YAML):
     cooldown: 10m               # per target: no new action on a target acted on within this time
     max_actions_per_hour: 10    # global budget of actions (dry-runs and failures count too)
     command_timeout: 30s
+    audit_retention: 90d        # decisions older than this are deleted (open actions are kept until undone)
     actions:                    # alert name -> action; alerts not listed are refused
       SloscopeGpuSaturated:
         action: nft_drain_backend
@@ -50,9 +51,10 @@ class Config:
     max_actions_per_hour: int = 10
     command_timeout_s: float = 30.0
     source: str = "<empty>"
+    audit_retention_s: float = 90 * 86_400.0
 
 
-CONFIG_KEYS = ("execute", "cooldown", "max_actions_per_hour", "command_timeout", "actions")
+CONFIG_KEYS = ("execute", "cooldown", "max_actions_per_hour", "command_timeout", "audit_retention", "actions")
 RULE_KEYS = ("action", "params", "dry_run")
 
 
@@ -68,6 +70,9 @@ def parse_config(text: str, source: str = "<string>") -> Config:
         raise ConfigError(f"{key_at(source, doc, 'execute')}: expected true or false; got {execute!r}")
     cooldown = parse_duration(doc.get("cooldown", "10m"), key_at(source, doc, "cooldown"))
     timeout = parse_duration(doc.get("command_timeout", "30s"), key_at(source, doc, "command_timeout"))
+    retention = parse_duration(doc.get("audit_retention", "90d"), key_at(source, doc, "audit_retention"))
+    if retention < 86_400:  # a shorter one would forget an alert's firing before a long incident resolves
+        raise ConfigError(f"{key_at(source, doc, 'audit_retention')}: at least 1d; got {doc['audit_retention']!r}")
     budget = doc.get("max_actions_per_hour", 10)
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
         raise ConfigError(f"{key_at(source, doc, 'max_actions_per_hour')}: expected a non-negative integer; "
@@ -76,7 +81,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
     if not isinstance(actions_doc, dict):
         raise ConfigError(f"{key_at(source, doc, 'actions')}: expected a mapping of alert name to action")
     rules = {name: _rule(name, body, source, actions_doc) for name, body in actions_doc.items()}
-    return Config(rules, execute, cooldown, budget, timeout, source)
+    return Config(rules, execute, cooldown, budget, timeout, source, retention)
 
 
 def _rule(name, body, source: str, actions_doc: dict) -> Rule:

@@ -1,8 +1,15 @@
 """The remediation audit: what each row says of its decision (client, dry_run), an older audit table brought up
-to date, and an undo that waits while another firing alert still needs its target."""
+to date, an undo that waits while another firing alert still needs its target or while its own action still
+runs, and the audit's retention."""
+
+import threading
+from datetime import timedelta
 
 import duckdb
+import pytest
 
+from sloscope.alerts.actions import ConfigError
+from sloscope.alerts.remediation_config import parse_config
 from tests.alerts.test_remediation import DRAIN_PARAMS, FakeRunner, alert, make_engine
 
 DRAIN = {"action": "nft_drain_backend", "params": DRAIN_PARAMS}
@@ -70,3 +77,53 @@ def test_an_undo_on_another_target_is_not_held_back(tmp_path):
                    alert("GpuSaturated", fp="0b", node="gpu-node-1")])
     [undo] = engine.handle([alert("GpuSaturated", status="resolved", fp="0a", node="gpu-node-3")])
     assert undo["decision"] == "executed" and runner.calls[-1][0][1] == "add"
+
+
+def test_a_resolve_that_comes_while_the_action_runs_undoes_it_once_it_ends(tmp_path):
+    """The firing's drain is slow; its resolve arrives meanwhile. The node must not stay drained: the resolve is
+    recorded against the running action, which is undone as soon as it is recorded open."""
+    gate = threading.Event()
+    runner = FakeRunner(gate=gate, gate_if="delete")  # the drain waits for the gate; its undo does not
+    engine, _ = make_engine(tmp_path, {"GpuSaturated": DRAIN}, runner, execute=True)
+    fired = {}
+    firing = threading.Thread(target=lambda: fired.update(engine.handle([alert("GpuSaturated",
+                                                                               node="gpu-node-3")])[0]))
+    firing.start()
+    assert runner.started.wait(5)
+    resolved = alert("GpuSaturated", status="resolved", node="gpu-node-3")
+    [early] = engine.handle([resolved])
+    assert early["decision"] == "deferred" and "still running" in early["reason"]
+    gate.set()
+    firing.join(10)
+    assert fired["decision"] == "executed"
+    assert [argv[1] for argv, _ in runner.calls] == ["delete", "add"]  # drained, then put back
+    assert engine.handle([resolved])[0]["decision"] == "duplicate"
+    assert audit(tmp_path, "action, decision, reason") == [  # in the order they were decided
+        ("nft_drain_backend.undo", "deferred", "the firing's action is still running; it is undone as soon as it "
+                                               "ends"),
+        ("nft_drain_backend", "executed", "done"),
+        ("nft_drain_backend.undo", "executed", "its alert resolved while the action ran: done")]
+    with duckdb.connect(str(tmp_path / "audit.duckdb")) as con:
+        assert con.execute("SELECT count(*) FROM remediation_open WHERE closed_at IS NULL").fetchone()[0] == 0
+
+
+def test_the_audit_keeps_its_retention_and_every_open_action(tmp_path):
+    """Decisions, deliveries and undone actions older than audit_retention go, checked at most hourly; an action
+    still open stays however old, and its resolve still undoes it."""
+    runner = FakeRunner()
+    engine, clock = make_engine(tmp_path, {"GpuSaturated": DRAIN}, runner, execute=True, audit_retention="2d")
+    engine.handle([alert("GpuSaturated", fp="0a", node="gpu-node-3"), alert("GpuSaturated", fp="0b",
+                                                                            node="gpu-node-1")])
+    engine.handle([alert("GpuSaturated", status="resolved", fp="0b", node="gpu-node-1")])
+    clock.t += timedelta(days=3)
+    engine.handle([alert("Unlisted", fp="0c")])  # the first request in three days prunes before it is handled
+    assert audit(tmp_path, "alert, decision") == [("Unlisted", "refused")]
+    with duckdb.connect(str(tmp_path / "audit.duckdb")) as con:
+        assert con.execute("SELECT fingerprint, closed_at FROM remediation_open").fetchall() == [("0a", None)]
+    [undo] = engine.handle([alert("GpuSaturated", status="resolved", fp="0a", node="gpu-node-3")])
+    assert undo["decision"] == "executed" and runner.calls[-1][0][1] == "add"
+
+
+def test_an_audit_retention_under_a_day_is_refused():
+    with pytest.raises(ConfigError, match="audit_retention.*at least 1d"):
+        parse_config("audit_retention: 1h\n")

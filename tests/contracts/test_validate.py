@@ -140,7 +140,7 @@ actions:
 
 @pytest.mark.parametrize("text, start", [
     ("execute: false\nmax_actions_per_hour: -1\n", "r.yaml:2: max_actions_per_hour: expected a non-negative integer"),
-    ("execute: false\nbudget: 3\n", "r.yaml:2: unknown key 'budget' (expected one of actions, command_timeout,"),
+    ("execute: false\nbudget: 3\n", "r.yaml:2: unknown key 'budget' (expected one of actions, audit_retention, command_timeout,"),
     ("execute: false\ncooldown: soon\n", "r.yaml:2: cooldown: expected a duration"),
     ("\nexecute: yes please\n", "r.yaml:2: execute: expected true or false; got 'yes please'"),
     ("actions:\n  A:\n    action: rm_rf\n", "r.yaml:3: actions.A.action: expected one of nft_drain_backend,"),
