@@ -119,6 +119,27 @@ def test_own_time_leaves_out_the_children_and_a_call_keeps_its_gap(tmp_path):
     assert entries["entry_service"].unique().to_list() == ["frontend"] and entries["entry_tier"][0] == "gold"
 
 
+@pytest.mark.parametrize("limit", [graph.LIFT_LIMIT, 0])  # 0: as where spans are long enough to overflow the lift
+def test_own_time_counts_parallel_and_nested_calls_once(limit, monkeypatch):
+    """Children covering [10, 40], [20, 50] and [60, 70] ms of a 100 ms span leave it 50 ms of its own; a child
+    covering all of another span leaves it none; a child running past its parent counts only inside it; one
+    parent's calls never count against another's."""
+    monkeypatch.setattr(graph, "LIFT_LIMIT", limit)
+    rows = [  # (trace, span, parent, start ms, duration ms)
+        (1, 1, None, 0, 100), (1, 2, 1, 10, 30), (1, 3, 1, 20, 30), (1, 4, 1, 60, 10),
+        (2, 5, None, 0, 100), (2, 6, 5, 0, 100), (2, 7, 6, 90, 50), (3, 8, None, 5, 20), (3, 9, 8, 5, 0.5),
+        (4, 10, None, 0, 100), (4, 11, 10, 0, 10), (4, 12, 10, 50, 10)]
+    spans = pl.DataFrame({
+        "trace": [r[0] for r in rows], "span_id": [r[1] for r in rows], "parent_id": [r[2] for r in rows],
+        "kind": [SPAN_KIND_SERVER] * len(rows), "service": "s", "pod": "p", "node": "n", "tier": "gold",
+        "start_time": [T0 + timedelta(milliseconds=r[3]) for r in rows], "duration_ms": [float(r[4]) for r in rows],
+        "failed": False, "peer": None}, schema_overrides={"trace": pl.UInt64, "span_id": pl.UInt64,
+                                                          "parent_id": pl.UInt64, "peer": pl.String})
+    own = dict(graph.own_times(spans).select("span_id", "own_ms").iter_rows())
+    assert own == pytest.approx({1: 50.0, 2: 30.0, 3: 30.0, 4: 10.0, 5: 0.0, 6: 90.0, 7: 50.0, 8: 19.5, 9: 0.5,
+                                 10: 80.0, 11: 10.0, 12: 10.0})
+
+
 def test_a_slow_deep_service_is_the_culprit_with_its_path(tmp_path):
     with _store(tmp_path, cart_ms=80.0) as store:
         found, entry = graph.culprits(store, WINDOWS)
