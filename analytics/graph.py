@@ -58,10 +58,14 @@ class Entry:
 EVERY_TRACE = Entry()
 
 
+def _entry_params(entry: Entry) -> dict:
+    """trace_spans.sql's parameters that choose the traces of `entry`."""
+    return {"service": entry.service, "node": entry.node, "tier": entry.tier}
+
+
 def trace_spans(store: StoreReader, since: datetime, until: datetime, entry: Entry = EVERY_TRACE) -> pl.DataFrame:
     """Every span that started in [since, until) (analytics/sql/trace_spans.sql), of the traces of `entry`."""
-    spans = store.frame(store.sql("trace_spans"), {"since": since, "until": until, "service": entry.service,
-                                                   "node": entry.node, "tier": entry.tier})
+    spans = store.frame(store.sql("trace_spans"), {"since": since, "until": until, **_entry_params(entry)})
     return spans.with_columns(pl.col("failed").cast(pl.Boolean))  # ClickHouse answers its booleans as integers
 
 
@@ -374,25 +378,21 @@ def _path(traced: pl.DataFrame, culprit: dict) -> list[str]:
 
 def service_graph(store: StoreReader, since: datetime, until: datetime) -> dict:
     """The services with their pods and nodes, and the calls between them: calls per second, mean latency, error
-    ratio and mean network gap (the CLIENT span less the SERVER span it reached), over [since, until)."""
-    spans = own_times(trace_spans(store, since, until))
+    ratio and mean network gap (the CLIENT span less the SERVER span it reached), over [since, until), aggregated
+    where the spans are stored (service_graph_nodes.sql, service_graph_edges.sql)."""
+    params = {"since": since, "until": until, **_entry_params(EVERY_TRACE), "uninstrumented": UNINSTRUMENTED}
     seconds = max((until - since).total_seconds(), 1e-9)
-    served = spans.filter(~pl.col("kind").is_in(CALLERS))
-    nodes = served.group_by("service").agg(
-        id=pl.col("service").first(),
-        pods=pl.col("pod").filter(pl.col("pod") != "").unique().sort(), nodes=pl.col("node").unique().sort(),
-        requests_per_s=(pl.col("kind") == SPAN_KIND_SERVER).sum() / seconds,
-        mean_ms=pl.col("duration_ms").filter(pl.col("kind") == SPAN_KIND_SERVER).mean(),
-        error_ratio=pl.col("failed").filter(pl.col("kind") == SPAN_KIND_SERVER).mean()).sort("service")
-    callee = pl.coalesce(pl.col("callee_service"), pl.when(pl.col("peer") != "").then("peer"),
-                         pl.lit(UNINSTRUMENTED))
-    edges = spans.filter(pl.col("kind").is_in(CALLERS)).with_columns(target=callee).group_by(
-        source="service", target="target").agg(
-        id=pl.concat_str(pl.col("service").first(), pl.lit("->"), pl.col("target").first()),
-        calls_per_s=pl.len() / seconds, mean_ms=pl.col("duration_ms").mean(), error_ratio=pl.col("failed").mean(),
-        network_gap_ms=pl.col("own_ms").filter(pl.col("callee_service").is_not_null()).mean()).sort("source", "target")
+    services = store.frame(store.sql("service_graph_nodes"), params)
+    kinds = sorted({k for listed in services["kinds"].to_list() for k in listed})
+    nodes = services.filter(pl.col("serves").cast(pl.Boolean)).select(
+        id="service", service="service", pods="pods", nodes="nodes", requests_per_s=pl.col("requests") / seconds,
+        mean_ms="mean_ms", error_ratio="error_ratio")
+    edges = store.frame(store.sql("service_graph_edges"), params).select(
+        id=pl.concat_str("source", pl.lit("->"), "target"), source="source", target="target",
+        calls_per_s=pl.col("calls") / seconds, mean_ms="mean_ms", error_ratio="error_ratio",
+        network_gap_ms="network_gap_ms")
     return {"since": since, "until": until, "nodes": _rounded(nodes.to_dicts()), "edges": _rounded(edges.to_dicts()),
-            "kinds": {str(k): SPAN_KINDS.get(k, "internal") for k in sorted(spans["kind"].unique().to_list())}}
+            "kinds": {str(k): SPAN_KINDS.get(k, "internal") for k in kinds}}
 
 
 def _rounded(rows: list[dict]) -> list[dict]:

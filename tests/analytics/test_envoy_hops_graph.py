@@ -50,7 +50,11 @@ def test_three_proxies_make_one_call_tree_on_both_paths(tmp_path):
     entries = graph.entries(spans)
     assert entries.height == 30 and set(entries["entry_service"]) == {GATEWAY}
     assert set(entries["entry_tier"]) == {"p99-latency-critical"}  # the gateway's header, the trace's tier
-    assert {(e["source"], e["target"]) for e in shown["edges"]} == {(GATEWAY, PAGE), (PAGE, REVIEWS)}
+    assert {(e["source"], e["target"], e["network_gap_ms"]) for e in shown["edges"]} == {(GATEWAY, PAGE, 0.4),
+                                                                                          (PAGE, REVIEWS, 0.4)}
+    assert [(n["service"], n["pods"]) for n in shown["nodes"]] == [
+        (GATEWAY, ["istio-ingressgateway-6d8f7c9b5-q2w4z"]), (PAGE, ["productpage-v1-7d6cfb7dfd-5mq8n"]),
+        (REVIEWS, ["reviews-v2-6c5bf657cf-jmbkr"])]
 
 
 def test_a_slower_service_two_proxies_below_the_entry_is_the_culprit(tmp_path):

@@ -236,6 +236,7 @@ def test_clickhouse_reads_the_same_graph(tmp_path):
         shown = [graph.service_graph(store, T0, T0 + timedelta(minutes=1)) for store in (duck, house)]
     assert found[0] == found[1] and found[0][0]["service"] == "cart"
     assert shown[0]["edges"] == shown[1]["edges"] and shown[0]["nodes"] == shown[1]["nodes"]
+    assert shown[0]["kinds"] == shown[1]["kinds"] == {"1": "internal", "2": "server", "3": "client"}
 
 
 def test_the_graph_command_and_rca_at_through_the_cli(tmp_path, capsys):
