@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
+from sloscope import json_answers
 from sloscope.enrich.tiers import TierResolver
 from sloscope.arguments import above_zero
 from sloscope.slo_spec import SpecError
@@ -184,7 +184,7 @@ def run_rca(args) -> int:
     if empty:  # not "no SLO violations": nothing was there to judge
         print(f"sloscope rca: {store.path} {NO_REQUESTS}", file=sys.stderr)
     fmt = args.format or ("table" if sys.stdout.isatty() else "json")
-    print(format_table(result, empty) if fmt == "table" else json.dumps(result, indent=2))
+    print(format_table(result, empty) if fmt == "table" else json_answers.dumps(result, indent=2))
     return EXIT_OK
 
 
@@ -195,7 +195,7 @@ def run_graph(args) -> int:
     except (StoreError, ValueError) as exc:
         print(f"sloscope graph: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(json.dumps(result, indent=2))
+    print(json_answers.dumps(result, indent=2))
     return EXIT_OK
 
 

@@ -23,7 +23,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from sloscope.metric_rules import FAMILY_PREFIX, FAMILY_RULE, kept_metrics
+from sloscope.metric_rules import FAMILY_PREFIX, FAMILY_RULE, VALUE_LIMIT, kept_metrics
 
 from sloscope.analytics import exporter_tables
 from sloscope.analytics.errors import StoreError
@@ -53,6 +53,9 @@ def catalog_rules() -> dict:
             "resource_attributes": {name: list(r.resource_attributes) for name, r in rules.items()
                                     if r.resource_attributes},
             "blank_from": {name: r.blank_from for name, r in rules.items() if math.isfinite(r.blank_from)},
+            "value_low": {name: r.low for name, r in rules.items() if r.low != -VALUE_LIMIT},
+            "value_high": {name: r.high for name, r in rules.items() if r.high != VALUE_LIMIT},
+            "value_limit": VALUE_LIMIT,
             "dropped_attributes": {name: sorted(r.dropped_attributes) for name, r in rules.items()
                                    if r.dropped_attributes},
             "counters": [name for name, r in rules.items() if r.counter],

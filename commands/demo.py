@@ -8,12 +8,12 @@ file, run rca, and show the incidents with their ranked causes next to the truth
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
 from pathlib import Path
 
+from sloscope import json_answers
 from sloscope.slo_spec import load_spec
 
 from sloscope.analytics.ingest import Ingestor
@@ -103,9 +103,9 @@ def run_live(args) -> int:
     except KeyboardInterrupt:
         print("sloscope demo: interrupted; everything it started is stopped", file=sys.stderr)
         return 130
-    (cfg.dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    (cfg.dir / "results.json").write_text(json_answers.dumps(report, indent=2) + "\n")
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json_answers.dumps(report, indent=2))
     else:
         print("\n" + summary_table(report))
         print(f"files: {cfg.dir}/results.json, {report['db']}; try: .venv/bin/sloscope rca --db {report['db']} "
@@ -139,7 +139,7 @@ def run_simulated(args) -> int:
     t = _step("rca")
     with Store(db_path, read_only=True) as store:
         result = analyse(store, spec)
-    (args.dir / "rca.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.dir / "rca.json").write_text(json_answers.dumps(result, indent=2) + "\n")
     print(format_table(result))
 
     fault = truth.fault

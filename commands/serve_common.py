@@ -5,11 +5,11 @@ until SIGTERM or SIGINT. The writing side (commands/serve.py) and the read side 
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import signal
 import threading
 
+from sloscope import json_answers
 from sloscope.addresses import address_text
 from sloscope.analytics.rca import Query, graph_answer, query_parameter
 from sloscope.alerts.store_metrics import render
@@ -33,7 +33,7 @@ def rca_page(store, spec):
         with store.reading() as reader:
             result = Query(since, until, at, node, int(top), baseline, lookback, query_parameter).answer(reader,
                                                                                                       spec)
-        return json.dumps(result).encode(), "application/json"
+        return json_answers.dumps(result).encode(), "application/json"
 
     return page
 
@@ -44,7 +44,7 @@ def graph_page(store):
     def page(since: str = "", until: str = "", at: str = ""):
         with store.reading() as reader:
             result = graph_answer(reader, since, until, at, query_parameter)
-        return json.dumps(result).encode(), "application/json"
+        return json_answers.dumps(result).encode(), "application/json"
 
     return page
 

@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 import polars as pl
 
+from sloscope import json_answers
 from sloscope import catalog
 from sloscope.slo_spec import SloSpec
 from sloscope.times import parse_rfc3339, rfc3339
@@ -236,7 +237,7 @@ class Report:
             for n, ep in enumerate(eps, 1):
                 parts.append(self._episode(n, ep))
         parts.append("<details><summary class='small muted'>the analysis as JSON (sloscope rca's)</summary><pre>"
-                     f"{escape(json.dumps(result, indent=1))}</pre></details></body></html>")
+                     f"{escape(json_answers.dumps(result, indent=1))}</pre></details></body></html>")
         return "\n".join(parts)
 
     def _objectives(self) -> str:

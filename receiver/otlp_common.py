@@ -60,6 +60,8 @@ REFUSAL_REASONS = {
     "points_invalid_count": "a negative count, one past 2**63, or one that the buckets do not add up to",
     "points_invalid_buckets": "a negative bucket count, a scale outside [-10, 20], or a bucket past 2**63",
     "points_invalid_sum": "a sum, min or max that is not finite, or a min above the max",
+    "points_out_of_range": "a gauge or sum value beyond +-2**63, a ratio (unit 1) outside (-1, 2) or a percentage "
+                           "outside (-100, 200), or a negative increase of a counter",
     "points_invalid_attribute": "an attribute value of the wrong type or nested too deep",
     "points_invalid_metric": "a metric that is not an object, or a temporality other than delta or cumulative",
     "points_invalid_resource": "a resource or scope that is not an object, or has malformed attributes",
@@ -413,14 +415,22 @@ class Skips:
         if n:
             self.skipped[name] = self.skipped.get(name, 0) + n
 
-    def _unkept_value(self, value: float, series: MetricSeries) -> bool:
-        """Whether a gauge or sum value is not kept (not finite, or DCGM's blank), counted."""
+    def _unkept_value(self, value: float, series: MetricSeries, increase: bool) -> bool:
+        """Whether a gauge or sum value is not kept (not finite, or DCGM's blank), counted; DecodeError
+        (points_out_of_range) for one outside its metric's range, or a catalog counter's negative `increase` (a
+        delta sum's point)."""
+        rule = series.rule
         if not math.isfinite(value):
             self._skip("points_not_finite")
             return True
-        if value >= series.rule.blank_from:
+        if value >= rule.blank_from:
             self._skip("points_blank")
             return True
+        if not rule.low < value < rule.high:
+            raise DecodeError(f"{series.name}: value {value:g} outside ({rule.low:g}, {rule.high:g})",
+                              "points_out_of_range")
+        if increase and rule.counter and value < 0:
+            raise DecodeError(f"{series.name}: a counter cannot increase by {value:g}", "points_out_of_range")
         return False
 
     def _placed(self, node: str | None) -> str:

@@ -341,7 +341,7 @@ class Decoder(Skips):
                 value = float(_int(raw, f"{name}: asInt"))
         except DecodeError as exc:
             raise _refusable("points_invalid_value", exc) from None
-        if self._unkept_value(value, series):
+        if self._unkept_value(value, series, is_sum and not cumulative):
             return
         start, time = self._times(point, name)
         attrs = self._canonical(point.get("attributes"), series)

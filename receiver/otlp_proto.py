@@ -187,7 +187,7 @@ class ProtoDecoder(Skips):
         if kind is None:
             raise valueless_point(name)
         value = p.as_double if kind == "as_double" else float(p.as_int)
-        if self._unkept_value(value, series):
+        if self._unkept_value(value, series, is_sum and not cumulative):
             return
         start, time = point_times(name, p.start_time_unix_nano, p.time_unix_nano)
         attrs = self._canonical(p.attributes, series)

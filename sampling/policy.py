@@ -38,6 +38,7 @@ import time
 from collections import Counter
 from typing import Callable
 
+from sloscope import json_answers
 from sloscope.catalog import TIER_ATTRIBUTES
 
 from sloscope.enrich.tiers import TierResolver
@@ -184,7 +185,7 @@ class SamplingService:
             if self._at is None or now - self._at >= self.config.interval_for(self.spec) or now < self._at:
                 try:
                     doc = self.policy.evaluate(observe(self.reader, self.spec, self.config, now))
-                    self._body = json.dumps(doc, separators=(",", ":")).encode()
+                    self._body = json_answers.dumps(doc, separators=(",", ":")).encode()
                 except Exception:
                     self.errors += 1
                     log.exception("sampling policy evaluation failed; serving the last policy")

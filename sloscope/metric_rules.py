@@ -12,6 +12,12 @@ from dataclasses import dataclass
 from sloscope import catalog
 
 
+# A value outside its metric's range is no measurement of it, and sums and rates of it could overflow: beyond what
+# OTLP's 64-bit asInt holds, or for a ratio (unit 1) or a percentage far outside [0, 1] or [0, 100].
+VALUE_LIMIT = float(2**63)
+UNIT_RANGES = {"1": (-1.0, 2.0), "%": (-100.0, 200.0)}
+
+
 @dataclass(frozen=True)
 class MetricRule:
     """How the decoders keep the data points of one metric name (see catalog.Signal)."""
@@ -23,6 +29,8 @@ class MetricRule:
     dropped_attributes: frozenset[str] = frozenset()  # point attributes not kept (catalog.Signal says why)
     # Explicit-bucket histograms are kept only for declared metrics: the catalog's histograms are exponential.
     explicit_histograms: bool = False
+    low: float = -VALUE_LIMIT  # the values kept lie strictly between low and high
+    high: float = VALUE_LIMIT
 
     def reads_as_level(self, is_sum: bool, monotonic: bool, cumulative: bool) -> bool:
         """Whether a sum is a level: a cumulative sum that is not monotonic is an up-down counter (connections
@@ -33,9 +41,13 @@ class MetricRule:
         return {k: v for k in self.resource_attributes if isinstance(v := resource_attrs.get(k), str) and v}
 
 
-_CATALOG_RULES = {s.name: MetricRule(s.instrument is catalog.Instrument.COUNTER, s.resource_attributes,
-                                     s.node_attribute, s.blank_from, frozenset(s.dropped_attributes))
-                  for s in catalog.SIGNALS}
+def _catalog_rule(s: catalog.Signal) -> MetricRule:
+    low, high = UNIT_RANGES.get(s.unit, (-VALUE_LIMIT, VALUE_LIMIT))
+    return MetricRule(s.instrument is catalog.Instrument.COUNTER, s.resource_attributes, s.node_attribute,
+                      s.blank_from, frozenset(s.dropped_attributes), low=low, high=high)
+
+
+_CATALOG_RULES = {s.name: _catalog_rule(s) for s in catalog.SIGNALS}
 # The family of metrics named by a prefix whose every member a spec may declare, read by one rule:
 # dcgm-exporter's fields, placed, filtered and keyed as the catalog's DCGM fields are.
 FAMILY_PREFIX = catalog.DCGM_PREFIX

@@ -410,7 +410,7 @@ def _receivers_requests() -> list[dict]:
     """What the Collector's receivers send: a dcgm-exporter scrape (no node but its Hostname label, and one of
     DCGM's blank values), kubeletstats' two pods of one node (kept apart only by their resource), and hostmetrics'
     TCP connections (a cumulative sum that is not monotonic: a level), and its interface errors (a catalog
-    counter: a counter, monotonic or not)."""
+    counter: a counter, monotonic or not). One pod's CPU has a point past 2**63, out of its range."""
     times = [T0 + k * S for k in range(1, 7)]
     temperature = [(t, 2.0**48 if k == 3 else 60.0 + k) for k, t in enumerate(times)]
     dcgm = prometheus_scrape("10.0.0.7:9400", [receiver_gauge(
@@ -418,7 +418,8 @@ def _receivers_requests() -> list[dict]:
     pods = [{"resourceMetrics": [{"resource": {"attributes": [
         attr("k8s.node.name", "n1"), attr("k8s.pod.name", pod), attr("k8s.namespace.name", "serving")]},
         "scopeMetrics": [{"scope": {"name": "kubeletstats"}, "metrics": [receiver_gauge(
-            "k8s.pod.cpu.usage", "{cpu}", [(t, usage + 0.01 * k) for k, t in enumerate(times)])]}]}]}
+            "k8s.pod.cpu.usage", "{cpu}", [(t, 1e19 if (k, pod) == (2, "embedder-0") else usage + 0.01 * k)
+                                           for k, t in enumerate(times)])]}]}]}
         for pod, usage in (("embedder-0", 1.5), ("embedder-1", 3.0))]
     connections = metrics([cumulative("system.network.connections", "{connections}", T0, [
         (t, 100 + (-1) ** k * 10 * k) for k, t in enumerate(times)], {"protocol": "tcp", "state": "ESTABLISHED"},
@@ -470,7 +471,7 @@ def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoder
     release added them with other expressions (read as computed until `--modify` gives them this release's)."""
     requests = _receivers_requests()
     assert main(["ingest", "--db", str(tmp_path / "x.duckdb"),
-                 str(write_lines(tmp_path / "in.jsonl", requests))]) == 0
+                 str(write_lines(tmp_path / "in.jsonl", requests))]) == 1  # the point out of range: refused
     # The exporter's settings traces_table_name and metrics_table_name, as the store URL's query gives them.
     settings = "?traces_table_name=spans&metrics_table_name=fleet" if "other names" in tables else ""
     named = renaming(parse_store_url(f"chdb:///ch{settings}").table_names())
@@ -504,6 +505,7 @@ def test_points_the_collector_wrote_are_read_by_the_catalog_rules_as_the_decoder
         stored_steps = signal_steps(duck, STEPS_WINDOW).sort("node", "metric", "attributes", "step")
     assert set(stored["node"]) == {"n1", "n2", "n3"}  # DCGM's on its Hostname
     assert stored.filter(pl.col("metric") == "k8s.pod.cpu.usage")["attributes"].n_unique() == 2
+    assert stored.filter(pl.col("metric") == "k8s.pod.cpu.usage").height == 11  # the one out of range dropped
     assert stored.filter(pl.col("metric") == "DCGM_FI_DEV_GPU_TEMP").height == 5  # the blank one dropped
     assert stored.filter(pl.col("metric") == "system.network.connections")["interval_s"].is_null().all()
     errors = stored.filter(pl.col("metric") == "system.network.errors")

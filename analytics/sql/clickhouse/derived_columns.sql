@@ -9,7 +9,8 @@
 -- A metric point is read by its catalog signal's rule, as the decoders read it (receiver/otlp_common.MetricRule):
 -- its node is the resource's, else the point attribute the rule names (dcgm-exporter's Hostname); the resource
 -- attributes the rule keeps (kubeletstats' pod and container) join its attributes, and those it drops (the pod
--- dcgm-exporter maps a GPU to) leave them; DCGM's blank values are not kept; a metric the catalog does not name is
+-- dcgm-exporter maps a GPU to) leave them; DCGM's blank values are not kept, nor values outside the metric's range
+-- or a counter's negative delta (points_out_of_range, which the decoders refuse); a metric the catalog does not name is
 -- read by its family's rule where its name begins with the family's prefix (dcgm-exporter's DCGM_); a cumulative
 -- sum that is not monotonic is a level (SloscopeTemporality 0), unless the signal is a counter.
 -- The rules' parameters ({node_attributes:...} and the others) are filled from sloscope/catalog.py when the
@@ -80,6 +81,10 @@ ALTER TABLE otel_metrics_gauge ADD COLUMN IF NOT EXISTS SloscopeKept Bool MATERI
         AND Value < multiIf(mapContains({blank_from:Map(String, Float64)}, MetricName),
                             {blank_from:Map(String, Float64)}[MetricName],
                             startsWith(MetricName, {family_prefix:String}), {family_blank_from:Float64}, inf)
+        AND Value > if(mapContains({value_low:Map(String, Float64)}, MetricName),
+                       {value_low:Map(String, Float64)}[MetricName], -{value_limit:Float64})
+        AND Value < if(mapContains({value_high:Map(String, Float64)}, MetricName),
+                       {value_high:Map(String, Float64)}[MetricName], {value_limit:Float64})
 ;
 ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeNode LowCardinality(String) MATERIALIZED
     substringUTF8(coalesce(nullIf(ResourceAttributes['k8s.node.name'], ''), nullIf(ResourceAttributes['host.name'], ''),
@@ -105,6 +110,11 @@ ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeKept Bool MATERIAL
         AND Value < multiIf(mapContains({blank_from:Map(String, Float64)}, MetricName),
                             {blank_from:Map(String, Float64)}[MetricName],
                             startsWith(MetricName, {family_prefix:String}), {family_blank_from:Float64}, inf)
+        AND Value > if(mapContains({value_low:Map(String, Float64)}, MetricName),
+                       {value_low:Map(String, Float64)}[MetricName], -{value_limit:Float64})
+        AND Value < if(mapContains({value_high:Map(String, Float64)}, MetricName),
+                       {value_high:Map(String, Float64)}[MetricName], {value_limit:Float64})
+        AND NOT (AggregationTemporality = 1 AND has({counters:Array(String)}, MetricName) AND Value < 0)
 ;
 ALTER TABLE otel_metrics_sum ADD COLUMN IF NOT EXISTS SloscopeTemporality Int32 MATERIALIZED
     multiIf(AggregationTemporality = 2 AND NOT IsMonotonic AND NOT has({counters:Array(String)}, MetricName), 0,
