@@ -12,7 +12,8 @@ from tests.deploy.test_deploy import DEPLOY, expand, load
 
 # another ----------------------------------------------------------------------------------------------------------
 
-K8S_MANIFESTS = ("daemonset.yaml", "serve.yaml", "monitoring.yaml", "grafana-dashboards.yaml", "istio-telemetry.yaml")
+K8S_MANIFESTS = ("daemonset.yaml", "serve.yaml", "monitoring.yaml", "grafana-dashboards.yaml", "istio-telemetry.yaml",
+                 "networkpolicy.yaml")
 IMAGE_REPOSITORY = "ghcr.io/sloscope/sloscope"
 
 
@@ -154,3 +155,33 @@ def test_grafana_configmaps_are_the_dashboards_of_today():
         assert key == f"{board['uid']}.json"
         uids.add(board["uid"])
     assert len(uids) == 3
+
+
+def test_serve_asks_for_the_token_that_its_senders_send():
+    """serve reads its bearer token from the Secret's volume; the gateway's exporter and the ServiceMonitor send
+    the same Secret's token."""
+    from sloscope.commands.cli import build_parser
+
+    pod = pod_of(find("Deployment", "sloscope-serve"))
+    (container,) = pod["spec"]["containers"]
+    token_file = str(build_parser("serve").parse_args(container["args"]).bearer_token_file)
+    (mount,) = [m for m in container["volumeMounts"] if token_file.startswith(m["mountPath"] + "/")]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    secret = volume["secret"]
+    assert mount["readOnly"] and [i["path"] for i in secret["items"]] == [token_file.rsplit("/", 1)[1]]
+    (key,) = [i["key"] for i in secret["items"]]
+    (endpoint,) = find("ServiceMonitor", "sloscope-serve")["spec"]["endpoints"]
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": secret["secretName"], "key": key}}
+    for config in ("otelcol.yaml", "otelcol-contrib-gateway.yaml"):
+        (doc,) = load(config)
+        assert doc["exporters"]["otlp_grpc/sloscope"]["headers"] == {"authorization": "Bearer ${env:SLOSCOPE_TOKEN}"}
+
+
+def test_only_labelled_clients_and_prometheus_reach_serve_ports():
+    policy, pod = find("NetworkPolicy", "sloscope-serve"), pod_of(find("Deployment", "sloscope-serve"))
+    assert selects(policy["spec"]["podSelector"]["matchLabels"], pod["metadata"]["labels"])
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert {p["port"] for p in rule["ports"]} == set(container_ports(pod))  # by name, every port serve opens
+    assert [peer["podSelector"]["matchLabels"] for peer in rule["from"]] == [
+        {"sloscope.io/client": "true"}, {"app.kubernetes.io/name": "prometheus"}]
