@@ -53,3 +53,16 @@ def test_a_span_with_no_node_and_no_gpu_is_kept_on_the_unknown_node(tmp_path):
     with Store(tmp_path / "x.duckdb", read_only=True) as store:
         assert store.rows("SELECT node, pod FROM requests") == [(UNKNOWN_NODE, "llm-0")]
         assert store.counters()["spans_node_unknown"] == 1
+
+
+def test_the_gpu_map_keeps_the_gpus_seen_last_and_places_by_lookup():
+    """Past its bound the map forgets the GPU seen longest ago (counted); a GPU seen again is kept; a batch is
+    placed by looking up its own GPUs, whatever the map holds."""
+    topology = GpuTopology({"GPU-old": "n0", "GPU-a": "n1"}, max_gpus=3)
+    topology.learn(pl.DataFrame({"node": ["n2", "n1"], "attributes": ['{"hw.id":"GPU-b"}', '{"hw.id":"GPU-old"}']}))
+    topology.learn(pl.DataFrame({"node": ["n3"], "attributes": ['{"hw.id":"GPU-c"}']}))
+    assert list(topology.node_of) == ["GPU-b", "GPU-old", "GPU-c"]  # GPU-a, seen longest ago, forgotten
+    assert topology.node_of["GPU-old"] == "n1" and topology.counts == {"gpus_forgotten": 1}
+    requests = pl.DataFrame({"node": [None, None, None], "gpu_id": ["GPU-c", "GPU-a", None]},
+                            schema={"node": pl.String, "gpu_id": pl.String})
+    assert topology.place(requests)["node"].to_list() == ["n3", "unknown", "unknown"]
