@@ -57,6 +57,10 @@ REJECTED = "rejected"
 IOV_MAX = os.sysconf("SC_IOV_MAX")
 BLOCK = 4096  # O_DIRECT's unit of buffer address, file offset and length: a multiple of every device's block
 DIRECT_BUFFER_BYTES = 8 * 2**20  # what one direct write takes at most; a round writes as many as it needs
+# While appends fail (a full disk), how often the log thread writes a block of its own to see whether the cause has
+# gone: readiness then comes back with no request, which a not-ready pod behind a Service would never get.
+PROBE_S = 1.0
+PROBE_NAME = ".probe"
 
 
 class LogAppendError(OSError):
@@ -200,11 +204,38 @@ class IntakeLog:
         while True:
             with self._lock:
                 while not self._queue and not self._closing:
-                    self._work.wait()
+                    if self.failure is None:
+                        self._work.wait()
+                    elif not self._work.wait(PROBE_S):
+                        break
                 batch, self._queue = self._queue, []
-            if not batch:
+                closing = self._closing
+            if batch:
+                self._log(batch)
+            elif closing:
                 return
-            self._log(batch)
+            else:
+                self._probe()
+
+    def _probe(self) -> None:
+        """Write and fsync a block of a file of its own in the log's directory: where that works, the appends'
+        failure is over (the next append finds out for sure)."""
+        path = self.directory / PROBE_NAME
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, [bytes(BLOCK)])
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            self.failure = None
+        except OSError as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
+        finally:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:  # gone with the directory: the next append says so
+                pass
 
     def _log(self, batch: list[_Append]) -> None:
         """Write a batch into the segments, fsynced; each append is then durable or failed, and woken."""

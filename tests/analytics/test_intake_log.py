@@ -439,6 +439,10 @@ def test_a_full_disk_refuses_the_append_and_leaves_nothing_of_it(small_disk):  #
             assert writer.health().startswith("intake log append failing")
         finally:
             filler.free()
+        deadline = time.monotonic() + 10  # ready again with no request: the log tries a block of its own
+        while writer.health() is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert writer.health() is None
         assert writer.offer(_spans(refused), {}) is not None and writer.health() is None
         writer.start()
         _wait_drained(writer)
