@@ -337,6 +337,14 @@ class Writer:
         self._fault = reason
         self._stats["write_failures"] += 1
         self._retry_later(group, Verdict(RETRY, reason))
+        if self._stopping:  # no try after this one before the stop: the rest of the queue stays in the log too,
+            with self._ready:  # at once, rather than a failed try and a back-off each, past the grace period
+                rest = list(self._queue)
+                self._queue.clear()
+                self._waiting_rows = 0
+            if rest:
+                self._retry_later(rest, Verdict(RETRY, reason))
+            return
         if _needs_reopen(error):
             self._reopen()
         time.sleep(self._backoff_s)  # queued requests wait (bounded by their own timeout) for the next try

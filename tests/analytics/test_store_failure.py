@@ -28,7 +28,7 @@ from sloscope.records import Batch
 from sloscope.analytics.intake import Intake
 from sloscope.slo_spec import load_spec
 from tests.conftest import need
-from tests.alerting_stack import free_port
+from tests.alerting_stack import free_port, wait_listening
 from tests.otlp_builders import TRACE_ID
 from tests.analytics.test_durability import SLOSCOPE, Serve, _post, _spans, _traces
 
@@ -247,3 +247,42 @@ def test_a_live_reader_outlives_the_writer_reopening_the_store(tmp_path):
             plain.scalar("SELECT count(*) FROM requests")
         store.write(_spans(0))
         assert live.scalar("SELECT count(*) FROM requests") == 50
+
+
+@pytest.mark.privileged
+def test_sigterm_with_the_store_disk_full_ends_serve_at_once_and_loses_nothing(tmp_path, small_disk):
+    """The store's disk is full and its intake log (on another file system) holds what was acknowledged: SIGTERM
+    ends serve within seconds (each queued request used to wait for a failed write and a back-off, past any
+    grace period), and the next start, with space again, writes every acknowledged request."""
+    db, port = small_disk / "s.duckdb", free_port()
+    Store(db).close()
+    filler = Filler(small_disk)
+    filler.start()
+    command = [SLOSCOPE, "serve", "--db", str(db), "--http", f"127.0.0.1:{port}", "--grpc", "off",
+               "--decode-workers", "0", "--intake-log", str(tmp_path / "intake")]
+    with (tmp_path / "serve.log").open("a") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=out, start_new_session=True)
+    try:
+        wait_listening(port, proc, "sloscope serve")
+        acked = [seq for seq in range(40) if _post(port, "/v1/traces", _traces(3, seq), "application/x-protobuf")
+                 == 200]
+        assert len(acked) >= 20, (tmp_path / "serve.log").read_text()[-2000:]
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        assert time.monotonic() - began < 10
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        filler.free()
+    with (tmp_path / "serve.log").open("a") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=out, start_new_session=True)
+    try:
+        wait_listening(port, proc, "sloscope serve")
+        _until(lambda: _get(port, "/readyz")[0] == 200, 60)  # the log replayed into the store
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+    with Store(db, read_only=True) as store:
+        stored = store.scalar(f"SELECT count(DISTINCT substr({TRACE_ID}, 9, 8)) FROM requests")
+    assert stored == len(acked)
