@@ -326,7 +326,10 @@ def _candidates(scores: pl.DataFrame, node: str, window: Window, known: Taxonomy
     the series of that pod count too, whatever their rank (see _strongest)."""
     fleet_share = fleet.share(scores, node)
     local: dict[str, list[tuple[dict, dict]]] = {}
-    for row in scores.filter(pl.col("node") == node).iter_rows(named=True):
+    # In the order of their attributes, so that series of equal scores rank alike however the store returned them
+    # (a rollup's rows and the raw tables' come in different orders).
+    by_text = [pl.col(c).cast(pl.String) for c in ("metric", "attributes")]  # not a categorical's own order
+    for row in scores.filter(pl.col("node") == node).sort(by_text).iter_rows(named=True):
         local.setdefault(row["metric"], []).append((row, json.loads(row["attributes"])))
     ranked = []
     for cause in known.causes:
