@@ -307,10 +307,11 @@ def _cut_culprits(traced: pl.DataFrame, counts: dict, per_trace: pl.DataFrame, w
         if end in named:
             continue
         named.add(end)
+        fall = row["tested_baseline"] - row["tested_observed"]  # its share: of the calls the place made
         culprit = _culprit({**row, **dict(zip(PLACE, end)), "mean_baseline": row["tested_baseline"],
-                            "mean_observed": row["tested_observed"], "growth": 0.0, "z": -row["z"]},
-                           CUT, "calls per request", 0.0, cut_at={"service": row["service"], "pod": row["pod"] or None})
-        culprit["share"] = round(1.0 - row["tested_observed"] / row["tested_baseline"], 3)
+                            "mean_observed": row["tested_observed"], "growth": fall, "z": -row["z"]},
+                           CUT, "calls per request", row["tested_baseline"],
+                           cut_at={"service": row["service"], "pod": row["pod"] or None})
         calls_made = made.filter(pl.all_horizontal(pl.col(p) == v for p, v in zip(PLACE, at))).select(
             "trace", x=-pl.col("x"))  # fewer calls, a higher measure: the onset looks for a rise
         culprit["onset"] = _onset(calls_made, per_trace, windows)

@@ -184,16 +184,17 @@ def readiness_page(store, writer, stopping: threading.Event):
     shutting down; else a 503 that says which, so that a load balancer sends exporters elsewhere. The page is
     open to anyone (the kubelet's probes carry no credentials), so it names each problem in its own few words
     only, never the error's text (file paths, the store's messages): that goes to the log, once per change."""
-    said = [""]
+    said = ""
 
     def page() -> tuple[bytes, str]:
+        nonlocal said
         problems = ["shutting down"] if stopping.is_set() else []
         problems += [p for p in (_store_problem(store), writer.health() if writer else None) if p]
         summary = "; ".join(p.split(":", 1)[0] for p in problems)
-        if summary != said[0]:
+        if summary != said:
             if problems:
                 log.warning("not ready: %s", "; ".join(problems))
-            said[0] = summary
+            said = summary
         if problems:
             raise Unavailable("not ready: " + summary)
         return b"ready\n", TEXT

@@ -26,8 +26,7 @@ from urllib.parse import quote
 
 import polars as pl
 
-from sloscope import json_answers
-from sloscope import catalog
+from sloscope import catalog, json_answers
 from sloscope.slo_spec import SloSpec
 from sloscope.times import parse_rfc3339, rfc3339
 
