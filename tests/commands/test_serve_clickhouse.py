@@ -84,13 +84,22 @@ def test_metrics_from_clickhouse_match_metrics_from_duckdb(both, tables):
         assert ch[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
 
 
+@pytest.fixture(scope="module")
+def sampled(both):
+    """Every side's /sampling, asked of all at once: each serve computes its policy when first asked and keeps it
+    for its interval, from the traffic of the minutes before, so sides asked minutes apart (one test after another)
+    would judge the fleet's last minutes at different ages."""
+    urls, _ = both
+    return {name: json.loads(_get(url + "/sampling")) for name, url in urls.items()}
+
+
 @pytest.mark.parametrize("tables", ["chdb", "chdb_collector_made", "chdb_collector_wrote"])
-def test_rca_and_sampling_from_clickhouse_match_duckdb(both, tables):
+def test_rca_and_sampling_from_clickhouse_match_duckdb(both, sampled, tables):
     urls, _ = both
     rca = {name: json.loads(_get(urls[name] + "/rca")) for name in ("duckdb", tables)}
     summary = {name: incident_summary(doc) for name, doc in rca.items()}
     assert summary["duckdb"] and summary[tables] == summary["duckdb"]
-    sampling = {name: json.loads(_get(urls[name] + "/sampling")) for name in ("duckdb", tables)}
+    sampling = {name: sampled[name] for name in ("duckdb", tables)}
     assert sampling[tables].keys() == sampling["duckdb"].keys()
     assert json.dumps(sampling[tables], sort_keys=True).count("probability") == \
         json.dumps(sampling["duckdb"], sort_keys=True).count("probability") > 0
