@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 
 import polars as pl
 
+from sloscope.catalog import EVERY_NODE
 from sloscope.records import SPAN_KIND_CLIENT, SPAN_KIND_PRODUCER, SPAN_KIND_SERVER, SPAN_KINDS
 
 from sloscope.analytics.store_api import StoreReader
@@ -47,8 +48,8 @@ PLACE = ("service", "pod", "node")
 
 @dataclass(frozen=True)
 class Entry:
-    """The entry requests whose traces an analysis reads: those of `service` on `node` of `tier` (an incident's),
-    or every trace where `service` is empty."""
+    """The entry requests whose traces an analysis reads: those of `service` on `node` (on any node where it is
+    EVERY_NODE) of `tier` (an incident's), or every trace where `service` is empty."""
 
     service: str = ""
     node: str = ""
@@ -60,12 +61,15 @@ EVERY_TRACE = Entry()
 
 def _entry_params(entry: Entry) -> dict:
     """trace_spans.sql's parameters that choose the traces of `entry`."""
-    return {"service": entry.service, "node": entry.node, "tier": entry.tier}
+    return {"service": entry.service, "node": entry.node, "tier": entry.tier, "every_node": EVERY_NODE}
 
 
-def trace_spans(store: StoreReader, since: datetime, until: datetime, entry: Entry = EVERY_TRACE) -> pl.DataFrame:
-    """Every span that started in [since, until) (analytics/sql/trace_spans.sql), of the traces of `entry`."""
-    spans = store.frame(store.sql("trace_spans"), {"since": since, "until": until, **_entry_params(entry)})
+def trace_spans(store: StoreReader, since: datetime, until: datetime, entry: Entry = EVERY_TRACE,
+                tiers: dict | None = None) -> pl.DataFrame:
+    """Every span that started in [since, until) (analytics/sql/trace_spans.sql), of the traces of `entry`, their
+    tiers by `tiers` (the spec's StoreReader.tier_params; else the store's own rules)."""
+    spans = store.frame(store.sql("trace_spans"), {**(tiers or {}), "since": since, "until": until,
+                                                   **_entry_params(entry)})
     return spans.with_columns(pl.col("failed").cast(pl.Boolean))  # ClickHouse answers its booleans as integers
 
 
@@ -146,10 +150,11 @@ class Windows:
                 .when((start >= self.baseline_end) & (start < self.observed_start)).then(pl.lit("lookback")))
 
 
-def culprits(store: StoreReader, windows: Windows, entry: Entry = EVERY_TRACE) -> tuple[list[dict], dict]:
+def culprits(store: StoreReader, windows: Windows, entry: Entry = EVERY_TRACE,
+             tiers: dict | None = None) -> tuple[list[dict], dict]:
     """(culprits ranked by their share of the entry's growth, the entry's own change), over the traces of
-    `entry`."""
-    spans = own_times(trace_spans(store, windows.baseline_start, windows.observed_end, entry))
+    `entry`, their tiers as trace_spans reads them by `tiers`."""
+    spans = own_times(trace_spans(store, windows.baseline_start, windows.observed_end, entry, tiers))
     traced = spans.join(entries(spans), on="trace").with_columns(window=windows.label()).filter(
         pl.col("window").is_not_null())
     per_trace = traced.group_by("trace").agg(pl.col("window", "entry_start", "entry_ms", "entry_failed").first(),

@@ -10,6 +10,7 @@ from typing import Callable
 
 import polars as pl
 
+from sloscope.catalog import EVERY_NODE
 from sloscope.durations import parse_duration
 from sloscope.times import parse_time, rfc3339
 
@@ -181,17 +182,29 @@ def analyse(store: StoreReader, spec, since: datetime | None = None, until: date
         spans = episodes(incidents, analysis.continues)
     out = []
     for incident, (start, end) in zip(incidents, spans):
-        window = analysis.window(incident.node, start, end)
-        fleet = analysis.fleet(window)  # first: a store with rollups fills the window's for the whole fleet
-        scores = analysis.scores(window, incident.node)
-        with timed("attribution"):
-            causes, diagnosis = diagnose(scores, incident.node, window, top, spec.taxonomy, fleet)
+        if incident.node == EVERY_NODE:
+            window = Window.around(start, end, spec.resolution_s, baseline, lookback)
+            causes, diagnosis = [], _every_node_diagnosis(incident, window)
+        else:
+            window = analysis.window(incident.node, start, end)
+            fleet = analysis.fleet(window)  # first: a store with rollups fills the window's for the whole fleet
+            scores = analysis.scores(window, incident.node)
+            with timed("attribution"):
+                causes, diagnosis = diagnose(scores, incident.node, window, top, spec.taxonomy, fleet)
         with timed("trace_graph"):
             found, _ = culprits(store, Windows(window.baseline_start, window.analysis_start, start, end),
-                                Entry(incident.service, incident.node, incident.tier))
+                                Entry(incident.service, incident.node, incident.tier), store.tier_params(spec))
             causes, diagnosis = _led_by_culprits(analysis, incident, (start, end), found, causes, diagnosis, top)
         out.append(incident_json(incident, causes, diagnosis, found))
     return {"incidents": out}
+
+
+def _every_node_diagnosis(incident: Incident, window: Window) -> dict:
+    """Why an incident judged over every node of its service has no cause of its own: no one node's signals
+    explain it, only the culprits its traces lead to could."""
+    return {"verdict": "no_clear_cause", "floor": CLEAR_CAUSE_FLOOR, "baseline": window.baseline_json(),
+            "candidates": [], "reason": f"{incident.service} was judged over all its nodes together, and no culprit "
+                                        "stands out in its traces"}
 
 
 def _led_by_culprits(analysis: "_Analysis", incident: Incident, episode: tuple[datetime, datetime],
@@ -238,7 +251,8 @@ def explain_moment(store: StoreReader, spec, at: datetime, node: str | None = No
         baselines[name] = diagnosis.pop("baseline")
     ranked.sort(key=lambda c: -c["score"])
     candidates.sort(key=lambda c: -c["score"])
-    found, entry = culprits(store, Windows(at - lookback - baseline, at - lookback, at, at + MOMENT_SPAN))
+    found, entry = culprits(store, Windows(at - lookback - baseline, at - lookback, at, at + MOMENT_SPAN),
+                            tiers=store.tier_params(spec))
     found = [c for c in found if node is None or c["node"] == node]
     onsets = {(c["node"], c["pod"]): c["onset"] for c in reversed(found)}  # the first culprit's, where two share
     led = culprit_causes(found, lambda name, pod: _node_causes(analysis, spec, name, pod, onsets[name, pod],
@@ -359,13 +373,16 @@ def episodes(incidents: list[Incident], continues=None) -> list[tuple[datetime, 
     fault's signals are still settling."""
     ids, spans, open_episode = [], [], {}
     for incident in incidents:  # sorted by start
-        current = open_episode.get(incident.node)
+        # An incident over every node is its service's trouble, with no node's evidence to follow.
+        every_node = incident.node == EVERY_NODE
+        place = (incident.node, incident.service if every_node else "")
+        current = open_episode.get(place)
         if current is None or incident.start > spans[current][1] + EPISODE_GAP or (
-                continues is not None and incident.start > spans[current][1] and
+                continues is not None and not every_node and incident.start > spans[current][1] and
                 not continues(incident.node, spans[current], incident)):
             current = len(spans)
             spans.append((incident.start, incident.end))
-            open_episode[incident.node] = current
+            open_episode[place] = current
         spans[current] = (spans[current][0], max(spans[current][1], incident.end))
         ids.append(current)
     return [spans[i] for i in ids]
@@ -395,8 +412,8 @@ def format_table(result: dict, no_requests: bool = False) -> str:
         else:
             what = f"error ratio {sli['observed_error_ratio']:.2%} > {sli['objective_error_ratio']:.2%}"
         lines.append("")
-        lines.append(f"#{n} {inc['tier']} / {inc['service']} on {inc['node']}  {inc['start']} .. {inc['end']}  "
-                     f"({what})")
+        lines.append(f"#{n} {inc['tier']} / {inc['service']} on {on_nodes(inc['node'])}  "
+                     f"{inc['start']} .. {inc['end']}  ({what})")
         lines.extend(_culprit_lines(inc.get("culprits", [])))
         if not inc["causes"]:
             lines.extend(_no_cause_lines(inc.get("diagnosis", {})))
@@ -405,6 +422,11 @@ def format_table(result: dict, no_requests: bool = False) -> str:
                          f"{cause['score']:.2f}  -> {cause['remediation']}")
             lines.extend(_evidence_lines(cause))
     return "\n".join(lines)
+
+
+def on_nodes(node: str) -> str:
+    """Where an incident was judged, for people."""
+    return "every node" if node == EVERY_NODE else node
 
 
 def _where(cause: dict) -> str:

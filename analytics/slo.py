@@ -13,6 +13,11 @@ violates is at most FLEET_FDR, however many nodes and hours are analysed, while 
 windows bad at once, lowers the bar for its own windows. Violating windows a short gap apart merge into one
 incident; an incident needs violating windows from MIN_BLOCKS separate tests, so a single-window blip is not
 an incident.
+
+A service on more than one node is also judged over all of them together, as node EVERY_NODE, in the same
+family of tests: a fault deep in a mesh slows a few of the requests of each of many entry pods, too few on any
+one node to be judged there. Such an incident is kept only where no incident of its tier and service on one node
+overlaps it, since that one says where.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from datetime import datetime, timedelta
 import numpy as np
 import polars as pl
 
+from sloscope.catalog import EVERY_NODE
 from sloscope.slo_spec import SloSpec, TierObjective
 
 from sloscope.analytics.significance import fleet_discoveries, poisson_tail
@@ -123,7 +129,7 @@ def sli_windows(store: StoreReader, spec: SloSpec, since: datetime, until: datet
     objective. One query reads the requests for every tier."""
     objectives = list(spec.tiers.values())
     tiers = [o.name for o in objectives]
-    frame = _in_window_order(store.computed("sli_windows", sli_params(store, spec, since, until)))
+    frame = _in_window_order(_with_every_node(store.computed("sli_windows", sli_params(store, spec, since, until))))
     block = _blocks(frame, spec.resolution_s)
     # A block's windows are next to each other: its sums are taken over its run of rows, and its p-values are
     # handed back to its windows by its number.
@@ -141,6 +147,16 @@ def sli_windows(store: StoreReader, spec: SloSpec, since: datetime, until: datet
     return {tier: frame.filter(pl.col("tier") == tier).drop("tier") for tier in tiers}
 
 
+def _with_every_node(frame: pl.DataFrame) -> pl.DataFrame:
+    """The windows, and those of each (tier, service) on more than one node summed over its nodes (EVERY_NODE). A
+    service's threshold is the same on every node, so the sums count its slow requests exactly."""
+    spread = frame.group_by("tier", "service").agg(nodes=pl.col("node").n_unique()).filter(pl.col("nodes") > 1)
+    every = (frame.join(spread.select("tier", "service"), on=["tier", "service"])
+             .group_by("tier", "service", "window_start").agg(pl.col("requests", "failures", "slow").sum())
+             .with_columns(node=pl.lit(EVERY_NODE)))
+    return pl.concat([frame, every.select(frame.columns).cast(frame.schema)])
+
+
 def window_latencies(store: StoreReader, spec: SloSpec, objective: TierObjective, since: datetime,
                      until: datetime) -> pl.DataFrame:
     """One tier's latency percentile per (service, node) and window, as people are shown it: the verdicts read
@@ -152,7 +168,7 @@ def window_latencies(store: StoreReader, spec: SloSpec, objective: TierObjective
 def _window_params(store: StoreReader, spec: SloSpec, objective: TierObjective, since: datetime,
                    until: datetime) -> dict:
     return {**store.tier_params(spec), **judging_params(spec), "tier": objective.name, "step_s": spec.resolution_s,
-            "since": since, "until": until}
+            "since": since, "until": until, "every_node": EVERY_NODE}
 
 
 def _tails(bad: np.ndarray, expected: np.ndarray) -> np.ndarray:
@@ -218,7 +234,7 @@ def _incident_slis(store: StoreReader, spec: SloSpec, objective: TierObjective, 
         "quantile": objective.percentile / 100,
         "incident_thresholds_ms": [float(objective.at(run["service"]).threshold_ms) for run in runs],
         "services": [run["service"] for run in runs],
-        "nodes": [run["node"] for run in runs], "starts": starts, "ends": ends,
+        "nodes": [run["node"] for run in runs], "every_node": EVERY_NODE, "starts": starts, "ends": ends,
         "start": min(starts), "end": max(ends)})}
     return [_incident_sli(objective.at(run["service"]), run, *measured.get(place, (0, 0, 0, None)))
             for place, run in enumerate(runs, start=1)]
@@ -234,12 +250,19 @@ def _incident_sli(objective: TierObjective, run: dict, requests: int, failures: 
             "objective_error_ratio": round(objective.error_budget, 5)}
 
 
+def _apart_from_nodes(runs: list[dict]) -> list[dict]:
+    """The runs less those over EVERY_NODE that overlap a run of their service on one node."""
+    own = [r for r in runs if r["node"] != EVERY_NODE]
+    return [r for r in runs if r["node"] != EVERY_NODE or not any(
+        o["service"] == r["service"] and o["start"] <= r["last"] and r["start"] <= o["last"] for o in own)]
+
+
 def find_incidents(store: StoreReader, spec: SloSpec, since: datetime, until: datetime) -> list[Incident]:
     frames = sli_windows(store, spec, since, until)
     incidents = []
     step = timedelta(seconds=spec.resolution_s)
     for tier, windows in judge_fleet(frames).items():
-        runs = list(_runs(windows, spec.resolution_s).iter_rows(named=True))
+        runs = _apart_from_nodes(list(_runs(windows, spec.resolution_s).iter_rows(named=True)))
         ends = [run["last"] + step for run in runs]
         for run, end, sli in zip(runs, ends, _incident_slis(store, spec, spec.tiers[tier], runs, ends)):
             incidents.append(Incident(tier, run["service"], run["node"], run["start"], end, sli, run["windows"]))

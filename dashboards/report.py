@@ -32,7 +32,7 @@ from sloscope.times import parse_rfc3339, rfc3339
 
 from sloscope.analytics.attribution import BASELINE, GROWTH_SUFFIX, LOOKBACK, Window, signal_steps
 from sloscope.analytics.graph import described
-from sloscope.analytics.rca import EPISODE_GAP, NO_REQUESTS, analyse, holds_requests
+from sloscope.analytics.rca import EPISODE_GAP, NO_REQUESTS, analyse, holds_requests, on_nodes
 from sloscope.analytics.slo import MIN_REQUESTS, sli_windows, window_latencies
 from sloscope.analytics.store_api import StoreReader
 
@@ -126,14 +126,16 @@ def remediation_rows(store: StoreReader, node: str, tiers: set[str], since: date
 
 
 def _sli_series(frame: pl.DataFrame, inc: dict, step: timedelta) -> tuple[list, list]:
-    """(this node's points, the other nodes' median points) of the incident's SLI, per SLI step (mid-step)."""
+    """(this node's points, the other nodes' median points) of the incident's SLI, per SLI step (mid-step). An
+    incident over every node has its service's points over all of them, and the nodes' own median beside."""
     kind = inc["sli"]["kind"]
     rows = frame.filter(pl.col("service") == inc["service"]).filter(pl.col("requests") >= MIN_REQUESTS)
     value = (pl.col("latency_ms") if kind == "latency" else pl.col("failures") / pl.col("requests")).alias("v")
     rows = rows.select("node", "window_start", value)
     half = step / 2
     mine = [(t + half, v) for t, v in rows.filter(pl.col("node") == inc["node"]).select("window_start", "v").rows()]
-    others = (rows.filter(pl.col("node") != inc["node"]).group_by("window_start").agg(pl.col("v").median())
+    others = (rows.filter(~pl.col("node").is_in([inc["node"], catalog.EVERY_NODE])).group_by("window_start")
+              .agg(pl.col("v").median())
               .sort("window_start"))
     return mine, [(t + half, v) for t, v in others.rows()]
 
@@ -197,7 +199,7 @@ def _span(start: str, end: str) -> str:
 
 
 def _grafana_link(grafana_url: str | None, ep: Episode, t0: datetime, t1: datetime) -> str:
-    if not grafana_url:
+    if not grafana_url or ep.node == catalog.EVERY_NODE:  # no one node's dashboard shows it
         return ""
     ms = lambda t: int(t.replace(tzinfo=timezone.utc).timestamp() * 1000)  # noqa: E731
     url = (f"{grafana_url.rstrip('/')}/d/{grafana.NODE_UID}/sloscope-node?var-node={quote(ep.node, safe='')}"
@@ -251,7 +253,7 @@ class Report:
             for inc in ep.incidents:
                 top = inc["causes"][0] if inc["causes"] else None
                 rows.append([f"<a href='#{ep.anchor}'>#{n}</a>", escape(inc["tier"]), escape(inc["service"]),
-                             escape(inc["node"]), _span(inc["start"], inc["end"]), _sli_text(inc["sli"]),
+                             escape(on_nodes(inc["node"])), _span(inc["start"], inc["end"]), _sli_text(inc["sli"]),
                              f"<b>{escape(top['cause'])}</b> ({top['score']:.2f})" if top else "none stands out"])
         count = sum(len(ep.incidents) for ep in eps)
         return (f"<p><b class=bad>{count} incident(s)</b> in {len(eps)} episode(s).</p>"
@@ -272,7 +274,7 @@ class Report:
                               dashed=False) for r in (remediation or []) if t0 <= r["ts"] <= t1]
         causes = ep.causes
         top = causes[0] if causes else None
-        head = (f"<h2 id='{ep.anchor}'>#{n} {escape(ep.node)}: {rfc3339(ep.start)} .. {rfc3339(ep.end)}"
+        head = (f"<h2 id='{ep.anchor}'>#{n} {escape(on_nodes(ep.node))}: {rfc3339(ep.start)} .. {rfc3339(ep.end)}"
                 f"{' — ' + escape(top['cause']) if top else ''}</h2>"
                 f"<p class='small muted'>{len(ep.incidents)} incident(s); charts from {rfc3339(t0)} (the baseline "
                 f"the analysis compares with) to {rfc3339(t1)}; the incident is shaded"
@@ -296,14 +298,15 @@ class Report:
             mine, others = _sli_series(frames[inc["tier"]], inc, step)
             start, end = _t(inc["start"]), _t(inc["end"])
             if inc["sli"]["kind"] == "latency":
-                title = (f"SLI {inc['tier']} / {inc['service']} on {inc['node']}: p{objective.percentile:g} latency "
-                         f"per {spec.resolution_s:g} s")
+                title = (f"SLI {inc['tier']} / {inc['service']} on {on_nodes(inc['node'])}: "
+                         f"p{objective.percentile:g} latency per {spec.resolution_s:g} s")
                 unit, line = "ms", Marker(f"objective {objective.threshold_ms:g} ms", value=objective.threshold_ms)
-                name = f"p{objective.percentile:g} on {inc['node']}"
+                name = f"p{objective.percentile:g} on {on_nodes(inc['node'])}"
             else:
-                title = f"SLI {inc['tier']} / {inc['service']} on {inc['node']}: error ratio per {spec.resolution_s:g} s"
+                title = (f"SLI {inc['tier']} / {inc['service']} on {on_nodes(inc['node'])}: error ratio per "
+                         f"{spec.resolution_s:g} s")
                 unit, line = "ratio", Marker(f"budget {objective.error_budget:.2%}", value=objective.error_budget)
-                name = f"error ratio on {inc['node']}"
+                name = f"error ratio on {on_nodes(inc['node'])}"
             chart = Chart(title, unit, t0, t1,
                           series=[Series(OTHER_NODES, others, color="#9a9a9a", width=1.2), Series(name, mine)],
                           markers=[line, *rem_markers], shades=[Shade(start, end, "incident")])
@@ -325,11 +328,12 @@ class Report:
                  f", score {cause['score']:.2f})</span></h3>",
                  f"<p class=small>Remediation: {escape(cause['remediation'])}</p>"]
         rows = []
+        node = cause.get("node") or ep.node  # a culprit's causes are its node's, not the incident's
         for ev in cause["evidence"]:
             feature = ev.get("feature")
             metric = ev["signal"] + (GROWTH_SUFFIX if feature else "")
             unit = signal_unit(ev["signal"], feature)
-            mine, others = _signal_points(steps, ep.node, metric, ev["attributes"])
+            mine, others = _signal_points(steps, node, metric, ev["attributes"])
             onset = _t(ev.get("onset"))
             markers = [Marker(f"baseline {format_value(ev['baseline'], unit)}", value=ev["baseline"],
                               color="#2a7d2a")] if ev.get("baseline") is not None else []
@@ -337,9 +341,9 @@ class Report:
                 markers.append(Marker(f"onset {onset:%H:%M:%S}", at=onset, color="#d62728"))
             what = ev["signal"] + (" growth per minute" if feature else "")
             attrs = _attrs(ev["attributes"])
-            chart = Chart(f"{what}" + (f" {{{attrs}}}" if attrs else "") + f" on {ep.node}", unit, t0, t1,
+            chart = Chart(f"{what}" + (f" {{{attrs}}}" if attrs else "") + f" on {node}", unit, t0, t1,
                           series=[Series(OTHER_NODES, others, color="#9a9a9a", width=1.2),
-                                  Series(ep.node, mine, color="#d62728")],
+                                  Series(node, mine, color="#d62728")],
                           markers=markers, shades=[Shade(ep.start, ep.end, "incident")], height=180)
             parts.append(time_chart(chart))
             rows.append([f"<code>{escape(what)}</code>", escape(attrs) or "–",

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from sloscope.catalog import EVERY_NODE
+
 from sloscope.sampling.observations import Observations, Sli
 
 
@@ -42,10 +44,12 @@ def tier_reasons(spec, obs: Observations, overrides: dict[str, float], min_reque
 
 
 def node_reasons(obs: Observations, min_requests: int, error_ratio: float) -> dict[str, list[str]]:
-    """Per node observed or named by an open incident, why it is hot in this evaluation."""
+    """Per node observed or named by an open incident, why it is hot in this evaluation. An incident over every
+    node of its service heats its tier, no node."""
     out = {n: breaks(sli, None, min_requests, error_ratio) for n, sli in obs.nodes.items()}
     for _, _, node in obs.incidents:
-        out.setdefault(node, []).append("incident")
+        if node != EVERY_NODE:
+            out.setdefault(node, []).append("incident")
     return out
 
 

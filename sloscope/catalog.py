@@ -264,3 +264,7 @@ TIER_ATTRIBUTES = (TIER_HEADER_ATTRIBUTE, TIER_ISTIO_TAG)
 # The node of a span or data point that names none (and, for a span, no GPU whose node is known): stored as this
 # name, counted (spans_node_unknown, points_node_unknown), and skipped by node attribution; tier SLIs count it.
 UNKNOWN_NODE = "unknown"
+# The node of an incident judged over every replica of its service together (docs/tiers.md): a fault deep in a
+# mesh slows a few requests on each of many entry pods, too few on any one of them to be judged there. No
+# Kubernetes node or host can bear this name (a DNS name has no '*').
+EVERY_NODE = "*"

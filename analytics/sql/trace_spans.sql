@@ -3,11 +3,11 @@
 -- window's traces apart), its id and its parent's, OTLP kind, where it ran, its own tier and its time. A trace's
 -- tier is its entry's, which the graph reads: deeper services see no header.
 -- Where $service is not empty, only the traces in which a request of $service on $node of tier $tier started in
--- the range: an incident's traces, read without the rest of the fleet's.
+-- the range (on any node where $node is $every_node): an incident's traces, read without the rest of the fleet's.
 WITH chosen AS (
     SELECT DISTINCT trace_hi, trace_lo
     FROM requests
-    WHERE $service <> '' AND service = $service AND node = $node AND tier = $tier
+    WHERE $service <> '' AND service = $service AND ($node = $every_node OR node = $node) AND tier = $tier
       AND start_time >= $since AND start_time < $until
 ),
 graph AS (

@@ -3,7 +3,7 @@
 -- (judged_requests.sql) of its service and node started in [start, end). The incidents are given place by place in
 -- {services}, {nodes}, {starts} and {ends}; `incident` is the place (from 1). One read of their nodes' spans over
 -- [{start}, {end}), the incidents' whole span, where each finds its own (an incident's windows never overlap
--- another's of the same tier, service and node).
+-- another's of the same tier, service and node). An incident on {every_node} is its service's on every node.
 SELECT incident,
        toInt64(count()) AS requests,
        toInt64(countIf(failed)) AS failures,
@@ -12,12 +12,14 @@ SELECT incident,
 FROM (
     SELECT failed, duration_ms,
            arrayFirstIndex((incident_service, incident_node, incident_start, incident_end) ->
-                               incident_service = service AND incident_node = node
+                               incident_service = service
+                               AND (incident_node = {every_node:String} OR incident_node = node)
                                AND start_time >= incident_start AND start_time < incident_end,
                            {services:Array(String)}, {nodes:Array(String)}, {starts:Array(DateTime64(6))},
                            {ends:Array(DateTime64(6))}) AS incident
     FROM {{judged_requests start end}}
-    WHERE tier = {tier:String} AND has({nodes:Array(String)}, node) AND has({services:Array(String)}, service)
+    WHERE tier = {tier:String} AND (has({nodes:Array(String)}, {every_node:String}) OR has({nodes:Array(String)}, node))
+      AND has({services:Array(String)}, service)
 )
 WHERE incident > 0
 GROUP BY incident
