@@ -1,4 +1,5 @@
-"""Prometheus exposition of the store: a prometheus_client Collector that queries the store at scrape time.
+"""Prometheus exposition of the store: a prometheus_client Collector that queries the store, and the text of its last
+run that /metrics serves.
 
 Families (names in sloscope/metric_names.py):
 - `sloscope_request_duration_seconds` (histogram), `sloscope_requests_total`, `sloscope_request_errors_total`
@@ -10,13 +11,25 @@ Families (names in sloscope/metric_names.py):
   analytics.rca.analyse over the last `incident_lookback_s`, computed at most once per `cache_s`.
 - `sloscope_ingest_<name>_total`: the store's ingest and rejection counters.
 - with `render(..., intake=...)`, `sloscope serve`'s own receiver and writer families (alerts/intake_metrics.py).
-- `sloscope_exporter_series_dropped_total{family}`: label sets left out of scrapes because a family reached
-  `max_series` (summed over scrapes: a rate above zero means the cap bites);
-  `sloscope_exporter_errors_total{part}`: parts of scrapes that failed (logged; the rest is still served).
+- `sloscope_exporter_series_dropped_total{family}`: label sets left out because a family reached `max_series`
+  (summed over refreshes: a rate above zero means the cap bites); for the physical signals, counted in stored
+  series (node and attributes), each of which gives one label set;
+  `sloscope_exporter_errors_total{part}`: parts of refreshes that failed (logged; the rest is still served).
 
-Each scrape reads through `reading()` (a store's `reading`): on DuckDB its own cursor, never a connection another
-thread uses, so scrapes may run beside the writer of `sloscope serve`; on ClickHouse the store, whose queries take
-turns. The queries are analytics/sql/ files in the store's dialect.
+Every query fetches at most `max_series` label sets (or series) of a family, with the number there are: the cap
+is applied in SQL, so that what crosses into Python, and is rendered, stays within it whatever the store holds.
+
+/metrics (`render`) serves the text of the last refresh (`Exposition`), so that a scrape costs what it sends, not
+what the queries read. A scrape starts a refresh unless one runs or the last ended less than IDLE_RATIO times its
+duration ago, which holds refreshes to a share of the time however large the store grows. Where the last refresh
+took at most WAIT_S, the scrape waits for the one in flight and is current; otherwise it answers at once with the
+last good text, and the refresh goes on in the background. The counters come from the store's cumulative counts,
+so they stay monotonic across refreshes and restarts of serve; only this process's own counters (dropped, errors)
+start again at zero with it, as Prometheus counters may on a restart.
+
+Each refresh reads through `reading()` (a store's `reading`): on DuckDB its own cursor, never a connection another
+thread uses, so refreshes may run beside the writer of `sloscope serve`; on ClickHouse the store, whose queries
+take turns. The queries are analytics/sql/ files in the store's dialect.
 """
 
 from __future__ import annotations
@@ -46,6 +59,9 @@ from sloscope.analytics.rca import analyse
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SERIES = 10_000
+WAIT_S = 1.0  # a scrape waits this long for a refresh where the last one took no longer: a small store's is current
+IDLE_RATIO = 3.0  # a refresh starts only after 3 times the last one's duration: at most a quarter of the time
+SETTLE_S = 20.0  # how long a stopping serve waits for a refresh in flight: within Kubernetes' 30 s grace period
 
 
 def _utc(seconds: float) -> datetime:
@@ -53,6 +69,11 @@ def _utc(seconds: float) -> datetime:
 
 
 ALL_TIME = {"since": datetime(1970, 1, 1), "until": datetime(2262, 1, 1)}  # cumulative families: the whole store
+# The parts of a refresh, each left out alone where it fails; and the families the cap applies to.
+PARTS = ("requests", "gauges", "counters", "histograms", "incidents", "ingest", "remediation")
+CAPPED = (metric_names.REQUEST_DURATION, *(f.name for f in (*metric_names.GAUGES, *metric_names.COUNTERS,
+                                                            *metric_names.SIGNAL_HISTOGRAMS)),
+          metric_names.INCIDENT_CAUSE_SCORE)
 
 
 class StoreCollector(Collector):
@@ -85,14 +106,12 @@ class StoreCollector(Collector):
 
     def collect(self):
         with self.reading() as reader:
-            for part, build in (("requests", self._requests), ("gauges", self._gauges),
-                                ("counters", self._counters), ("histograms", self._signal_histograms),
-                                ("incidents", self._incident_family), ("ingest", self._ingest),
-                                ("remediation", self._remediation)):
+            for part, build in zip(PARTS, (self._requests, self._gauges, self._counters, self._signal_histograms,
+                                           self._incident_family, self._ingest, self._remediation)):
                 try:
                     families = list(build(reader))
                 except Exception:
-                    log.warning("/metrics: the %s part of the scrape failed; left out", part, exc_info=True)
+                    log.warning("/metrics: the %s part of the refresh failed; left out", part, exc_info=True)
                     with self._lock:
                         self.errors[part] += 1
                     continue
@@ -106,25 +125,21 @@ class StoreCollector(Collector):
             with self._lock:
                 self.dropped[family] += count
 
-    def _capped(self, family: str, keys: list) -> set:
-        """The first max_series of the label sets `keys` (sorted, so that the kept set does not flap); the rest
-        is counted as dropped."""
-        kept = sorted(set(keys))
-        self._drop(family, len(kept) - self.max_series)
-        return set(kept[: self.max_series])
-
     def _requests(self, reader):
-        rows = reader.rows(reader.sql("request_totals"),
-                           {**reader.tier_params(self.spec), "bounds_ms": self.bounds_ms, **ALL_TIME})
-        kept = self._capped(metric_names.REQUEST_DURATION, [tuple(r[:3]) for r in rows])
+        # The queries keep the first max_series label sets in order, so that the kept set does not flap.
+        rows = reader.rows(reader.sql("request_totals"), {**reader.tier_params(self.spec), "bounds_ms": self.bounds_ms,
+                                                          "max_series": self.max_series, **ALL_TIME})
         per_labels: dict[tuple, list] = {}
-        for tier, service, node, bucket, n, seconds, failed in rows:
-            if (tier, service, node) in kept:
-                per_labels.setdefault((tier, service, node), []).append((bucket, n, seconds, failed))
+        for tier, service, node, bucket, n, seconds, failed, _ in rows:
+            per_labels.setdefault((tier, service, node), []).append((bucket, n, seconds, failed))
+        if rows:
+            self._drop(metric_names.REQUEST_DURATION, rows[0][-1] - len(per_labels))
         # What retention deleted is added to the label sets the store still holds requests of: one whose requests
         # are all gone is no longer exported, as a series that ends (no reset) and leaves room under max_series.
+        exported = {"tiers": [k[0] for k in per_labels], "services": [k[1] for k in per_labels],
+                    "nodes": [k[2] for k in per_labels]}
         retired: dict[tuple, list] = {}
-        for tier, service, node, *counts in reader.rows(reader.sql("retired_request_totals")):
+        for tier, service, node, *counts in reader.rows(reader.sql("retired_request_totals"), exported):
             retired.setdefault((tier, service, node), []).append(counts)
         request_labels = metric_names.REQUEST_LABELS
         hist = HistogramMetricFamily(metric_names.REQUEST_DURATION, "Duration of requests (SERVER spans) ingested "
@@ -149,24 +164,19 @@ class StoreCollector(Collector):
 
     def _series(self, reader, query: str, families, since: datetime | None = None):
         """Rows (family, labels, rest...) of `query` for the families' signals, each series' labels taken from
-        its node and attributes; a series with an attribute its family excludes is left out; at most max_series
-        label sets per family."""
+        its node and attributes. The query leaves out a series with an attribute its family excludes, and fetches
+        the first max_series series of each family with the number there are: those past it are dropped."""
         by_signal = {f.signal: f for f in families}
-        params = {"metrics": list(by_signal), **ALL_TIME, **({"since": since} if since else {})}
-        picked = []
-        for metric, node, attributes, *rest in reader.rows(reader.sql(query), params):
+        params = {"metrics": list(by_signal), "excluded": [list(f.exclude_if) for f in by_signal.values()],
+                  "max_series": self.max_series, **ALL_TIME, **({"since": since} if since else {})}
+        picked, stored, kept = [], {}, Counter()
+        for metric, node, attributes, *rest, series in reader.rows(reader.sql(query), params):
             family = by_signal[metric]
-            try:
-                attrs = json.loads(attributes)
-            except ValueError:
-                attrs = {}
-            if not isinstance(attrs, dict) or any(k in attrs for k in family.exclude_if):
-                continue
-            labels = tuple(node if attr == "node" else str(attrs.get(attr, "")) for _, attr in family.labels)
-            picked.append((family, labels, *rest))
-        for family in families:
-            kept = self._capped(family.name, [p[1] for p in picked if p[0] is family])
-            picked = [p for p in picked if p[0] is not family or p[1] in kept]
+            stored[family.name] = series
+            kept[family.name] += 1
+            picked.append((family, _labels(family, node, attributes), *rest))
+        for name, series in stored.items():
+            self._drop(name, series - kept[name])
         return picked
 
     @staticmethod
@@ -211,8 +221,8 @@ class StoreCollector(Collector):
                                 "decision (executed, dry_run, refused, failed, deferred).",
                                 labels=metric_names.REMEDIATION_LABELS)
         if "remediation_audit" in reader.tables():
-            rows = reader.rows(reader.sql("remediation_decisions"))
-            for alert, action, target, decision, n in rows[: self.max_series]:
+            for alert, action, target, decision, n in reader.rows(reader.sql("remediation_decisions"),
+                                                                  {"max_series": self.max_series}):
                 c.add_metric([alert, action, target, decision], n)
         return [c]
 
@@ -266,32 +276,98 @@ class StoreCollector(Collector):
     def _own(self):
         with self._lock:
             dropped, errors = dict(self.dropped), dict(self.errors)
-        d = CounterMetricFamily(metric_names.SERIES_DROPPED, "Label sets left out of scrapes because their family "
-                                "reached the cap of /metrics, summed over scrapes.", labels=["family"])
-        capped = [metric_names.REQUEST_DURATION, *(g.name for g in metric_names.GAUGES),
-                  metric_names.INCIDENT_CAUSE_SCORE]
-        for family in capped:
+        d = CounterMetricFamily(metric_names.SERIES_DROPPED, "Label sets left out of /metrics because their family "
+                                "reached its cap, summed over refreshes.", labels=["family"])
+        for family in CAPPED:
             d.add_metric([family], dropped.get(family, 0))
-        e = CounterMetricFamily(metric_names.EXPORTER_ERRORS, "Parts of scrapes that failed and were left out (see "
-                                "the log).", labels=["part"])
-        for part in ("requests", "gauges", "incidents", "ingest"):
+        e = CounterMetricFamily(metric_names.EXPORTER_ERRORS, "Parts of refreshes of /metrics that failed and were "
+                                "left out (see the log).", labels=["part"])
+        for part in PARTS:
             e.add_metric([part], errors.get(part, 0))
         return [d, e]
 
 
-_collectors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_collectors_lock = threading.Lock()
+class Exposition:
+    """The text of a collector's last refresh, refreshed by the scrapes that find it due (see the module's
+    docstring): a scrape costs what it sends, and the refreshes at most a 1 / (1 + idle_ratio) share of the time."""
+
+    def __init__(self, collector: Collector, wait_s: float = WAIT_S, idle_ratio: float = IDLE_RATIO,
+                 clock: Callable[[], float] = time.monotonic):
+        self.collector, self.wait_s, self.idle_ratio, self.clock = collector, wait_s, idle_ratio, clock
+        self._body: bytes | None = None
+        self._failure: Exception | None = None  # why the last refresh failed, raised while there is no text
+        self._took, self._ended, self._refreshing = 0.0, -math.inf, False
+        self._changed = threading.Condition()  # a refresh ended
+
+    def body(self) -> bytes:
+        """The text of the newest refresh; the first scrape waits for it (a failed one raises its error)."""
+        with self._changed:
+            slow = self._body is not None and self._took > self.wait_s
+            start = not self._refreshing and self.clock() - self._ended >= self.idle_ratio * self._took
+            self._refreshing = self._refreshing or start
+        if start and slow:
+            threading.Thread(target=self._refresh, name="metrics-refresh", daemon=True).start()
+        elif start:
+            self._refresh()
+        with self._changed:
+            if not slow:
+                self._changed.wait_for(lambda: not self._refreshing, None if self._body is None else self.wait_s)
+            if self._body is None:
+                raise self._failure
+            return self._body
+
+    def settle(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for a refresh in flight to end."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._refreshing, timeout_s)
+
+    def _refresh(self) -> None:
+        started, body, failure = self.clock(), None, None
+        try:
+            body = exposition.render(self.collector)
+        except Exception as exc:  # the store's reader could not be had: the last good text stays served
+            log.warning("/metrics: the refresh failed; the last one is served", exc_info=True)
+            failure = exc
+        with self._changed:
+            self._body, self._failure = body or self._body, failure
+            self._took, self._ended, self._refreshing = self.clock() - started, self.clock(), False
+            self._changed.notify_all()
+
+
+_expositions: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_expositions_lock = threading.Lock()
 
 
 def render(store, spec=None, intake: Collector | None = None, **options) -> tuple[bytes, str]:
-    """The /metrics response for `store` (analytics/store_api.py): (body, content type). The collector (and
-    its incident cache) is kept per store, so repeated scrapes reuse it. `intake` adds the families of the
-    process's own intake (alerts.intake_metrics), which are not in the store."""
-    with _collectors_lock:
-        collector = _collectors.get(store)
-        if collector is None:
-            collector = _collectors[store] = StoreCollector(store.reading, spec, **options)
-    return exposition.render(collector, *([intake] if intake else [])), exposition.CONTENT_TYPE
+    """The /metrics response for `store` (analytics/store_api.py): (body, content type). The exposition (its
+    collector's options, its incident cache) is kept per store, so repeated scrapes reuse it. `intake` adds the
+    families of the process's own intake (alerts.intake_metrics), which are not in the store, rendered at each
+    scrape."""
+    with _expositions_lock:
+        kept = _expositions.get(store)
+        if kept is None:
+            kept = _expositions[store] = Exposition(StoreCollector(store.reading, spec, **options))
+    return kept.body() + (exposition.render(intake) if intake else b""), exposition.CONTENT_TYPE
+
+
+def settle(store, timeout_s: float = SETTLE_S) -> None:
+    """Wait for a refresh of `store`'s /metrics that runs behind the scrapes, so that the store is not closed
+    under its queries (serve calls it once its listeners are closed)."""
+    with _expositions_lock:
+        kept = _expositions.get(store)
+    if kept is not None:
+        kept.settle(timeout_s)
+
+
+def _labels(family, node: str, attributes: str) -> tuple:
+    """A series' label values for its family: its node, and the attributes the family's labels name."""
+    try:
+        attrs = json.loads(attributes)
+    except ValueError:
+        attrs = {}
+    if not isinstance(attrs, dict):
+        attrs = {}
+    return tuple(node if attr == "node" else str(attrs.get(attr, "")) for _, attr in family.labels)
 
 
 def _retired_at(retired: list, bound_ms: float) -> tuple[int, float, int]:

@@ -34,6 +34,7 @@ from sloscope.analytics.late_placement import LatePlacement
 from sloscope.analytics.retention import RetentionSchedule, kept_period
 from sloscope.analytics.stores import add_store_arguments, open_url, parse_store_url, store_url
 from sloscope.analytics.writer import Writer
+from sloscope.alerts import store_metrics
 from sloscope.alerts.audit import AuditStore
 from sloscope.alerts.remediation import Engine
 from sloscope.alerts.remediation_config import load_config
@@ -196,6 +197,7 @@ def _serve_writing(args, store) -> int:
         if part:
             part.stop()
     writer.stop()
+    store_metrics.settle(store)
     store.close()
     if not listeners.started:
         return 1

@@ -17,6 +17,7 @@ from sloscope.slo_spec import SpecError
 
 from sloscope.analytics.cli import EXIT_USAGE
 from sloscope.analytics.errors import StoreError
+from sloscope.alerts import store_metrics
 from sloscope.sampling.config import load_config as load_sampling_config
 from sloscope.sampling.policy import SamplingService
 
@@ -75,6 +76,7 @@ def serve(args, store) -> int:
         return 1
     serve_until_stopped(listeners, stop, f"reading {store.path}; tiers {', '.join(spec.tiers)} "
                                          f"(default {spec.default_tier})")
+    store_metrics.settle(store)
     store.close()
     log.info("stopped")
     return 0

@@ -1,6 +1,14 @@
--- The increase of each series of the counters $metrics over [since, until): the counters of /metrics.
-SELECT metric, node, attributes, sum(value) AS value
-FROM samples
-WHERE list_contains($metrics, metric) AND interval_s IS NOT NULL AND ts >= $since AND ts < $until
-GROUP BY ALL
+-- The increase of each series of the counters $metrics over [since, until): the counters of /metrics. A series
+-- holding an attribute its family excludes ($excluded: the attribute names of each of $metrics) is left out; of the
+-- others, only the first $max_series of each metric in their order are fetched, and `series` counts them all.
+WITH series AS (
+    SELECT metric, node, attributes, sum(value) AS value
+    FROM samples
+    WHERE list_contains($metrics, metric) AND interval_s IS NOT NULL AND ts >= $since AND ts < $until
+    GROUP BY ALL
+)
+SELECT metric, node, attributes, value, count(*) OVER (PARTITION BY metric) AS series
+FROM series
+WHERE NOT list_has_any(json_keys(attributes), ($excluded::VARCHAR[][])[list_position($metrics, metric)])
+QUALIFY row_number() OVER (PARTITION BY metric ORDER BY node, attributes) <= $max_series
 ORDER BY metric, node, attributes

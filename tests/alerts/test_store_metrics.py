@@ -1,6 +1,7 @@
 """The /metrics exporter: what a scrape of a store says, parsed back with prometheus_client's parser."""
 
 import threading
+import time
 from datetime import datetime, timezone
 
 import pytest
@@ -162,7 +163,11 @@ def test_render_serves_the_text_format_and_scrapes_beside_a_writer(store, tmp_pa
     for t in threads:
         t.join()
     assert not errors and len(bodies) == 15
-    assert b'sloscope_requests_total{node="gpu-node-2",service="embedder",tier="standard"} 6.0' in render(store)[0]
+    # a scrape serves the last refresh's text; the next refresh falls due within a few times its duration
+    deadline = time.monotonic() + 30
+    while b'sloscope_requests_total{node="gpu-node-2",service="embedder",tier="standard"} 6.0' not in render(store)[0]:
+        assert time.monotonic() < deadline, "the ingested requests never reached /metrics"
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
