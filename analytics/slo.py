@@ -138,10 +138,13 @@ def sli_windows(store: StoreReader, spec: SloSpec, since: datetime, until: datet
     test_tier = frame["tier"].gather(firsts)
     allowance = test_tier.replace_strict({o.name: slow_allowance(o) for o in objectives}, return_dtype=pl.Float64)
     budget = test_tier.replace_strict({o.name: o.error_budget for o in objectives}, return_dtype=pl.Float64)
-    own = {f"{o.name} {s.service}": 1.0 - s.availability / 100.0 for o in objectives for s in o.services}
-    if own:  # a service the spec gives its own availability
+    own = {f"{o.name} {s.service}": o.at(s.service) for o in objectives for s in o.services}
+    if own:  # services the spec gives their own objective
         tested = test_tier + " " + frame["service"].gather(firsts)
-        budget = tested.replace_strict(own, default=budget, return_dtype=pl.Float64)
+        allowance = tested.replace_strict({key: slow_allowance(o) for key, o in own.items()}, default=allowance,
+                                          return_dtype=pl.Float64)
+        budget = tested.replace_strict({key: o.error_budget for key, o in own.items()}, default=budget,
+                                       return_dtype=pl.Float64)
     frame = frame.with_columns(block=pl.Series(block), latency_p=_tails(slow, requests * allowance.to_numpy())[block],
                                error_p=_tails(failures, requests * budget.to_numpy())[block])
     return {tier: frame.filter(pl.col("tier") == tier).drop("tier") for tier in tiers}
@@ -224,20 +227,21 @@ def _rounded(ms) -> float | None:
 
 def _incident_slis(store: StoreReader, spec: SloSpec, objective: TierObjective, runs: list[dict],
                    ends: list[datetime]) -> list[dict]:
-    """The SLI of each of a tier's runs over its whole incident (to its end in `ends`), from one query
-    (incident_sli.sql)."""
-    if not runs:
-        return []
-    starts = [run["start"] for run in runs]
-    measured = {incident: rest for incident, *rest in store.rows(store.sql("incident_sli"), {
-        **store.tier_params(spec), **judging_params(spec), "tier": objective.name,
-        "quantile": objective.percentile / 100,
-        "incident_thresholds_ms": [float(objective.at(run["service"]).threshold_ms) for run in runs],
-        "services": [run["service"] for run in runs],
-        "nodes": [run["node"] for run in runs], "every_node": EVERY_NODE, "starts": starts, "ends": ends,
-        "start": min(starts), "end": max(ends)})}
+    """The SLI of each of a tier's runs over its whole incident (to its end in `ends`), from one query per
+    percentile its runs' services are judged at (incident_sli.sql)."""
+    measured = {}
+    for percentile in sorted({objective.at(run["service"]).percentile for run in runs}):
+        places = [i for i, run in enumerate(runs) if objective.at(run["service"]).percentile == percentile]
+        alike = [runs[i] for i in places]
+        starts = [run["start"] for run in alike]
+        kept = [ends[i] for i in places]
+        measured.update({places[incident - 1]: rest for incident, *rest in store.rows(store.sql("incident_sli"), {
+            **store.tier_params(spec), **judging_params(spec), "tier": objective.name, "quantile": percentile / 100,
+            "incident_thresholds_ms": [float(objective.at(run["service"]).threshold_ms) for run in alike],
+            "services": [run["service"] for run in alike], "nodes": [run["node"] for run in alike],
+            "every_node": EVERY_NODE, "starts": starts, "ends": kept, "start": min(starts), "end": max(kept)})})
     return [_incident_sli(objective.at(run["service"]), run, *measured.get(place, (0, 0, 0, None)))
-            for place, run in enumerate(runs, start=1)]
+            for place, run in enumerate(runs)]
 
 
 def _incident_sli(objective: TierObjective, run: dict, requests: int, failures: int, slow: int, latency_ms) -> dict:

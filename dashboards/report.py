@@ -287,15 +287,17 @@ class Report:
         # SLI of every incident, against its objective.
         step = timedelta(seconds=spec.resolution_s)
         windows = sli_windows(self.store, spec, t0, t1)
-        frames: dict[str, pl.DataFrame] = {}
+        frames: dict[tuple[str, float], pl.DataFrame] = {}
         for inc in ep.incidents:
             objective = spec.tiers.get(inc["tier"])
             if objective is None:
                 continue
-            if inc["tier"] not in frames:
-                frames[inc["tier"]] = windows[inc["tier"]].join(
+            objective = objective.at(inc["service"])  # the service's own, where the spec gives one
+            judged = (inc["tier"], objective.percentile)
+            if judged not in frames:
+                frames[judged] = windows[inc["tier"]].join(
                     window_latencies(self.store, spec, objective, t0, t1), on=["service", "node", "window_start"])
-            mine, others = _sli_series(frames[inc["tier"]], inc, step)
+            mine, others = _sli_series(frames[judged], inc, step)
             start, end = _t(inc["start"]), _t(inc["end"])
             if inc["sli"]["kind"] == "latency":
                 title = (f"SLI {inc['tier']} / {inc['service']} on {on_nodes(inc['node'])}: "

@@ -49,7 +49,7 @@ class TierObjective:
     threshold_ms: float
     availability: float  # percent
     # Where given, the services the tier is judged at instead of its traces' entry (docs/tiers.md), each with its
-    # own threshold_ms and availability (the tier's where it gives none); the percentile is the tier's.
+    # own percentile, threshold_ms and availability (the tier's where it gives none).
     services: tuple["ServiceObjective", ...] = ()
 
     @property
@@ -59,8 +59,8 @@ class TierObjective:
     def at(self, service: str) -> "TierObjective":
         """The objective a service is judged by in this tier: its own where the spec gives one, else the tier's."""
         own = next((s for s in self.services if s.service == service), None)
-        return self if own is None else replace(self, threshold_ms=own.threshold_ms, availability=own.availability,
-                                                services=())
+        return self if own is None else replace(self, percentile=own.percentile, threshold_ms=own.threshold_ms,
+                                                availability=own.availability, services=())
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ class ServiceObjective:
     """A service a tier is judged at, with its own objective."""
 
     service: str
+    percentile: float
     threshold_ms: float
     availability: float  # percent
 
@@ -131,14 +132,17 @@ def _tier(name, body, where: str) -> TierObjective:
     latency = _mapping(body["latency"], f"{where}.{name}.latency", ("percentile", "threshold_ms"))
     tier = TierObjective(
         name=name,
-        percentile=_number(latency["percentile"], f"{where}.{name}.latency.percentile", 0, 100,
-                           open_low=True, open_high=True),
+        percentile=_percentile(latency["percentile"], f"{where}.{name}.latency.percentile"),
         threshold_ms=_threshold(latency["threshold_ms"], f"{where}.{name}.latency.threshold_ms"),
         availability=_availability(body["availability"], f"{where}.{name}.availability"),
     )
     if "services" not in body:
         return tier
     return replace(tier, services=_services(tier, body["services"], f"{where}.{name}.services"))
+
+
+def _percentile(value, where: str) -> float:
+    return _number(value, where, 0, 100, open_low=True, open_high=True)
 
 
 def _threshold(value, where: str) -> float:
@@ -150,8 +154,8 @@ def _availability(value, where: str) -> float:
 
 
 def _services(tier: TierObjective, body, where: str) -> tuple[ServiceObjective, ...]:
-    """A tier's `services`: service name -> its own threshold_ms and availability, both optional (null or {}
-    keeps the tier's)."""
+    """A tier's `services`: service name -> its own percentile, threshold_ms and availability, each optional (null
+    or {} keeps the tier's)."""
     if not isinstance(body, dict) or not body:
         raise SpecError(f"{where}: expected a non-empty mapping of service name to its objective ({{}} for the "
                         "tier's)")
@@ -160,9 +164,11 @@ def _services(tier: TierObjective, body, where: str) -> tuple[ServiceObjective, 
         if not isinstance(service, str) or not service or len(service) > MAX_SERVICE_NAME:
             raise SpecError(f"{where}: expected service names of 1 to {MAX_SERVICE_NAME} characters; got "
                             f"{service!r}")
-        own = _mapping({} if own is None else own, f"{where}.{service}", (), ("threshold_ms", "availability"))
+        own = _mapping({} if own is None else own, f"{where}.{service}", (),
+                       ("percentile", "threshold_ms", "availability"))
         out.append(ServiceObjective(
-            service, _threshold(own.get("threshold_ms", tier.threshold_ms), f"{where}.{service}.threshold_ms"),
+            service, _percentile(own.get("percentile", tier.percentile), f"{where}.{service}.percentile"),
+            _threshold(own.get("threshold_ms", tier.threshold_ms), f"{where}.{service}.threshold_ms"),
             _availability(own.get("availability", tier.availability), f"{where}.{service}.availability")))
     return tuple(out)
 

@@ -1,14 +1,16 @@
 """Where a tier's SLO is judged: at its traces' entry by default, or at the services the spec names, each with its
 own objective, on the traces whose entry is of the tier (deeper services see no header)."""
 
+import random
 from datetime import timedelta
 
 import pytest
 
 from sloscope.analytics.slo import find_incidents
 from sloscope.slo_spec import parse_spec
+from sloscope.analytics.store import Store
 from sloscope.analytics.stores import open_store
-from tests.analytics.test_graph import T0, _mesh, _store
+from tests.analytics.test_graph import T0, Traces, _mesh, _store
 
 SPEC = """\
 default_tier: standard
@@ -60,3 +62,26 @@ def test_clickhouse_judges_the_same_requests(tmp_path, slow_cart):
         house.write(_mesh(cart_ms=300.0).frames())
         for services in ("", strict):
             assert _incidents(house, services) == _incidents(slow_cart, services)
+
+
+def _slow_share(tmp_path, every: int):
+    """frontend's traces as _mesh's, where from 10 min on one request in `every` waits 300 ms for cart."""
+    traces, rng = Traces(), random.Random(11)
+    for n in range(900 * 5):
+        slowed = n >= 600 * 5 and n % every == 0
+        traces.request(n + 1, T0 + timedelta(milliseconds=200 * n), 300.0 if slowed else 20.0, 0.5, rng=rng)
+    store = Store(tmp_path / "share.duckdb")
+    store.write(traces.frames())
+    return store
+
+
+def test_a_services_own_percentile_sets_its_allowance_and_its_measured_latency(tmp_path):
+    """10 % of frontend's requests slowed: far more than p99 allows, what p90 does; judged at p99.5 with a 50 ms
+    threshold, its incident's latency is its p99.5, one of the slowed requests."""
+    with _slow_share(tmp_path, 10) as store:
+        assert _incidents(store) == {("gold", "frontend")}
+        assert _incidents(store, "    services:\n      frontend: {percentile: 90}") == set()
+        spec = parse_spec(SPEC % "    services:\n      frontend: {percentile: 99.5, threshold_ms: 50}")
+        (incident,) = find_incidents(store, spec, T0, T0 + timedelta(minutes=15))
+    assert incident.sli["percentile"] == 99.5 and incident.sli["objective_ms"] == 50
+    assert incident.sli["observed_ms"] > 250 and incident.sli["objective_slow_ratio"] == pytest.approx(0.005)
