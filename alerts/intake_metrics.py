@@ -5,7 +5,9 @@ queue and failures. These live in serve's memory, not in the store, so they star
 - `sloscope_receiver_requests_total{signal,outcome}`: accepted, refused (the writer's queue is full) or invalid
   (did not decode).
 - `sloscope_receiver_bad_requests_total{reason}`: refused before decoding: unknown_path (404), bad_method
-  (405), bad_content_type (415), too_large, headers_too_large, bad_framing (Content-Length or chunked), bad_encoding
+  (405), bad_content_type (415), too_large, too_many_items (more items, attributes or histogram buckets than
+  --max-request-items, --max-request-attributes, --max-request-buckets allow: 413 / RESOURCE_EXHAUSTED),
+  headers_too_large, bad_framing (Content-Length or chunked), bad_encoding
   (a Content-Encoding not taken: 415), bad_gzip, bad_compression (a zstd, zlib, deflate, snappy or lz4 body that
   does not decode), truncated, header_timeout, body_timeout, refused_memory (the in-flight byte budget was spent),
   grpc_busy (an OTLP/gRPC call past --grpc-max-concurrent-rpcs: UNAVAILABLE).
@@ -35,9 +37,9 @@ from prometheus_client.registry import Collector
 
 SIGNALS = ("traces", "metrics", "logs")
 OUTCOMES = {"requests_accepted": "accepted", "refused_full": "refused", "invalid": "invalid"}
-BAD_REQUEST_REASONS = ("unknown_path", "bad_method", "bad_content_type", "too_large", "headers_too_large", "bad_framing",
-                       "bad_encoding", "bad_gzip", "bad_compression", "truncated", "header_timeout", "body_timeout",
-                       "refused_memory", "grpc_busy")
+BAD_REQUEST_REASONS = ("unknown_path", "bad_method", "bad_content_type", "too_large", "too_many_items",
+                       "headers_too_large", "bad_framing", "bad_encoding", "bad_gzip", "bad_compression", "truncated",
+                       "header_timeout", "body_timeout", "refused_memory", "grpc_busy")
 PARTIAL_PREFIX = "rejected_"  # receiver counts `{signal}_rejected_{reason}`
 AUTH_PROTOCOLS = ("http", "grpc")  # receiver counts `unauthenticated_{protocol}`
 TLS_HANDSHAKE_FAILURES = ("timeout", "not_tls", "failed")  # receiver counts `tls_handshake_{reason}`

@@ -20,6 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from sloscope.analytics.intake import Enrichment
 from sloscope.enrich.tiers import TierResolver
+from sloscope.receiver import freed_memory
 from sloscope.receiver.server import Decoders
 
 log = logging.getLogger("sloscope.decode")
@@ -37,6 +38,13 @@ def decode_request(signal: str, body: bytes, is_json: bool, allowed: frozenset, 
     if _worker.get("key") != key:
         _worker.update(key=key, decoders=Decoders(declared),
                        enrichment=Enrichment(TierResolver(allowed, default_tier)))
+    try:
+        return _decoded(signal, body, is_json)
+    finally:  # a worker decodes only large requests, and would otherwise stay the size of the largest
+        freed_memory.release()
+
+
+def _decoded(signal: str, body: bytes, is_json: bool):
     batch, skips = _worker["decoders"].decode(signal, body, is_json)
     frames, counts = _worker["enrichment"].frames(batch)
     return frames, counts, skips

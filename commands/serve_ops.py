@@ -62,6 +62,15 @@ def add_limit_arguments(parser) -> None:
     group.add_argument("--grpc-max-concurrent-streams", type=count, default=d.grpc_max_concurrent_streams,
                        metavar="N", help="OTLP/gRPC calls in progress on one connection (HTTP/2 streams); gRPC "
                        "refuses more with REFUSED_STREAM, a retryable UNAVAILABLE (default: %(default)s)")
+    past = "counted before it is decoded; more is a 413 / RESOURCE_EXHAUSTED (default: %(default)s)"
+    group.add_argument("--max-request-items", type=count, default=d.max_request_items, metavar="N",
+                       help="resources, scopes, spans, span events and links, metrics, data points, exemplars and "
+                       f"log records in one request, {past}")
+    group.add_argument("--max-request-attributes", type=count, default=d.max_request_attributes, metavar="N",
+                       help=f"attributes (key-values at every level, values in arrays) in one request, {past}")
+    group.add_argument("--max-request-buckets", type=count, default=d.max_request_buckets, metavar="N",
+                       help=f"histogram buckets (bucket counts, explicit bounds, summary quantiles) in one request, "
+                       f"{past}")
 
 
 def add_edge_arguments(parser) -> None:
@@ -119,7 +128,9 @@ def limits_of(args):
                   write_timeout_s=args.write_timeout, idle_timeout_s=args.idle_timeout,
                   max_connections=args.max_connections, grpc_max_message_bytes=args.grpc_max_recv_msg_size,
                   grpc_max_concurrent_rpcs=args.grpc_max_concurrent_rpcs,
-                  grpc_max_concurrent_streams=args.grpc_max_concurrent_streams)
+                  grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
+                  max_request_items=args.max_request_items, max_request_attributes=args.max_request_attributes,
+                  max_request_buckets=args.max_request_buckets)
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Defaults follow the OpenTelemetry Collector's OTLP receiver (confighttp, configgrpc) where it has one, and
 Prometheus's `--web.max-connections` for the connection cap; the header deadline is the shorter one nginx
 recommends, since a client that needs more than 10 s for its headers is one holding a connection open. The
-servers of sloscope.edge enforce them: the in-flight bytes as an edge/budget.py ByteBudget.
+servers of sloscope.edge enforce them: the in-flight bytes as an edge/budget.py ByteBudget. The counts of what one
+request holds are the receiver's own (request_items.py).
 """
 
 from __future__ import annotations
@@ -11,11 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MiB = 2**20
+BODY_BYTES = 32 * MiB
+# The least an ordinary item takes on the wire: a span's ids and times alone are 50 bytes, a data point's time
+# and value 20 (and in practice each sits beside its attributes and its metric's name), an attribute's key and
+# value 16 and more (a Prometheus label or an Envoy tag 20 to 40). An empty item takes 2 bytes of protobuf, so
+# without a count, what one body makes decoding build is bounded only by its bytes over 2.
+ORDINARY_ITEM_BYTES = 16
+# A bucket count can be 1 byte, so its bound is what senders send instead: 8192 points (the Collector's batch) of
+# 160 buckets (the SDKs' and Prometheus's default largest exponential histogram) is 1.25 Mi.
+BUCKETS = 2**21
 
 
 @dataclass(frozen=True)
 class Limits:
-    max_body_bytes: int = 32 * MiB  # one request body, as sent and decompressed
+    max_body_bytes: int = BODY_BYTES  # one request body, as sent and decompressed
     max_inflight_bytes: int = 256 * MiB  # request bodies being read or decoded, all clients together
     max_header_bytes: int = 1 * MiB  # a request line and headers (Go's net/http default)
     read_header_timeout_s: float = 10.0  # from a request's first byte to the end of its headers
@@ -26,6 +36,10 @@ class Limits:
     grpc_max_message_bytes: int = 32 * MiB
     grpc_max_concurrent_streams: int = 16  # calls on one connection; more wait at the client (HTTP/2)
     grpc_max_concurrent_rpcs: int = 64  # calls in all, each with a thread; more are UNAVAILABLE
+    # What one request may hold, counted before it is decoded: the largest body of ordinary items holds no more.
+    max_request_items: int = BODY_BYTES // ORDINARY_ITEM_BYTES  # resources, scopes, spans, points, ...
+    max_request_attributes: int = BODY_BYTES // ORDINARY_ITEM_BYTES  # key-values at every level, values in arrays
+    max_request_buckets: int = BUCKETS  # bucket counts, explicit bounds, summary quantiles
 
     def __post_init__(self):
         # A request the budget can never hold would be told to retry for ever.

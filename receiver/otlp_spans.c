@@ -12,6 +12,9 @@
  * Attributes are matched against eighteen keys given by the caller (the SLOT_* order below); the semantics of
  * each (which one wins, the 253-character bound, what counts as empty, Envoy's node id, status texts and upstream
  * cluster names) are those of otlp_common.py.
+ *
+ * count() is the other walk here: what any export request (traces, metrics or logs) would cost to decode, counted
+ * from its bytes before either path decodes it, so that the receiver's item limits hold on both.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -21,7 +24,7 @@
 
 #include "arrow_c_data.h"
 
-enum { WT_VARINT = 0, WT_FIXED64 = 1, WT_LEN = 2, WT_FIXED32 = 5 };
+enum { WT_VARINT = 0, WT_FIXED64 = 1, WT_LEN = 2, WT_START_GROUP = 3, WT_END_GROUP = 4, WT_FIXED32 = 5 };
 enum { OK = 0, DECLINE = 1, NO_MEMORY = 2 };  /* DECLINE is 1, what || of checks yields */
 
 #define MAX_NESTING 16      /* attribute values within values; far inside the protobuf runtime's 100 levels */
@@ -913,6 +916,154 @@ static int request(Decoder *d, Slice m)
     return OK;
 }
 
+/* --- counting (count()) ----------------------------------------------------------------------------- */
+
+/* What decoding a request would build, counted before anything decodes it (request_items.py): its items
+ * (resources, scopes, spans, span events and links, metrics, data points, exemplars, log records), its attributes
+ * (key-values at every level, and each value of an array within one) and its histogram buckets (bucket counts,
+ * explicit bounds, summary quantiles). The walk stops as soon as a count passes its limit, so a bomb of millions of
+ * empty items costs a pass over the bytes up to the limit, not a message per item. It judges nothing: bytes that
+ * are not wire format end it, and the parser then refuses the request with its own error. */
+enum { ITEMS, ATTRIBUTES, BUCKETS, N_TALLIES };
+#define MAX_COUNTED_LEVELS 100  /* the parser's depth limit: deeper is refused, or cut away (nesting.py) */
+
+typedef enum {
+    K_LEAF, K_REQUEST, K_RESOURCE_BLOCK, K_RESOURCE, K_SCOPE_BLOCK, K_SCOPE, K_SPAN, K_EVENT, K_LINK, K_METRIC,
+    K_NUMBERS, K_HISTOGRAM, K_EXPONENTIAL, K_SUMMARY, K_NUMBER_POINT, K_HISTOGRAM_POINT, K_EXPONENTIAL_POINT,
+    K_BUCKETS, K_SUMMARY_POINT, K_EXEMPLAR, K_LOG, K_KEY_VALUE, K_ANY_VALUE, K_ARRAY, K_KEY_VALUE_LIST
+} Kind;
+enum { UNPACKED, PACKED_VARINT, PACKED_FIXED64 };
+
+/* item: what a scope block holds, by signal. */
+typedef struct { uint64_t n[N_TALLIES], max[N_TALLIES]; Kind item; } Tally;
+
+/* A field of a message kind: the kind it holds (K_LEAF: nothing walked), the count each occurrence adds to
+ * (-1: none), and for the repeated number fields of buckets, how they are packed. */
+typedef struct { Kind kind; int tally, packed; } Field;
+
+static Field counted_field(Kind kind, Kind item, uint32_t number)
+{
+    Field none = {K_LEAF, -1, UNPACKED}, attribute = {K_KEY_VALUE, ATTRIBUTES, UNPACKED};
+    Field buckets = {K_LEAF, BUCKETS, PACKED_VARINT}, fixed_buckets = {K_LEAF, BUCKETS, PACKED_FIXED64};
+    switch (kind) {
+    case K_REQUEST: return number == 1 ? (Field){K_RESOURCE_BLOCK, ITEMS, UNPACKED} : none;
+    case K_RESOURCE_BLOCK:
+        return number == 1 ? (Field){K_RESOURCE, -1, UNPACKED}
+             : number == 2 ? (Field){K_SCOPE_BLOCK, ITEMS, UNPACKED} : none;
+    case K_RESOURCE: return number == 1 ? attribute : none;
+    case K_SCOPE_BLOCK:
+        return number == 1 ? (Field){K_SCOPE, -1, UNPACKED} : number == 2 ? (Field){item, ITEMS, UNPACKED} : none;
+    case K_SCOPE: return number == 3 ? attribute : none;
+    case K_SPAN:
+        return number == 9 ? attribute : number == 11 ? (Field){K_EVENT, ITEMS, UNPACKED}
+             : number == 13 ? (Field){K_LINK, ITEMS, UNPACKED} : none;
+    case K_EVENT: return number == 3 ? attribute : none;
+    case K_LINK: return number == 4 ? attribute : none;
+    case K_METRIC:
+        return number == 5 || number == 7 ? (Field){K_NUMBERS, -1, UNPACKED}
+             : number == 9 ? (Field){K_HISTOGRAM, -1, UNPACKED} : number == 10 ? (Field){K_EXPONENTIAL, -1, UNPACKED}
+             : number == 11 ? (Field){K_SUMMARY, -1, UNPACKED} : number == 12 ? attribute : none;
+    case K_NUMBERS: return number == 1 ? (Field){K_NUMBER_POINT, ITEMS, UNPACKED} : none;
+    case K_HISTOGRAM: return number == 1 ? (Field){K_HISTOGRAM_POINT, ITEMS, UNPACKED} : none;
+    case K_EXPONENTIAL: return number == 1 ? (Field){K_EXPONENTIAL_POINT, ITEMS, UNPACKED} : none;
+    case K_SUMMARY: return number == 1 ? (Field){K_SUMMARY_POINT, ITEMS, UNPACKED} : none;
+    case K_NUMBER_POINT:
+        return number == 7 ? attribute : number == 5 ? (Field){K_EXEMPLAR, ITEMS, UNPACKED} : none;
+    case K_HISTOGRAM_POINT:
+        return number == 9 ? attribute : number == 8 ? (Field){K_EXEMPLAR, ITEMS, UNPACKED}
+             : number == 6 || number == 7 ? fixed_buckets : none;
+    case K_EXPONENTIAL_POINT:
+        return number == 1 ? attribute : number == 8 || number == 9 ? (Field){K_BUCKETS, -1, UNPACKED}
+             : number == 11 ? (Field){K_EXEMPLAR, ITEMS, UNPACKED} : none;
+    case K_BUCKETS: return number == 2 ? buckets : none;
+    case K_SUMMARY_POINT:
+        return number == 7 ? attribute : number == 6 ? (Field){K_LEAF, BUCKETS, UNPACKED} : none;
+    case K_EXEMPLAR: return number == 7 ? attribute : none;
+    case K_LOG: return number == 6 ? attribute : number == 5 ? (Field){K_ANY_VALUE, -1, UNPACKED} : none;
+    case K_KEY_VALUE: return number == 2 ? (Field){K_ANY_VALUE, -1, UNPACKED} : none;
+    case K_ANY_VALUE:
+        return number == 5 ? (Field){K_ARRAY, -1, UNPACKED} : number == 6 ? (Field){K_KEY_VALUE_LIST, -1, UNPACKED}
+                                                             : none;
+    case K_ARRAY: return number == 1 ? (Field){K_ANY_VALUE, ATTRIBUTES, UNPACKED} : none;
+    case K_KEY_VALUE_LIST: return number == 1 ? attribute : none;
+    default: return none;
+    }
+}
+
+static int tally_add(Tally *t, int tally, uint64_t n)
+{
+    t->n[tally] += n;
+    return t->n[tally] > t->max[tally];  /* DECLINE: the walk stops */
+}
+
+/* How many numbers a packed field holds: a varint ends at each byte below 0x80. */
+static uint64_t packed_numbers(Slice s, int packed)
+{
+    if (packed == PACKED_FIXED64)
+        return (uint64_t)(s.end - s.p) / 8;
+    uint64_t n = 0;
+    for (const uint8_t *p = s.p; p < s.end; p++)
+        n += *p < 0x80;
+    return n;
+}
+
+static int skipped(Slice *m, uint32_t wire_type)
+{
+    uint64_t v;
+    Slice s;
+    return wire_type == WT_VARINT ? varint(m, &v) : wire_type == WT_LEN ? length_delimited(m, wire_type, &s)
+                                                                       : fixed(m, wire_type, &v);
+}
+
+/* Past a group, whose content the parser keeps as unknown bytes: a loop, as groups may nest deep. */
+static int skipped_group(Slice *m)
+{
+    uint32_t field, wt;
+    for (uint64_t open = 1; open;) {
+        if (tag(m, &field, &wt))
+            return DECLINE;
+        if (wt == WT_START_GROUP)
+            open++;
+        else if (wt == WT_END_GROUP)
+            open--;
+        else if (skipped(m, wt))
+            return DECLINE;
+    }
+    return OK;
+}
+
+static int counted(Tally *t, Slice m, Kind kind, int level)
+{
+    uint32_t number, wt;
+    Slice s;
+    while (m.p < m.end) {
+        if (tag(&m, &number, &wt))
+            return DECLINE;
+        Field f = counted_field(kind, t->item, number);
+        if (wt == WT_START_GROUP) {
+            if (skipped_group(&m))
+                return DECLINE;
+            continue;
+        }
+        if (wt != WT_LEN) {  /* a number: a bucket when a packed field's number is written alone */
+            if (skipped(&m, wt) || (f.packed != UNPACKED && tally_add(t, BUCKETS, 1)))
+                return DECLINE;
+            continue;
+        }
+        if (length_delimited(&m, wt, &s))
+            return DECLINE;
+        if (f.packed != UNPACKED) {
+            if (tally_add(t, BUCKETS, packed_numbers(s, f.packed)))
+                return DECLINE;
+            continue;
+        }
+        if ((f.tally >= 0 && tally_add(t, f.tally, 1)) ||
+            (f.kind != K_LEAF && level < MAX_COUNTED_LEVELS && counted(t, s, f.kind, level + 1)))
+            return DECLINE;
+    }
+    return OK;
+}
+
 /* --- Python ----------------------------------------------------------------------------------------- */
 
 static void decoder_free(Decoder *d)
@@ -1186,9 +1337,38 @@ static PyObject *decode(PyObject *module, PyObject *args)
     return rc == NO_MEMORY ? PyErr_NoMemory() : Py_NewRef(Py_None);
 }
 
+PyDoc_STRVAR(count_doc,
+"count(body, signal, limits) -> (items, attributes, buckets)\n\n"
+"What decoding the protobuf export request would build, counted from its bytes (see request_items.py). signal:\n"
+"0 traces, 1 metrics, 2 logs; limits: (items, attributes, buckets): the walk stops once a count passes its\n"
+"limit, or where the bytes stop being wire format.");
+
+static PyObject *count(PyObject *module, PyObject *args)
+{
+    PyObject *body;
+    int signal;
+    unsigned long long limits[N_TALLIES];
+    static const Kind items[] = {K_SPAN, K_METRIC, K_LOG};
+    (void)module;
+    if (!PyArg_ParseTuple(args, "Si(KKK):count", &body, &signal, &limits[ITEMS], &limits[ATTRIBUTES],
+                          &limits[BUCKETS]))
+        return NULL;
+    if (signal < 0 || signal > 2)
+        return PyErr_Format(PyExc_ValueError, "count: signal %d is none of 0, 1, 2", signal);
+    Tally t = {.item = items[signal]};
+    for (int k = 0; k < N_TALLIES; k++)
+        t.max[k] = limits[k];
+    const uint8_t *start = (const uint8_t *)PyBytes_AS_STRING(body);
+    Py_BEGIN_ALLOW_THREADS
+    counted(&t, (Slice){start, start + PyBytes_GET_SIZE(body)}, K_REQUEST, 0);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(KKK)", t.n[ITEMS], t.n[ATTRIBUTES], t.n[BUCKETS]);
+}
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, decode_doc},
     {"batch", batch, METH_VARARGS, batch_doc},
+    {"count", count, METH_VARARGS, count_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,7 +1,8 @@
 """The OTLP receiver: OTLP/HTTP (protobuf and JSON) and OTLP/gRPC, decoding into protocol-neutral batches
 and handing them to an intake that may refuse them when it is full.
 
-Responses follow the OTLP specification: a malformed payload is a non-retryable 400 / INVALID_ARGUMENT; a
+Responses follow the OTLP specification: a malformed payload is a non-retryable 400 / INVALID_ARGUMENT, one
+holding more items than a request may (request_items.py) a non-retryable 413 / RESOURCE_EXHAUSTED; a
 full intake is a retryable 503 with Retry-After / UNAVAILABLE, so exporters back off and resend instead of
 sloscope buffering without bound; data points that were well-formed but could not be kept are reported as
 partial success. Over HTTP, every error answer to an export request is a google.rpc.Status encoded like the request.
@@ -39,10 +40,11 @@ from sloscope.edge.http_conn import DeadlineReader, LimitedHTTPServer
 from sloscope.edge.tls import TlsFiles
 from sloscope.records import Batch, Outcome
 
-from sloscope.receiver import content_coding, otlp_json, otlp_proto, otlp_spans
+from sloscope.receiver import content_coding, freed_memory, otlp_json, otlp_proto, otlp_spans, request_items
 from sloscope.receiver.limits import Limits
 from sloscope.receiver.otlp_common import REFUSAL_REASONS, UNKEPT_REASONS, DecodeError, refusal_message
 from sloscope.receiver.otlp_json import Decoder
+from sloscope.receiver.request_items import TooManyItems
 
 log = logging.getLogger("sloscope.receiver")
 RETRY_AFTER_S = 1
@@ -131,20 +133,35 @@ class Receiver:
             self._local.decoders = Decoders(self.declared)
         return self._local.decoders
 
-    def accept_body(self, signal: str, body: bytes, is_json: bool, peer: str | None = None) -> Outcome:
+    def accept_body(self, signal: str, body: bytes, is_json: bool, peer: str | None = None,
+                    held: Reservation | None = None) -> Outcome:
         """Parse, decode and offer one export request body; DecodeError: the whole request is invalid. peer: the
-        client's IP address (a pod's, for an SDK exporting straight here), which the intake may place spans by."""
-        decoded = fast_decode(signal, body, is_json)
-        if decoded is None and self.offload is not None and len(body) >= self.offload_bytes:
-            outcome, skips = self.offload(signal, body, is_json, peer)
-        else:
-            batch, skips = decoded or self._decoders().decode(signal, body, is_json)
-            outcome = self.intake(signal, batch, skips, peer)
+        client's IP address (a pod's, for an SDK exporting straight here), which the intake may place spans by.
+        Before anything decodes it, its items are counted (TooManyItems: past a limit) and what decoding them
+        holds is reserved in `held`, the request's share of the in-flight budget (Exhausted: not now)."""
+        decoding = request_items.decode_bytes(request_items.counted(signal, body, is_json, self.limits))
+        if held is not None:
+            # At most what the budget can hold beside the request's bytes, so that any request within the limits
+            # is taken when it is alone.
+            held.reserve(min(decoding, held.budget.limit - held.held))
+        try:
+            outcome, skips = self._decoded(signal, body, is_json, peer)
+        finally:
+            if decoding >= freed_memory.TRIM_ABOVE_BYTES:
+                freed_memory.release()
         if outcome.accepted:  # partial rejects by reason, for /metrics
             for reason in UNKEPT:
                 if skips.get(reason):
                     self.count(f"{signal}_rejected_{reason}", skips[reason])
         return self._offered(signal, outcome, skips)
+
+    def _decoded(self, signal: str, body: bytes, is_json: bool, peer: str | None) -> tuple[Outcome, dict]:
+        """(outcome, decoding counts) of the body decoded here or by the offload, and offered to the intake."""
+        decoded = fast_decode(signal, body, is_json)
+        if decoded is None and self.offload is not None and len(body) >= self.offload_bytes:
+            return self.offload(signal, body, is_json, peer)
+        batch, skips = decoded or self._decoders().decode(signal, body, is_json)
+        return self.intake(signal, batch, skips, peer), skips
 
     def _offered(self, signal: str, outcome: Outcome, skips: dict) -> Outcome:
         if not outcome.accepted:
@@ -279,14 +296,19 @@ class _HttpHandler(KeepAliveHandler):
             body = self._body(held)
             if body is None:
                 return
-            self._export(signal, body, is_json, content_type)
+            self._export(signal, body, is_json, content_type, held)
 
-    def _export(self, signal: str, body: bytes, is_json: bool, content_type: str):
+    def _export(self, signal: str, body: bytes, is_json: bool, content_type: str, held: Reservation):
         try:
-            outcome = self.receiver.accept_body(signal, body, is_json, peer_ip(self.client_address[0]))
+            outcome = self.receiver.accept_body(signal, body, is_json, peer_ip(self.client_address[0]), held)
         except DecodeError as exc:
             self.receiver.count(f"{signal}_invalid")
             return self._refuse(400, str(exc))
+        except TooManyItems as exc:
+            self.receiver.count(TooManyItems.COUNTER)
+            return self._refuse(413, str(exc))
+        except Exhausted:
+            return self._refuse_memory()
         if not outcome.accepted:
             return self._refuse(503, "sloscope is busy writing; retry later", {"Retry-After": str(RETRY_AFTER_S)})
         response = RESPONSES[signal]()
@@ -311,11 +333,14 @@ class _HttpHandler(KeepAliveHandler):
             self._count(exc.counter)
             self._refuse(exc.status, str(exc))
         except Exhausted:
-            self._count("requests_refused_memory")
-            self._refuse(503, "sloscope holds too many request bytes; retry later", {"Retry-After": str(RETRY_AFTER_S)})
+            self._refuse_memory()
         except TimeoutError:  # counted by the reader; say why before the connection closes
             self._refuse(408, f"request body not received within {self.limits.read_timeout_s:g} s")
         return None
+
+    def _refuse_memory(self):
+        self._count("requests_refused_memory")
+        self._refuse(503, "sloscope holds too many request bytes; retry later", {"Retry-After": str(RETRY_AFTER_S)})
 
     def _content_type(self) -> str:
         return (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
@@ -388,10 +413,13 @@ def _export_handler(signal: str, receiver: Receiver):
         try:
             with Reservation(receiver.inflight) as held:  # gRPC has read the message; count it while decoding
                 held.reserve(len(body))
-                outcome = receiver.accept_body(signal, body, False, peer_ip(context.peer()))
+                outcome = receiver.accept_body(signal, body, False, peer_ip(context.peer()), held)
         except Exhausted:
             receiver.count("requests_refused_memory")
             context.abort(grpc.StatusCode.UNAVAILABLE, "sloscope holds too many request bytes; retry later")
+        except TooManyItems as exc:
+            receiver.count(TooManyItems.COUNTER)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except DecodeError as exc:
             receiver.count(f"{signal}_invalid")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
