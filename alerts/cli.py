@@ -11,9 +11,12 @@ import threading
 from pathlib import Path
 
 from sloscope.addresses import address_text, parse_address
+from sloscope.arguments import above_zero
 from sloscope.durations import parse_duration
 from sloscope.sizes import size_argument
 from sloscope.slo_spec import SpecError, load_spec
+
+from sloscope.edge.http_conn import ConnectionCaps
 
 from sloscope.analytics.errors import StoreError
 from sloscope.analytics.stores import DEFAULT_DB, recorded_spec, refuse_other_files
@@ -23,7 +26,7 @@ from sloscope.alerts.audit import AuditStore
 from sloscope.alerts.remediation import Engine
 from sloscope.alerts.remediation_config import load_config
 from sloscope.alerts.rules import DEFAULT_RUNBOOK_BASE_URL, RuleOptions, prometheus_rule, render_rules, render_yaml
-from sloscope.alerts.webhook import TokenError, WebhookApp, WebhookServer, load_token
+from sloscope.alerts.webhook import CAPS, TokenError, WebhookApp, WebhookServer, load_token
 
 log = logging.getLogger("sloscope.alerts")
 
@@ -106,6 +109,16 @@ def register(subparsers) -> None:
     hook.add_argument("--max-body", type=size_argument, default="1MiB", metavar="SIZE",
                       help="largest accepted body, a size as serve's are (1MiB, 1Mi or 1MB); larger is a 413 "
                       "(default: %(default)s)")
+    count = above_zero(int)
+    hook.add_argument("--max-connections", type=count, default=CAPS.connections, metavar="N",
+                      help="connections open at once; past it, an idle one is closed for the new one, else new ones "
+                      "wait in the listen backlog (default: %(default)s)")
+    hook.add_argument("--max-connections-per-peer", type=count, default=CAPS.per_peer, metavar="N",
+                      help="connections open at once from one client address; past it, its oldest idle one is "
+                      "closed for the new one, else the new one is closed (default: %(default)s)")
+    hook.add_argument("--max-inflight-requests-per-peer", type=count, default=CAPS.inflight_per_peer, metavar="N",
+                      help="requests in progress at once from one client address; more are a 503 with Retry-After, "
+                      "which Alertmanager retries (default: %(default)s)")
     hook.set_defaults(func=run_webhook)
 
 
@@ -213,7 +226,9 @@ def run_webhook(args) -> int:
         return EXIT_USAGE
     engine = Engine(config, AuditStore.at(args.db), spec.tiers)
     try:
-        server = WebhookServer(address, WebhookApp(engine, token, args.path, args.max_body))
+        caps = ConnectionCaps(args.max_connections, args.max_connections_per_peer,
+                              args.max_inflight_requests_per_peer)
+        server = WebhookServer(address, WebhookApp(engine, token, args.path, args.max_body), caps)
     except OSError as exc:
         print(f"sloscope webhook: cannot listen on {args.listen}: {exc.strerror}", file=sys.stderr)
         return EXIT_USAGE

@@ -10,7 +10,9 @@ queue and failures. These live in serve's memory, not in the store, so they star
   headers_too_large, bad_framing (Content-Length or chunked), bad_encoding
   (a Content-Encoding not taken: 415), bad_gzip, bad_compression (a zstd, zlib, deflate, snappy or lz4 body that
   does not decode), truncated, header_timeout, body_timeout, refused_memory (the in-flight byte budget was spent),
-  grpc_busy (an OTLP/gRPC call past --grpc-max-concurrent-rpcs: UNAVAILABLE).
+  grpc_busy (an OTLP/gRPC call past --grpc-max-concurrent-rpcs: UNAVAILABLE), peer_busy and grpc_peer_busy (a
+  client address past --max-inflight-requests-per-peer or --grpc-max-concurrent-rpcs-per-peer: 503 / UNAVAILABLE),
+  grpc_first_message_timeout (a call whose message did not come within --grpc-first-message-timeout).
 - `sloscope_receiver_partial_rejects_total{signal,reason}`: items of accepted requests reported back as
   rejected in OTLP partial success.
 - `sloscope_receiver_unauthenticated_total{protocol}`: requests refused for a missing or wrong bearer token
@@ -39,7 +41,8 @@ SIGNALS = ("traces", "metrics", "logs")
 OUTCOMES = {"requests_accepted": "accepted", "refused_full": "refused", "invalid": "invalid"}
 BAD_REQUEST_REASONS = ("unknown_path", "bad_method", "bad_content_type", "too_large", "too_many_items",
                        "headers_too_large", "bad_framing", "bad_encoding", "bad_gzip", "bad_compression", "truncated",
-                       "header_timeout", "body_timeout", "refused_memory", "grpc_busy")
+                       "header_timeout", "body_timeout", "refused_memory", "grpc_busy", "peer_busy",
+                       "grpc_peer_busy", "grpc_first_message_timeout")
 PARTIAL_PREFIX = "rejected_"  # receiver counts `{signal}_rejected_{reason}`
 AUTH_PROTOCOLS = ("http", "grpc")  # receiver counts `unauthenticated_{protocol}`
 TLS_HANDSHAKE_FAILURES = ("timeout", "not_tls", "failed")  # receiver counts `tls_handshake_{reason}`

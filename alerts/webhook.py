@@ -41,7 +41,7 @@ from sloscope.alerts.remediation_config import ALERT_NAME
 from sloscope.edge.auth import BearerAuth
 from sloscope.edge.draining import DRAIN_GRACE_S, KeepAliveHandler
 from sloscope.edge.http_body import plain_length
-from sloscope.edge.http_conn import DeadlineReader, LimitedHTTPServer
+from sloscope.edge.http_conn import ConnectionCaps, DeadlineReader, LimitedHTTPServer
 from sloscope.times import parse_rfc3339
 
 log = logging.getLogger("sloscope.webhook")
@@ -58,13 +58,17 @@ LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,127}", re.ASCII)
 FINGERPRINT = re.compile(r"[0-9a-f]{1,64}", re.ASCII)
 STATUSES = ("firing", "resolved")
 LINGER_BYTES = 65536
+PEER_BUSY = "as many requests from this address in progress as the webhook takes; retry later"
 LINGER_S = 1.0
 # Each phase of a request has one deadline for all its reads (a client sending a byte every few seconds would
-# otherwise hold its connection for ever), and connections are capped: Alertmanager sends a group at a time, a
-# few at once, and past the cap new connections wait in the listen backlog instead of taking file descriptors.
+# otherwise hold its connection for ever), and connections are capped as the OTLP receiver's are
+# (edge/http_conn.py): Alertmanager sends a group at a time, a few at once, from an address or three (its cluster),
+# so half the connections and a quarter in requests per address leave room for it beside any one other address.
 HEADER_TIMEOUT_S, BODY_TIMEOUT_S, IDLE_TIMEOUT_S = 10.0, 10.0, 60.0
 MAX_HEADER_BYTES = 65536
 MAX_CONNECTIONS = 64
+CAPS = ConnectionCaps(connections=MAX_CONNECTIONS, per_peer=MAX_CONNECTIONS // 2,
+                      inflight_per_peer=MAX_CONNECTIONS // 4)
 
 
 class PayloadError(ValueError):
@@ -319,9 +323,8 @@ class _Handler(KeepAliveHandler):
     def start_request(self) -> None:
         self.reader.expect("header", HEADER_TIMEOUT_S, MAX_HEADER_BYTES)
 
-    def next_request_arrives(self) -> bool:
+    def start_idle(self) -> None:
         self.reader.expect("idle", IDLE_TIMEOUT_S)
-        return super().next_request_arrives()
 
     def _read(self, n: int) -> bytes:
         self.reader.expect("body", BODY_TIMEOUT_S)
@@ -331,8 +334,11 @@ class _Handler(KeepAliveHandler):
             return b""
 
     def _handle(self):
-        status, headers, body = self.server.app.respond(self.command, self.path, self.headers, self._read,
-                                                        self.client_address[0])
+        if self.peer_busy:  # the body is left unread: the connection closes, and the client holds one fewer
+            status, headers, body = 503, {"Retry-After": "5", "Connection": "close"}, {"error": PEER_BUSY}
+        else:
+            status, headers, body = self.server.app.respond(self.command, self.path, self.headers, self._read,
+                                                            self.client_address[0])
         data = json.dumps(body).encode() + b"\n"
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -374,9 +380,9 @@ class _Handler(KeepAliveHandler):
 
 class WebhookServer(LimitedHTTPServer):
 
-    def __init__(self, address: tuple[str, int], app: WebhookApp):
+    def __init__(self, address: tuple[str, int], app: WebhookApp, caps: ConnectionCaps = CAPS):
         self.app = app
-        super().__init__(address, _Handler, MAX_CONNECTIONS, self.cut_off)
+        super().__init__(address, _Handler, caps, self.cut_off)
 
     def drain(self, grace_s: float = DRAIN_GRACE_S) -> None:
         """Stops serving (edge/draining.py), then audits the unauthenticated requests of the last period, which
@@ -385,8 +391,9 @@ class WebhookServer(LimitedHTTPServer):
         self.app.flush_unauthenticated()
 
     def cut_off(self, why: str) -> None:
-        """A connection closed for a deadline or a size passed, or held back at the connection cap."""
-        if why != "idle_timeout":  # a keep-alive connection left idle is closed as a matter of course
+        """A connection closed for a deadline or a size passed, closed or refused at the connection caps
+        (edge/http_conn.py), or held back at the cap in all."""
+        if why not in ("idle_timeout", "http_connections_shed"):  # idle connections close as a matter of course
             log.info("webhook: %s", why.replace("_", " "))
 
     def handle_error(self, request, client_address):  # a client that went away is not worth a traceback

@@ -49,16 +49,33 @@ def add_limit_arguments(parser) -> None:
     group.add_argument("--write-timeout", type=seconds, default=d.write_timeout_s, metavar="S",
                        help="for a whole response (default: %(default)s)")
     group.add_argument("--idle-timeout", type=seconds, default=d.idle_timeout_s, metavar="S",
-                       help="a keep-alive connection waiting for its next request (default: %(default)s)")
+                       help="a keep-alive connection waiting for its next request; over gRPC, a connection "
+                       "without calls (default: %(default)s)")
     group.add_argument("--max-connections", type=count, default=d.max_connections, metavar="N",
-                       help="OTLP/HTTP connections open at once; more wait in the listen backlog "
+                       help="OTLP/HTTP connections open at once; past it, the idle connection of the address "
+                       "holding the most is closed for the new one, else new ones wait in the listen backlog "
                        "(default: %(default)s)")
+    group.add_argument("--max-connections-per-peer", type=count, default=d.max_connections_per_peer, metavar="N",
+                       help="OTLP/HTTP connections open at once from one client address; past it, its oldest idle "
+                       "one is closed for the new one, else the new one is closed (default: %(default)s)")
+    group.add_argument("--max-inflight-requests-per-peer", type=count, default=d.max_inflight_requests_per_peer,
+                       metavar="N", help="OTLP/HTTP requests in progress at once from one client address; more are "
+                       "a retryable 503 with Retry-After (default: %(default)s)")
     group.add_argument("--grpc-max-recv-msg-size", type=size, default=size_text(d.grpc_max_message_bytes),
                        metavar="SIZE",
                        help="largest OTLP/gRPC message; larger is RESOURCE_EXHAUSTED (default: %(default)s)")
     group.add_argument("--grpc-max-concurrent-rpcs", type=count, default=d.grpc_max_concurrent_rpcs, metavar="N",
                        help="OTLP/gRPC calls in progress at once, over all connections; more are "
                        "UNAVAILABLE, which clients retry (default: %(default)s)")
+    group.add_argument("--grpc-max-concurrent-rpcs-per-peer", type=count, default=d.grpc_max_concurrent_rpcs_per_peer,
+                       metavar="N", help="OTLP/gRPC calls in progress at once from one client address; more are "
+                       "UNAVAILABLE (default: %(default)s)")
+    group.add_argument("--grpc-first-message-timeout", type=seconds, default=d.grpc_first_message_timeout_s,
+                       metavar="S", help="from an OTLP/gRPC call's start to its whole message; past it, the call "
+                       "is cancelled, which clients retry (default: %(default)s)")
+    group.add_argument("--grpc-max-connections", type=count, default=d.grpc_max_connections, metavar="N",
+                       help="OTLP/gRPC connections open at once; gRPC closes new ones past it (it can close no "
+                       "idle one for them: those close after --idle-timeout without calls) (default: %(default)s)")
     group.add_argument("--grpc-max-concurrent-streams", type=count, default=d.grpc_max_concurrent_streams,
                        metavar="N", help="OTLP/gRPC calls in progress on one connection (HTTP/2 streams); gRPC "
                        "refuses more with REFUSED_STREAM, a retryable UNAVAILABLE (default: %(default)s)")
@@ -126,8 +143,13 @@ def limits_of(args):
                   max_header_bytes=args.max_header_bytes,
                   read_header_timeout_s=args.read_header_timeout, read_timeout_s=args.read_timeout,
                   write_timeout_s=args.write_timeout, idle_timeout_s=args.idle_timeout,
-                  max_connections=args.max_connections, grpc_max_message_bytes=args.grpc_max_recv_msg_size,
+                  max_connections=args.max_connections, max_connections_per_peer=args.max_connections_per_peer,
+                  max_inflight_requests_per_peer=args.max_inflight_requests_per_peer,
+                  grpc_max_message_bytes=args.grpc_max_recv_msg_size,
                   grpc_max_concurrent_rpcs=args.grpc_max_concurrent_rpcs,
+                  grpc_max_concurrent_rpcs_per_peer=args.grpc_max_concurrent_rpcs_per_peer,
+                  grpc_first_message_timeout_s=args.grpc_first_message_timeout,
+                  grpc_max_connections=args.grpc_max_connections,
                   grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
                   max_request_items=args.max_request_items, max_request_attributes=args.max_request_attributes,
                   max_request_buckets=args.max_request_buckets)

@@ -2,9 +2,16 @@
 
 A socket timeout alone bounds the wait for each byte, so a client sending a header byte a second would hold its
 connection forever; here each phase of a request (waiting for it, its headers, its body) has one deadline for
-all its reads. The server holds at most `max_connections` connections; past that, new ones wait in the listen
-backlog until one closes, as Prometheus's connection limit does. With TLS, the handshake is made in the
-connection's own thread, holding one of those slots, within the header deadline.
+all its reads. With TLS, the handshake is made in the connection's own thread, within the header deadline.
+
+Connections are admitted fairly (`ConnectionCaps`): at most so many in all, and so many from one client address.
+A connection is idle while it awaits a request's first byte (a new one too, as nginx counts it), and an idle one
+is what makes room: at the cap in all, the oldest idle connection of the address holding the most is closed for
+the new one (as nginx and Envoy do under overload); at an address's own cap, its own oldest idle one, and where it
+has none idle the new connection is closed at once. Where none is idle anywhere, new connections wait in the
+listen backlog until one closes, as Prometheus's connection limit does. An address with more requests in
+progress than it may is answered a retryable refusal by the handler (503 with Retry-After), so that a client
+holding its connections in slow requests cannot take the others' threads either.
 """
 
 from __future__ import annotations
@@ -16,9 +23,11 @@ import ssl
 import sys
 import threading
 import time
+from collections import Counter
+from dataclasses import dataclass
 from typing import Callable
 
-from sloscope.edge.draining import DrainingServer
+from sloscope.edge.draining import DrainingServer, Held, peer_key, wake
 from sloscope.edge.tls import NotTls, TlsFiles, accept_tls
 
 log = logging.getLogger(__name__)
@@ -68,14 +77,22 @@ class DeadlineReader(io.RawIOBase):
         return n
 
 
+@dataclass(frozen=True)
+class ConnectionCaps:
+    connections: int  # open at once, all clients together
+    per_peer: int  # open at once from one client address
+    inflight_per_peer: int  # requests in progress at once from one client address
+
+
 class LimitedHTTPServer(DrainingServer):
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, address, handler, max_connections: int, count: Callable[[str], None],
+    def __init__(self, address, handler, caps: ConnectionCaps, count: Callable[[str], None],
                  tls: TlsFiles | None = None, handshake_timeout_s: float = 10.0):
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self._open_lock = threading.Lock()
+        self.caps = caps
+        self._slots = threading.BoundedSemaphore(caps.connections)
+        self._peers: Counter = Counter()  # open connections by client address
         self.open_connections = 0
         self._waiting = False
         self._count = count
@@ -84,14 +101,24 @@ class LimitedHTTPServer(DrainingServer):
         super().__init__(address, handler)
 
     def process_request_thread(self, request, client_address):
-        if self.tls is not None:
-            request = self._handshake(request, client_address)
-            if request is None:
-                return
-        super().process_request_thread(request, client_address)
+        try:
+            if self.tls is not None:
+                request = self._handshake(request, client_address)
+                if request is None:
+                    return
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release(peer_key(client_address))
+
+    def process_request(self, request, client_address):
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started to give the slot back
+            self._release(peer_key(client_address))
+            raise
 
     def _handshake(self, request: socket.socket, client_address) -> ssl.SSLSocket | None:
-        """The TLS connection, or None once a failed handshake is counted and its slot given back."""
+        """The TLS connection, or None once a failed handshake is counted and the connection closed."""
         try:
             return accept_tls(request, self.tls.context, self.handshake_timeout_s)
         except TimeoutError:
@@ -107,29 +134,73 @@ class LimitedHTTPServer(DrainingServer):
         return None
 
     def get_request(self):
-        if not self._slots.acquire(blocking=False):
-            if not self._waiting:  # once per stretch at the limit, not per retry
-                self._waiting = True
-                self._count("http_connection_limit_waits")
-            if not self._slots.acquire(timeout=ACCEPT_WAIT_S):
-                raise OSError("connection limit reached")  # the server loop skips this round and retries
-        self._waiting = False
+        self._take_slot()
         try:
-            request = super().get_request()
+            request, client_address = super().get_request()
         except BaseException:
             self._slots.release()
             raise
-        with self._open_lock:
-            self.open_connections += 1
-        return request
-
-    def close_request(self, request):
-        try:
-            super().close_request(request)
-        finally:
-            with self._open_lock:
-                self.open_connections -= 1
+        if not self._admit(peer_key(client_address)):
             self._slots.release()
+            self.shutdown_request(request)
+            self._count("http_connections_refused_peer")
+            raise OSError("the client's address holds as many connections as it may")  # the loop goes on
+        return request, client_address
+
+    def _take_slot(self) -> None:
+        """A place for the connection the listening socket has ready: a free one, or one an idle connection
+        closed to make; OSError where none came within ACCEPT_WAIT_S (the server loop retries)."""
+        if self._slots.acquire(blocking=False):
+            return
+        with self._changed:
+            victim = self._idle_victim(None)
+            if victim is not None:
+                self._shed(victim)
+            elif not self._waiting:  # once per stretch at the limit, not per retry
+                self._waiting = True
+                self._count("http_connection_limit_waits")
+        if not self._slots.acquire(timeout=ACCEPT_WAIT_S):
+            raise OSError("connection limit reached")
+        self._waiting = False
+
+    def _admit(self, peer: str) -> bool:
+        """Counts a new connection of `peer`'s, closing its oldest idle one where it holds its cap; False (not
+        counted) where it holds its cap with none idle."""
+        with self._changed:
+            if self._peers[peer] >= self.caps.per_peer:
+                victim = self._idle_victim(peer)
+                if victim is None:
+                    return False
+                self._shed(victim)
+            self._peers[peer] += 1
+            self.open_connections += 1
+            return True
+
+    def _release(self, peer: str) -> None:
+        with self._changed:
+            self._peers[peer] -= 1
+            if not self._peers[peer]:
+                del self._peers[peer]
+            self.open_connections -= 1
+        self._slots.release()
+
+    def _idle_victim(self, peer: str | None) -> Held | None:
+        """The idle connection to close first (of `peer`'s where given): of the address holding the most
+        connections, the one idle longest. Call holding the lock."""
+        idle = [held for held in self._connections.values()
+                if not held.busy and not held.shed and peer in (None, held.peer)]
+        return max(idle, key=lambda held: (self._peers[held.peer], -held.since), default=None)
+
+    def _shed(self, held: Held) -> None:
+        held.shed = True
+        wake(held.connection)
+        self._count("http_connections_shed")
+
+    def peer_busy(self, peer: str) -> bool:
+        """True where `peer` has more requests in progress than it may (the caller's counted among them)."""
+        with self._changed:
+            busy = sum(1 for held in self._connections.values() if held.busy and held.peer == peer)
+        return busy > self.caps.inflight_per_peer
 
     def handle_error(self, request, client_address):
         # A client that resets or vanishes is ordinary on the internet; anything else is this server's bug.

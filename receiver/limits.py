@@ -3,6 +3,8 @@
 Defaults follow the OpenTelemetry Collector's OTLP receiver (confighttp, configgrpc) where it has one, and
 Prometheus's `--web.max-connections` for the connection cap; the header deadline is the shorter one nginx
 recommends, since a client that needs more than 10 s for its headers is one holding a connection open. The
+limits per client address (peer) are fractions of the limits in all, so that one address cannot hold what the
+others need, while a node's exporters behind one address stay well within them. The
 servers of sloscope.edge enforce them: the in-flight bytes as an edge/budget.py ByteBudget. The counts of what one
 request holds are the receiver's own (request_items.py).
 """
@@ -32,10 +34,18 @@ class Limits:
     read_timeout_s: float = 60.0  # for the whole body; over gRPC, a connection's age, then the grace of its calls
     write_timeout_s: float = 30.0  # for the whole response
     idle_timeout_s: float = 60.0  # a keep-alive connection waiting for its next request
-    max_connections: int = 512  # past it, new connections wait in the listen backlog
+    max_connections: int = 512  # past it, an idle one is closed for the new one, else new ones wait
+    # One client address's share, a quarter: a node's exporters behind one SNAT address fit in it, and three
+    # others still fit beside an address that fills it. Past it, the address's own idle connection makes room.
+    max_connections_per_peer: int = 128
+    max_inflight_requests_per_peer: int = 64  # one address's requests in progress; more are a 503 (retry)
     grpc_max_message_bytes: int = 32 * MiB
     grpc_max_concurrent_streams: int = 16  # calls on one connection; more wait at the client (HTTP/2)
     grpc_max_concurrent_rpcs: int = 64  # calls in all, each with a thread; more are UNAVAILABLE
+    grpc_max_concurrent_rpcs_per_peer: int = 32  # one address's calls in progress; more are UNAVAILABLE
+    grpc_max_connections: int = 512  # past it, gRPC's core closes new connections at once
+    # From a call's arrival to its whole message: 32 MiB at 9 Mbit/s. A call still without it is cancelled.
+    grpc_first_message_timeout_s: float = 30.0
     # What one request may hold, counted before it is decoded: the largest body of ordinary items holds no more.
     max_request_items: int = BODY_BYTES // ORDINARY_ITEM_BYTES  # resources, scopes, spans, points, ...
     max_request_attributes: int = BODY_BYTES // ORDINARY_ITEM_BYTES  # key-values at every level, values in arrays

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import inspect
-import ipaddress
 import logging
 import socket
 import threading
@@ -36,7 +35,8 @@ from sloscope.edge.budget import ByteBudget, Exhausted, Reservation
 from sloscope.edge.draining import KeepAliveHandler
 from sloscope.edge.grpc_admission import REFUSING_THREADS, Admission
 from sloscope.edge.http_body import BodyError, declared_length, read_body
-from sloscope.edge.http_conn import DeadlineReader, LimitedHTTPServer
+from sloscope.edge.http_conn import ConnectionCaps, DeadlineReader, LimitedHTTPServer
+from sloscope.edge.peers import peer_ip
 from sloscope.edge.tls import TlsFiles
 from sloscope.records import Batch, Outcome
 
@@ -48,6 +48,8 @@ from sloscope.receiver.request_items import TooManyItems
 
 log = logging.getLogger("sloscope.receiver")
 RETRY_AFTER_S = 1
+PEER_BUSY = ("sloscope is serving as many requests from this address as it takes (--max-inflight-requests-per-peer);"
+             " retry later")
 PLAIN_BODY = ("", "identity")  # Content-Encoding values of a body sent as it is
 OTLP_CONTENT_TYPES = ("application/x-protobuf", "application/json")
 SIGNALS = ("traces", "metrics", "logs")
@@ -174,20 +176,6 @@ class Receiver:
         return outcome
 
 
-def peer_ip(address: str | None) -> str | None:
-    """A client's IP address as a pod's is written: from a socket's address or gRPC's peer ("ipv4:IP:PORT",
-    "ipv6:[IP]:PORT"), an IPv4-mapped IPv6 address as IPv4; None for anything else (a Unix socket)."""
-    text = address or ""
-    if text.startswith(("ipv4:", "ipv6:")):
-        text = urllib.parse.unquote(text[5:]).rsplit(":", 1)[0].strip("[]")  # gRPC may escape the brackets
-    try:
-        ip = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return str(mapped or ip)
-
-
 # --- OTLP/HTTP --------------------------------------------------------------------------------------------
 
 
@@ -230,15 +218,19 @@ class _HttpHandler(KeepAliveHandler):
     def start_request(self) -> None:
         self.reader.expect("header", self.limits.read_header_timeout_s, self.limits.max_header_bytes)
 
-    def next_request_arrives(self) -> bool:
+    def start_idle(self) -> None:
         self.reader.expect("idle", self.limits.idle_timeout_s)
-        return super().next_request_arrives()
 
     def parse_request(self):
         if not super().parse_request():
             return False
         framing = self.headers.get_all("Content-Length", []) + self.headers.get_all("Transfer-Encoding", [])
         self.body_unread = bool(framing) and framing != ["0"]
+        if self.peer_busy:
+            self._count("requests_peer_busy")
+            self.body_unread = True  # left unread: the connection closes, and the client holds one fewer
+            self._refuse(503, PEER_BUSY, {"Retry-After": str(RETRY_AFTER_S)})
+            return False
         return True
 
     def _authenticated(self, page: str | None = None) -> bool:
@@ -392,14 +384,17 @@ def http_server(receiver: Receiver | None, host: str, port: int, pages: dict[str
     handler = type("Handler", (_HttpHandler,), {"receiver": receiver, "pages": dict(pages or {}), "limits": limits,
                                                 "auth": auth})
     count = receiver.count if receiver is not None else (lambda name: None)
-    return LimitedHTTPServer((host, port), handler, limits.max_connections, count, tls,
-                             limits.read_header_timeout_s)
+    caps = ConnectionCaps(limits.max_connections, limits.max_connections_per_peer,
+                          limits.max_inflight_requests_per_peer)
+    return LimitedHTTPServer((host, port), handler, caps, count, tls, limits.read_header_timeout_s)
 
 
 # --- OTLP/gRPC --------------------------------------------------------------------------------------------
 
 
 GRPC_BUSY = "sloscope is serving as many OTLP/gRPC calls as it takes (--grpc-max-concurrent-rpcs); retry later"
+GRPC_PEER_BUSY = ("sloscope is serving as many OTLP/gRPC calls from this address as it takes "
+                  "(--grpc-max-concurrent-rpcs-per-peer); retry later")
 GRPC_SERVICES = {"traces": "opentelemetry.proto.collector.trace.v1.TraceService",
                  "metrics": "opentelemetry.proto.collector.metrics.v1.MetricsService",
                  "logs": "opentelemetry.proto.collector.logs.v1.LogsService"}
@@ -439,16 +434,18 @@ def grpc_server(receiver: Receiver, host: str, port: int, tls: TlsFiles | None =
                 auth: BearerAuth | None = None) -> tuple[grpc.Server, int]:
     """OTLP/gRPC under the receiver's limits: a larger message is RESOURCE_EXHAUSTED before it is decoded. Calls
     in progress are bounded per connection by HTTP/2's stream limit (the client waits, as with the Collector's
-    max_concurrent_streams) and in all (past it, UNAVAILABLE: edge/grpc_admission.py), each with a thread of its
-    own. A connection's handshake (TLS, HTTP/2 preface) has the header deadline; once as old as the body deadline,
-    it is sent a GOAWAY (the client reconnects), and its calls have the body deadline again to finish before it is
-    closed. With `tls`, TLS only; with `auth`, a call without the bearer token is UNAUTHENTICATED."""
+    max_concurrent_streams), per client address and in all (past them, UNAVAILABLE: edge/grpc_admission.py), each
+    with a thread of its own, and a call's message is due within the first-message deadline. Connections are
+    capped in all and closed after the idle timeout without calls. A connection's handshake (TLS, HTTP/2 preface)
+    has the header deadline; once as old as the body deadline, it is sent a GOAWAY (the client reconnects), and its
+    calls have the body deadline again to finish before it is closed. With `tls`, TLS only; with `auth`, a call
+    without the bearer token is UNAUTHENTICATED."""
     limits = receiver.limits
-    # grpcio holds a pool thread while a call waits for its request message, without a deadline of its own: with
-    # fewer threads than calls admitted, silent calls would leave the others queued behind them for ever. A
-    # connection's age is what bounds the wait, as the body deadline bounds it over HTTP.
+    # grpcio holds a pool thread while a call waits for its request message: the first-message deadline bounds
+    # the wait, and a connection's age bounds the calls on it, as the body deadline bounds a request over HTTP.
     read_timeout_ms = int(limits.read_timeout_s * 1000)
-    admission = Admission(limits.grpc_max_concurrent_rpcs, receiver.count, GRPC_BUSY)
+    admission = Admission(limits.grpc_max_concurrent_rpcs, limits.grpc_max_concurrent_rpcs_per_peer,
+                          limits.grpc_first_message_timeout_s, receiver.count, GRPC_BUSY, GRPC_PEER_BUSY)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=limits.grpc_max_concurrent_rpcs + REFUSING_THREADS),
                          interceptors=[BearerInterceptor(auth, receiver.count), admission] if auth else [admission],
                          options=[("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
@@ -456,6 +453,8 @@ def grpc_server(receiver: Receiver, host: str, port: int, tls: TlsFiles | None =
                                   ("grpc.server_handshake_timeout_ms", int(limits.read_header_timeout_s * 1000)),
                                   ("grpc.max_connection_age_ms", read_timeout_ms),
                                   ("grpc.max_connection_age_grace_ms", read_timeout_ms),
+                                  ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000)),
+                                  ("grpc.max_allowed_incoming_connections", limits.grpc_max_connections),
                                   # no SO_REUSEPORT: a second server on a taken port must fail, not share it
                                   ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers([

@@ -1,14 +1,24 @@
 """A mix of OTLP/HTTP clients for soaking `sloscope serve`: keep-alive exporters that retry a 503 as exporters
-do, clients sending malformed requests, and slow clients trickling their headers. Used by the soak test and
+do, clients sending malformed requests, and slow clients trickling their headers; and clients from an address of
+their own that hold connections and calls: idle keep-alive connections, slow bodies, idle HTTP/2 connections and
+gRPC calls that never send their message. Used by the soak test, the admission tests and
 benchmarks/hostile_clients.py."""
 
 import gzip
 import http.client
 import json
+import contextlib
+import os
 import random
+import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 
+from tests.alerting_stack import free_port, wait_listening
 from tests.otlp_builders import span, traces
 from tests.raw_http import RawClient, request
 
@@ -110,3 +120,129 @@ class ClientMix:
             except OSError:
                 pass
             self.hostile += 1
+
+
+@contextlib.contextmanager
+def serving(db, *flags: str, grpc: str | None = None, env: dict | None = None):
+    """A real `sloscope serve` on 127.0.0.1 (OTLP/HTTP; OTLP/gRPC too at `grpc`, a HOST:PORT), with its own
+    database and no decode workers; yields its HTTP port once both listen."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "serve", "--db", str(db),
+                             "--http", f"127.0.0.1:{port}", "--grpc", grpc or "off", "--decode-workers", "0",
+                             "--log-level", "error", *flags], env={**os.environ, **(env or {})})
+    try:
+        wait_listening(port, proc, "sloscope serve")
+        if grpc:
+            wait_listening(int(grpc.rsplit(":", 1)[1]), proc, "sloscope serve's gRPC")
+        yield port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+@contextlib.contextmanager
+def webhook_serving(tmp, config: str, token: bytes):
+    """A real `sloscope webhook` on 127.0.0.1 with `config` (remediation YAML) and `token`; yields its port."""
+    cfg, token_file = tmp / "remediation.yaml", tmp / "token"
+    cfg.write_text(config)
+    token_file.write_text(token.decode())
+    token_file.chmod(0o600)
+    proc = subprocess.Popen([sys.executable, "-m", "sloscope.commands.cli", "webhook", "--config", str(cfg), "--db",
+                             str(tmp / "audit.duckdb"), "--token-file", str(token_file), "--listen", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        yield int(re.fullmatch(r"listening on http://127\.0\.0\.1:(\d+)/alerts\n", proc.stdout.readline())[1])
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+# --- clients from an address of their own ---------------------------------------------------------------------
+# The whole of 127.0.0.0/8 is this host's: a client bound to 127.0.0.2 is another address to serve's per-client
+# limits than one on 127.0.0.1, the address every client library connects from by default.
+
+ATTACKER = "127.0.0.2"
+
+
+def connect_from(source: str, port: int, timeout: float = 10.0) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
+
+
+class RawClientFrom(RawClient):
+    """tests/raw_http.py's client, connecting from `source`."""
+
+    def __init__(self, source: str, port: int, timeout: float = 10.0):
+        self.sock = connect_from(source, port, timeout)
+        self.file = self.sock.makefile("rb")
+
+
+def idle_keepalive(source: str, port: int, n: int, path: str = "/healthz") -> list[RawClientFrom]:
+    """n connections that each GET `path` (open without a token) and then stay open, idle; those the server
+    closes or refuses on the way are left out."""
+    held = []
+    for _ in range(n):
+        try:
+            client = RawClientFrom(source, port, timeout=5)
+            client.send(request(path, b"", method="GET", length=False))
+            client.response()
+            held.append(client)
+        except (OSError, ConnectionError):
+            pass
+    return held
+
+
+def slow_bodies(source: str, port: int, n: int, headers: dict[str, str] | None = None) -> list[RawClientFrom]:
+    """n requests that send their headers, declaring a body of 64 KiB, and one byte of it."""
+    held = []
+    for _ in range(n):
+        try:
+            client = RawClientFrom(source, port, timeout=5)
+            client.send(b"POST /v1/traces HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 65536\r\n"
+                        + b"".join(f"{k}: {v}\r\n".encode() for k, v in (headers or {}).items()) + b"\r\n{")
+            held.append(client)
+        except OSError:
+            pass
+    return held
+
+
+# --- raw HTTP/2: gRPC connections and calls that never go on ---------------------------------------------------
+# grpcio connects only from the default address, so the hostile side of gRPC is written by hand: the client
+# preface, SETTINGS, and HEADERS frames of Export calls (HPACK literals) whose message never follows.
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+H2_HEADERS, H2_SETTINGS = 0x1, 0x4
+H2_END_HEADERS, H2_ACK = 0x4, 0x1
+EXPORT_PATH = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def _h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def _hpack_literal(name: str, value: str) -> bytes:
+    """A header field without indexing, its name and value as plain strings (each under 127 bytes)."""
+    return b"\x00" + bytes([len(name)]) + name.encode() + bytes([len(value)]) + value.encode()
+
+
+EXPORT_HEADERS = b"".join(_hpack_literal(k, v) for k, v in (
+    (":method", "POST"), (":scheme", "http"), (":path", EXPORT_PATH), (":authority", "127.0.0.1"),
+    ("content-type", "application/grpc"), ("te", "trailers")))
+
+
+def h2_connection(source: str, port: int) -> socket.socket | None:
+    """An HTTP/2 connection through its preface and SETTINGS exchange, then idle; None where refused."""
+    try:
+        sock = connect_from(source, port, timeout=2)
+        sock.sendall(H2_PREFACE + _h2_frame(H2_SETTINGS, 0, 0))
+        if not sock.recv(4096):  # the server's SETTINGS; none: closed at once, past the connection cap
+            sock.close()
+            return None
+        sock.sendall(_h2_frame(H2_SETTINGS, H2_ACK, 0))
+        return sock
+    except OSError:
+        return None
+
+
+def silent_calls(sock: socket.socket, n: int) -> None:
+    """n Export calls on the connection that send their headers and never their message."""
+    sock.sendall(b"".join(_h2_frame(H2_HEADERS, H2_END_HEADERS, 2 * i + 1, EXPORT_HEADERS) for i in range(n)))

@@ -129,7 +129,10 @@ def test_slow_headers_and_bodies_are_cut_off_and_connections_are_capped(serve):
     assert s.receiver.counts["requests_header_timeout"] == 1 and s.receiver.counts["requests_body_timeout"] == 1
 
     capped = serve(max_connections=2)
-    idle = [RawClient(capped.port), RawClient(capped.port)]  # both slots, taken by connections that wait
+    # Both slots, taken by connections inside a request: an idle connection would make room for the third.
+    idle = [RawClient(capped.port), RawClient(capped.port)]
+    for client in idle:
+        client.send(b"POST /v1/traces HTTP/1.1\r\n")
     time.sleep(0.3)
     with RawClient(capped.port) as third:
         third.send(request("/v1/traces", body(), JSON))
