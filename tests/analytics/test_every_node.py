@@ -11,6 +11,7 @@ from sloscope.analytics.slo import find_incidents
 from sloscope.analytics.store import Store
 from sloscope.analytics.stores import open_store
 from sloscope.catalog import EVERY_NODE
+from sloscope.dashboards.report import render
 from sloscope.slo_spec import parse_spec
 from tests.analytics.test_graph import T0, Traces
 
@@ -91,3 +92,9 @@ def test_clickhouse_judges_every_node_alike(faulty, tmp_path):
     assert [(i["node"], i["start"], i["sli"]) for i in answers[0]] == [(i["node"], i["start"], i["sli"])
                                                                        for i in answers[1]]
     assert answers[1][0]["culprits"][0]["service"] == "cart"
+
+
+def test_the_report_charts_the_service_over_every_node(faulty):
+    with Store(faulty) as store:
+        html = render(store, SPEC)
+    assert "SLI gold / frontend on every node: p99 latency" in html and "p99 on every node" in html
