@@ -19,6 +19,7 @@ from opentelemetry.trace.span import TraceState
 from sloscope.sampling.head_sampler import (MAX_THRESHOLD, AdaptiveSampler, decode_th, encode_th, parse_ot,
                                             probability_of, threshold_for)
 from sloscope.sampling.budget import fair_shares
+from sloscope.catalog import EVERY_NODE
 from sloscope.sampling.observations import Observations, Sli
 from sloscope.sampling.config import ConfigError, SamplingConfig, parse_config
 from sloscope.sampling.policy import SamplingPolicy, SamplingService
@@ -437,3 +438,12 @@ def test_the_sampling_config_is_validated():
                           ("- 1", "expected a mapping")):
         with pytest.raises(ConfigError, match=message):
             parse_config(text, "s.yaml")
+
+
+def test_an_incident_over_every_node_heats_its_tier_and_no_node():
+    policy = SamplingPolicy(SPEC, SamplingConfig(budget_spans_per_s=10, interval_s=10))
+    traffic = {(STD, "svc", "/r"): 6000}
+    doc = policy.evaluate(Observations(T0, 60, traffic, {STD: Sli(100, 0, 50.0)},
+                                       incidents=[(STD, "svc", EVERY_NODE)]))
+    assert doc["tiers"][STD]["hot"] and doc["tiers"][STD]["hot_state"]["reasons"] == ["incident"]
+    assert doc["hot_nodes"] == {}
