@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from sloscope.addresses import address_text, parse_address
-from sloscope.arguments import above_zero
+from sloscope.arguments import above_zero, zero_or_more
 from sloscope.durations import parse_duration
 from sloscope.sizes import size_argument
 from sloscope.slo_spec import SpecError, load_spec
@@ -113,12 +113,12 @@ def register(subparsers) -> None:
     hook.add_argument("--max-connections", type=count, default=CAPS.connections, metavar="N",
                       help="connections open at once; past it, an idle one is closed for the new one, else new ones "
                       "wait in the listen backlog (default: %(default)s)")
-    hook.add_argument("--max-connections-per-peer", type=count, default=CAPS.per_peer, metavar="N",
+    hook.add_argument("--max-connections-per-peer", type=zero_or_more, default=CAPS.per_peer, metavar="N",
                       help="connections open at once from one client address; past it, its oldest idle one is "
-                      "closed for the new one, else the new one is closed (default: %(default)s)")
-    hook.add_argument("--max-inflight-requests-per-peer", type=count, default=CAPS.inflight_per_peer, metavar="N",
-                      help="requests in progress at once from one client address; more are a 503 with Retry-After, "
-                      "which Alertmanager retries (default: %(default)s)")
+                      "closed for the new one, else the new one is closed; 0: none (default: %(default)s)")
+    hook.add_argument("--max-inflight-requests-per-peer", type=zero_or_more, default=CAPS.inflight_per_peer,
+                      metavar="N", help="requests in progress at once from one client address; more are a 503 with "
+                      "Retry-After, which Alertmanager retries; 0: none (default: %(default)s)")
     hook.set_defaults(func=run_webhook)
 
 

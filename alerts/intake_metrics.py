@@ -19,8 +19,9 @@ queue and failures. These live in serve's memory, not in the store, so they star
   (http: 401, grpc: UNAUTHENTICATED).
 - `sloscope_receiver_tls_handshake_failures_total{reason}`: OTLP/HTTP connections closed before their TLS
   handshake completed: timeout (not done within the header deadline), not_tls (plain text), failed.
-- `sloscope_receiver_connection_limit_waits_total`, `sloscope_receiver_open_connections`,
-  `sloscope_receiver_inflight_bytes`.
+- `sloscope_receiver_connection_limit_waits_total`, `sloscope_receiver_http_connections_shed_total` (idle
+  connections closed for new ones), `sloscope_receiver_http_connections_refused_peer_total` (new connections of an
+  address at its cap with none idle), `sloscope_receiver_open_connections`, `sloscope_receiver_inflight_bytes`.
 - `sloscope_writer_queued_bytes`, `..._queued_requests`, `..._queued_rows`, `sloscope_writer_commits_total`,
   `sloscope_writer_write_failures_total`, `sloscope_writer_rejected_requests_total`, `sloscope_writer_healthy`.
 - With `--kube-api`: `sloscope_kube_pods_known` (pod incarnations held, the recently ended included),
@@ -105,7 +106,13 @@ class IntakeCollector(Collector):
         waits = CounterMetricFamily("sloscope_receiver_connection_limit_waits_total", "Times new OTLP/HTTP "
                                     "connections had to wait because --max-connections were open.",
                                     value=counts.pop("http_connection_limit_waits", 0))
-        yield from (requests, bad, partial, waits, *_edge(counts))
+        # Declared from the start, so that a rate() over them reads 0 rather than nothing before the first.
+        shed = CounterMetricFamily("sloscope_receiver_http_connections_shed_total", "Idle OTLP/HTTP connections "
+                                   "closed to make room for new ones.", value=counts.pop("http_connections_shed", 0))
+        refused = CounterMetricFamily("sloscope_receiver_http_connections_refused_peer_total", "New OTLP/HTTP "
+                                      "connections closed because their address held --max-connections-per-peer "
+                                      "with none idle.", value=counts.pop("http_connections_refused_peer", 0))
+        yield from (requests, bad, partial, waits, shed, refused, *_edge(counts))
         for key in sorted(counts):  # anything else the receiver counts is shown rather than hidden
             yield CounterMetricFamily(f"sloscope_receiver_{key}", f"Receiver counter {key}.", value=counts[key])
 

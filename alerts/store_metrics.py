@@ -300,15 +300,15 @@ class Exposition:
         self._changed = threading.Condition()  # a refresh ended
 
     def body(self) -> bytes:
-        """The text of the newest refresh; the first scrape waits for it (a failed one raises its error)."""
+        """The text of the newest refresh; the first scrape waits for it (a failed one raises its error). A
+        refresh always runs in a thread of its own, so that one slower than the last cannot hold a scrape past
+        wait_s."""
         with self._changed:
             slow = self._body is not None and self._took > self.wait_s
             start = not self._refreshing and self.clock() - self._ended >= self.idle_ratio * self._took
             self._refreshing = self._refreshing or start
-        if start and slow:
+        if start:
             threading.Thread(target=self._refresh, name="metrics-refresh", daemon=True).start()
-        elif start:
-            self._refresh()
         with self._changed:
             if not slow:
                 self._changed.wait_for(lambda: not self._refreshing, None if self._body is None else self.wait_s)
@@ -316,10 +316,10 @@ class Exposition:
                 raise self._failure
             return self._body
 
-    def settle(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for a refresh in flight to end."""
+    def settle(self, timeout_s: float) -> bool:
+        """Whether no refresh is in flight, having waited up to `timeout_s` for one to end."""
         with self._changed:
-            self._changed.wait_for(lambda: not self._refreshing, timeout_s)
+            return self._changed.wait_for(lambda: not self._refreshing, timeout_s)
 
     def _refresh(self) -> None:
         started, body, failure = self.clock(), None, None
@@ -350,13 +350,12 @@ def render(store, spec=None, intake: Collector | None = None, **options) -> tupl
     return kept.body() + (exposition.render(intake) if intake else b""), exposition.CONTENT_TYPE
 
 
-def settle(store, timeout_s: float = SETTLE_S) -> None:
-    """Wait for a refresh of `store`'s /metrics that runs behind the scrapes, so that the store is not closed
-    under its queries (serve calls it once its listeners are closed)."""
+def settle(store, timeout_s: float = SETTLE_S) -> bool:
+    """Whether no refresh of `store`'s /metrics runs, having waited up to `timeout_s` for one: serve closes the
+    store only then, never under a refresh's queries (it calls this once its listeners are closed)."""
     with _expositions_lock:
         kept = _expositions.get(store)
-    if kept is not None:
-        kept.settle(timeout_s)
+    return kept is None or kept.settle(timeout_s)
 
 
 def _labels(family, node: str, attributes: str) -> tuple:

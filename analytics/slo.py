@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 import numpy as np
 import polars as pl
 
-from sloscope.catalog import EVERY_NODE
+from sloscope.catalog import EVERY_NODE, UNKNOWN_NODE
 from sloscope.slo_spec import SloSpec, TierObjective
 
 from sloscope.analytics.significance import fleet_discoveries, poisson_tail
@@ -152,8 +152,10 @@ def sli_windows(store: StoreReader, spec: SloSpec, since: datetime, until: datet
 
 def _with_every_node(frame: pl.DataFrame) -> pl.DataFrame:
     """The windows, and those of each (tier, service) on more than one node summed over its nodes (EVERY_NODE). A
-    service's threshold is the same on every node, so the sums count its slow requests exactly."""
-    spread = frame.group_by("tier", "service").agg(nodes=pl.col("node").n_unique()).filter(pl.col("nodes") > 1)
+    service's threshold is the same on every node, so the sums count its slow requests exactly. The unknown node
+    is no node of its own: a service on one node with a few requests that named none is on one node."""
+    known = pl.col("node").filter(pl.col("node") != UNKNOWN_NODE)
+    spread = frame.group_by("tier", "service").agg(nodes=known.n_unique()).filter(pl.col("nodes") > 1)
     every = (frame.join(spread.select("tier", "service"), on=["tier", "service"])
              .group_by("tier", "service", "window_start").agg(pl.col("requests", "failures", "slow").sum())
              .with_columns(node=pl.lit(EVERY_NODE)))
@@ -171,7 +173,7 @@ def window_latencies(store: StoreReader, spec: SloSpec, objective: TierObjective
 def _window_params(store: StoreReader, spec: SloSpec, objective: TierObjective, since: datetime,
                    until: datetime) -> dict:
     return {**store.tier_params(spec), **judging_params(spec), "tier": objective.name, "step_s": spec.resolution_s,
-            "since": since, "until": until, "every_node": EVERY_NODE}
+            "since": since, "until": until, "every_node": EVERY_NODE, "unknown_node": UNKNOWN_NODE}
 
 
 def _tails(bad: np.ndarray, expected: np.ndarray) -> np.ndarray:

@@ -34,7 +34,6 @@ from sloscope.analytics.late_placement import LatePlacement
 from sloscope.analytics.retention import RetentionSchedule, kept_period
 from sloscope.analytics.stores import add_store_arguments, open_url, parse_store_url, store_url
 from sloscope.analytics.writer import Writer
-from sloscope.alerts import store_metrics
 from sloscope.alerts.audit import AuditStore
 from sloscope.alerts.remediation import Engine
 from sloscope.alerts.remediation_config import load_config
@@ -44,7 +43,8 @@ from sloscope.sampling.policy import SamplingService
 
 from sloscope.commands import serve_clickhouse
 from sloscope.analytics.decode_pool import OFFLOAD_ABOVE_BYTES, DecodePool
-from sloscope.commands.serve_common import bind_listeners, pages_of, serve_until_stopped, stop_on_signals
+from sloscope.commands.serve_common import (bind_listeners, close_settled, pages_of, serve_until_stopped,
+                                             stop_on_signals)
 from sloscope.commands.serve_ops import (Listeners, add_edge_arguments, add_limit_arguments, edge_of,
                                          intake_collector, limits_of)
 
@@ -197,8 +197,7 @@ def _serve_writing(args, store) -> int:
         if part:
             part.stop()
     writer.stop()
-    store_metrics.settle(store)
-    store.close()
+    close_settled(store)
     if not listeners.started:
         return 1
     log.info("stopped; written: %s; receiver: %s", dict(writer.counts), receiver.snapshot())

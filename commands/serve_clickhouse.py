@@ -17,11 +17,11 @@ from sloscope.slo_spec import SpecError
 
 from sloscope.analytics.cli import EXIT_USAGE
 from sloscope.analytics.errors import StoreError
-from sloscope.alerts import store_metrics
 from sloscope.sampling.config import load_config as load_sampling_config
 from sloscope.sampling.policy import SamplingService
 
-from sloscope.commands.serve_common import bind_listeners, pages_of, serve_until_stopped, stop_on_signals
+from sloscope.commands.serve_common import (bind_listeners, close_settled, pages_of, serve_until_stopped,
+                                             stop_on_signals)
 from sloscope.commands.serve_ops import Listeners, edge_of
 
 log = logging.getLogger("sloscope.serve")
@@ -76,7 +76,6 @@ def serve(args, store) -> int:
         return 1
     serve_until_stopped(listeners, stop, f"reading {store.path}; tiers {', '.join(spec.tiers)} "
                                          f"(default {spec.default_tier})")
-    store_metrics.settle(store)
-    store.close()
+    close_settled(store)
     log.info("stopped")
     return 0

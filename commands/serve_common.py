@@ -12,7 +12,7 @@ import threading
 from sloscope import json_answers
 from sloscope.addresses import address_text
 from sloscope.analytics.rca import Query, graph_answer, query_parameter
-from sloscope.alerts.store_metrics import render
+from sloscope.alerts.store_metrics import render, settle
 from sloscope.alerts.webhook import WebhookServer
 from sloscope.receiver.server import grpc_server, http_server
 
@@ -73,6 +73,15 @@ def serve_until_stopped(listeners, stop: threading.Event, started: str) -> None:
         pass
     log.info("stopping: no new requests")
     listeners.close()
+
+
+def close_settled(store) -> None:
+    """Close the store once no /metrics refresh runs on it; one still running past the wait keeps it open, left
+    to the process's exit, since closing a database under a running query may fail or abort the process."""
+    if settle(store):
+        store.close()
+    else:
+        log.warning("a /metrics refresh still runs: the store is left open as serve exits")
 
 
 def _freeze_start_up_objects() -> None:

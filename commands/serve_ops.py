@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sloscope.addresses import address_text
-from sloscope.arguments import above_zero
+from sloscope.arguments import above_zero, zero_or_more
 from sloscope.sizes import size_argument, size_text
 
 from sloscope.edge.auth import BearerAuth
@@ -25,6 +25,10 @@ log = logging.getLogger("sloscope.serve")
 TEXT = "text/plain; charset=utf-8"
 BEARER_TOKEN_ENV = "SLOSCOPE_BEARER_TOKEN"
 OPEN_PAGES = frozenset({"/healthz", "/readyz"})  # the kubelet's probes carry no credentials
+
+
+# The caps per client address are no use where every client comes through one address: they can be turned off.
+OFF_TEXT = "; 0: none, as behind a proxy or a sidecar, where all clients share its address"
 
 
 def add_limit_arguments(parser) -> None:
@@ -55,21 +59,22 @@ def add_limit_arguments(parser) -> None:
                        help="OTLP/HTTP connections open at once; past it, the idle connection of the address "
                        "holding the most is closed for the new one, else new ones wait in the listen backlog "
                        "(default: %(default)s)")
-    group.add_argument("--max-connections-per-peer", type=count, default=d.max_connections_per_peer, metavar="N",
+    per_peer = zero_or_more
+    group.add_argument("--max-connections-per-peer", type=per_peer, default=d.max_connections_per_peer, metavar="N",
                        help="OTLP/HTTP connections open at once from one client address; past it, its oldest idle "
-                       "one is closed for the new one, else the new one is closed (default: %(default)s)")
-    group.add_argument("--max-inflight-requests-per-peer", type=count, default=d.max_inflight_requests_per_peer,
+                       f"one is closed for the new one, else the new one is closed{OFF_TEXT} (default: %(default)s)")
+    group.add_argument("--max-inflight-requests-per-peer", type=per_peer, default=d.max_inflight_requests_per_peer,
                        metavar="N", help="OTLP/HTTP requests in progress at once from one client address; more are "
-                       "a retryable 503 with Retry-After (default: %(default)s)")
+                       f"a retryable 503 with Retry-After{OFF_TEXT} (default: %(default)s)")
     group.add_argument("--grpc-max-recv-msg-size", type=size, default=size_text(d.grpc_max_message_bytes),
                        metavar="SIZE",
                        help="largest OTLP/gRPC message; larger is RESOURCE_EXHAUSTED (default: %(default)s)")
     group.add_argument("--grpc-max-concurrent-rpcs", type=count, default=d.grpc_max_concurrent_rpcs, metavar="N",
                        help="OTLP/gRPC calls in progress at once, over all connections; more are "
                        "UNAVAILABLE, which clients retry (default: %(default)s)")
-    group.add_argument("--grpc-max-concurrent-rpcs-per-peer", type=count, default=d.grpc_max_concurrent_rpcs_per_peer,
-                       metavar="N", help="OTLP/gRPC calls in progress at once from one client address; more are "
-                       "UNAVAILABLE (default: %(default)s)")
+    group.add_argument("--grpc-max-concurrent-rpcs-per-peer", type=per_peer,
+                       default=d.grpc_max_concurrent_rpcs_per_peer, metavar="N", help="OTLP/gRPC calls in progress "
+                       f"at once from one client address; more are UNAVAILABLE{OFF_TEXT} (default: %(default)s)")
     group.add_argument("--grpc-first-message-timeout", type=seconds, default=d.grpc_first_message_timeout_s,
                        metavar="S", help="from an OTLP/gRPC call's start to its whole message; past it, the call "
                        "is cancelled, which clients retry (default: %(default)s)")

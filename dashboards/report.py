@@ -62,21 +62,26 @@ class Episode:
     @property
     def anchor(self) -> str:
         """An id for the episode's section: the node's name is untrusted (any OTLP client sends it), so only its
-        letters, digits and dashes stand in the id, and a hash of the whole name keeps two nodes apart."""
+        letters, digits and dashes stand in the id, and a hash of the whole name keeps two nodes apart (and two
+        services' episodes over every node)."""
         readable = re.sub(r"[^A-Za-z0-9-]+", "-", self.node)[:64]
-        digest = hashlib.blake2b(self.node.encode(), digest_size=4).hexdigest()
+        whose = self.node + ("\0" + self.incidents[0]["service"] if self.node == catalog.EVERY_NODE else "")
+        digest = hashlib.blake2b(whose.encode(), digest_size=4).hexdigest()
         return f"episode-{readable}-{digest}-{self.start:%Y%m%dT%H%M%S}"
 
 
 def episodes(incidents: list[dict]) -> list[Episode]:
+    """The incidents by their node's episodes, as the analysis merged them: an incident over every node is its
+    service's trouble alone."""
     out: list[Episode] = []
-    open_by_node: dict[str, Episode] = {}
+    open_by_place: dict[tuple[str, str], Episode] = {}
     for inc in sorted(incidents, key=lambda i: (i["start"], i["node"])):
         start, end = parse_rfc3339(inc["start"]), parse_rfc3339(inc["end"])
-        ep = open_by_node.get(inc["node"])
+        place = (inc["node"], inc["service"] if inc["node"] == catalog.EVERY_NODE else "")
+        ep = open_by_place.get(place)
         if ep is None or start > ep.end + EPISODE_GAP:
             ep = Episode(inc["node"], start, end)
-            open_by_node[inc["node"]] = ep
+            open_by_place[place] = ep
             out.append(ep)
         ep.end = max(ep.end, end)
         ep.incidents.append(inc)

@@ -78,7 +78,7 @@ class Admission(grpc.ServerInterceptor):
     def _peer_place(self, peer: str, context):
         """One of `peer`'s places while the call runs; past them, the call ends UNAVAILABLE."""
         with self._lock:
-            admitted = self._peers[peer] < self.per_peer
+            admitted = not self.per_peer or self._peers[peer] < self.per_peer  # 0: no cap per address
             if admitted:
                 self._peers[peer] += 1
         if not admitted:
@@ -93,21 +93,33 @@ class Admission(grpc.ServerInterceptor):
                     del self._peers[peer]
 
     def _first_message(self, requests, context):
-        """The call's request message, awaited until its deadline, past which the call is cancelled."""
-        deadline = threading.Timer(self.first_message_s, self._cut_off, (context,))
+        """The call's request message, awaited until its deadline, past which the call is cancelled. Either the
+        message or the deadline comes first, under one lock: a message that arrives as the call is being cancelled
+        is not taken, since its client, told CANCELLED, sends it again."""
+        decided, first = threading.Lock(), []  # first: "deadline" or "message", whichever took the lock first
+
+        def cut_off():
+            with decided:
+                if first:
+                    return
+                first.append("deadline")
+            self.count("requests_grpc_first_message_timeout")
+            context.cancel()
+
+        deadline = threading.Timer(self.first_message_s, cut_off)
         deadline.daemon = True
         deadline.start()
         try:
             request = next(requests, None)
         finally:
             deadline.cancel()
+        with decided:
+            first.append("message")
+        if first[0] == "deadline":
+            context.abort(grpc.StatusCode.CANCELLED, "the request message came after its deadline")
         if request is None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without its request message")
         return request
-
-    def _cut_off(self, context) -> None:
-        self.count("requests_grpc_first_message_timeout")
-        context.cancel()
 
 
 def _refuse_busy(message: str, _requests, context):

@@ -80,8 +80,8 @@ class DeadlineReader(io.RawIOBase):
 @dataclass(frozen=True)
 class ConnectionCaps:
     connections: int  # open at once, all clients together
-    per_peer: int  # open at once from one client address
-    inflight_per_peer: int  # requests in progress at once from one client address
+    per_peer: int  # open at once from one client address (0: no cap per address)
+    inflight_per_peer: int  # requests in progress at once from one client address (0: no cap per address)
 
 
 class LimitedHTTPServer(DrainingServer):
@@ -167,7 +167,7 @@ class LimitedHTTPServer(DrainingServer):
         """Counts a new connection of `peer`'s, closing its oldest idle one where it holds its cap; False (not
         counted) where it holds its cap with none idle."""
         with self._changed:
-            if self._peers[peer] >= self.caps.per_peer:
+            if self.caps.per_peer and self._peers[peer] >= self.caps.per_peer:
                 victim = self._idle_victim(peer)
                 if victim is None:
                     return False
@@ -198,6 +198,8 @@ class LimitedHTTPServer(DrainingServer):
 
     def peer_busy(self, peer: str) -> bool:
         """True where `peer` has more requests in progress than it may (the caller's counted among them)."""
+        if not self.caps.inflight_per_peer:
+            return False
         with self._changed:
             busy = sum(1 for held in self._connections.values() if held.busy and held.peer == peer)
         return busy > self.caps.inflight_per_peer

@@ -20,9 +20,10 @@ BODY_BYTES = 32 * MiB
 # value 16 and more (a Prometheus label or an Envoy tag 20 to 40). An empty item takes 2 bytes of protobuf, so
 # without a count, what one body makes decoding build is bounded only by its bytes over 2.
 ORDINARY_ITEM_BYTES = 16
-# A bucket count can be 1 byte, so its bound is what senders send instead: 8192 points (the Collector's batch) of
-# 160 buckets (the SDKs' and Prometheus's default largest exponential histogram) is 1.25 Mi.
-BUCKETS = 2**21
+# A bucket count can be 1 byte, so its bound is what senders send instead, with room: 8192 points (the Collector's
+# batch) of an exponential histogram's 160 positive and 160 negative buckets (the SDKs' and Prometheus's default
+# largest) is 2.5 Mi; an explicit histogram's bounds count beside its bucket counts.
+BUCKETS = 2**22
 
 
 @dataclass(frozen=True)

@@ -1338,10 +1338,10 @@ static PyObject *decode(PyObject *module, PyObject *args)
 }
 
 PyDoc_STRVAR(count_doc,
-"count(body, signal, limits) -> (items, attributes, buckets)\n\n"
+"count(body, signal, limits) -> (items, attributes, buckets, read_through)\n\n"
 "What decoding the protobuf export request would build, counted from its bytes (see request_items.py). signal:\n"
 "0 traces, 1 metrics, 2 logs; limits: (items, attributes, buckets): the walk stops once a count passes its\n"
-"limit, or where the bytes stop being wire format.");
+"limit, or where the bytes stop being wire format as this walk reads it; read_through: it reached the end.");
 
 static PyObject *count(PyObject *module, PyObject *args)
 {
@@ -1359,10 +1359,11 @@ static PyObject *count(PyObject *module, PyObject *args)
     for (int k = 0; k < N_TALLIES; k++)
         t.max[k] = limits[k];
     const uint8_t *start = (const uint8_t *)PyBytes_AS_STRING(body);
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-    counted(&t, (Slice){start, start + PyBytes_GET_SIZE(body)}, K_REQUEST, 0);
+    rc = counted(&t, (Slice){start, start + PyBytes_GET_SIZE(body)}, K_REQUEST, 0);
     Py_END_ALLOW_THREADS
-    return Py_BuildValue("(KKK)", t.n[ITEMS], t.n[ATTRIBUTES], t.n[BUCKETS]);
+    return Py_BuildValue("(KKKO)", t.n[ITEMS], t.n[ATTRIBUTES], t.n[BUCKETS], rc == OK ? Py_True : Py_False);
 }
 
 static PyMethodDef methods[] = {

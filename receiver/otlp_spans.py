@@ -37,9 +37,9 @@ def available() -> bool:
     return _otlp_spans is not None
 
 
-def count_items(body: bytes, signal: int, maxima: tuple[int, int, int]) -> tuple[int, int, int]:
-    """(items, attributes, buckets) of a protobuf export request, the walk stopped once one passes its maximum
-    (request_items.py; only where available())."""
+def count_items(body: bytes, signal: int, maxima: tuple[int, int, int]) -> tuple[int, int, int, bool]:
+    """(items, attributes, buckets, whether the walk read the whole body) of a protobuf export request, the walk
+    stopped once one passes its maximum (request_items.py; only where available())."""
     return _otlp_spans.count(body, signal, maxima)
 
 

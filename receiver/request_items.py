@@ -13,7 +13,8 @@ RESOURCE_EXHAUSTED) having cost a pass over its bytes, and one within them reser
 - JSON: the parser builds an object for every value, so items are the JSON values other than attributes' and
   buckets': at most the commas and twice the brackets (brackets in strings too, which only overcount; where
   that passes a limit, the text without its strings is counted again). Attributes are the `"key"` members of
-  key-values, buckets the elements of bucketCounts and explicitBounds.
+  key-values, buckets the elements of bucketCounts and explicitBounds; the values of a key-value written whole
+  (`{"key": "k", "value": {`) are its attribute's, not items.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ SIGNAL_INDEX = {"traces": 0, "metrics": 1, "logs": 2}  # otlp_spans.c's count()
 # with requests of empty items: an empty span is ~180 bytes of parsed message and refusal, a key-value with an
 # integer ~90, a bucket count ~15 (a protobuf number and its share of the decoder's lists).
 ITEM_BYTES, ATTRIBUTE_BYTES, BUCKET_BYTES = 192, 96, 16
+EMPTY_ITEM_BYTES = 2  # the smallest item on the wire: an empty message's tag and length
 
 
 class Counts(NamedTuple):
@@ -62,8 +64,9 @@ def decode_bytes(counts: Counts) -> int:
 
 
 def counted(signal: str, body: bytes, is_json: bool, limits: Limits) -> Counts:
-    """The request's counts; TooManyItems once one passes its limit (the counts of a body that is not protobuf or
-    JSON throughout stop where it stops being so: its parser refuses it)."""
+    """The request's counts; TooManyItems once one passes its limit. A protobuf body the walk cannot read through
+    (not wire format as it reads it, though the parser may differ) is taken to hold as many items as its bytes
+    could: EMPTY_ITEM_BYTES each."""
     maxima = maxima_of(limits)
     counts = _json_counts(body, maxima) if is_json else _protobuf_counts(signal, body, maxima)
     for (what, flag), n, most in zip(KINDS, counts, maxima):
@@ -77,13 +80,26 @@ def counted(signal: str, body: bytes, is_json: bool, limits: Limits) -> Counts:
 
 def _protobuf_counts(signal: str, body: bytes, maxima: Counts) -> Counts:
     if otlp_spans.available():
-        return Counts(*otlp_spans.count_items(body, SIGNAL_INDEX[signal], tuple(maxima)))
+        *counts, read_through = otlp_spans.count_items(body, SIGNAL_INDEX[signal], tuple(maxima))
+    else:
+        counts, read_through = _walked(signal, body, maxima)
+    counts = Counts(*counts)
+    if read_through or any(n > most for n, most in zip(counts, maxima)):
+        return counts
+    # Where the walk stopped, the parser might read on (a varint it takes and the walk does not): what it could
+    # build there is bounded by the bytes alone.
+    return counts._replace(items=max(counts.items, len(body) // EMPTY_ITEM_BYTES))
+
+
+def _walked(signal: str, body: bytes, maxima: Counts) -> tuple[list[int], bool]:
     walk = _Walk(list(maxima), ITEM_KINDS[signal])
     try:
         walk.message(memoryview(body), "request", 0)
-    except (NotWireFormat, _Over):
+    except NotWireFormat:
+        return walk.counts, False
+    except _Over:
         pass
-    return Counts(*walk.counts)
+    return walk.counts, True
 
 
 ITEMS, ATTRIBUTES, BUCKETS = range(3)
@@ -209,20 +225,29 @@ _BUCKET_KEYS = (b'"bucketCounts"', b'"bucket_counts"', b'"explicitBounds"', b'"e
 _LIST_OPENS = re.compile(rb"\s*:\s*\[")
 _NOT_SPACE = re.compile(rb"\S")
 _STRINGS = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
-VALUES_PER_ATTRIBUTE = 5  # {"key": "k", "value": {"stringValue": "v"}}: one comma and two objects, two each
+_KEYS = re.compile(rb'"key"\s*:')  # a member name: inside a string its quotes would be escaped
+# A key-value written whole: its values are one comma and two objects (two each by the count of brackets), none of
+# them items; only where they are really there, so that no other shape can lower the count of items.
+_KEY_VALUES = re.compile(rb'"key"\s*:\s*"(?:[^"\\]++|\\.)*+"\s*,\s*"value"\s*:\s*\{')
+VALUES_PER_ATTRIBUTE = 5
 
 
 def _json_counts(body: bytes, maxima: Counts) -> Counts:
-    attributes, buckets = body.count(b'"key"'), _json_buckets(body)
-    counts = _json_items(body, attributes, buckets)
+    attributes, buckets = _occurrences(_KEYS, body), _json_buckets(body)
+    whole = _occurrences(_KEY_VALUES, body)
+    counts = _json_items(body, attributes, whole, buckets)
     if counts.items > maxima.items:  # perhaps only for brackets and commas in strings
-        counts = _json_items(_STRINGS.sub(b'""', body), attributes, buckets)
+        counts = _json_items(_STRINGS.sub(b'""', body), attributes, whole, buckets)
     return counts
 
 
-def _json_items(text: bytes, attributes: int, buckets: int) -> Counts:
+def _occurrences(pattern: re.Pattern, body: bytes) -> int:
+    return pattern.subn(b"", body)[1]  # counted in C, where a loop over matches would be one in Python
+
+
+def _json_items(text: bytes, attributes: int, whole: int, buckets: int) -> Counts:
     values = text.count(b",") + 2 * (text.count(b"{") + text.count(b"["))
-    return Counts(max(values - VALUES_PER_ATTRIBUTE * attributes - buckets, 0), attributes, buckets)
+    return Counts(max(values - VALUES_PER_ATTRIBUTE * whole - buckets, 0), attributes, buckets)
 
 
 def _json_buckets(body: bytes) -> int:

@@ -22,6 +22,10 @@ from tests.alerting_stack import free_port, wait_listening
 from tests.otlp_builders import span, traces
 from tests.raw_http import RawClient, request
 
+# How soon a good client beside an attack must be answered: one shut out waits for its 5 s timeout, or for the
+# flood's connections to time out after 60 s; a loaded machine may take a second or two for a real answer.
+ANSWERED_S = 4.0
+
 T0 = 1_764_410_400_000_000_000
 JSON = {"Content-Type": "application/json"}
 MALFORMED = [

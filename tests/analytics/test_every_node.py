@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 
 from sloscope.analytics.rca import analyse, format_table
-from sloscope.analytics.slo import find_incidents
+from sloscope.analytics.slo import find_incidents, sli_windows
 from sloscope.analytics.store import Store
 from sloscope.analytics.stores import open_store
-from sloscope.catalog import EVERY_NODE
+from sloscope.catalog import EVERY_NODE, UNKNOWN_NODE
 from sloscope.dashboards.report import render
 from sloscope.slo_spec import parse_spec
 from tests.analytics.test_graph import T0, Traces
@@ -98,3 +98,14 @@ def test_the_report_charts_the_service_over_every_node(faulty):
     with Store(faulty) as store:
         html = render(store, SPEC)
     assert "SLI gold / frontend on every node: p99 latency" in html and "p99 on every node" in html
+
+
+def test_requests_that_named_no_node_do_not_make_a_service_of_many_nodes(tmp_path):
+    traces = _fleet(0)
+    for row in traces.rows:
+        if row["service"] == "frontend":
+            row.update(node="node-f0" if row["trace_lo"] % 50 else UNKNOWN_NODE)
+    with Store(tmp_path / "u.duckdb") as store:
+        store.write(traces.frames())
+        windows = sli_windows(store, SPEC, T0, T0 + timedelta(minutes=15))["gold"]
+    assert EVERY_NODE not in windows["node"].to_list()

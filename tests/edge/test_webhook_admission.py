@@ -5,7 +5,7 @@ import json
 import time
 
 from tests.alerts.test_webhook import CONFIG, TOKEN, payload
-from tests.hostile_clients import ATTACKER, idle_keepalive, webhook_serving
+from tests.hostile_clients import ANSWERED_S, ATTACKER, idle_keepalive, webhook_serving
 from tests.raw_http import RawClient, request
 
 
@@ -22,7 +22,7 @@ def test_an_idle_flood_from_one_address_leaves_alertmanager_served(tmp_path):
                     alertmanager.send(request("/alerts", json.dumps(payload(fp=f"{i:016x}")).encode(),
                                               {"Authorization": f"Bearer {TOKEN.decode()}",
                                                "Content-Type": "application/json"}))
-                    assert alertmanager.response()[0] == 200 and time.monotonic() - began < 1
+                    assert alertmanager.response()[0] == 200 and time.monotonic() - began < ANSWERED_S
         finally:
             for client in flood:
                 client.close()

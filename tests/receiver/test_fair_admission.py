@@ -10,7 +10,8 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from tests.alerting_stack import free_port
-from tests.hostile_clients import ATTACKER, h2_connection, idle_keepalive, serving, silent_calls, slow_bodies
+from tests.hostile_clients import (ANSWERED_S, ATTACKER, h2_connection, idle_keepalive, serving, silent_calls,
+                                   slow_bodies)
 from tests.otlp_http import post
 from tests.raw_http import RawClient, request
 from tests.receiver.test_receiver_hostile_stalls import ADMITTED_S, OWN_CONNECTION, _grpc_request, _silent_calls
@@ -29,9 +30,19 @@ def _export(target: str, first: int, timeout: float = 5.0) -> grpc.StatusCode:
 
 
 def _closed(clients) -> int:
-    """How many of the raw clients the server has closed (it closes at once, so a moment is enough)."""
-    time.sleep(0.2)
+    """How many of the raw clients the server has closed."""
     return sum(_at_eof(client.sock) for client in clients)
+
+
+def _soon(check, within_s: float = 5.0) -> bool:
+    """Whether `check()` holds within `within_s`: a close reaches the client a moment after the server makes it,
+    later on a loaded machine."""
+    deadline = time.monotonic() + within_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _at_eof(sock: socket.socket) -> bool:
@@ -58,8 +69,8 @@ def test_an_idle_flood_from_one_address_leaves_another_served(tmp_path):
                 began = time.monotonic()
                 with RawClient(port, timeout=5) as good:
                     good.send(request("/v1/traces", _body(), AUTH))
-                    assert good.response()[0] == 200 and time.monotonic() - began < 1
-            assert len(flood) - _closed(flood) <= 128  # --max-connections-per-peer
+                    assert good.response()[0] == 200 and time.monotonic() - began < ANSWERED_S
+            assert _soon(lambda: len(flood) - _closed(flood) <= 128)  # --max-connections-per-peer
         finally:
             for client in flood:
                 client.close()
@@ -76,7 +87,7 @@ def test_idle_connections_are_shed_first_when_the_cap_is_near(tmp_path):
             for client in good:  # each kept open: the four places are the idle ones'
                 client.send(request("/v1/traces", _body(), {"Content-Type": "application/x-protobuf"}))
                 assert client.response()[0] == 200
-            assert _closed(idle) == 4 and _closed(busy) == 0
+            assert _soon(lambda: _closed(idle) == 4) and _closed(busy) == 0
         finally:
             for client in busy + idle + good:
                 client.close()
@@ -146,7 +157,7 @@ def test_the_greedy_address_is_refused_unavailable_over_grpc_while_others_pass(t
             time.sleep(ADMITTED_S)
             began = time.monotonic()
             assert _export(f"127.0.0.1:{grpc_port}", 1) == grpc.StatusCode.UNAVAILABLE
-            assert time.monotonic() - began < 1
+            assert time.monotonic() - began < ANSWERED_S
             assert _export(f"[{ipv6_loopback}]:{grpc_port}", 2) == grpc.StatusCode.OK
         finally:
             hold.set()

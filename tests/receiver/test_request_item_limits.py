@@ -217,3 +217,18 @@ def test_what_decoding_holds_is_reserved_beside_the_body_so_a_full_budget_refuse
         assert server.receiver.counts["requests_refused_memory"] == 1
     finally:
         server.close()
+
+
+def test_a_body_the_walk_cannot_read_through_is_taken_to_hold_what_its_bytes_could(walk):
+    """A ten-byte varint whose last byte is past the 64 bits stops the C walk, and protobuf's parser reads it: the
+    50,000 empty spans behind it must not pass for the three items counted before."""
+    odd = b"\x90\x03" + b"\xff" * 9 + b"\x7f"  # an unknown field 50, a varint the parser takes
+    with pytest.raises(TooManyItems, match=r"--max-request-items"):
+        counted("traces", odd + field(1, field(2, b"\x12\x00" * 50_000)), False, Limits(max_request_items=1000))
+
+
+def test_json_strings_reading_key_do_not_lower_the_count_of_items():
+    spans = b",".join(b'{"name":"key"}' for _ in range(1990))
+    body = b'{"resourceSpans":[{"scopeSpans":[{"spans":[' + spans + b"]}]}]}"
+    with pytest.raises(TooManyItems, match=r"--max-request-items"):
+        counted("traces", body, True, Limits(max_request_items=1000, max_request_attributes=1000))

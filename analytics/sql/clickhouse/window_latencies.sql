@@ -1,6 +1,6 @@
--- One tier's latency percentile per (service, node) and SLI step, and per service on more than one node over all
--- its nodes as node {every_node}, as analytics/sql/window_latencies.sql computes them: windows aligned as sli_windows.sql aligns
--- them, the percentile interpolated as quantile_cont does.
+-- One tier's latency percentile per (service, node) and SLI step, and per service on more than one node (the
+-- node {unknown_node} not counted) over all its nodes as node {every_node}, as analytics/sql/window_latencies.sql
+-- computes them: windows aligned as sli_windows.sql aligns them, the percentile interpolated as quantile_cont does.
 WITH judged AS (
     SELECT service, node, duration_ms,
            fromUnixTimestamp64Micro(toInt64(946857600000000 + intDiv(toUnixTimestamp64Micro(start_time)
@@ -17,7 +17,8 @@ SELECT * FROM (
     SELECT service, {every_node:String} AS node, window_start,
            quantileExactInclusive({quantile:Float64})(duration_ms) AS latency_ms
     FROM judged
-    WHERE service IN (SELECT service FROM judged GROUP BY service HAVING uniqExact(node) > 1)
+    WHERE service IN (SELECT service FROM judged GROUP BY service
+                      HAVING uniqExactIf(node, node != {unknown_node:String}) > 1)
     GROUP BY service, window_start
 )
 ORDER BY service, node, window_start
