@@ -16,6 +16,7 @@ from sloscope.receiver import otlp_spans, request_items
 from sloscope.receiver.limits import Limits
 from sloscope.receiver.request_items import Counts, TooManyItems, counted
 from sloscope.receiver.wire import encoded_varint
+from tests.conftest import need
 from tests.in_process import InProcessReceiver
 from tests.otlp_builders import exp_histogram, metrics, span, traces
 
@@ -111,8 +112,8 @@ REQUESTS = [("traces", spans_request(), Counts(6, 12, 0)),
 @pytest.fixture(params=["c", "python"])
 def walk(request, monkeypatch):
     """Each test once with otlp_spans.c's count() and once with the walk in Python that stands in for it."""
-    if request.param == "c" and not otlp_spans.available():
-        pytest.skip("the C extension is not built")
+    if request.param == "c":
+        need(otlp_spans.available(), "the C extension is not built")
     if request.param == "python":
         monkeypatch.setattr(otlp_spans, "available", lambda: False)
     return request.param
@@ -125,8 +126,7 @@ def test_a_protobuf_request_s_items_attributes_and_buckets_are_counted(walk, sig
 
 @pytest.mark.parametrize("cut", [1, 7, 40])
 def test_a_request_cut_off_is_counted_up_to_where_it_stops_being_wire_format_by_both_walks(monkeypatch, cut):
-    if not otlp_spans.available():
-        pytest.skip("the C extension is not built")
+    need(otlp_spans.available(), "the C extension is not built")
     body = spans_request()[:-cut]
     by_c = counted("traces", body, False, UNBOUNDED)
     monkeypatch.setattr(otlp_spans, "available", lambda: False)
