@@ -11,12 +11,11 @@ import threading
 from pathlib import Path
 
 from sloscope.addresses import address_text, parse_address
-from sloscope.arguments import above_zero, zero_or_more
 from sloscope.durations import parse_duration
 from sloscope.sizes import size_argument
 from sloscope.slo_spec import SpecError, load_spec
 
-from sloscope.edge.http_conn import ConnectionCaps
+from sloscope.edge.http_conn import add_caps_arguments, caps_of
 
 from sloscope.analytics.errors import StoreError
 from sloscope.analytics.stores import DEFAULT_DB, recorded_spec, refuse_other_files
@@ -109,16 +108,7 @@ def register(subparsers) -> None:
     hook.add_argument("--max-body", type=size_argument, default="1MiB", metavar="SIZE",
                       help="largest accepted body, a size as serve's are (1MiB, 1Mi or 1MB); larger is a 413 "
                       "(default: %(default)s)")
-    count = above_zero(int)
-    hook.add_argument("--max-connections", type=count, default=CAPS.connections, metavar="N",
-                      help="connections open at once; past it, an idle one is closed for the new one, else new ones "
-                      "wait in the listen backlog (default: %(default)s)")
-    hook.add_argument("--max-connections-per-peer", type=zero_or_more, default=CAPS.per_peer, metavar="N",
-                      help="connections open at once from one client address; past it, its oldest idle one is "
-                      "closed for the new one, else the new one is closed; 0: none (default: %(default)s)")
-    hook.add_argument("--max-inflight-requests-per-peer", type=zero_or_more, default=CAPS.inflight_per_peer,
-                      metavar="N", help="requests in progress at once from one client address; more are a 503 with "
-                      "Retry-After, which Alertmanager retries; 0: none (default: %(default)s)")
+    add_caps_arguments(hook, CAPS, "webhook", "Alertmanager's notifiers")
     hook.set_defaults(func=run_webhook)
 
 
@@ -226,9 +216,7 @@ def run_webhook(args) -> int:
         return EXIT_USAGE
     engine = Engine(config, AuditStore.at(args.db), spec.tiers)
     try:
-        caps = ConnectionCaps(args.max_connections, args.max_connections_per_peer,
-                              args.max_inflight_requests_per_peer)
-        server = WebhookServer(address, WebhookApp(engine, token, args.path, args.max_body), caps)
+        server = WebhookServer(address, WebhookApp(engine, token, args.path, args.max_body), caps_of(args))
     except OSError as exc:
         print(f"sloscope webhook: cannot listen on {args.listen}: {exc.strerror}", file=sys.stderr)
         return EXIT_USAGE

@@ -15,6 +15,7 @@ from sloscope.arguments import above_zero, zero_or_more
 from sloscope.sizes import size_argument, size_text
 
 from sloscope.edge.auth import BearerAuth
+from sloscope.edge.http_conn import PER_PEER_OFF, ConnectionCaps, add_caps_arguments
 from sloscope.edge.tls import TlsFiles
 from sloscope.receiver.limits import Limits
 from sloscope.receiver.server import Unavailable
@@ -26,9 +27,6 @@ TEXT = "text/plain; charset=utf-8"
 BEARER_TOKEN_ENV = "SLOSCOPE_BEARER_TOKEN"
 OPEN_PAGES = frozenset({"/healthz", "/readyz"})  # the kubelet's probes carry no credentials
 
-
-# The caps per client address are no use where every client comes through one address: they can be turned off.
-OFF_TEXT = "; 0: none, as behind a proxy or a sidecar, where all clients share its address"
 
 
 def add_limit_arguments(parser) -> None:
@@ -55,26 +53,17 @@ def add_limit_arguments(parser) -> None:
     group.add_argument("--idle-timeout", type=seconds, default=d.idle_timeout_s, metavar="S",
                        help="a keep-alive connection waiting for its next request; over gRPC, a connection "
                        "without calls (default: %(default)s)")
-    group.add_argument("--max-connections", type=count, default=d.max_connections, metavar="N",
-                       help="OTLP/HTTP connections open at once; past it, the idle connection of the address "
-                       "holding the most is closed for the new one, else new ones wait in the listen backlog "
-                       "(default: %(default)s)")
-    per_peer = zero_or_more
-    group.add_argument("--max-connections-per-peer", type=per_peer, default=d.max_connections_per_peer, metavar="N",
-                       help="OTLP/HTTP connections open at once from one client address; past it, its oldest idle "
-                       f"one is closed for the new one, else the new one is closed{OFF_TEXT} (default: %(default)s)")
-    group.add_argument("--max-inflight-requests-per-peer", type=per_peer, default=d.max_inflight_requests_per_peer,
-                       metavar="N", help="OTLP/HTTP requests in progress at once from one client address; more are "
-                       f"a retryable 503 with Retry-After{OFF_TEXT} (default: %(default)s)")
+    add_caps_arguments(group, ConnectionCaps(d.max_connections, d.max_connections_per_peer,
+                                             d.max_inflight_requests_per_peer), "OTLP/HTTP", "exporters")
     group.add_argument("--grpc-max-recv-msg-size", type=size, default=size_text(d.grpc_max_message_bytes),
                        metavar="SIZE",
                        help="largest OTLP/gRPC message; larger is RESOURCE_EXHAUSTED (default: %(default)s)")
     group.add_argument("--grpc-max-concurrent-rpcs", type=count, default=d.grpc_max_concurrent_rpcs, metavar="N",
                        help="OTLP/gRPC calls in progress at once, over all connections; more are "
                        "UNAVAILABLE, which clients retry (default: %(default)s)")
-    group.add_argument("--grpc-max-concurrent-rpcs-per-peer", type=per_peer,
+    group.add_argument("--grpc-max-concurrent-rpcs-per-peer", type=zero_or_more,
                        default=d.grpc_max_concurrent_rpcs_per_peer, metavar="N", help="OTLP/gRPC calls in progress "
-                       f"at once from one client address; more are UNAVAILABLE{OFF_TEXT} (default: %(default)s)")
+                       f"at once from one client address; more are UNAVAILABLE; {PER_PEER_OFF} (default: %(default)s)")
     group.add_argument("--grpc-first-message-timeout", type=seconds, default=d.grpc_first_message_timeout_s,
                        metavar="S", help="from an OTLP/gRPC call's start to its whole message; past it, the call "
                        "is cancelled, which clients retry (default: %(default)s)")

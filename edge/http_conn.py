@@ -27,6 +27,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
+from sloscope.arguments import above_zero, zero_or_more
+
 from sloscope.edge.draining import DrainingServer, Held, peer_key, wake
 from sloscope.edge.tls import NotTls, TlsFiles, accept_tls
 
@@ -82,6 +84,31 @@ class ConnectionCaps:
     connections: int  # open at once, all clients together
     per_peer: int  # open at once from one client address (0: no cap per address)
     inflight_per_peer: int  # requests in progress at once from one client address (0: no cap per address)
+
+
+# A cap per client address is no use where all clients come through one address: 0 turns it off.
+PER_PEER_OFF = "0: none, as behind a proxy or a sidecar, where all clients share its address"
+
+
+def add_caps_arguments(parser, caps: ConnectionCaps, what: str, retried_by: str) -> None:
+    """The flags of ConnectionCaps, their defaults `caps`: `what` the listener's connections are (OTLP/HTTP),
+    `retried_by` who retries a busy address's 503."""
+    parser.add_argument("--max-connections", type=above_zero(int), default=caps.connections, metavar="N",
+                        help=f"{what} connections open at once; past it, the idle connection of the address "
+                        "holding the most is closed for the new one, else new ones wait in the listen backlog "
+                        "(default: %(default)s)")
+    parser.add_argument("--max-connections-per-peer", type=zero_or_more, default=caps.per_peer, metavar="N",
+                        help=f"{what} connections open at once from one client address; past it, its oldest idle "
+                        f"one is closed for the new one, else the new one is closed; {PER_PEER_OFF} "
+                        "(default: %(default)s)")
+    parser.add_argument("--max-inflight-requests-per-peer", type=zero_or_more, default=caps.inflight_per_peer,
+                        metavar="N", help=f"{what} requests in progress at once from one client address; more are "
+                        f"a 503 with Retry-After, which {retried_by} retry; {PER_PEER_OFF} (default: %(default)s)")
+
+
+def caps_of(args) -> ConnectionCaps:
+    """The ConnectionCaps add_caps_arguments's flags gave."""
+    return ConnectionCaps(args.max_connections, args.max_connections_per_peer, args.max_inflight_requests_per_peer)
 
 
 class LimitedHTTPServer(DrainingServer):
