@@ -46,6 +46,10 @@ CAUSE_ACTIONS = {
     "cpu_contention": NOTIFY,
     "memory_pressure": NOTIFY,
     "syscall_overhead": NOTIFY,
+    # The engine's own causes call for capacity or its settings, which a person decides.
+    "inference_queue": NOTIFY,
+    "kv_cache_pressure": NOTIFY,
+    "prefill_interference": NOTIFY,
 }
 assert set(CAUSE_ACTIONS) == set(taxonomy.CAUSE_IDS), "every taxonomy cause needs a remediation action"
 LEAK = taxonomy.GPU_MEMORY_LEAK  # the one definition of the GPU memory-leak rule

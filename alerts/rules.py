@@ -13,6 +13,10 @@ Per tier (one group each, recording rules before the alerts that read them):
   exceeds 1 over 3d and 6h. For latency the budget is the percentile's allowance (p99: 1 % of requests may be
   slower than the threshold); for errors, 1 - availability/100. A page also needs its long window's bad requests
   improbable, at PAGE_ALPHA, for a tier that meets its objective exactly (a Poisson tail in closed form).
+- For each token objective the tier gives (TTFT, TPOT, queue time: slo_spec.TOKEN_SLIS), the same SLI records
+  and burn alerts (SloscopeTokenBudgetBurn and SloscopeTokenBudgetSlowBurn, `slo` naming the objective) over its
+  histogram, the share of the requests that give the time above its threshold against its percentile's
+  allowance. A tier without them has exactly the rules it had before they existed.
 - Per (tier, service, node), more requests slower than the threshold over the last minute than a service at
   exactly the percentile's allowance would produce at ALERT_ALPHA (the analysis' latency test): raise trace
   sampling of the tier to 100 %.
@@ -74,9 +78,12 @@ LATENCY_SLOW_BURN = "SloscopeLatencyBudgetSlowBurn"
 ERROR_BURN = "SloscopeErrorBudgetBurn"
 ERROR_SLOW_BURN = "SloscopeErrorBudgetSlowBurn"
 TIER_LATENCY_HIGH = "SloscopeTierLatencyHigh"
+TOKEN_BURN = "SloscopeTokenBudgetBurn"  # every token objective's, told apart by `slo`
+TOKEN_SLOW_BURN = "SloscopeTokenBudgetSlowBurn"
 
 RECORD_SLOW = "tier:sloscope_request_slow:ratio_rate{window}"
 RECORD_ERRORS = "tier:sloscope_request_errors:ratio_rate{window}"
+RECORD_TOKEN_SLOW = "tier:sloscope_request_{sli}_slow:ratio_rate{window}"
 # The SLO metadata series (Sloth's sloth_slo_info, slo:objective:ratio, slo:error_budget:ratio,
 # slo:time_period:days and slo:period_error_budget_remaining:ratio), per tier and slo.
 RECORD_INFO = "sloscope_slo_info"
@@ -88,61 +95,92 @@ RECORD_BUDGET_LEFT = "tier:sloscope_slo_error_budget_remaining:ratio"
 
 # --- per tier ------------------------------------------------------------------------------------------------------
 
-def _slow_ratio(t: TierObjective, window: str) -> str:
+@dataclass(frozen=True)
+class _Objective:
+    """One of a tier's objectives as its rules judge it."""
+
+    slo: str  # the `slo` label of its alerts and metadata
+    record: str  # its SLI's recording rule, {window} to fill
+    budget: float  # the share of requests it allows bad
+    objective: float  # as sloscope_slo_info's `objective` says it: the percentile, or the availability
+    what: str  # what the SLI counts, as the descriptions say it
+    alerts: tuple[str, str]  # its page and ticket burn alerts
+    histogram: str | None = None  # whose bucket at threshold_ms counts its good requests; None: the error counters
+    threshold_ms: float = 0.0
+
+
+def _objectives(t: TierObjective) -> list[_Objective]:
+    """Latency, availability, and the token objectives the tier gives (in TOKEN_SLIS order)."""
+    allowance = 1.0 - t.percentile / 100.0
+    out = [_Objective("latency", RECORD_SLOW, allowance, t.percentile,
+                      f"requests slower than {ms(metric_names.le_seconds(t.threshold_ms))} "
+                      f"(p{num(t.percentile)} objective: at most {pct(allowance)} of requests may be slower)",
+                      (LATENCY_BURN, LATENCY_SLOW_BURN), metric_names.REQUEST_DURATION, t.threshold_ms),
+           _Objective("availability", RECORD_ERRORS, t.error_budget, t.availability,
+                      f"failed requests (availability objective {num(t.availability)}%: error budget "
+                      f"{pct(t.error_budget)})", (ERROR_BURN, ERROR_SLOW_BURN))]
+    for token in t.tokens:
+        family = metric_names.TOKEN_FAMILY[token.sli]
+        out.append(_Objective(
+            token.sli, RECORD_TOKEN_SLOW.format(sli=token.sli, window="{window}"), token.allowance, token.percentile,
+            f"requests whose {family.what} is above {ms(metric_names.le_seconds(token.threshold_ms))} "
+            f"(p{num(token.percentile)} {family.short} objective: at most {pct(token.allowance)} of the requests "
+            f"that give it may be above)", (TOKEN_BURN, TOKEN_SLOW_BURN), family.name, token.threshold_ms))
+    return out
+
+
+def _ratio(t: TierObjective, o: _Objective, window: str) -> str:
+    """The objective's SLI over `window`: the share of requests above its threshold (from the histogram bucket
+    whose `le` is exactly the threshold), or the error ratio."""
     tier = q(t.name)
-    le = q(metric_names.le_label(metric_names.le_seconds(t.threshold_ms)))
+    if o.histogram is None:
+        return (f"sum by (tier) (rate({metric_names.REQUEST_ERRORS}{{tier={tier}}}[{window}]))\n"
+                f"/\n"
+                f"sum by (tier) (rate({metric_names.REQUESTS}{{tier={tier}}}[{window}]))\n")
+    le = q(metric_names.le_label(metric_names.le_seconds(o.threshold_ms)))
     return (f"1 - (\n"
-            f"  sum by (tier) (rate({metric_names.REQUEST_DURATION}_bucket{{tier={tier}, le={le}}}[{window}]))\n"
+            f"  sum by (tier) (rate({o.histogram}_bucket{{tier={tier}, le={le}}}[{window}]))\n"
             f"/\n"
-            f"  sum by (tier) (rate({metric_names.REQUEST_DURATION}_count{{tier={tier}}}[{window}]))\n"
+            f"  sum by (tier) (rate({o.histogram}_count{{tier={tier}}}[{window}]))\n"
             f")\n")
-
-
-def _error_ratio(t: TierObjective, window: str) -> str:
-    tier = q(t.name)
-    return (f"sum by (tier) (rate({metric_names.REQUEST_ERRORS}{{tier={tier}}}[{window}]))\n"
-            f"/\n"
-            f"sum by (tier) (rate({metric_names.REQUESTS}{{tier={tier}}}[{window}]))\n")
 
 
 def _sli_rules(t: TierObjective, window_s: float) -> list[dict]:
     windows = sli_windows(window_s)
-    return ([{"record": RECORD_SLOW.format(window=w), "labels": {"tier": t.name}, "expr": _slow_ratio(t, w)}
-             for w in windows]
-            + [{"record": RECORD_ERRORS.format(window=w), "labels": {"tier": t.name}, "expr": _error_ratio(t, w)}
-               for w in windows])
+    return [{"record": o.record.format(window=w), "labels": {"tier": t.name}, "expr": _ratio(t, o, w)}
+            for o in _objectives(t) for w in windows]
 
 
-def _burn_expr(t: TierObjective, slo: str, record: str, budget: float, burns, significant: bool = False) -> str:
+def _burn_expr(t: TierObjective, o: _Objective, burns, significant: bool = False) -> str:
     """Sloth's multiwindow burn test for each window pair; `significant`: also, over the long window, more bad
     requests than a tier meeting its objective exactly would serve but with probability PAGE_ALPHA (a Poisson
     tail in closed form), which a burn of a busy tier always has and chance on a quiet one does not."""
     parts = []
     for b in burns:
-        limit = f"({num(b.factor)} * {num(budget)})"
+        limit = f"({num(b.factor)} * {num(o.budget)})"
         guard = ""
         if significant:
-            bad, total = _counts(t, slo, b.long)
-            guard = f"and\n  {bad}\n  >= {poisson_critical(f'{total} * {num(budget)}', PAGE_ALPHA)}\n"
+            bad, total = _counts(t, o, b.long)
+            guard = f"and\n  {bad}\n  >= {poisson_critical(f'{total} * {num(o.budget)}', PAGE_ALPHA)}\n"
         parts.append(
             f"(\n"
-            f"  {record.format(window=b.long)}{{tier={q(t.name)}}} > {limit}\n"
+            f"  {o.record.format(window=b.long)}{{tier={q(t.name)}}} > {limit}\n"
             f"and\n"
-            f"  {record.format(window=b.short)}{{tier={q(t.name)}}} > {limit}\n"
+            f"  {o.record.format(window=b.short)}{{tier={q(t.name)}}} > {limit}\n"
             f"{guard})")
     return "\nor\n".join(parts) + "\n"
 
 
-def _counts(t: TierObjective, slo: str, window: str) -> tuple[str, str]:
-    """(bad, all) requests of the tier over `window` for its objective `slo` (latency: slower than the
-    threshold; availability: failed), in PromQL."""
+def _counts(t: TierObjective, o: _Objective, window: str) -> tuple[str, str]:
+    """(bad, all) requests of the tier over `window` for the objective (above its threshold, or failed), in
+    PromQL."""
     matcher, by = f"{{tier={q(t.name)}}}", "sum by (tier)"
-    if slo == "availability":
+    if o.histogram is None:
         return (f"{by} (increase({metric_names.REQUEST_ERRORS}{matcher}[{window}]))",
                 f"{by} (increase({metric_names.REQUESTS}{matcher}[{window}]))")
-    total = f"{by} (increase({metric_names.REQUEST_DURATION}_count{matcher}[{window}]))"
-    le = q(metric_names.le_label(metric_names.le_seconds(t.threshold_ms)))
-    fast = f"{by} (increase({metric_names.REQUEST_DURATION}_bucket{{tier={q(t.name)}, le={le}}}[{window}]))"
+    total = f"{by} (increase({o.histogram}_count{matcher}[{window}]))"
+    le = q(metric_names.le_label(metric_names.le_seconds(o.threshold_ms)))
+    fast = f"{by} (increase({o.histogram}_bucket{{tier={q(t.name)}, le={le}}}[{window}]))"
     return f"({total} - {fast})", total
 
 
@@ -150,43 +188,34 @@ def _windows_text(burns) -> str:
     return " or ".join(f"{b.factor_text} over {b.long} and {b.short}" for b in burns)
 
 
-def _slos(t: TierObjective):
-    """(slo label, its SLI record, its error budget, what the SLI counts) per objective of the tier."""
-    allowance = 1.0 - t.percentile / 100.0
-    latency_what = (f"requests slower than {ms(metric_names.le_seconds(t.threshold_ms))} "
-                    f"(p{num(t.percentile)} objective: at most {pct(allowance)} of requests may be slower)")
-    error_what = f"failed requests (availability objective {num(t.availability)}%: error budget {pct(t.error_budget)})"
-    return (("latency", RECORD_SLOW, allowance, latency_what),
-            ("availability", RECORD_ERRORS, t.error_budget, error_what))
-
-
 def _burn_alerts(t: TierObjective, window_s: float, opts: RuleOptions) -> list[dict]:
     burns = burn_windows(window_s)
     page = [b for b in burns if b.kind == PAGE]
     ticket = [b for b in burns if b.kind == TICKET]
     days = window_days(window_s)
+    objectives = _objectives(t)
     out = []
-    for name, (slo, record, budget, what) in zip((LATENCY_BURN, ERROR_BURN), _slos(t)):
+    for o in objectives:
         out.append({
-            "alert": name, "expr": _burn_expr(t, slo, record, budget, page, significant=True),
-            "labels": {"severity": opts.page_severity, "tier": t.name, "slo": slo, "cause": UNATTRIBUTED,
+            "alert": o.alerts[0], "expr": _burn_expr(t, o, page, significant=True),
+            "labels": {"severity": opts.page_severity, "tier": t.name, "slo": o.slo, "cause": UNATTRIBUTED,
                        "action": RAISE_SAMPLING},
             "annotations": {
-                "summary": f"Tier {t.name} is burning its {slo} error budget fast",
-                "description": f"The share of {what} in tier {t.name} is above {_windows_text(page)} the "
+                "summary": f"Tier {t.name} is burning its {o.slo} error budget fast",
+                "description": f"The share of {o.what} in tier {t.name} is above {_windows_text(page)} the "
                                f"budget's rate; at {page[0].factor_text} a {days} budget is spent in "
                                f"{budget_spent_in(window_s, page[0].factor)}.",
                 "remediation": f"Find the node and physical cause: sloscope rca --since 1h, or the SloscopeCause* "
                                f"alerts and sloscope_incident_cause_score{{tier=\"{t.name}\"}}. "
                                + ACTION_TEXT[RAISE_SAMPLING]}})
-    for name, (slo, record, budget, what) in zip((LATENCY_SLOW_BURN, ERROR_SLOW_BURN), _slos(t)):
+    for o in objectives:
         out.append({
-            "alert": name, "expr": _burn_expr(t, slo, record, budget, ticket),
-            "labels": {"severity": opts.ticket_severity, "tier": t.name, "slo": slo, "cause": UNATTRIBUTED,
+            "alert": o.alerts[1], "expr": _burn_expr(t, o, ticket),
+            "labels": {"severity": opts.ticket_severity, "tier": t.name, "slo": o.slo, "cause": UNATTRIBUTED,
                        "action": NOTIFY},
             "annotations": {
-                "summary": f"Tier {t.name} is spending its {slo} error budget faster than it accrues",
-                "description": f"The share of {what} in tier {t.name} is above {_windows_text(ticket)} the "
+                "summary": f"Tier {t.name} is spending its {o.slo} error budget faster than it accrues",
+                "description": f"The share of {o.what} in tier {t.name} is above {_windows_text(ticket)} the "
                                f"budget's rate: {_ticket_outlook(ticket[0], window_s)}",
                 "remediation": f"Not urgent: review sloscope rca --since {ticket[0].long} for recurring causes on "
                                "this tier. " + ACTION_TEXT[NOTIFY]}})
@@ -234,19 +263,17 @@ def tier_group(t: TierObjective, window_s: float, opts: RuleOptions | None = Non
 def meta_group(t: TierObjective, window_s: float) -> dict:
     """The tier's SLOs as series (a group of its own: the budget left reads the whole SLO window)."""
     window = promql_duration(window_s)
-    objectives = {"latency": t.percentile, "availability": t.availability}
     rules = []
-    for slo, record, budget, _ in _slos(t):
-        labels = {"tier": t.name, "slo": slo}
-        sli = _slow_ratio(t, window) if record == RECORD_SLOW else _error_ratio(t, window)
+    for o in _objectives(t):
+        labels = {"tier": t.name, "slo": o.slo}
         rules += [
-            {"record": RECORD_INFO, "labels": {**labels, "objective": num(objectives[slo]), "window": window},
+            {"record": RECORD_INFO, "labels": {**labels, "objective": num(o.objective), "window": window},
              "expr": "vector(1)\n"},
-            {"record": RECORD_OBJECTIVE, "labels": labels, "expr": f"vector({num(1 - budget)})\n"},
-            {"record": RECORD_BUDGET, "labels": labels, "expr": f"vector({num(budget)})\n"},
+            {"record": RECORD_OBJECTIVE, "labels": labels, "expr": f"vector({num(1 - o.budget)})\n"},
+            {"record": RECORD_BUDGET, "labels": labels, "expr": f"vector({num(o.budget)})\n"},
             {"record": RECORD_WINDOW_DAYS, "labels": labels, "expr": f"vector({num(window_s / DAY_S)})\n"},
             {"record": RECORD_BUDGET_LEFT, "labels": labels,
-             "expr": f"1 - (\n{sli}) / {num(budget)}\n"},
+             "expr": f"1 - (\n{_ratio(t, o, window)}) / {num(o.budget)}\n"},
         ]
     return {"name": f"sloscope-slo-meta-{t.name}", "rules": rules}
 

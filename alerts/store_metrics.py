@@ -5,6 +5,10 @@ Families (names in sloscope/metric_names.py):
 - `sloscope_request_duration_seconds` (histogram), `sloscope_requests_total`, `sloscope_request_errors_total`
   per tier, service and node, cumulative over the ingested spans. The bucket bounds include every tier's
   latency threshold, so each tier's "slower than the objective" count is one exact bucket.
+- `sloscope_request_ttft_seconds`, `sloscope_request_tpot_seconds`, `sloscope_request_queue_seconds` (histograms)
+  of the inference requests' token timings, per tier, service and node, cumulative as the request families are;
+  each over the requests that give that time, with bounds that include every tier's threshold for it. Each
+  appears once a stored request gives its time.
 - the physical signals the rules use, as gauges: the latest stored value of each series, if it is younger than
   `gauge_max_age_s` (a series that stopped reporting disappears instead of holding its last value).
 - `sloscope_incident_cause_score{tier,service,node,cause}`: the top causes of each open incident, from
@@ -70,9 +74,9 @@ def _utc(seconds: float) -> datetime:
 
 ALL_TIME = {"since": datetime(1970, 1, 1), "until": datetime(2262, 1, 1)}  # cumulative families: the whole store
 # The parts of a refresh, each left out alone where it fails; and the families the cap applies to.
-PARTS = ("requests", "gauges", "counters", "histograms", "incidents", "ingest", "remediation")
-CAPPED = (metric_names.REQUEST_DURATION, *(f.name for f in (*metric_names.GAUGES, *metric_names.COUNTERS,
-                                                            *metric_names.SIGNAL_HISTOGRAMS)),
+PARTS = ("requests", "tokens", "gauges", "counters", "histograms", "incidents", "ingest", "remediation")
+CAPPED = (metric_names.REQUEST_DURATION, *(f.name for f in (*metric_names.TOKEN_FAMILIES, *metric_names.GAUGES,
+                                                            *metric_names.COUNTERS, *metric_names.SIGNAL_HISTOGRAMS)),
           metric_names.INCIDENT_CAUSE_SCORE)
 
 
@@ -88,6 +92,10 @@ class StoreCollector(Collector):
         self.spec = spec
         self.buckets_s = metric_names.buckets_for(spec)
         self.bounds_ms = bounds_ms(spec)  # the same bounds, as the store's queries compare them with durations
+        # The token families' bounds, each as its `le` labels and as its queries compare them with times
+        self.token_les = {f.sli: [metric_names.le_label(b) for b in metric_names.buckets_for(spec, f.sli)]
+                          for f in metric_names.TOKEN_FAMILIES}
+        self.token_bounds_ms = {f.sli: bounds_ms(spec, f.sli) for f in metric_names.TOKEN_FAMILIES}
         self.max_series = max_series
         self.gauge_max_age_s = gauge_max_age_s
         self.incident_lookback_s = incident_lookback_s
@@ -106,8 +114,9 @@ class StoreCollector(Collector):
 
     def collect(self):
         with self.reading() as reader:
-            for part, build in zip(PARTS, (self._requests, self._gauges, self._counters, self._signal_histograms,
-                                           self._incident_family, self._ingest, self._remediation)):
+            for part, build in zip(PARTS, (self._requests, self._tokens, self._gauges, self._counters,
+                                           self._signal_histograms, self._incident_family, self._ingest,
+                                           self._remediation)):
                 try:
                     families = list(build(reader))
                 except Exception:
@@ -154,13 +163,46 @@ class StoreCollector(Collector):
             gone = retired.get(labels, [])
             n, seconds, failed = _retired_at(gone, math.inf)
             n += sum(b[1] for b in buckets)
-            cumulative = [sum(count for bucket, count, _, _ in buckets if bucket <= i) + _retired_at(gone, bound)[0]
-                          for i, bound in enumerate(self.bounds_ms)]
-            hist.add_metric(list(labels), buckets=[*zip(les, cumulative), ("+Inf", n)],
+            hist.add_metric(list(labels), buckets=[*zip(les, _cumulative(self.bounds_ms, buckets, gone)), ("+Inf", n)],
                             sum_value=seconds + sum(b[2] for b in buckets))
             reqs.add_metric(list(labels), n)
             errs.add_metric(list(labels), failed + sum(b[3] for b in buckets))
         return [hist, reqs, errs]
+
+    def _tokens(self, reader):
+        """The token families, each of the label sets whose requests give its time, as _requests' (the same cap,
+        and what retention deleted added); a family without any is left out."""
+        params = {f"{sli}_bounds_ms": bounds for sli, bounds in self.token_bounds_ms.items()}
+        rows = reader.rows(reader.sql("token_totals"), {**reader.tier_params(self.spec), **params,
+                                                        "max_series": self.max_series, **ALL_TIME})
+        per_labels: dict[tuple, list] = {}
+        stored: dict[str, int] = {}
+        for measure, tier, service, node, bucket, n, seconds, label_sets in rows:
+            per_labels.setdefault((measure, tier, service, node), []).append((bucket, n, seconds))
+            stored[measure] = label_sets
+        kept = Counter(labels[0] for labels in per_labels)
+        for measure, label_sets in stored.items():
+            self._drop(metric_names.TOKEN_FAMILY[measure].name, label_sets - kept[measure])
+        exported = {key: [labels[i] for labels in per_labels]
+                    for i, key in enumerate(("measures", "tiers", "services", "nodes"))}
+        retired: dict[tuple, list] = {}
+        for measure, tier, service, node, *counts in reader.rows(reader.sql("retired_token_totals"), exported):
+            retired.setdefault((measure, tier, service, node), []).append(counts)
+        families = {}
+        for (measure, *labels), buckets in sorted(per_labels.items()):
+            family = metric_names.TOKEN_FAMILY[measure]
+            if measure not in families:
+                families[measure] = HistogramMetricFamily(
+                    family.name, f"{family.what.capitalize()} of the requests (SERVER spans) ingested into the store "
+                    "that give it, by SLO tier, service and node; cumulative over the store.",
+                    labels=metric_names.REQUEST_LABELS)
+            gone = retired.get((measure, *labels), [])
+            n, seconds = _retired_at(gone, math.inf, (0, 0.0))
+            cumulative = _cumulative(self.token_bounds_ms[measure], buckets, gone)
+            families[measure].add_metric(labels, buckets=[*zip(self.token_les[measure], cumulative),
+                                                          ("+Inf", n + sum(b[1] for b in buckets))],
+                                         sum_value=seconds + sum(b[2] for b in buckets))
+        return list(families.values())
 
     def _series(self, reader, query: str, families, since: datetime | None = None):
         """Rows (family, labels, rest...) of `query` for the families' signals, each series' labels taken from
@@ -369,9 +411,18 @@ def _labels(family, node: str, attributes: str) -> tuple:
     return tuple(node if attr == "node" else str(attrs.get(attr, "")) for _, attr in family.labels)
 
 
-def _retired_at(retired: list, bound_ms: float) -> tuple[int, float, int]:
+def _retired_at(retired: list, bound_ms: float, zero: tuple = (0, 0.0, 0)) -> tuple:
     """(requests, seconds, failed) that retention deleted at or under `bound_ms`, of one label set's
     retired_request_totals rows [(bound_ms, requests, seconds, failed)]: those of the highest bound under it,
-    as the retirement counts a bound it has no row for yet (analytics/sql/retire_requests.sql)."""
+    as the retirement counts a bound it has no row for yet (analytics/sql/retire_requests.sql). Of
+    retired_token_totals rows [(bound_ms, requests, seconds)], with `zero` (0, 0.0): (requests, seconds)."""
     under = [counts for bound, *counts in retired if bound <= bound_ms]
-    return tuple(max(c[i] for c in under) for i in range(3)) if under else (0, 0.0, 0)
+    return tuple(max(c[i] for c in under) for i in range(len(zero))) if under else zero
+
+
+def _cumulative(bounds_ms: list[float], buckets: list, retired: list) -> list[int]:
+    """A histogram's cumulative count at each bound of one label set: its stored requests at or under the bound
+    ([(bucket, requests, ...)], a bucket being the number of bounds below the time), and those retention
+    deleted there (`retired`, as _retired_at reads it)."""
+    return [sum(b[1] for b in buckets if b[0] <= i) + _retired_at(retired, bound, (0,))[0]
+            for i, bound in enumerate(bounds_ms)]

@@ -145,7 +145,27 @@ def signal_steps(store: StoreReader, window: Window, known: Taxonomy = BUILT_IN,
     params["seed"], names = _series_names(store, params)
     steps = store.computed("signal_steps", {**params, "step_s": window.step_s})
     steps = steps.join(names, on="series").select(STEP_COLUMNS)
-    return pl.concat([steps, _growth_series(steps, window.step_s, known.growth_signals)])
+    load = _inference_load(store, {**params, "step_s": window.step_s}).with_columns(  # the store's integer type
+        pl.col("series").reinterpret(signed=steps.schema["series"].is_signed_integer()),
+        pl.col("step").cast(steps.schema["step"]))
+    return pl.concat([steps, _growth_series(steps, window.step_s, known.growth_signals), load])
+
+
+def _inference_load(store: StoreReader, params: dict) -> pl.DataFrame:
+    """The load on each inference service's engine, from its own requests (inference_load.sql), as series of
+    the catalog's INFERENCE_LOAD signals with the service as their attribute: what tells a surge of arrivals from
+    a fault. Their integers are hashes of their names, as signal_series.sql's are."""
+    load = store.frame(store.sql("inference_load"), params)
+    if load.is_empty():
+        return pl.DataFrame(schema={"series": pl.UInt64, **{c: pl.Categorical for c in SERIES},
+                                    "step": pl.Datetime("us"), "value": pl.Float64}).select(STEP_COLUMNS)
+    long = load.unpivot(index=["node", "service", "step"], on=list(catalog.INFERENCE_LOAD), variable_name="column",
+                        value_name="value").drop_nulls("value")
+    named = long.with_columns(
+        metric=pl.col("column").replace_strict(catalog.INFERENCE_LOAD, return_dtype=pl.String),
+        attributes=pl.struct(pl.col("service").alias(catalog.SERVICE_ATTRIBUTE)).struct.json_encode())
+    return named.with_columns(series=pl.struct(SERIES).hash(params["seed"])).with_columns(
+        pl.col(SERIES).cast(pl.Categorical), value=pl.col("value").cast(pl.Float64)).select(STEP_COLUMNS)
 
 
 def signal_step_s(resolution_s: float) -> float:
@@ -333,9 +353,16 @@ def _candidates(scores: pl.DataFrame, node: str, window: Window, known: Taxonomy
         local.setdefault(row["metric"], []).append((row, json.loads(row["attributes"])))
     ranked = []
     for cause in known.causes:
-        series = [_score_series(cause, ev, row, attributes, fleet_share.get(row["metric"], 0.0), window)
-                  for evidence in taxonomy.by_measure(cause.evidence).values()
-                  for ev, row, attributes in _strongest(evidence, local, pod)]
+        measures = [[_score_series(cause, ev, row, attributes, fleet_share.get(row["metric"], 0.0), window)
+                     for ev, row, attributes in _strongest(evidence, local, pod)]
+                    for evidence in taxonomy.by_measure(cause.evidence).values()]
+        if cause.requires_all:  # each measure's best must have moved: the cause is as strong as the weakest
+            if not all(measures):
+                continue
+            weakest = min(max(m, key=lambda c: c["score"])["score"] for m in measures)
+            series = [{**c, "score": min(c["score"], weakest)} for m in measures for c in m]
+        else:
+            series = [c for m in measures for c in m]
         if not series:
             continue
         series.sort(key=lambda c: -c["score"])

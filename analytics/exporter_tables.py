@@ -158,10 +158,20 @@ def traces(spans: pl.DataFrame) -> pa.Table:
                                           "k8s.pod.ip": r["pod_ip"]}),
         "SpanAttributes": _keyed_map({"http.request.header.x-slo-tier": r["tier"], "http.route": r["route"],
                                       "http.response.status_code": status, "hw.id": r["gpu_id"],
-                                      "peer.service": r["peer"]}),
+                                      "peer.service": r["peer"], **_token_attributes(r)}),
         "Duration": pa.array(np.rint(r["duration_ms"].to_numpy() * 1e6).astype(np.uint64), pa.uint64()),
         "StatusCode": pa.array(np.where(r["failed"].to_numpy(), "Error", "Unset"), pa.string()),
     })
+
+
+def _token_attributes(r: pl.DataFrame) -> dict[str, pl.Series]:
+    """An inference request's token timings under vLLM's and the GenAI conventions' names, in seconds as vLLM
+    writes them; TPOT as given, since it may have been derived from attributes not kept (the decode time)."""
+    seconds = {"gen_ai.latency.time_to_first_token": "ttft_ms", "gen_ai.latency.time_in_queue": "queue_ms",
+               "time_per_token": "tpot_ms"}
+    return {"gen_ai.response.model": r["model"], "gen_ai.usage.input_tokens": r["prompt_tokens"],
+            "gen_ai.usage.output_tokens": r["output_tokens"],
+            **{key: r[column] / 1e3 for key, column in seconds.items()}}
 
 
 def _parent_ids(parents: pl.Series) -> pa.Array:

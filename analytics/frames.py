@@ -17,18 +17,22 @@ from sloscope.records import SPAN_KIND_SERVER, Batch, SpanColumns, SpanTable
 SPAN_SCHEMA = {"trace_hi": pl.UInt64, "trace_lo": pl.UInt64, "span_id": pl.UInt64, "parent_id": pl.UInt64,
                "kind": pl.UInt8, "service": pl.String, "node": pl.String, "gpu_id": pl.String, "pod": pl.String,
                "namespace": pl.String, "pod_ip": pl.String, "route": pl.String, "tier": pl.String,
-               "status_code": pl.Int16, "failed": pl.Boolean, "peer": pl.String}
+               "status_code": pl.Int16, "failed": pl.Boolean, "peer": pl.String, "model": pl.String,
+               "ttft_ms": pl.Float64, "tpot_ms": pl.Float64, "queue_ms": pl.Float64, "prompt_tokens": pl.Int64,
+               "output_tokens": pl.Int64}
 REQUEST_KEY = ["trace_hi", "trace_lo", "span_id"]
 # The frame's columns, in the order of the receiver's fast path (receiver/otlp_spans.c). The SERVER spans are
 # the requests table's rows (REQUEST_COLUMNS); the others the spans table's (GRAPH_COLUMNS), which keeps of them
 # what the trace graph needs.
+TOKEN_COLUMNS = ("model", "ttft_ms", "tpot_ms", "queue_ms", "prompt_tokens", "output_tokens")  # inference requests'
 SPAN_COLUMNS = (*REQUEST_KEY, "parent_id", "kind", "start_time", "duration_ms", "service", "node", "pod",
-                "namespace", "pod_ip", "gpu_id", "tier", "route", "status_code", "failed", "peer")
+                "namespace", "pod_ip", "gpu_id", "tier", "route", "status_code", "failed", "peer", *TOKEN_COLUMNS)
 REQUEST_COLUMNS = tuple(c for c in SPAN_COLUMNS if c not in ("kind", "peer"))
 GRAPH_COLUMNS = (*REQUEST_KEY, "parent_id", "kind", "start_time", "duration_ms", "service", "node", "pod", "tier",
                  "failed", "peer")
-# What a frame of an earlier intake-log record lacks: it held SERVER spans only, with no parents.
-SPAN_DEFAULTS = {"parent_id": None, "kind": SPAN_KIND_SERVER, "peer": None}
+# What a frame of an earlier intake-log record lacks: it held SERVER spans only, with no parents, then no token
+# timings.
+SPAN_DEFAULTS = {"parent_id": None, "kind": SPAN_KIND_SERVER, "peer": None, **dict.fromkeys(TOKEN_COLUMNS)}
 POINT_SCHEMA = {"node": pl.String, "metric": pl.String, "attributes": pl.String, "is_sum": pl.Boolean,
                 "cumulative": pl.Boolean, "start_ns": pl.Int64, "time_ns": pl.Int64, "value": pl.Float64}
 HISTOGRAM_SCHEMA = {"node": pl.String, "metric": pl.String, "attributes": pl.String, "cumulative": pl.Boolean,
@@ -71,7 +75,8 @@ class Frames:
 
 
 def with_span_defaults(spans: pl.DataFrame) -> pl.DataFrame:
-    """A spans frame of an earlier intake-log record (SERVER spans without parents) in SPAN_COLUMNS."""
+    """A spans frame of an earlier intake-log record (SERVER spans without parents or token timings) in
+    SPAN_COLUMNS."""
     missing = [pl.lit(value, SPAN_SCHEMA[name]).alias(name) for name, value in SPAN_DEFAULTS.items()
                if name not in spans.columns]
     return spans.with_columns(missing).select(SPAN_COLUMNS) if missing else spans

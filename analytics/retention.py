@@ -2,10 +2,10 @@
 
 Requests, samples and histograms older than `keep` before `now` are deleted, with the rollups of chunks that begin
 before then (analytics/rollups.py); the cumulative state and the counters stay (deltas continue across the cut;
-counters count what was ever loaded), and the deleted requests are counted into retired_requests first, so that
-/metrics' request counters never go down. DuckDB reuses the freed blocks for new rows; the file itself shrinks only
-on a copy (EXPORT/IMPORT). ClickHouse stores expire rows with the clickhouseexporter's `ttl` setting instead, in the
-engine.
+counters count what was ever loaded), and the deleted requests are counted into retired_requests (their token
+timings into retired_token_requests) first, so that /metrics' request and token counters never go down. DuckDB
+reuses the freed blocks for new rows; the file itself shrinks only on a copy (EXPORT/IMPORT). ClickHouse stores
+expire rows with the clickhouseexporter's `ttl` setting instead, in the engine.
 
 `serve --retention` applies it at start and every RETENTION_INTERVAL_S on the writer's thread, between two
 writes, so that it has the store's one connection to itself and never races a write.
@@ -22,6 +22,7 @@ import duckdb
 from sloscope.durations import format_duration, parse_duration
 from sloscope.errors import ConfigError
 from sloscope.latency_buckets import bounds_ms
+from sloscope.slo_spec import TOKEN_SLIS
 
 from sloscope.analytics.rollups import SLI_TABLE, STEP_TABLE
 from sloscope.analytics.store import Store, StoreError
@@ -29,6 +30,7 @@ from sloscope.analytics.store import Store, StoreError
 log = logging.getLogger("sloscope.retention")
 RETENTION_INTERVAL_S = 3600.0
 
+EPOCH = datetime(1970, 1, 1)  # before every stored request: the token timings retired are all those before the cutoff
 TIME_COLUMNS = {"requests": "start_time", "spans": "start_time", "samples": "ts", "histograms": "ts"}
 DUCKDB_ONLY = "retention applies to DuckDB stores; ClickHouse expires rows with the exporter's ttl setting"
 
@@ -49,9 +51,12 @@ def apply_retention(store, keep: timedelta, now: datetime) -> dict[str, int]:
     if not isinstance(store, Store):
         raise StoreError(f"{store.path}: {DUCKDB_ONLY}")
     cutoff = now - keep
+    spec = store.slo_spec()
     deleted = {}
     with store.transaction():
-        store.con.execute(store.sql("retire_requests"), {"cutoff": cutoff, "bounds_ms": bounds_ms(store.slo_spec())})
+        store.con.execute(store.sql("retire_requests"), {"cutoff": cutoff, "bounds_ms": bounds_ms(spec)})
+        store.con.execute(store.sql("retire_token_requests"), {"epoch": EPOCH, "cutoff": cutoff, **{
+            f"{sli}_bounds_ms": bounds_ms(spec, sli) for sli in TOKEN_SLIS}})
         for table, column in TIME_COLUMNS.items():
             (n,), = store.con.execute(f"DELETE FROM {table} WHERE {column} < ?", [cutoff]).fetchall()
             deleted[table] = n

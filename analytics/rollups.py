@@ -73,7 +73,8 @@ def readers(steps_relation: str, point_lookback: timedelta) -> dict[str, "Rollup
     fleet_movement read the steps' relation."""
     sli = Rollup("sli_windows", SLI_TABLE, "sli_rollup_fill", "sli_rollup", "span_slices",
                  ("allowed_tiers", "default_tier", "tiers", "thresholds_ms", "step_s", "named_tiers", "tier_services",
-                  "service_keys", "service_thresholds_ms", "parent_lookback_s"), timedelta(0))
+                  "service_keys", "service_thresholds_ms", "parent_lookback_s", "ttft_thresholds_ms",
+                  "tpot_thresholds_ms", "queue_thresholds_ms"), timedelta(0))
     steps = Rollup(steps_relation, STEP_TABLE, "step_rollup_fill", "step_rollup", "point_slices",
                    ("seed", "metrics", "unknown_node", "step_s"), point_lookback)
     return {"sli_windows": sli, "signal_steps": steps, "fleet_movement": steps}

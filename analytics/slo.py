@@ -2,12 +2,13 @@
 
 Both SLIs are ratios, as docs/slo-spec.md defines them: the share of requests slower than the tier's threshold
 against the allowance its percentile implies (p99: 1 %), and the share of failed requests against the error
-budget (1 - availability). A window violates only when its slow (or failed) requests would be improbable for
-a service running exactly at the objective: the upper tail of Poisson(requests x allowance). A window with
-fewer than MIN_BLOCK_REQUESTS requests is not judged alone: it is pooled with the windows that follow it
-(up to MAX_BLOCK_WINDOWS) into one test whose verdict they share.
+budget (1 - availability). A tier's token objectives (TTFT, TPOT, queue time) are the latency SLI's kind, each
+over the requests whose spans give that time. A window violates only when its slow (or failed) requests would be
+improbable for a service running exactly at the objective: the upper tail of Poisson(requests x allowance). A
+window with fewer than MIN_BLOCK_REQUESTS requests is not judged alone: it is pooled with the windows that follow
+it (up to MAX_BLOCK_WINDOWS) into one test whose verdict they share.
 
-Every test of the analysis (every tier, service and node, both SLIs) is judged together, with the false
+Every test of the analysis (every tier, service and node, every SLI) is judged together, with the false
 discovery rate held at FLEET_FDR (Benjamini-Hochberg): on a healthy fleet the chance that any window at all
 violates is at most FLEET_FDR, however many nodes and hours are analysed, while a real fault, which makes many
 windows bad at once, lowers the bar for its own windows. Violating windows a short gap apart merge into one
@@ -30,7 +31,7 @@ import numpy as np
 import polars as pl
 
 from sloscope.catalog import EVERY_NODE, UNKNOWN_NODE
-from sloscope.slo_spec import SloSpec, TierObjective
+from sloscope.slo_spec import TOKEN_SLIS, SloSpec, TierObjective
 
 from sloscope.analytics.significance import fleet_discoveries, poisson_tail
 from sloscope.analytics.store_api import StoreReader
@@ -43,6 +44,37 @@ MIN_BLOCKS = 2
 MAX_GAP_WINDOWS = 3
 WINDOW_KEY = ("tier", "service", "node")  # whose windows are tested apart
 PARENT_LOOKBACK = timedelta(minutes=10)  # how long before a request its parent span may have started
+
+
+@dataclass(frozen=True)
+class Sli:
+    """One SLI as sli_windows.sql counts it per window: `bad` of `judged` requests. Its windows' p-values are
+    `<name>_p` and their verdicts `<name>_violation`."""
+
+    kind: str  # the incident's sli.kind
+    name: str
+    bad: str
+    judged: str
+
+    @property
+    def p(self) -> str:
+        return f"{self.name}_p"
+
+    @property
+    def violation(self) -> str:
+        return f"{self.name}_violation"
+
+
+LATENCY = Sli("latency", "latency", "slow", "requests")
+AVAILABILITY = Sli("availability", "error", "failures", "requests")
+TOKENS = tuple(Sli(kind, kind, f"{kind}_slow", f"{kind}_requests") for kind in TOKEN_SLIS)
+SLIS = (LATENCY, AVAILABILITY, *TOKENS)
+COUNTS = ("requests", "failures", "slow", *(c for sli in TOKENS for c in (sli.judged, sli.bad)))
+
+
+def tier_slis(objective: TierObjective) -> tuple[Sli, ...]:
+    """The SLIs a tier is judged by: latency and availability, and the token objectives it gives."""
+    return (LATENCY, AVAILABILITY, *(sli for sli in TOKENS if objective.token(sli.kind) is not None))
 
 
 @dataclass(frozen=True)
@@ -116,17 +148,25 @@ def judging_params(spec: SloSpec) -> dict:
 
 
 def sli_params(store: StoreReader, spec: SloSpec, since: datetime, until: datetime) -> dict:
-    """The parameters of sli_windows.sql for every tier of the spec in [since, until)."""
+    """The parameters of sli_windows.sql for every tier of the spec in [since, until): a token objective's
+    threshold is infinite where the tier has none, so that none of its requests is counted over it."""
     objectives = list(spec.tiers.values())
+    tokens = {f"{sli.kind}_thresholds_ms": [_token_threshold(o, sli.kind) for o in objectives] for sli in TOKENS}
     return {**store.tier_params(spec), **judging_params(spec), "tiers": [o.name for o in objectives],
-            "thresholds_ms": [float(o.threshold_ms) for o in objectives], "step_s": spec.resolution_s,
+            "thresholds_ms": [float(o.threshold_ms) for o in objectives], **tokens, "step_s": spec.resolution_s,
             "since": since, "until": until}
 
 
+def _token_threshold(objective: TierObjective, kind: str) -> float:
+    token = objective.token(kind)
+    return math.inf if token is None else float(token.threshold_ms)
+
+
 def sli_windows(store: StoreReader, spec: SloSpec, since: datetime, until: datetime) -> dict[str, pl.DataFrame]:
-    """Per tier of the spec, its windows per (service, node) with their test (`block`) and its p-values:
-    `latency_p` for the slow requests, `error_p` for the failures, each against a service at exactly the
-    objective. One query reads the requests for every tier."""
+    """Per tier of the spec, its windows per (service, node) with their test (`block`) and a p-value per SLI
+    (`latency_p` for the slow requests, `error_p` for the failures, `ttft_p` ...), each against a service at exactly
+    the objective (1 where the tier has no such objective). One query reads the requests for every
+    tier."""
     objectives = list(spec.tiers.values())
     tiers = [o.name for o in objectives]
     frame = _in_window_order(_with_every_node(store.computed("sli_windows", sli_params(store, spec, since, until))))
@@ -134,19 +174,20 @@ def sli_windows(store: StoreReader, spec: SloSpec, since: datetime, until: datet
     # A block's windows are next to each other: its sums are taken over its run of rows, and its p-values are
     # handed back to its windows by its number.
     firsts = np.flatnonzero(_first_of_test(block))
-    requests, slow, failures = (np.add.reduceat(frame[c].to_numpy(), firsts) for c in ("requests", "slow", "failures"))
+    sums = {c: np.add.reduceat(frame[c].to_numpy(), firsts) for c in COUNTS}
     test_tier = frame["tier"].gather(firsts)
-    allowance = test_tier.replace_strict({o.name: slow_allowance(o) for o in objectives}, return_dtype=pl.Float64)
-    budget = test_tier.replace_strict({o.name: o.error_budget for o in objectives}, return_dtype=pl.Float64)
+    allowed = {LATENCY: slow_allowance, AVAILABILITY: lambda o: o.error_budget,
+               **{sli: (lambda o, kind=sli.kind: o.token(kind).allowance if o.token(kind) else 0.0) for sli in TOKENS}}
     own = {f"{o.name} {s.service}": o.at(s.service) for o in objectives for s in o.services}
-    if own:  # services the spec gives their own objective
-        tested = test_tier + " " + frame["service"].gather(firsts)
-        allowance = tested.replace_strict({key: slow_allowance(o) for key, o in own.items()}, default=allowance,
-                                          return_dtype=pl.Float64)
-        budget = tested.replace_strict({key: o.error_budget for key, o in own.items()}, default=budget,
-                                       return_dtype=pl.Float64)
-    frame = frame.with_columns(block=pl.Series(block), latency_p=_tails(slow, requests * allowance.to_numpy())[block],
-                               error_p=_tails(failures, requests * budget.to_numpy())[block])
+    tested = test_tier + " " + frame["service"].gather(firsts) if own else None
+    p_values = {}
+    for sli, allowance_of in allowed.items():
+        allowance = test_tier.replace_strict({o.name: allowance_of(o) for o in objectives}, return_dtype=pl.Float64)
+        if own:  # services the spec gives their own objective
+            allowance = tested.replace_strict({key: allowance_of(o) for key, o in own.items()}, default=allowance,
+                                              return_dtype=pl.Float64)
+        p_values[sli.p] = _tails(sums[sli.bad], sums[sli.judged] * allowance.to_numpy())[block]
+    frame = frame.with_columns(block=pl.Series(block), **p_values)
     return {tier: frame.filter(pl.col("tier") == tier).drop("tier") for tier in tiers}
 
 
@@ -157,17 +198,20 @@ def _with_every_node(frame: pl.DataFrame) -> pl.DataFrame:
     known = pl.col("node").filter(pl.col("node") != UNKNOWN_NODE)
     spread = frame.group_by("tier", "service").agg(nodes=known.n_unique()).filter(pl.col("nodes") > 1)
     every = (frame.join(spread.select("tier", "service"), on=["tier", "service"])
-             .group_by("tier", "service", "window_start").agg(pl.col("requests", "failures", "slow").sum())
+             .group_by("tier", "service", "window_start").agg(pl.col(COUNTS).sum())
              .with_columns(node=pl.lit(EVERY_NODE)))
     return pl.concat([frame, every.select(frame.columns).cast(frame.schema)])
 
 
 def window_latencies(store: StoreReader, spec: SloSpec, objective: TierObjective, since: datetime,
-                     until: datetime) -> pl.DataFrame:
-    """One tier's latency percentile per (service, node) and window, as people are shown it: the verdicts read
-    the slow requests instead, so finding incidents does not compute it."""
+                     until: datetime, measure: str = LATENCY.kind) -> pl.DataFrame:
+    """One tier's percentile of the latency (or of a token time, `measure`: ttft, tpot, queue) per (service, node)
+    and window, at its objective's percentile, as people are shown it: the verdicts read the slow requests
+    instead, so finding incidents does not compute it."""
+    token = objective.token(measure)
+    percentile = objective.percentile if token is None else token.percentile
     return store.frame(store.sql("window_latencies"), {**_window_params(store, spec, objective, since, until),
-                                                       "quantile": objective.percentile / 100.0})
+                                                       "quantile": percentile / 100.0, "measure": measure})
 
 
 def _window_params(store: StoreReader, spec: SloSpec, objective: TierObjective, since: datetime,
@@ -178,29 +222,35 @@ def _window_params(store: StoreReader, spec: SloSpec, objective: TierObjective, 
 
 def _tails(bad: np.ndarray, expected: np.ndarray) -> np.ndarray:
     """poisson_tail of each test, computed only where it can be below 1 (more bad requests than expected): on a
-    healthy fleet that is a few of the fleet's windows."""
+    healthy fleet that is a few of the fleet's windows. A test that allows none (no such objective) is 1."""
     p = np.ones(len(bad))
-    for i in np.flatnonzero(bad > expected):
+    for i in np.flatnonzero((bad > expected) & (expected > 0)):
         p[i] = poisson_tail(int(bad[i]), float(expected[i]))
     return p
 
 
-def judge_fleet(frames: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
-    """Per tier, its windows with `latency_violation`, `error_violation` and `violating`, every test of every
-    tier judged together at FLEET_FDR. Each tier's windows are in block order, as sli_windows gives them."""
+def judge_fleet(frames: dict[str, pl.DataFrame], spec: SloSpec) -> dict[str, pl.DataFrame]:
+    """Per tier, its windows with a `<name>_violation` per SLI (latency, error, ttft ...) and `violating`, every
+    test of every tier judged together at FLEET_FDR: a tier's tests are those of the SLIs it is judged by
+    (tier_slis), so that an objective no tier gives adds no test to the family. Each tier's windows are in block
+    order, as sli_windows gives them."""
     first = {tier: _first_of_test(f["block"].to_numpy()) for tier, f in frames.items()}
-    p_values = np.concatenate([frames[tier][column].to_numpy()[is_first] for tier, is_first in first.items()
-                               for column in ("latency_p", "error_p")] or [np.zeros(0)])
+    tested = [(tier, sli) for tier in frames for sli in tier_slis(spec.tiers[tier])]
+    p_values = np.concatenate([frames[tier][sli.p].to_numpy()[first[tier]] for tier, sli in tested]
+                              or [np.zeros(0)])
     found = fleet_discoveries(p_values, FLEET_FDR)
-    out, at = {}, 0
-    for tier, is_first in first.items():
-        n, number = int(is_first.sum()), np.cumsum(is_first) - 1
-        latency, error = found[at:at + n][number], found[at + n:at + 2 * n][number]
-        at += 2 * n
-        out[tier] = frames[tier].with_columns(latency_violation=pl.Series(latency, dtype=pl.Boolean),
-                                              error_violation=pl.Series(error, dtype=pl.Boolean),
-                                              violating=pl.Series(latency | error, dtype=pl.Boolean))
-    return out
+    verdicts: dict[str, dict] = {tier: {sli.violation: np.zeros(len(f), dtype=bool) for sli in SLIS}
+                                 for tier, f in frames.items()}
+    at = 0
+    for tier, sli in tested:
+        is_first = first[tier]
+        n = int(is_first.sum())
+        verdicts[tier][sli.violation] = found[at:at + n][np.cumsum(is_first) - 1]
+        at += n
+    return {tier: frames[tier].with_columns(**{name: pl.Series(v, dtype=pl.Boolean) for name, v in found_at.items()},
+                                            violating=pl.Series(np.logical_or.reduce(list(found_at.values())),
+                                                                dtype=pl.Boolean))
+            for tier, found_at in verdicts.items()}
 
 
 def _first_of_test(block: np.ndarray) -> np.ndarray:
@@ -218,7 +268,7 @@ def _runs(windows: pl.DataFrame, step_s: float) -> pl.DataFrame:
             .group_by("service", "node", "run")
             .agg(start=pl.col("window_start").min(), last=pl.col("window_start").max(), windows=pl.len(),
                  tests=pl.col("block").n_unique(),
-                 latency_windows=pl.col("latency_violation").sum(), error_windows=pl.col("error_violation").sum())
+                 **{f"{sli.name}_windows": pl.col(sli.violation).sum() for sli in SLIS})
             .filter(pl.col("tests") >= MIN_BLOCKS).sort("start", "service", "node"))
 
 
@@ -227,33 +277,45 @@ def _rounded(ms) -> float | None:
     return round(float(ms), 1) if ms is not None and math.isfinite(ms) else None
 
 
+def _measured(objective: TierObjective, run: dict) -> tuple[str, float, float]:
+    """What a run's incident is reported on: the SLI with the most violating windows (the first of SLIS where
+    several have as many), with the percentile and threshold it is judged at."""
+    kind = max(SLIS, key=lambda sli: run[f"{sli.name}_windows"]).kind
+    token = objective.token(kind)
+    if token is not None:
+        return kind, token.percentile, token.threshold_ms
+    own = objective.at(run["service"])
+    return kind, own.percentile, own.threshold_ms
+
+
 def _incident_slis(store: StoreReader, spec: SloSpec, objective: TierObjective, runs: list[dict],
                    ends: list[datetime]) -> list[dict]:
     """The SLI of each of a tier's runs over its whole incident (to its end in `ends`), from one query per
-    percentile its runs' services are judged at (incident_sli.sql)."""
-    measured = {}
-    for percentile in sorted({objective.at(run["service"]).percentile for run in runs}):
-        places = [i for i, run in enumerate(runs) if objective.at(run["service"]).percentile == percentile]
+    measured time and percentile (incident_sli.sql)."""
+    measured, what = {}, [_measured(objective, run) for run in runs]
+    for measure, percentile in sorted({(kind, percentile) for kind, percentile, _ in what}):
+        places = [i for i, (kind, p, _) in enumerate(what) if (kind, p) == (measure, percentile)]
         alike = [runs[i] for i in places]
         starts = [run["start"] for run in alike]
         kept = [ends[i] for i in places]
         measured.update({places[incident - 1]: rest for incident, *rest in store.rows(store.sql("incident_sli"), {
             **store.tier_params(spec), **judging_params(spec), "tier": objective.name, "quantile": percentile / 100,
-            "incident_thresholds_ms": [float(objective.at(run["service"]).threshold_ms) for run in alike],
+            "measure": measure, "incident_thresholds_ms": [float(what[i][2]) for i in places],
             "services": [run["service"] for run in alike], "nodes": [run["node"] for run in alike],
             "every_node": EVERY_NODE, "starts": starts, "ends": kept, "start": min(starts), "end": max(kept)})})
-    return [_incident_sli(objective.at(run["service"]), run, *measured.get(place, (0, 0, 0, None)))
+    return [_incident_sli(objective.at(run["service"]), what[place], *measured.get(place, (0, 0, 0, 0, None)))
             for place, run in enumerate(runs)]
 
 
-def _incident_sli(objective: TierObjective, run: dict, requests: int, failures: int, slow: int, latency_ms) -> dict:
-    if run["latency_windows"] >= run["error_windows"]:
-        return {"kind": "latency", "percentile": objective.percentile, "observed_ms": _rounded(latency_ms),
-                "objective_ms": objective.threshold_ms,
-                "observed_slow_ratio": round(slow / requests, 5) if requests else None,
-                "objective_slow_ratio": round(slow_allowance(objective), 5)}
-    return {"kind": "availability", "observed_error_ratio": round(failures / requests, 5) if requests else None,
-            "objective_error_ratio": round(objective.error_budget, 5)}
+def _incident_sli(objective: TierObjective, what: tuple[str, float, float], requests: int, failures: int,
+                  judged: int, slow: int, measured_ms) -> dict:
+    kind, percentile, threshold_ms = what
+    if kind == AVAILABILITY.kind:
+        return {"kind": kind, "observed_error_ratio": round(failures / requests, 5) if requests else None,
+                "objective_error_ratio": round(objective.error_budget, 5)}
+    return {"kind": kind, "percentile": percentile, "observed_ms": _rounded(measured_ms), "objective_ms": threshold_ms,
+            "observed_slow_ratio": round(slow / judged, 5) if judged else None,
+            "objective_slow_ratio": round(1.0 - percentile / 100.0, 5)}
 
 
 def _apart_from_nodes(runs: list[dict]) -> list[dict]:
@@ -267,7 +329,7 @@ def find_incidents(store: StoreReader, spec: SloSpec, since: datetime, until: da
     frames = sli_windows(store, spec, since, until)
     incidents = []
     step = timedelta(seconds=spec.resolution_s)
-    for tier, windows in judge_fleet(frames).items():
+    for tier, windows in judge_fleet(frames, spec).items():
         runs = _apart_from_nodes(list(_runs(windows, spec.resolution_s).iter_rows(named=True)))
         ends = [run["last"] + step for run in runs]
         for run, end, sli in zip(runs, ends, _incident_slis(store, spec, spec.tiers[tier], runs, ends)):

@@ -28,7 +28,7 @@ from sloscope.analytics.rollups import Rollups, readers
 from sloscope.analytics.sql_files import sql
 from sloscope.analytics.store_base import ReaderBase, StoreBase
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # How DuckDB knows its own files: a block checksum of 8 bytes, then these magic bytes.
 DUCKDB_MAGIC, DUCKDB_MAGIC_OFFSET = b"DUCK", 8
 DEFAULT_DB = Path(os.environ.get("SLOSCOPE_DB", "var/sloscope.duckdb"))

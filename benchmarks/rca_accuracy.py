@@ -23,6 +23,17 @@ Healthy meshes give the false incidents per 100 node-hours (`analyse`). Defaults
 with the fault from 10 min in, 2 requests/s per node into the mesh, one healthy mesh per seed.
 
     .venv/bin/python benchmarks/rca_accuracy.py --mesh [--seeds 2] [--causes slow_handler,disk_io] [--nodes 3]
+
+With --inference the fleet is vLLM-like replicas (`sloscope simulate --inference`: one per node, token-level spans
+and engine metrics, answers of 20 to 2,000 tokens) judged with the spec the simulator writes beside the data
+(`slo.yaml`: ttft, tpot and queue objectives for the tiers chat and batch). Fault kinds: load_surge (expected cause
+inference_queue), kv_cache_pressure, long_prompts (prefill_interference), gpu_sm_contention and cpu_contention. Each
+is scored on (node, cause) of the first incident that starts after the fault's onset (`analyse`): AC@1 and AC@3 per
+fault kind. Healthy fleets give the false incidents per 100 node-hours, with the SLI kind of each, so that an
+incident of output length alone (an end-to-end latency one) shows. Defaults: 2 seeds, 3 nodes, 18 min runs with the
+fault from 12 min in for 4 min, 4 requests/s per replica, two healthy fleets per seed.
+
+    .venv/bin/python benchmarks/rca_accuracy.py --inference [--seeds 2] [--causes load_surge,long_prompts]
 """
 
 from __future__ import annotations
@@ -46,7 +57,7 @@ from sloscope.analytics.slo import MIN_BLOCKS, find_incidents
 from sloscope.analytics.store import Store
 from sloscope.analytics.stores import open_store
 from sloscope.enrich.tiers import TierResolver
-from sloscope.simulator import faults, mesh
+from sloscope.simulator import faults, inference, mesh
 from sloscope.simulator.fleet import SimulationConfig, simulate
 from sloscope import taxonomy
 from sloscope.slo_spec import load_spec
@@ -329,19 +340,106 @@ def main_mesh(args, kinds: list[str]) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------------ inference
+
+INFERENCE_DEFAULTS = {"seeds": 2, "nodes": 3, "rate": inference.DEFAULT_RATE, "duration": 1080, "controls": 2}
+INFERENCE_FAULT_AT_S = 720  # 12 min in: a 10 min baseline before the fault
+INFERENCE_FAULT_DURATION_S = 240
+
+
+def run_inference_case(kind: str | None, seed: int, args, workdir: Path) -> dict:
+    out = workdir / f"inference-{kind or 'control'}-{seed}"
+    truth = simulate(SimulationConfig(out=out, nodes=args.nodes, seed=seed, fault=kind, rate=args.rate,
+                                      duration_s=args.duration, fault_at_s=INFERENCE_FAULT_AT_S,
+                                      fault_duration_s=INFERENCE_FAULT_DURATION_S, inference=True))
+    spec = load_spec(out / inference.SPEC_FILE)
+    with Store(out / "db.duckdb") as store:
+        Ingestor(store, TierResolver.from_spec(spec)).ingest_files(sorted(out.glob("*.jsonl*")))
+    with Store(out / "db.duckdb", read_only=True) as store:
+        incidents = sorted(analyse(store, spec)["incidents"], key=lambda i: i["start"])
+    shutil.rmtree(out, ignore_errors=True)
+    case = {"kind": kind, "seed": seed, "node_hours": args.nodes * args.duration / 3600}
+    if kind is None:
+        case["incidents"] = [i["sli"]["kind"] for i in incidents]
+        return case
+    # the first incident from the SLI step holding the onset on (steps are aligned to the resolution, the run is not)
+    onset = parse_rfc3339(truth.fault["onset"], "ground_truth.json: fault.onset") - \
+        timedelta(seconds=spec.resolution_s)
+    after = [i for i in incidents if parse_rfc3339(i["start"], "incident start") > onset]
+    first = after[0] if after else None
+    case["truth"] = [truth.fault["node"], truth.fault["cause"]]
+    case["ranked"] = [[first["node"], c["cause"]] for c in first["causes"][:3]] if first else []
+    case["sli"] = first["sli"]["kind"] if first else None
+    return case
+
+
+def summarise_inference(cases: list[dict], kinds: list[str]) -> str:
+    lines = [f"{'fault kind':<20} {'expected cause':<21} {'n':>3} {'AC@1':>6} {'AC@3':>6}  first causes"]
+    hits1 = hits3 = total = 0
+    for kind in kinds:
+        runs = [c for c in cases if c["kind"] == kind]
+        if not runs:
+            continue
+        at1 = sum(c["ranked"][:1] == [c["truth"]] for c in runs)
+        at3 = sum(c["truth"] in c["ranked"] for c in runs)
+        hits1, hits3, total = hits1 + at1, hits3 + at3, total + len(runs)
+        firsts = ",".join(c["ranked"][0][1] if c["ranked"] else "-" for c in runs)
+        lines.append(f"{kind:<20} {inference.EXPECTED_CAUSE[kind]:<21} {len(runs):>3} {at1 / len(runs):>6.2f} "
+                     f"{at3 / len(runs):>6.2f}  {firsts}")
+    if total:
+        ac1 = hits1 / total
+        lines.append(f"{'overall':<42} {total:>3} {ac1:>6.2f} {hits3 / total:>6.2f}  (target AC@1 >= "
+                     f"{TARGET_AC1:g}: {'ok' if ac1 >= TARGET_AC1 else 'BELOW TARGET'})")
+    controls = [c for c in cases if c["kind"] is None]
+    if controls:
+        node_hours = sum(c["node_hours"] for c in controls)
+        kinds_seen = [k for c in controls for k in c["incidents"]]
+        rate = 100 * len(kinds_seen) / node_hours
+        lines.append(f"healthy fleets: {len(controls)} runs, {node_hours:.1f} node-hours, {len(kinds_seen)} incidents "
+                     f"({', '.join(kinds_seen) or 'none'}): {rate:.2f} per 100 node-hours (target 0: "
+                     f"{'ok' if not kinds_seen else 'ABOVE TARGET'}); of output length alone (latency SLI): "
+                     f"{kinds_seen.count('latency')}")
+    return "\n".join(lines)
+
+
+def main_inference(args, kinds: list[str]) -> int:
+    cases = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(1, args.seeds + 1):
+            for kind in kinds + [None] * args.controls:
+                case = run_inference_case(kind, seed if kind else seed * 100 + len(cases), args, Path(tmp))
+                cases.append(case)
+                if kind is None:
+                    print(f"     control              seed {case['seed']}: incidents {case['incidents']}",
+                          file=sys.stderr, flush=True)
+                else:
+                    verdict = "ok " if case["ranked"][:1] == [case["truth"]] else "MISS"
+                    print(f"{verdict:4} {kind:<20} seed {seed}: truth {case['truth']}, first incident {case['sli']}, "
+                          f"ranked {case['ranked']}", file=sys.stderr, flush=True)
+    print(summarise_inference(cases, kinds))
+    print(f"{len(cases)} runs in {time.monotonic() - started:.0f}s")
+    if args.json:
+        args.json.write_text(json.dumps(cases, indent=1))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mesh", action="store_true",
                         help="a service mesh, scored on (service, node, cause) at a moment of each fault")
-    parser.add_argument("--seeds", type=int, default=None, help="default: 5, or 2 with --mesh")
+    parser.add_argument("--inference", action="store_true",
+                        help="vLLM-like replicas with token-level traffic, scored on (node, cause) of the first "
+                        "incident after each fault's onset")
+    parser.add_argument("--seeds", type=int, default=None, help="default: 5, or 2 with --mesh or --inference")
     parser.add_argument("--causes", default=None,
                         help="comma-separated causes, or with --mesh fault kinds (default: all of them)")
-    parser.add_argument("--nodes", type=int, default=None, help="default: 5, or 3 with --mesh")
+    parser.add_argument("--nodes", type=int, default=None, help="default: 5, or 3 with --mesh or --inference")
     parser.add_argument("--rate", type=float, default=None,
                         help="requests/s per service per node (default: 4); with --mesh, into the mesh per node "
-                        "(default: 2)")
+                        "(default: 2); with --inference, per replica (default: 4)")
     parser.add_argument("--duration", type=int, default=None,
-                        help="seconds per run (default: 1800, or 780 with --mesh)")
+                        help="seconds per run (default: 1800, or 780 with --mesh, 1080 with --inference)")
     parser.add_argument("--controls", type=int, default=None,
                         help="healthy runs per seed (default: 2, or 1 with --mesh)")
     parser.add_argument("--fault-at", type=int, default=MESH_FAULT_AT_S,
@@ -355,21 +453,28 @@ def main() -> int:
                         help="also load every run into chDB (pip install 'sloscope[clickhouse]') and count the runs "
                         "where it finds the same incidents and causes as DuckDB")
     args = parser.parse_args()
-    defaults = MESH_DEFAULTS if args.mesh else {"seeds": 5, "nodes": 5, "rate": 4.0, "duration": 1800, "controls": 2}
+    if args.mesh and args.inference:
+        parser.error("--mesh and --inference are different fleets: choose one")
+    defaults = MESH_DEFAULTS if args.mesh else INFERENCE_DEFAULTS if args.inference else \
+        {"seeds": 5, "nodes": 5, "rate": 4.0, "duration": 1800, "controls": 2}
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    known = mesh.fault_kinds() if args.mesh else faults.PHYSICAL_CAUSES
+    known = mesh.fault_kinds() if args.mesh else inference.FAULT_KINDS if args.inference else faults.PHYSICAL_CAUSES
     if args.causes is None:
         args.causes = ",".join(known)
     unknown = [c for c in args.causes.split(",") if c and c not in known]
     if unknown:
-        parser.error(f"unknown {'fault kinds' if args.mesh else 'causes'} {', '.join(unknown)}: choose from "
-                     f"{', '.join(known)}")
+        parser.error(f"unknown {'fault kinds' if args.mesh or args.inference else 'causes'} {', '.join(unknown)}: "
+                     f"choose from {', '.join(known)}")
     if args.mesh:
         if args.clickhouse:
             parser.error("--clickhouse compares incidents of flat fleets; it does not apply to --mesh")
         return main_mesh(args, [c for c in args.causes.split(",") if c])
+    if args.inference:
+        if args.clickhouse:
+            parser.error("--clickhouse compares incidents of flat fleets; it does not apply to --inference")
+        return main_inference(args, [c for c in args.causes.split(",") if c])
     causes = [c for c in args.causes.split(",") if c]
     cases = []
     started = time.monotonic()

@@ -1,5 +1,7 @@
 """The SLO overview dashboard (`sloscope-slo-overview`): per tier, latency and errors against the objective, burn
-rates and the error budget left; request rate, error ratio and open incidents for all tiers above."""
+rates and the error budget left, and for each token objective the tier gives (TTFT, TPOT, queue time) its
+percentile against the threshold and its burn rates; request rate, error ratio and open incidents for all tiers
+above."""
 
 from __future__ import annotations
 
@@ -13,12 +15,61 @@ from sloscope.dashboards.grafana_panels import (DEFAULT_DATASOURCE_UID, OVERVIEW
                                                 threshold_steps, with_row)
 
 
-def _latency_burn(t: TierObjective, window: str) -> str:
-    """Share of requests slower than the objective over `window`, divided by the share the percentile allows."""
-    le = metric_names.le_label(metric_names.le_seconds(t.threshold_ms))
+def _slow_burn(t: TierObjective, histogram: str, percentile: float, threshold_ms: float, window: str) -> str:
+    """Share of requests above the threshold in `histogram` over `window`, divided by the share the percentile
+    allows."""
+    le = metric_names.le_label(metric_names.le_seconds(threshold_ms))
     s = matchers(t.name)
-    return (f"(1 - sum(rate({metric_names.REQUEST_DURATION}_bucket{{{s}, le=\"{le}\"}}[{window}])) / "
-            f"sum(rate({metric_names.REQUEST_DURATION}_count{{{s}}}[{window}]))) / {fmt_num(1 - t.percentile / 100)}")
+    return (f"(1 - sum(rate({histogram}_bucket{{{s}, le=\"{le}\"}}[{window}])) / "
+            f"sum(rate({histogram}_count{{{s}}}[{window}]))) / {fmt_num(1 - percentile / 100)}")
+
+
+def _percentile_panel(t: TierObjective, histogram: str, percentile: float, threshold_ms: float, title: str,
+                      what: str):
+    """The tier's percentile of `histogram` (what it times: `title` in the title, `what` in the description),
+    overall and per service, with the threshold drawn."""
+    q, pname = percentile / 100, f"p{fmt_num(percentile)}"
+    bucket, s = f"{histogram}_bucket", matchers(t.name)
+    return series_panel(
+        f"{t.name}: {pname} {title} against the {fmt_ms(threshold_ms)} objective", "s",
+        f"The tier's {pname} {what} (from the exported histogram, whose buckets include the objective "
+        f"{fmt_ms(threshold_ms)} exactly), overall and per service. Above the dashed line the tier violates its SLO.",
+        [query(f"histogram_quantile({fmt_num(q)}, sum by (le) (rate({bucket}{{{s}}}[$__rate_interval])))", pname, "A"),
+         query(f"histogram_quantile({fmt_num(q)}, sum by (service, le) (rate({bucket}{{{s}}}[$__rate_interval])))",
+               "{{service}}", "B")],
+        thresholds=above(metric_names.le_seconds(threshold_ms)), min_val=0)
+
+
+def _alerts_text(burns) -> str:
+    return " or ".join(f"{b.factor_text} over {b.long} and {b.short} ({b.kind})" for b in burns)
+
+
+def _burn_panel(title: str, description: str, expr, burns, w: int):
+    """Burn rates per alert, `expr(window)` over each one's long window, its factors as thresholds."""
+    return series_panel(
+        title, "suffix:×", description,
+        [query(expr(b.long), b.long, chr(ord("A") + i)) for i, b in enumerate(burns)],
+        w=w, thresholds=above(min(b.factor for b in burns if b.kind == PAGE), min(b.factor for b in burns)),
+        min_val=0)
+
+
+def _token_panels(spec: SloSpec, t: TierObjective) -> list:
+    """Per token objective of the tier: its percentile against the threshold, and its burn rates."""
+    burns = burn_windows(spec.window_s)
+    out = []
+    for token in t.tokens:
+        family = metric_names.TOKEN_FAMILY[token.sli]
+        pname = f"p{fmt_num(token.percentile)}"
+        out.append(_percentile_panel(t, family.name, token.percentile, token.threshold_ms, family.short,
+                                     f"{family.what} of the requests that give it"))
+        out.append(_burn_panel(
+            f"{t.name}: {family.short} budget burn rate",
+            f"How fast the {family.short} budget is spent: the share of requests whose {family.what} is above "
+            f"{fmt_ms(token.threshold_ms)} over the {fmt_pct(token.allowance)} the {pname} objective allows. Alerts "
+            f"fire above {_alerts_text(burns)}.",
+            lambda window: _slow_burn(t, family.name, token.percentile, token.threshold_ms, window),
+            burns, 12))
+    return out
 
 
 def _error_ratio(selector: str, window: str, by: str = "") -> str:
@@ -29,21 +80,13 @@ def _error_ratio(selector: str, window: str, by: str = "") -> str:
 
 def _tier_row(spec: SloSpec, t: TierObjective) -> tuple[str, list]:
     s = matchers(t.name)
-    q = t.percentile / 100
     pname = f"p{fmt_num(t.percentile)}"
-    threshold_s = metric_names.le_seconds(t.threshold_ms)
-    allowance = 1 - q
+    allowance = 1 - t.percentile / 100
     window = promql_duration(spec.window_s)
-    le = metric_names.le_label(threshold_s)
+    le = metric_names.le_label(metric_names.le_seconds(t.threshold_ms))
     bucket, count = f"{metric_names.REQUEST_DURATION}_bucket", f"{metric_names.REQUEST_DURATION}_count"
-    latency = series_panel(
-        f"{t.name}: {pname} latency against the {fmt_ms(t.threshold_ms)} objective", "s",
-        f"The tier's {pname} request latency (from the exported histogram, whose buckets include the objective "
-        f"{fmt_ms(t.threshold_ms)} exactly), overall and per service. Above the dashed line the tier violates its SLO.",
-        [query(f"histogram_quantile({fmt_num(q)}, sum by (le) (rate({bucket}{{{s}}}[$__rate_interval])))", pname, "A"),
-         query(f"histogram_quantile({fmt_num(q)}, sum by (service, le) (rate({bucket}{{{s}}}[$__rate_interval])))",
-               "{{service}}", "B")],
-        thresholds=above(threshold_s), min_val=0)
+    latency = _percentile_panel(t, metric_names.REQUEST_DURATION, t.percentile, t.threshold_ms, "latency",
+                                "request latency")
     errors = series_panel(
         f"{t.name}: error ratio against the {fmt_pct(t.error_budget)} budget", "percentunit",
         f"Failed requests (5xx or span status ERROR) over all requests of the tier; the availability objective "
@@ -52,21 +95,16 @@ def _tier_row(spec: SloSpec, t: TierObjective) -> tuple[str, list]:
          query(_error_ratio(s, "$__rate_interval", "service"), "{{service}}", "B")],
         thresholds=above(t.error_budget), min_val=0)
     burns = burn_windows(spec.window_s)  # one query per alert, over its long window, its factor a threshold
-    burn_thresholds = above(min(b.factor for b in burns if b.kind == PAGE), min(b.factor for b in burns))
-    alerts_text = " or ".join(f"{b.factor_text} over {b.long} and {b.short} ({b.kind})" for b in burns)
-    latency_burn = series_panel(
-        f"{t.name}: latency budget burn rate", "suffix:×",
+    latency_burn = _burn_panel(
+        f"{t.name}: latency budget burn rate",
         f"How fast the latency budget is spent: the share of requests slower than {fmt_ms(t.threshold_ms)} over the "
-        f"{fmt_pct(allowance)} the {pname} objective allows. Alerts fire above {alerts_text}.",
-        [query(_latency_burn(t, b.long), b.long, chr(ord("A") + i)) for i, b in enumerate(burns)],
-        w=8, thresholds=burn_thresholds, min_val=0)
-    error_burn = series_panel(
-        f"{t.name}: error budget burn rate", "suffix:×",
+        f"{fmt_pct(allowance)} the {pname} objective allows. Alerts fire above {_alerts_text(burns)}.",
+        lambda window: _slow_burn(t, metric_names.REQUEST_DURATION, t.percentile, t.threshold_ms, window), burns, 8)
+    error_burn = _burn_panel(
+        f"{t.name}: error budget burn rate",
         f"The error ratio over the {fmt_pct(t.error_budget)} budget, per alert window; alerts fire above "
-        f"{alerts_text}.",
-        [query(f"({_error_ratio(s, b.long)}) / {fmt_num(t.error_budget)}", b.long, chr(ord("A") + i))
-         for i, b in enumerate(burns)],
-        w=8, thresholds=burn_thresholds, min_val=0)
+        f"{_alerts_text(burns)}.",
+        lambda window: f"({_error_ratio(s, window)}) / {fmt_num(t.error_budget)}", burns, 8)
     budget_left = stat_panel(
         f"{t.name}: error budget left ({window})", "percentunit",
         f"Share of the {window} budget not yet spent: latency (requests slower than {fmt_ms(t.threshold_ms)}) and "
@@ -76,9 +114,11 @@ def _tier_row(spec: SloSpec, t: TierObjective) -> tuple[str, list]:
          query(f"1 - ({_error_ratio(s, window).replace('rate(', 'increase(')}) / {fmt_num(t.error_budget)}",
                "errors", "B", instant=True)],
         w=8, thresholds=threshold_steps((None, "red"), (0, "orange"), (0.25, "green")), decimals=1)
-    title = (f"Tier {t.name}: {pname} ≤ {fmt_ms(t.threshold_ms)}, availability {fmt_num(t.availability)}%"
+    tokens = "".join(f", {metric_names.TOKEN_FAMILY[token.sli].short} p{fmt_num(token.percentile)} ≤ "
+                     f"{fmt_ms(token.threshold_ms)}" for token in t.tokens)
+    title = (f"Tier {t.name}: {pname} ≤ {fmt_ms(t.threshold_ms)}, availability {fmt_num(t.availability)}%{tokens}"
              f"{' (default tier)' if t.name == spec.default_tier else ''}")
-    return title, [latency, errors, latency_burn, error_burn, budget_left]
+    return title, [latency, errors, latency_burn, error_burn, budget_left, *_token_panels(spec, t)]
 
 
 def slo_overview(spec: SloSpec, datasource_uid: str = DEFAULT_DATASOURCE_UID,

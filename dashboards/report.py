@@ -27,7 +27,7 @@ from urllib.parse import quote
 import polars as pl
 
 from sloscope import catalog, json_answers
-from sloscope.slo_spec import SloSpec
+from sloscope.slo_spec import TOKEN_NAMES, TOKEN_SLIS, SloSpec
 from sloscope.times import parse_rfc3339, rfc3339
 
 from sloscope.analytics.attribution import BASELINE, GROWTH_SUFFIX, LOOKBACK, Window, signal_steps
@@ -134,8 +134,9 @@ def _sli_series(frame: pl.DataFrame, inc: dict, step: timedelta) -> tuple[list, 
     """(this node's points, the other nodes' median points) of the incident's SLI, per SLI step (mid-step). An
     incident over every node has its service's points over all of them, and the nodes' own median beside."""
     kind = inc["sli"]["kind"]
-    rows = frame.filter(pl.col("service") == inc["service"]).filter(pl.col("requests") >= MIN_REQUESTS)
-    value = (pl.col("latency_ms") if kind == "latency" else pl.col("failures") / pl.col("requests")).alias("v")
+    judged = f"{kind}_requests" if kind in TOKEN_SLIS else "requests"
+    rows = frame.filter(pl.col("service") == inc["service"]).filter(pl.col(judged) >= MIN_REQUESTS)
+    value = (pl.col("failures") / pl.col("requests") if kind == "availability" else pl.col("latency_ms")).alias("v")
     rows = rows.select("node", "window_start", value)
     half = step / 2
     mine = [(t + half, v) for t, v in rows.filter(pl.col("node") == inc["node"]).select("window_start", "v").rows()]
@@ -189,8 +190,10 @@ def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()
 
 
 def _sli_text(sli: dict) -> str:
-    if sli["kind"] == "latency":
-        return (f"p{sli['percentile']:g} {sli['observed_ms']:.0f} ms &gt; objective {sli['objective_ms']:.0f} ms")
+    if sli["kind"] != "availability":
+        what = "" if sli["kind"] == "latency" else f"{TOKEN_NAMES[sli['kind']]} "
+        observed = "–" if sli["observed_ms"] is None else f"{sli['observed_ms']:.0f}"
+        return f"{what}p{sli['percentile']:g} {observed} ms &gt; objective {sli['objective_ms']:g} ms"
     observed = sli.get("observed_error_ratio")
     observed_text = f"{observed:.2%}" if observed is not None else "–"
     return f"error ratio {observed_text} &gt; budget {sli['objective_error_ratio']:.2%}"
@@ -249,8 +252,16 @@ class Report:
     def _objectives(self) -> str:
         rows = [[escape(t.name) + (" (default)" if t.name == self.spec.default_tier else ""),
                  f"p{t.percentile:g} ≤ {t.threshold_ms:g} ms", f"{t.availability:g}%", f"{t.error_budget:.2%}"]
+                + ([", ".join(f"{k.sli} p{k.percentile:g} ≤ {k.threshold_ms:g} ms" for k in t.tokens) or "–"]
+                   if self._tokens else [])
                 for t in self.spec.tiers.values()]
-        return _table(["tier", "latency objective", "availability", "error budget"], rows)
+        return _table(["tier", "latency objective", "availability", "error budget"]
+                      + (["token objectives"] if self._tokens else []), rows)
+
+    @property
+    def _tokens(self) -> bool:
+        """Whether any tier gives a token objective: a spec without them shows the table it always has."""
+        return any(t.tokens for t in self.spec.tiers.values())
 
     def _summary(self, eps: list[Episode]) -> str:
         rows = []
@@ -298,17 +309,22 @@ class Report:
             if objective is None:
                 continue
             objective = objective.at(inc["service"])  # the service's own, where the spec gives one
-            judged = (inc["tier"], objective.percentile)
+            kind = inc["sli"]["kind"]
+            measure = kind if kind in TOKEN_SLIS else "latency"
+            judged = (inc["tier"], measure, objective.percentile)
             if judged not in frames:
                 frames[judged] = windows[inc["tier"]].join(
-                    window_latencies(self.store, spec, objective, t0, t1), on=["service", "node", "window_start"])
+                    window_latencies(self.store, spec, objective, t0, t1, measure),
+                    on=["service", "node", "window_start"])
             mine, others = _sli_series(frames[judged], inc, step)
             start, end = _t(inc["start"]), _t(inc["end"])
-            if inc["sli"]["kind"] == "latency":
+            if kind != "availability":
+                percentile, threshold_ms = inc["sli"]["percentile"], inc["sli"]["objective_ms"]
+                what = TOKEN_NAMES.get(kind, "latency")
                 title = (f"SLI {inc['tier']} / {inc['service']} on {on_nodes(inc['node'])}: "
-                         f"p{objective.percentile:g} latency per {spec.resolution_s:g} s")
-                unit, line = "ms", Marker(f"objective {objective.threshold_ms:g} ms", value=objective.threshold_ms)
-                name = f"p{objective.percentile:g} on {on_nodes(inc['node'])}"
+                         f"p{percentile:g} {what} per {spec.resolution_s:g} s")
+                unit, line = "ms", Marker(f"objective {threshold_ms:g} ms", value=threshold_ms)
+                name = f"p{percentile:g} on {on_nodes(inc['node'])}"
             else:
                 title = (f"SLI {inc['tier']} / {inc['service']} on {on_nodes(inc['node'])}: error ratio per "
                          f"{spec.resolution_s:g} s")

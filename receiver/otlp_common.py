@@ -15,7 +15,9 @@ import orjson
 
 from sloscope import catalog
 from sloscope.metric_rules import MetricRule
-from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET, SPAN_KIND_INTERNAL, SPAN_KINDS
+from sloscope.records import HISTOGRAM_BUCKETS, HISTOGRAM_OFFSET, SPAN_KIND_INTERNAL, SPAN_KIND_SERVER, SPAN_KINDS
+
+from sloscope.receiver.token_timings import NONE, TOKEN_ATTRIBUTES, token_timings
 
 SPAN_KIND_UNSPECIFIED = 0  # kept as INTERNAL, as OTLP says to treat it
 STATUS_CODE_ERROR = 2
@@ -40,7 +42,7 @@ PEER_SERVICE_ATTRIBUTE, UPSTREAM_CLUSTER_ATTRIBUTE = "peer.service", "upstream_c
 PEER_ATTRIBUTES = (PEER_SERVICE_ATTRIBUTE, UPSTREAM_CLUSTER_ATTRIBUTE, "server.address", "net.peer.name")
 SPAN_ATTRIBUTES = frozenset({*STATUS_ATTRIBUTES, ROUTE_ATTRIBUTE, GPU_ATTRIBUTE, POD_ATTRIBUTE, NAMESPACE_ATTRIBUTE,
                              POD_IP_ATTRIBUTE, ENVOY_NODE_ATTRIBUTE, CANONICAL_SERVICE_ATTRIBUTE, *TIER_ATTRIBUTES,
-                             *catalog.NODE_ATTRIBUTES, *PEER_ATTRIBUTES})
+                             *catalog.NODE_ATTRIBUTES, *PEER_ATTRIBUTES, *TOKEN_ATTRIBUTES})
 
 
 MAX_INT64 = 2**63 - 1  # times (ns) and counts are stored as signed 64-bit integers
@@ -71,7 +73,8 @@ UNKEPT_REASONS = {"points_not_finite": "a gauge or sum value that is not finite"
                   "points_blank": "a value at or above its signal's blank sentinel (DCGM: a field with no value)",
                   "points_no_sum": "an explicit-bucket histogram point without a sum (its mean is unknown)",
                   "points_unsupported_type": "a metric type other than gauge, sum and exponential histogram (and "
-                                             "explicit-bucket histogram, for declared metrics)"}
+                                             "explicit-bucket histogram, for the catalog's engine histograms "
+                                             "and declared metrics)"}
 
 
 class DecodeError(ValueError):
@@ -216,9 +219,10 @@ class SpanResource:
 
 
 def append_span(cols, trace_id: str, span_id: str, parent_id: str | None, kind: int, resource: SpanResource,
-                attrs: dict, start: int, end: int, status_error: bool, name: str) -> None:
+                attrs: dict, start: int, end: int, status_error: bool, name: str) -> str | None:
     """Validate one span's fields and add it as a row; ids in hex (parent_id None for a root), kind as span_kind
-    gives it, attrs holding only SPAN_ATTRIBUTES."""
+    gives it, attrs holding only SPAN_ATTRIBUTES. The counter its token timings count into, if any
+    (receiver/token_timings.py)."""
     if start <= 0 or end < start:
         raise DecodeError(f"span {span_id}: end time before start time or no start time", "spans_invalid_time")
     if end > MAX_INT64:
@@ -239,6 +243,8 @@ def append_span(cols, trace_id: str, span_id: str, parent_id: str | None, kind: 
         raise DecodeError(f"span {span_id}: http.response.status_code: {str(status)[:40]} is not an HTTP status "
                           "code", "spans_invalid_status_code")
     route = attrs.get(ROUTE_ATTRIBUTE)
+    tokens, counter = (token_timings(attrs, (end - start) / 1e6, kind == SPAN_KIND_SERVER)
+                       if not TOKEN_ATTRIBUTES.isdisjoint(attrs) else (NONE, None))
     cols.trace_id.append(trace_id)
     cols.span_id.append(span_id)
     cols.parent_id.append(parent_id)
@@ -257,6 +263,13 @@ def append_span(cols, trace_id: str, span_id: str, parent_id: str | None, kind: 
     cols.end_ns.append(end)
     cols.status_code.append(status)
     cols.failed.append(status_error or (status is not None and status >= 500))
+    cols.model.append(tokens.model)
+    cols.ttft_ms.append(tokens.ttft_ms)
+    cols.tpot_ms.append(tokens.tpot_ms)
+    cols.queue_ms.append(tokens.queue_ms)
+    cols.prompt_tokens.append(tokens.prompt_tokens)
+    cols.output_tokens.append(tokens.output_tokens)
+    return counter
 
 
 def _status_code(span_id: str, status) -> int:

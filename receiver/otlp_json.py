@@ -280,8 +280,10 @@ class Decoder(Skips):
             raise DecodeError(f"span {span_id}: {exc}", "spans_invalid_attribute") from None
         span_status = _get(span, "status", None, {})
         status_error = _get(span_status, "code", None, 0) in (STATUS_CODE_ERROR, "STATUS_CODE_ERROR")
-        append_span(batch.spans, trace_id.lower(), span_id.lower(), parent_id, kind, resource, attrs, start, end,
-                    status_error, str(_get(span, "name", None, "")))
+        counter = append_span(batch.spans, trace_id.lower(), span_id.lower(), parent_id, kind, resource, attrs, start,
+                              end, status_error, str(_get(span, "name", None, "")))
+        if counter:
+            self._count(counter, 1)
 
     # --- metrics --------------------------------------------------------------------------------------
 

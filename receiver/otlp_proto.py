@@ -135,8 +135,11 @@ class ProtoDecoder(Skips):
             kept = {kv.key: any_value(kv.value) for kv in span.attributes if kv.key in SPAN_ATTRIBUTES}
         except DecodeError as exc:
             raise DecodeError(f"span {span_id.hex()}: {exc}", "spans_invalid_attribute") from None
-        append_span(batch.spans, trace_id.hex(), span_id.hex(), parent, kind, resource, kept, span.start_time_unix_nano,
-                    span.end_time_unix_nano, span.status.code == STATUS_CODE_ERROR, span.name)
+        counter = append_span(batch.spans, trace_id.hex(), span_id.hex(), parent, kind, resource, kept,
+                              span.start_time_unix_nano, span.end_time_unix_nano, span.status.code == STATUS_CODE_ERROR,
+                              span.name)
+        if counter:
+            self._count(counter, 1)
 
     def _resource_metrics(self, block, batch: Batch) -> None:
         try:

@@ -9,15 +9,18 @@
  * and the request takes the general path (otlp_proto.py), which decides what is valid and says why. So this
  * file never refuses a request; it only declines to be fast.
  *
- * Attributes are matched against eighteen keys given by the caller (the SLOT_* order below); the semantics of
- * each (which one wins, the 253-character bound, what counts as empty, Envoy's node id, status texts and upstream
- * cluster names) are those of otlp_common.py.
+ * Attributes are matched against keys given by the caller (otlp_spans.SLOT_KEYS): eighteen in the SLOT_* order
+ * below, then those of the token timings' groups (TokenGroup) in turn; the semantics of each (which one wins, the
+ * 253-character bound, what counts as empty, Envoy's node id, status texts and upstream cluster names) are those
+ * of otlp_common.py, and of token_timings.py for an inference request's token timings.
  *
  * count() is the other walk here: what any export request (traces, metrics or logs) would cost to decode, counted
  * from its bytes before either path decodes it, so that the receiver's item limits hold on both.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,32 +34,70 @@ enum { OK = 0, DECLINE = 1, NO_MEMORY = 2 };  /* DECLINE is 1, what || of checks
 #define MAX_READ_NESTING 8  /* otlp_common.MAX_ATTRIBUTE_DEPTH: the general path refuses deeper values it reads */
 #define MAX_NAME_CHARS 253  /* otlp_common.MAX_NAME_LENGTH */
 #define SPAN_KIND_INTERNAL 1  /* what an unspecified kind (0) is kept as */
+#define SPAN_KIND_SERVER 2    /* a request */
 #define SPAN_KIND_LAST 5      /* CONSUMER: the general path refuses a kind past it */
 #define STATUS_CODE_ERROR 2
 
-/* Attribute slots, in the order of the caller's key tuple. */
+/* Attribute slots, in the order of the caller's key tuple: these, then the token groups' (Keys.group_start). */
 enum {
     SLOT_K8S_NODE, SLOT_HOST, SLOT_GPU, SLOT_POD, SLOT_NAMESPACE, SLOT_POD_IP, /* resource, and span overrides */
     SLOT_SERVICE,                                                   /* resource only */
     SLOT_STATUS, SLOT_STATUS_OLD, SLOT_ROUTE, SLOT_TIER, SLOT_TIER_ISTIO, /* span only */
     SLOT_ENVOY_NODE, SLOT_CANONICAL_SERVICE,
     SLOT_PEER_SERVICE, SLOT_UPSTREAM_CLUSTER, SLOT_SERVER_ADDRESS, SLOT_PEER_NAME, /* the peer, first given first */
-    N_SLOTS
+    BASE_SLOTS
 };
-#define RESOURCE_SLOTS ((1u << SLOT_K8S_NODE) | (1u << SLOT_HOST) | (1u << SLOT_GPU) | (1u << SLOT_POD) | \
-                        (1u << SLOT_NAMESPACE) | (1u << SLOT_POD_IP) | (1u << SLOT_SERVICE))
-#define SPAN_SLOTS (((1u << N_SLOTS) - 1) & ~(1u << SLOT_SERVICE))
+#define MAX_SLOTS 64  /* the bits of a slot mask */
+#define SLOT(k) ((uint64_t)1 << (k))
+#define RESOURCE_SLOTS (SLOT(SLOT_K8S_NODE) | SLOT(SLOT_HOST) | SLOT(SLOT_GPU) | SLOT(SLOT_POD) | \
+                        SLOT(SLOT_NAMESPACE) | SLOT(SLOT_POD_IP) | SLOT(SLOT_SERVICE))
+
+/* The token timings' groups of keys (token_timings.py: TTFT_ATTRIBUTES, ...), in the order of the caller's group
+ * sizes (otlp_spans.TOKEN_GROUPS). Each is read from the first of its keys the span gives: the keys of a group
+ * take consecutive slots, in the order token_timings reads them, so that a key more is a key more in Python. */
+enum { TG_TTFT, TG_QUEUE, TG_TPOT, TG_DECODE, TG_PROMPT, TG_OUTPUT, TG_MODEL, N_GROUPS };
+#define SLACK_MS 1.0                    /* token_timings.SLACK_MS */
+#define MAX_TOKENS ((int64_t)INT32_MAX) /* token_timings.MAX_TOKENS */
+#define MAX_MODEL_CHARS 253             /* token_timings.MAX_MODEL_LENGTH */
 
 typedef struct { const uint8_t *p, *end; } Slice;
 #define KEY_LENGTHS 64  /* keys of this length or more share the last entry of Keys.by_length */
 /* by_length: the slots whose key has each length, so that most attributes (Envoy writes twenty per span) are
- * passed over without comparing their key to any. */
-typedef struct { Slice keys[N_SLOTS]; uint32_t by_length[KEY_LENGTHS]; } Keys;
+ * passed over without comparing their key to any. number_slots: those that take a double (token times and
+ * counts); any other slot's double is text in the general path. */
+typedef struct {
+    Slice keys[MAX_SLOTS];
+    uint64_t by_length[KEY_LENGTHS];
+    int n;                          /* slots in all */
+    int group_start[N_GROUPS + 1];  /* group g: slots group_start[g] up to group_start[g + 1] */
+    uint64_t span_slots, number_slots;
+} Keys;
 
-/* V_ONE_STRING: an array of exactly one string, as semantic conventions type http.request.header.* */
+/* V_ONE_STRING: an array of exactly one string, as semantic conventions type http.request.header.*; i: an
+ * integer, or a double's bits */
 enum { V_ABSENT, V_NONE, V_STRING, V_ONE_STRING, V_BOOL, V_INT, V_DOUBLE, V_BYTES, V_NESTED };
 typedef struct { int kind; Slice s; int64_t i; } Value;
-typedef struct { Value v[N_SLOTS]; } Kept;
+/* tokens: whether any token group's key was given; only then are the token slots cleared, and read (most spans
+ * give none, and clearing every slot would cost them a third more than the eighteen) */
+typedef struct { int tokens; Value v[MAX_SLOTS]; } Kept;
+
+/* No slot given. */
+static void kept_clear(Kept *kept)
+{
+    kept->tokens = 0;
+    for (int k = 0; k < BASE_SLOTS; k++)
+        kept->v[k].kind = V_ABSENT;
+}
+
+/* A token slot about to be kept: the first of the span's clears them all. */
+static void tokens_given(Kept *kept, int n_slots)
+{
+    if (kept->tokens)
+        return;
+    kept->tokens = 1;
+    for (int k = BASE_SLOTS; k < n_slots; k++)
+        kept->v[k].kind = V_ABSENT;
+}
 
 /* --- wire format ------------------------------------------------------------------------------------ */
 
@@ -281,6 +322,7 @@ static int any_value(Slice m, int depth, int limit, Value *out)
             if (wt != WT_FIXED64 || fixed(&m, wt, &v))
                 return DECLINE;
             out->kind = V_DOUBLE;
+            out->i = (int64_t)v;
             break;
         case 5: {
             Slice sub;
@@ -312,11 +354,11 @@ static size_t length_entry(size_t n)
     return n < KEY_LENGTHS ? n : KEY_LENGTHS - 1;
 }
 
-static int slot_of(const Keys *keys, Slice key, uint32_t slots)
+static int slot_of(const Keys *keys, Slice key, uint64_t slots)
 {
     size_t n = (size_t)(key.end - key.p);
-    for (uint32_t candidates = keys->by_length[length_entry(n)] & slots; candidates; candidates &= candidates - 1) {
-        int k = __builtin_ctz(candidates);
+    for (uint64_t candidates = keys->by_length[length_entry(n)] & slots; candidates; candidates &= candidates - 1) {
+        int k = __builtin_ctzll(candidates);
         const Slice *want = &keys->keys[k];
         /* the last byte first: keys of one length mostly differ there (upstream_address, upstream_cluster) */
         if ((size_t)(want->end - want->p) == n && (n == 0 || (want->p[n - 1] == key.p[n - 1] &&
@@ -328,7 +370,7 @@ static int slot_of(const Keys *keys, Slice key, uint32_t slots)
 
 /* One attribute of a resource or span: checked whole; its value kept (last one wins) when its key has a
  * slot. Values the receiver reads, and every resource value, are bounded as the general path bounds them. */
-static int attribute(Slice m, const Keys *keys, uint32_t slots, int read_all, Kept *kept)
+static int attribute(Slice m, const Keys *keys, uint64_t slots, int read_all, Kept *kept)
 {
     Slice key, value;
     Value v;
@@ -339,9 +381,11 @@ static int attribute(Slice m, const Keys *keys, uint32_t slots, int read_all, Ke
         return DECLINE;
     if (slot >= 0) {
         /* A structure where a name or a code belongs, or a value the general path turns into text (bytes as
-         * hex, doubles that are not finite): it says what those mean. */
-        if (v.kind == V_NESTED || v.kind == V_BYTES || v.kind == V_DOUBLE)
+         * hex, doubles that are not finite, but where a number belongs): it says what those mean. */
+        if (v.kind == V_NESTED || v.kind == V_BYTES || (v.kind == V_DOUBLE && !(keys->number_slots & SLOT(slot))))
             return DECLINE;
+        if (slot >= BASE_SLOTS)
+            tokens_given(kept, keys->n);
         kept->v[slot] = v;
     }
     return OK;
@@ -378,6 +422,18 @@ static inline int buf_add(Buf *b, const void *src, size_t n)
     if (b->len + n > b->cap && buf_grow(b, n))
         return NO_MEMORY;
     memcpy(b->data + b->len, src, n);
+    b->len += n;
+    return OK;
+}
+
+/* n bytes of zeros: null rows of a column. */
+static int buf_zeros(Buf *b, size_t n)
+{
+    if (n == 0)
+        return OK;
+    if (b->len + n > b->cap && buf_grow(b, n))
+        return NO_MEMORY;
+    memset(b->data + b->len, 0, n);
     b->len += n;
     return OK;
 }
@@ -438,19 +494,24 @@ static int intern(Strings *t, Slice s, int32_t *index)
     return OK;
 }
 
-/* The first MAX_NAME_CHARS characters (code points, as Python slices) of a valid UTF-8 string. */
-static Slice bounded(Slice s)
+/* The first max_chars characters (code points, as Python slices) of a valid UTF-8 string. */
+static Slice bounded_to(Slice s, int max_chars)
 {
-    if (s.end - s.p <= MAX_NAME_CHARS)  /* no more characters than bytes */
+    if (s.end - s.p <= max_chars)  /* no more characters than bytes */
         return s;
     int chars = 0;
     for (const uint8_t *p = s.p; p < s.end; p++) {
-        if ((*p & 0xc0) != 0x80 && chars++ == MAX_NAME_CHARS) {
+        if ((*p & 0xc0) != 0x80 && chars++ == max_chars) {
             s.end = p;
             break;
         }
     }
     return s;
+}
+
+static Slice bounded(Slice s)
+{
+    return bounded_to(s, MAX_NAME_CHARS);
 }
 
 /* Columns of names, as Arrow string views: per row 16 bytes (the length, then the string itself when it has at
@@ -464,12 +525,29 @@ typedef struct { Buf views, bytes, valid; } TextColumn;
 /* A name of a row: absent (null) or a string bounded to MAX_NAME_CHARS. */
 typedef struct { int present; Slice s; } Text;
 
+/* The token timings' columns (token_timings.Tokens; analytics.frames.TOKEN_COLUMNS): the model's, then numbers
+ * of 8 bytes (doubles, then int64s) and a validity byte per row. Most spans give none, so the columns hold rows
+ * only up to the last span that does, and are padded with nulls when the next one does and at the end: a
+ * request of plain spans costs one pass of zeros, not a write per row. */
+enum { NUM_TTFT, NUM_TPOT, NUM_QUEUE, NUM_PROMPT, NUM_OUTPUT, N_NUMBERS };
+static const char *NUMBER_COLUMNS[N_NUMBERS] = {"ttft_ms", "tpot_ms", "queue_ms", "prompt_tokens",
+                                                "output_tokens"};
+static const char *NUMBER_FORMATS[N_NUMBERS] = {"g", "g", "g", "l", "l"};
+typedef struct { Buf values, valid; } NumberColumn;
+typedef struct {
+    TextColumn model;
+    NumberColumn number[N_NUMBERS];
+    Py_ssize_t rows;              /* what the columns hold so far */
+    Py_ssize_t invalid, absent;   /* spans counted as token_timings_invalid, token_timings_absent */
+} TokenColumns;
+
 typedef struct {
     const Keys *keys;
     Strings tier_headers;  /* the tier header is enrich's to resolve: each distinct one once */
     Buf trace_hi, trace_lo, span_id, parent_id, parent_valid, kind, start_ns, end_ns, status_code, status_valid,
         failed, tier_header;
     TextColumn text[N_TEXT];
+    TokenColumns tokens;
     Py_ssize_t rows;
     int taken;  /* by batch(): the buffers are the record batch's */
 } Decoder;
@@ -498,8 +576,7 @@ static int resource(const Decoder *d, Slice m, Resource *out)
     uint32_t seen = 0, field, wt;
     uint64_t v;
     static const uint8_t unknown_service[] = "unknown_service";
-    for (int k = 0; k < N_SLOTS; k++)
-        kept.v[k].kind = V_ABSENT;
+    kept_clear(&kept);
     while (m.p < m.end) {
         if (tag(&m, &field, &wt))
             return DECLINE;
@@ -542,7 +619,7 @@ static int add_view(uint8_t view[16], Slice s, Buf *bytes)
     return buf_add(bytes, s.p, n);
 }
 
-static int add_text(TextColumn *c, Text t)
+static inline int add_text(TextColumn *c, Text t)
 {
     uint8_t valid = (uint8_t)t.present, view[16] = {0};
     if (t.present && add_view(view, t.s, &c->bytes))
@@ -602,7 +679,7 @@ typedef struct {
     Slice trace_id, span_id, parent_id, name;
     int64_t kind, status_code;
     uint64_t start, end;
-    Kept kept;
+    Kept kept;  /* last: not zeroed whole (kept_clear marks what is read as not given) */
 } SpanFields;
 
 static int span_fields(Decoder *d, Slice m, SpanFields *f)
@@ -610,18 +687,17 @@ static int span_fields(Decoder *d, Slice m, SpanFields *f)
     uint32_t seen = 0, field, wt;
     uint64_t v;
     Slice s;
-    memset(f, 0, sizeof *f);
+    memset(f, 0, offsetof(SpanFields, kept));
+    kept_clear(&f->kept);
     f->trace_id.p = f->trace_id.end = f->span_id.p = f->span_id.end = f->name.p = f->name.end = m.p;
     f->parent_id = f->name;
-    for (int k = 0; k < N_SLOTS; k++)
-        f->kept.v[k].kind = V_ABSENT;
     while (m.p < m.end) {
         if (tag(&m, &field, &wt))
             return DECLINE;
         int rc;
         switch (field) {
         case 9:
-            rc = length_delimited(&m, wt, &s) || attribute(s, d->keys, SPAN_SLOTS, 0, &f->kept);
+            rc = length_delimited(&m, wt, &s) || attribute(s, d->keys, d->keys->span_slots, 0, &f->kept);
             break;
         case 11:
             rc = length_delimited(&m, wt, &s) || checked_message(s, EVENT_LAYOUT);
@@ -773,6 +849,207 @@ static Text peer_of(const Kept *kept)
     return peer.present ? peer : first_text(kept, SLOT_SERVER_ADDRESS, SLOT_PEER_NAME);
 }
 
+/* --- token timings (token_timings.py) --------------------------------------------------------------- */
+
+/* One of a span's token timings (a time in milliseconds or a count), or null. */
+typedef struct { int present; union { double ms; int64_t n; } v; } Number;
+typedef struct { Text model; Number number[N_NUMBERS]; } Tokens;
+
+/* The value of the first of a group's keys the span gives (token_timings' read()), or NULL. */
+static const Value *group_value(const Keys *keys, const Kept *kept, int group)
+{
+    for (int k = keys->group_start[group]; k < keys->group_start[group + 1]; k++)
+        if (kept->v[k].kind != V_ABSENT)
+            return &kept->v[k];
+    return NULL;
+}
+
+static double double_of(const Value *v)
+{
+    double d;
+    memcpy(&d, &v->i, sizeof d);
+    return d;
+}
+
+/* The powers of ten a double holds exactly. */
+static const double POWERS_OF_TEN[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                       1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+#define EXACT_MANTISSA ((uint64_t)1 << 53)
+
+enum { DURATION, NOT_A_DURATION, INEXACT };
+
+static const uint8_t *past_digits(const uint8_t *p, const uint8_t *end)
+{
+    while (p < end && *p >= '0' && *p <= '9')
+        p++;
+    return p;
+}
+
+/* TGI's time as Rust's Debug text of a Duration ("1.25ms"; token_timings._DEBUG_DURATION), in milliseconds as
+ * Python's float(digits) * unit gives them: the digits as an integer over a power of ten, both exact, whose one
+ * division rounds as float() does (Clinger's fast path). INEXACT: digits past that, left to the general path. */
+static int debug_duration_ms(Slice s, double *ms)
+{
+    static const struct { const char *unit; double ms; } units[] = {
+        {"ns", 1e-6}, {"\xc2\xb5s", 1e-3}, {"us", 1e-3}, {"ms", 1.0}, {"s", 1e3}};  /* _UNIT_MS */
+    Slice whole = {s.p, past_digits(s.p, s.end)}, fraction = {whole.end, whole.end};
+    if (whole.end == whole.p)
+        return NOT_A_DURATION;
+    if (whole.end < s.end && *whole.end == '.') {  /* a dot only with digits after it */
+        fraction.p = whole.end + 1;
+        fraction.end = past_digits(fraction.p, s.end);
+        if (fraction.end == fraction.p)
+            return NOT_A_DURATION;
+    }
+    size_t unit = 0, n_units = sizeof units / sizeof *units;
+    while (unit < n_units && !same((Slice){fraction.end, s.end}, units[unit].unit))
+        unit++;
+    if (unit == n_units)
+        return NOT_A_DURATION;
+    while (fraction.end > fraction.p && fraction.end[-1] == '0')  /* a fraction's last zeros change nothing */
+        fraction.end--;
+    size_t places = (size_t)(fraction.end - fraction.p);
+    if (places >= sizeof POWERS_OF_TEN / sizeof *POWERS_OF_TEN)
+        return INEXACT;
+    uint64_t mantissa = 0;
+    for (const Slice *part = &whole; part; part = part == &whole ? &fraction : NULL) {
+        for (const uint8_t *p = part->p; p < part->end; p++) {
+            mantissa = mantissa * 10 + (uint64_t)(*p - '0');  /* at most 2**53 before: no overflow */
+            if (mantissa > EXACT_MANTISSA)
+                return INEXACT;
+        }
+    }
+    double number = (double)mantissa / POWERS_OF_TEN[places];
+    *ms = number * units[unit].ms;
+    return DURATION;
+}
+
+/* A time given in seconds, in milliseconds (token_timings._ms and _within); *invalid where token_timings leaves
+ * it out. DECLINE: a text that only the general path converts. */
+static int time_of(const Value *v, double duration_ms, Number *out, int *invalid)
+{
+    double ms;
+    if (!v)
+        return OK;
+    if (v->kind == V_INT) {
+        ms = (double)v->i * 1e3;  /* Python converts the int, then multiplies */
+    } else if (v->kind == V_DOUBLE) {
+        ms = double_of(v) * 1e3;  /* one that is not finite is text there, which no Debug duration matches */
+    } else if (v->kind == V_STRING) {
+        int text = debug_duration_ms(v->s, &ms);
+        if (text == INEXACT)
+            return DECLINE;
+        if (text == NOT_A_DURATION) {
+            *invalid = 1;
+            return OK;
+        }
+    } else {  /* none, a boolean, an array: no number of seconds */
+        *invalid = 1;
+        return OK;
+    }
+    if (!(isfinite(ms) && ms >= 0.0) || ms > duration_ms + SLACK_MS) {
+        *invalid = 1;
+        return OK;
+    }
+    out->present = 1;
+    out->v.ms = ms;
+    return OK;
+}
+
+/* A token count (token_timings._count): an integer, or a double that is one, from 0 to MAX_TOKENS. */
+static void count_of(const Value *v, Number *out, int *invalid)
+{
+    int64_t n = -1;
+    if (!v)
+        return;
+    if (v->kind == V_INT) {
+        n = v->i;
+    } else if (v->kind == V_DOUBLE) {
+        double d = double_of(v);  /* in range first: NaN and infinities fail it, and then the cast is defined */
+        if (d >= 0.0 && d <= (double)MAX_TOKENS && (double)(int64_t)d == d)
+            n = (int64_t)d;
+    }
+    if (n < 0 || n > MAX_TOKENS) {
+        *invalid = 1;
+        return;
+    }
+    out->present = 1;
+    out->v.n = n;
+}
+
+/* The model (token_timings._model): a non-empty string, bounded. */
+static void model_of(const Value *v, Text *out, int *invalid)
+{
+    if (!v)
+        return;
+    if (v->kind == V_STRING && v->s.end > v->s.p)
+        *out = (Text){1, bounded_to(v->s, MAX_MODEL_CHARS)};
+    else
+        *invalid = 1;
+}
+
+/* A span's token timings (token_timings.token_timings), and whether it counts as token_timings_invalid or
+ * token_timings_absent (`request`: a SERVER span). */
+static int span_tokens(const Keys *keys, const Kept *kept, double duration_ms, int request, Tokens *t,
+                       int *invalid, int *absent)
+{
+    static const int times[][2] = {{TG_TTFT, NUM_TTFT}, {TG_QUEUE, NUM_QUEUE}, {TG_TPOT, NUM_TPOT},
+                                   {TG_DECODE, N_NUMBERS}};
+    Number decode = {0}, *ttft = &t->number[NUM_TTFT], *tpot = &t->number[NUM_TPOT];
+    Number *prompt = &t->number[NUM_PROMPT], *output = &t->number[NUM_OUTPUT];
+    memset(t, 0, sizeof *t);
+    *invalid = 0;
+    for (size_t k = 0; k < sizeof times / sizeof *times; k++) {
+        Number *out = times[k][1] < N_NUMBERS ? &t->number[times[k][1]] : &decode;
+        if (time_of(group_value(keys, kept, times[k][0]), duration_ms, out, invalid))
+            return DECLINE;
+    }
+    count_of(group_value(keys, kept, TG_PROMPT), prompt, invalid);
+    count_of(group_value(keys, kept, TG_OUTPUT), output, invalid);
+    if (!tpot->present && output->present && output->v.n >= 2) {
+        /* per output token after the first: the decode time, or the rest of the request (Python's max()) */
+        double after_first = (double)(output->v.n - 1);
+        if (decode.present) {
+            *tpot = (Number){1, {.ms = decode.v.ms / after_first}};
+        } else if (ttft->present) {
+            double rest = duration_ms - ttft->v.ms;
+            if (0.0 > rest)
+                rest = 0.0;
+            *tpot = (Number){1, {.ms = rest / after_first}};
+        }
+    }
+    model_of(group_value(keys, kept, TG_MODEL), &t->model, invalid);
+    *absent = !*invalid && request && !ttft->present && (t->model.present || prompt->present || output->present);
+    return OK;
+}
+
+/* Null rows until `rows`. */
+static int tokens_pad(TokenColumns *c, Py_ssize_t rows)
+{
+    size_t n = (size_t)(rows - c->rows);
+    if (n == 0)
+        return OK;
+    int failed = buf_zeros(&c->model.views, 16 * n) || buf_zeros(&c->model.valid, n);
+    for (int k = 0; k < N_NUMBERS; k++)
+        failed = failed || buf_zeros(&c->number[k].values, 8 * n) || buf_zeros(&c->number[k].valid, n);
+    c->rows = rows;
+    return failed ? NO_MEMORY : OK;
+}
+
+/* The token timings of row `row`, after null ones for the rows since the last span that gave any. */
+static int tokens_add(TokenColumns *c, Py_ssize_t row, const Tokens *t)
+{
+    if (tokens_pad(c, row) || add_text(&c->model, t->model))
+        return NO_MEMORY;
+    for (int k = 0; k < N_NUMBERS; k++) {
+        uint8_t valid = (uint8_t)t->number[k].present;
+        if (buf_add(&c->number[k].values, &t->number[k].v, 8) || buf_add(&c->number[k].valid, &valid, 1))
+            return NO_MEMORY;
+    }
+    c->rows = row + 1;
+    return OK;
+}
+
 /* One row (otlp_common.append_span), or DECLINE where the general path would refuse the span. */
 static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
 {
@@ -831,6 +1108,14 @@ static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
 
     uint8_t failed = f->status_code == STATUS_CODE_ERROR || (has_status && http_status >= 500);
     int64_t start = (int64_t)f->start, end = (int64_t)f->end;
+    Tokens tokens;
+    int token_invalid = 0, token_absent = 0;
+    if (kept->tokens) {  /* the duration as times_as_stored gives it, and append_span to token_timings */
+        double duration_ms = (double)(end - start) / 1e6;
+        if (span_tokens(d->keys, kept, duration_ms, f->kind == SPAN_KIND_SERVER, &tokens, &token_invalid,
+                        &token_absent))
+            return DECLINE;
+    }
     uint64_t trace_hi = big_endian_word(f->trace_id.p), trace_lo = big_endian_word(f->trace_id.p + 8),
              span_id = big_endian_word(f->span_id.p);  /* analytics/ids.py */
     if (buf_add(&d->trace_hi, &trace_hi, 8) || buf_add(&d->trace_lo, &trace_lo, 8) ||
@@ -843,6 +1128,10 @@ static int span_row(Decoder *d, const SpanFields *f, const Resource *r)
     for (int k = 0; k < N_TEXT; k++)
         if (add_text(&d->text[k], text[k]))
             return NO_MEMORY;
+    if (kept->tokens && tokens_add(&d->tokens, d->rows, &tokens))
+        return NO_MEMORY;
+    d->tokens.invalid += token_invalid;
+    d->tokens.absent += token_absent;
     d->rows++;
     return OK;
 }
@@ -1077,6 +1366,13 @@ static void decoder_free(Decoder *d)
         free(d->text[k].bytes.data);
         free(d->text[k].valid.data);
     }
+    free(d->tokens.model.views.data);
+    free(d->tokens.model.bytes.data);
+    free(d->tokens.model.valid.data);
+    for (int k = 0; k < N_NUMBERS; k++) {
+        free(d->tokens.number[k].values.data);
+        free(d->tokens.number[k].valid.data);
+    }
     free(d->tier_headers.items);
     free(d->tier_headers.slots);
 }
@@ -1158,7 +1454,8 @@ static PyObject *result(Decoder *decoded)
     }
     PyObject *out = PyDict_New();
     if (!out || put(out, "rows", PyLong_FromSsize_t(d->rows)) ||
-        put(out, "tier_headers", strings_of(&d->tier_headers)) || put(out, "tier_counts", tier_counts_of(d))) {
+        put(out, "tier_headers", strings_of(&d->tier_headers)) || put(out, "tier_counts", tier_counts_of(d)) ||
+        put(out, "token_timings", Py_BuildValue("(nn)", d->tokens.invalid, d->tokens.absent))) {
         Py_XDECREF(out);
         out = NULL;
     } else if (PyDict_SetItemString(out, "columns", columns)) {
@@ -1204,8 +1501,46 @@ static int hand_over(Batch *b, Buf *buf)
     return data ? batch_own(b, data) : 0;
 }
 
+/* The token columns of a request none of whose spans gave token timings: nulls, the six over one buffer of zeros,
+ * which is at once a null row's validity bits, its number and its string view (of no bytes). */
+static int batch_no_tokens(Batch *b)
+{
+    uint8_t *zeros = calloc((size_t)b->rows + 1, 16);
+    if (!zeros || batch_own(b, zeros))
+        return -1;
+    int k = b->n_columns;
+    struct ArrowArray *c = batch_column(b, "vu", "model", b->rows, 4);  /* as batch_views lays it out */
+    b->data_sizes[k] = 0;
+    c->buffers[0] = c->buffers[1] = zeros;
+    c->buffers[2] = batch_buffer(NULL);
+    c->buffers[3] = &b->data_sizes[k];
+    for (k = 0; k < N_NUMBERS; k++) {
+        c = batch_column(b, NUMBER_FORMATS[k], NUMBER_COLUMNS[k], b->rows, 2);
+        c->buffers[0] = c->buffers[1] = zeros;
+    }
+    return 0;
+}
+
+/* The token columns (TOKEN_COLUMNS), padded with nulls after the last span that gave token timings. */
+static int batch_tokens(Batch *b, TokenColumns *tokens, Py_ssize_t rows)
+{
+    if (tokens->rows == 0)
+        return batch_no_tokens(b);
+    if (tokens_pad(tokens, rows))
+        return -1;
+    int rc = batch_views(b, "model", tokens->model.views.data, tokens->model.bytes.data,
+                         (int64_t)tokens->model.bytes.len, tokens->model.valid.data);
+    for (int k = 0; k < N_NUMBERS; k++)
+        rc |= batch_fixed(b, NUMBER_FORMATS[k], NUMBER_COLUMNS[k], tokens->number[k].values.data,
+                          tokens->number[k].valid.data);
+    rc |= hand_over(b, &tokens->model.views) | hand_over(b, &tokens->model.bytes) | hand_over(b, &tokens->model.valid);
+    for (int k = 0; k < N_NUMBERS; k++)
+        rc |= hand_over(b, &tokens->number[k].values) | hand_over(b, &tokens->number[k].valid);
+    return rc;
+}
+
 /* The spans' columns, in the order of analytics.frames.SPAN_COLUMNS: the requests table's, with parent_id and kind
- * after span_id, and peer last. */
+ * after span_id, then peer, then the token timings (TOKEN_COLUMNS). */
 static int fill_batch(Batch *b, Decoder *d, const Slice *tiers)
 {
     static const int text_order[] = {COL_SERVICE, COL_NODE, COL_POD, COL_NAMESPACE, COL_POD_IP, COL_GPU};
@@ -1236,6 +1571,7 @@ static int fill_batch(Batch *b, Decoder *d, const Slice *tiers)
           batch_fixed(b, "s", "status_code", d->status_code.data, d->status_valid.data) |
           batch_booleans(b, "failed", d->failed.data) |
           batch_views(b, "peer", peer->views.data, peer->bytes.data, (int64_t)peer->bytes.len, peer->valid.data);
+    rc |= batch_tokens(b, &d->tokens, d->rows);
     Buf *bufs[] = {&d->trace_hi, &d->trace_lo, &d->span_id, &d->parent_id, &d->parent_valid, &d->kind,
                    &d->start_ns, &d->end_ns, &d->status_code, &d->status_valid, &d->failed};
     for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++)
@@ -1296,29 +1632,64 @@ static PyObject *batch(PyObject *module, PyObject *args)
 }
 
 PyDoc_STRVAR(decode_doc,
-"decode(body, keys) -> dict | None\n\n"
+"decode(body, keys, groups) -> dict | None\n\n"
 "The spans of a protobuf ExportTraceServiceRequest, or None when the request needs the general path: rows,\n"
-"tier_headers (each distinct one; index 0: none), tier_counts (rows per header) and columns (for batch()).\n"
-"keys: the eighteen attribute keys, as bytes, in slot order (see otlp_spans.py).");
+"tier_headers (each distinct one; index 0: none), tier_counts (rows per header), token_timings (how many spans\n"
+"count as token_timings_invalid and token_timings_absent) and columns (for batch()).\n"
+"keys: the attribute keys, as bytes, in slot order: eighteen, then the token groups' (see otlp_spans.py);\n"
+"groups: how many keys each token group has, in the order TTFT, queue, TPOT, decode, prompt tokens, output\n"
+"tokens, model.");
+
+/* The caller's keys (the keys' bytes are the tuple's: it outlives the decoding); -1 with an exception set. */
+static int keys_of(PyObject *key_tuple, PyObject *group_tuple, Keys *keys)
+{
+    memset(keys, 0, sizeof *keys);
+    if (PyTuple_GET_SIZE(group_tuple) != N_GROUPS) {
+        PyErr_Format(PyExc_ValueError, "decode: %d token groups expected", N_GROUPS);
+        return -1;
+    }
+    keys->n = BASE_SLOTS;
+    for (int g = 0; g < N_GROUPS; g++) {
+        long size = PyLong_AsLong(PyTuple_GET_ITEM(group_tuple, g));
+        if (size < 0 || size > MAX_SLOTS) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "decode: a token group of %ld keys", size);
+            return -1;
+        }
+        keys->group_start[g] = keys->n;
+        keys->n += (int)size;
+        if (g <= TG_OUTPUT)  /* times and counts: numbers */
+            for (int k = keys->group_start[g]; k < keys->n && k < MAX_SLOTS; k++)
+                keys->number_slots |= SLOT(k);
+    }
+    keys->group_start[N_GROUPS] = keys->n;
+    if (keys->n > MAX_SLOTS || PyTuple_GET_SIZE(key_tuple) != keys->n) {
+        PyErr_Format(PyExc_ValueError, "decode: %d keys expected (at most %d)", keys->n, MAX_SLOTS);
+        return -1;
+    }
+    for (int k = 0; k < keys->n; k++) {
+        PyObject *key = PyTuple_GET_ITEM(key_tuple, k);
+        if (!PyBytes_Check(key)) {
+            PyErr_Format(PyExc_TypeError, "decode: keys must be bytes");
+            return -1;
+        }
+        keys->keys[k].p = (const uint8_t *)PyBytes_AS_STRING(key);
+        keys->keys[k].end = keys->keys[k].p + PyBytes_GET_SIZE(key);
+        keys->by_length[length_entry((size_t)PyBytes_GET_SIZE(key))] |= SLOT(k);
+    }
+    keys->span_slots = (keys->n == MAX_SLOTS ? ~(uint64_t)0 : SLOT(keys->n) - 1) & ~SLOT(SLOT_SERVICE);
+    return 0;
+}
 
 static PyObject *decode(PyObject *module, PyObject *args)
 {
-    PyObject *body, *key_tuple;  /* body: bytes, so that nothing can change it while the lock is released */
+    PyObject *body, *key_tuple, *group_tuple;  /* body: bytes, so that nothing can change it while unlocked */
     (void)module;
-    if (!PyArg_ParseTuple(args, "SO!:decode", &body, &PyTuple_Type, &key_tuple))
+    if (!PyArg_ParseTuple(args, "SO!O!:decode", &body, &PyTuple_Type, &key_tuple, &PyTuple_Type, &group_tuple))
         return NULL;
     Keys keys;
-    memset(keys.by_length, 0, sizeof keys.by_length);
-    if (PyTuple_GET_SIZE(key_tuple) != N_SLOTS)
-        return PyErr_Format(PyExc_ValueError, "decode: %d keys expected", N_SLOTS);
-    for (int k = 0; k < N_SLOTS; k++) {
-        PyObject *key = PyTuple_GET_ITEM(key_tuple, k);
-        if (!PyBytes_Check(key))
-            return PyErr_Format(PyExc_TypeError, "decode: keys must be bytes");
-        keys.keys[k].p = (const uint8_t *)PyBytes_AS_STRING(key);
-        keys.keys[k].end = keys.keys[k].p + PyBytes_GET_SIZE(key);
-        keys.by_length[length_entry((size_t)PyBytes_GET_SIZE(key))] |= 1u << k;
-    }
+    if (keys_of(key_tuple, group_tuple, &keys))
+        return NULL;
     Decoder d;
     memset(&d, 0, sizeof d);
     d.keys = &keys;
@@ -1378,7 +1749,15 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
+/* The token timings' bounds as built here, for otlp_spans.py to hold against token_timings.py's. */
 PyMODINIT_FUNC PyInit__otlp_spans(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module), *slack = PyFloat_FromDouble(SLACK_MS);
+    if (m && (!slack || PyModule_AddObjectRef(m, "SLACK_MS", slack) ||
+              PyModule_AddIntConstant(m, "MAX_TOKENS", (long)MAX_TOKENS) ||
+              PyModule_AddIntConstant(m, "MAX_MODEL_LENGTH", MAX_MODEL_CHARS) ||
+              PyModule_AddIntConstant(m, "MAX_SLOTS", MAX_SLOTS)))
+        Py_CLEAR(m);
+    Py_XDECREF(slack);
+    return m;
 }

@@ -82,8 +82,11 @@ def fast_decode(signal: str, body: bytes, is_json: bool) -> tuple[Batch, dict] |
     """(batch, counts) by the trace fast path (otlp_spans), or None where it does not apply or declines."""
     if signal != "traces" or is_json:
         return None
-    spans = otlp_spans.span_table(body)
-    return None if spans is None else (Batch(spans=spans), {FAST_PATH: 1})
+    decoded = otlp_spans.spans_and_counts(body)
+    if decoded is None:
+        return None
+    spans, counts = decoded
+    return Batch(spans=spans), {**counts, FAST_PATH: 1}
 
 
 class Decoders:

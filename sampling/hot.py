@@ -17,13 +17,17 @@ def rfc3339(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
 
 
-def breaks(sli: Sli | None, threshold_ms: float | None, min_requests: int, error_ratio: float) -> list[str]:
-    """Why an SLI breaks ("latency", "errors"); nothing on fewer than `min_requests` requests."""
+def breaks(sli: Sli | None, objective, min_requests: int, error_ratio: float) -> list[str]:
+    """Why an SLI breaks ("latency", "errors", or a token objective: "ttft", "tpot", "queue"), against a tier's
+    `objective` (None: errors only); nothing on fewer than `min_requests` requests."""
     if sli is None or sli.requests < min_requests:
         return []
     reasons = []
-    if threshold_ms is not None and sli.latency_ms is not None and sli.latency_ms > threshold_ms:
+    if objective is not None and sli.latency_ms is not None and sli.latency_ms > objective.threshold_ms:
         reasons.append("latency")
+    if objective is not None:
+        reasons += [t.sli for t in objective.tokens
+                    if sli.token_ms.get(t.sli) is not None and sli.token_ms[t.sli] > t.threshold_ms]
     if sli.failures > error_ratio * sli.requests:
         reasons.append("errors")
     return reasons
@@ -34,7 +38,7 @@ def tier_reasons(spec, obs: Observations, overrides: dict[str, float], min_reque
     """Per tier of the spec, why it is hot in this evaluation (empty: it is not)."""
     out: dict[str, list[str]] = {}
     for name, objective in spec.tiers.items():
-        reasons = breaks(obs.tiers.get(name), objective.threshold_ms, min_requests, error_ratio)
+        reasons = breaks(obs.tiers.get(name), objective, min_requests, error_ratio)
         if any(tier == name for tier, _, _ in obs.incidents):
             reasons.append("incident")
         if overrides.get(name, 0.0) >= 1.0:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from sloscope.slo_spec import TOKEN_SLIS
+
 from sloscope.analytics.slo import find_incidents
 
 from sloscope.alerts.remediation import active_sampling_overrides
@@ -20,6 +22,7 @@ class Sli:
     requests: int
     failures: int
     latency_ms: float | None = None  # the tier's percentile over the SLI window (tiers only)
+    token_ms: Mapping[str, float | None] = field(default_factory=dict)  # each token objective's percentile (tiers)
 
 
 @dataclass(frozen=True)
@@ -57,12 +60,7 @@ def observe(reader, spec, config: SamplingConfig, now: float) -> Observations:
         if last:
             recent[(tier, service, route)] = last
     sli = {"since": until - timedelta(seconds=config.sli_window_s), "until": until}
-    tier_sli = {}
-    for quantile in sorted({o.percentile / 100.0 for o in spec.tiers.values()}):  # one query per percentile in use
-        for tier, n, failed, latency_ms in reader.rows(reader.sql("tier_health"),
-                                                       {**tiers, **sli, "quantile": quantile}):
-            if spec.tiers[tier].percentile / 100.0 == quantile:
-                tier_sli[tier] = Sli(n, failed, latency_ms)
+    tier_sli = _tier_slis(reader, spec, {**tiers, **sli})
     node_sli = {node: Sli(n, failed) for node, n, failed in reader.rows(
         reader.sql("node_health"), {**reader.tier_params(spec), **sli})}
     open_after = until - timedelta(seconds=config.open_for(spec))
@@ -71,3 +69,19 @@ def observe(reader, spec, config: SamplingConfig, now: float) -> Observations:
     overrides = active_sampling_overrides(reader, until)
     return Observations(now, config.window_s, traffic, tier_sli, node_sli, incidents, overrides, recent,
                         recent_s if recent_s <= config.window_s else 0.0)
+
+
+def _tier_slis(reader, spec, params: dict) -> dict[str, Sli]:
+    """Per tier that served anything over the window: its latency and each token time at the percentile of its
+    objective, from one query per percentile in use."""
+    wanted = {name: {"latency": o.percentile, **{t.sli: t.percentile for t in o.tokens}}
+              for name, o in spec.tiers.items()}
+    counts, measured = {}, {}
+    for percentile in sorted({p for kinds in wanted.values() for p in kinds.values()}):
+        for tier, n, failed, *values in reader.rows(reader.sql("tier_health"),
+                                                    {**params, "quantile": percentile / 100.0}):
+            counts[tier] = (n, failed)
+            for kind, value in zip(("latency", *TOKEN_SLIS), values):
+                if wanted[tier].get(kind) == percentile:
+                    measured.setdefault(tier, {})[kind] = value
+    return {tier: Sli(*counts[tier], measured[tier].pop("latency", None), measured[tier]) for tier in counts}

@@ -11,7 +11,7 @@ from sloscope import taxonomy
 from sloscope.arguments import Parser
 from sloscope.durations import duration_argument
 
-from sloscope.simulator import faults, mesh
+from sloscope.simulator import faults, inference, mesh
 from sloscope.simulator.fleet import SimulationConfig, simulate
 
 DEFAULT_SERVICES = ("llm-gateway", "embedder", "reranker")  # = simulator.traffic.DEFAULT_SERVICES
@@ -32,11 +32,12 @@ def cause_argument(text: str) -> str:
 
 
 def _fault(text: str) -> str:
-    """A physical cause, a mesh's own fault, or none for a healthy control (which the fleet accepts is checked
-    with --mesh known)."""
-    if text == "none" or text in mesh.fault_kinds():
+    """A physical cause, a mesh's own fault, an inference fault, or none for a healthy control (which the fleet
+    accepts is checked with --mesh or --inference known)."""
+    known = (*mesh.fault_kinds(), *(k for k in inference.FAULT_KINDS if k not in mesh.fault_kinds()))
+    if text == "none" or text in known:
         return text
-    raise argparse.ArgumentTypeError(f"unknown fault {text!r}; choose one of: {', '.join(mesh.fault_kinds())}")
+    raise argparse.ArgumentTypeError(f"unknown fault {text!r}; choose one of: {', '.join(known)}")
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -54,25 +55,34 @@ def register(subparsers) -> argparse.ArgumentParser:
         "depth >= 2.",
         epilog="faults: the physical causes " + ", ".join(faults.PHYSICAL_CAUSES) + "; with --mesh also "
         "network_latency (calls to the pod slowed on the network), slow_handler (its code slower) and "
-        "exceptions (its code failing). Durations: 90s, 20m, 1h, 1h30m. Examples: "
+        "exceptions (its code failing); with --inference " + ", ".join(inference.FAULT_KINDS) + ". "
+        "Durations: 90s, 20m, 1h, 1h30m. Examples: "
         "sloscope simulate --out /tmp/fleet --fault gpu_thermal --nodes 8 --duration 30m --seed 3; "
-        "sloscope simulate --out /tmp/mesh --mesh --fault slow_handler --fault-service reranker",
+        "sloscope simulate --out /tmp/mesh --mesh --fault slow_handler --fault-service reranker; "
+        "sloscope simulate --out /tmp/vllm --inference --fault load_surge --duration 18m --fault-at 12m",
     )
     p.add_argument("--out", required=True, type=Path, help="output directory (created)")
-    p.add_argument("--nodes", type=int, default=4, help="number of nodes, named gpu-node-1..N (default: 4)")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="number of nodes, named gpu-node-1..N (default: 4, or "
+                   f"{inference.DEFAULT_NODES} with --inference)")
     p.add_argument("--duration", type=_seconds, default=1200, help="run length (default: 20m)")
     p.add_argument("--start", default=None,
                    help="run start, RFC 3339 (default: now minus duration, truncated to the second)")
     p.add_argument("--seed", type=int, default=0,
                    help="random seed: the same seed and start give the same files (default: 0)")
-    p.add_argument("--rate", type=float, default=10.0,
+    p.add_argument("--rate", type=float, default=None,
                    help="requests per second per service per node, before bursts; with --mesh, requests per second "
-                   "entering the mesh per node (default: 10)")
+                   "entering the mesh per node (default: 10); with --inference, per replica (default: "
+                   f"{inference.DEFAULT_RATE:g})")
     p.add_argument("--services", default=None,
                    help=f"comma-separated service names, without --mesh (default: {','.join(DEFAULT_SERVICES)})")
     p.add_argument("--mesh", action="store_true",
                    help="a service mesh: an entry service calling a tree of services whose pods are spread over the "
                    "nodes, each request one trace")
+    p.add_argument("--inference", action="store_true",
+                   help="one vLLM-like replica per node: token-level spans (TTFT, TPOT, queue, tokens; tiers chat and "
+                   f"batch), engine metrics, and the spec of their token objectives written as {inference.SPEC_FILE}; "
+                   f"default {inference.DEFAULT_NODES} nodes at {inference.DEFAULT_RATE:g} requests/s each")
     p.add_argument("--fault", type=_fault, default="none", metavar="FAULT",
                    help="fault to inject (listed below), or none for a healthy control (default: none)")
     p.add_argument("--fault-node", default=None,
@@ -94,17 +104,19 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.mesh and args.services is not None:
-        print("sloscope simulate: error: --services does not apply to --mesh, whose services are its topology's",
-              file=sys.stderr)
+    if (args.mesh or args.inference) and args.services is not None:
+        print("sloscope simulate: error: --services does not apply to --mesh or --inference, whose services are "
+              "their own", file=sys.stderr)
         return 2
+    nodes = args.nodes if args.nodes is not None else inference.DEFAULT_NODES if args.inference else 4
+    rate = args.rate if args.rate is not None else inference.DEFAULT_RATE if args.inference else 10.0
     services = tuple(s.strip() for s in (args.services or ",".join(DEFAULT_SERVICES)).split(",") if s.strip())
     cfg = SimulationConfig(
-        out=args.out, nodes=args.nodes, duration_s=args.duration, start=args.start, seed=args.seed,
-        rate=args.rate, services=services, fault=None if args.fault == "none" else args.fault,
+        out=args.out, nodes=nodes, duration_s=args.duration, start=args.start, seed=args.seed,
+        rate=rate, services=services, fault=None if args.fault == "none" else args.fault,
         fault_node=args.fault_node, fault_at_s=args.fault_at, fault_duration_s=args.fault_duration,
         flush_interval_s=args.flush_interval, compress=not args.plain, workers=args.workers, mesh=args.mesh,
-        fault_service=args.fault_service,
+        fault_service=args.fault_service, inference=args.inference,
     )
     t0 = time.monotonic()
     try:
@@ -127,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         topo = truth.extra["topology"]
         print(f"  mesh: {len(topo['services'])} services, {len(topo['pods'])} pods, entry {topo['entry']}",
               file=sys.stderr)
+    if args.inference:
+        print(f"  {out / inference.SPEC_FILE}: the SLO spec of the replicas' token objectives", file=sys.stderr)
     print(f"  {out / 'ground_truth.json'}", file=sys.stderr)
     if truth.fault:
         f = truth.fault

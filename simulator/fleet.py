@@ -12,6 +12,9 @@ node per flush interval; several gzip members, which every gzip reader concatena
 
 With `mesh=True` the services call each other as a tree of pods over the nodes, each request one trace, and the
 fault sits on one pod (simulator/mesh.py); the nodes' signals and confounders are made as for a flat fleet.
+
+With `inference=True` every node runs one vLLM-like replica whose engine makes token-level spans and engine metrics
+(simulator/inference.py), and the spec of their token objectives goes beside the data as `slo.yaml`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sloscope.simulator import blips, faults, mesh, mesh_otlp, otlp_json, planning, signals, traffic
+from sloscope.simulator import blips, faults, inference, mesh, mesh_otlp, otlp_json, planning, signals, traffic
 from sloscope.simulator.series_render import materialize
 from sloscope.times import parse_rfc3339, rfc3339
 
@@ -59,6 +62,7 @@ class SimulationConfig:
     workers: int | None = None  # processes for rendering; None: automatic
     mesh: bool = False  # an entry service calling a tree of services over the nodes (simulator/mesh.py)
     fault_service: str | None = None  # mesh: the service of the fault's pod; default drawn among the deep ones
+    inference: bool = False  # one vLLM-like replica per node, token-level spans (simulator/inference.py)
 
 
 @dataclass
@@ -96,7 +100,7 @@ class Fleet:
     start_ns: int
     names: list
     nodes: list  # NodeSeries
-    plan: traffic.TrafficPlan | mesh.MeshPlan
+    plan: traffic.TrafficPlan | mesh.MeshPlan | inference.InferencePlan
     truth: GroundTruth
     reset: tuple | None  # (node index, second of restart, gap)
 
@@ -139,16 +143,18 @@ def _validate(cfg: SimulationConfig) -> None:
         raise ValueError("rate must be > 0")
     if not cfg.services or len(set(cfg.services)) != len(cfg.services):
         raise ValueError("services must be non-empty and distinct")
-    kinds = mesh.fault_kinds() if cfg.mesh else faults.PHYSICAL_CAUSES
+    if cfg.mesh and cfg.inference:
+        raise ValueError("a mesh (--mesh) and inference replicas (--inference) are different fleets: choose one")
+    kinds = mesh.fault_kinds() if cfg.mesh else inference.FAULT_KINDS if cfg.inference else faults.PHYSICAL_CAUSES
     if cfg.fault not in (None, "none") and cfg.fault not in kinds:
-        if cfg.fault in mesh.fault_kinds():
+        if cfg.fault in mesh.fault_kinds() and not cfg.inference:
             raise ValueError(f"fault {cfg.fault!r} needs a mesh (--mesh): a flat fleet has no calls between services")
         raise ValueError(f"unknown fault {cfg.fault!r}: expected none or one of {', '.join(kinds)}")
     if cfg.fault_service is not None and not cfg.mesh:
         raise ValueError("a fault service needs a mesh (--mesh): on a flat fleet every node runs every service")
     if cfg.fault_service is not None and cfg.fault in (None, "none"):
         raise ValueError("a fault service needs a fault")
-    if not cfg.mesh:
+    if not cfg.mesh and not cfg.inference:
         traffic.check_latency_margin(cfg.services)
 
 
@@ -171,6 +177,8 @@ def build_fleet(cfg: SimulationConfig) -> Fleet:
     rng = np.random.default_rng([seed, 0])
     if cfg.mesh:
         return _build_mesh_fleet(cfg, n, start, start_ns, names, rng)
+    if cfg.inference:
+        return _build_inference_fleet(cfg, n, start, start_ns, names, rng)
     run = planning.Run(n, names, [signals.build_node(seed, i, names[i], n) for i in range(cfg.nodes)],
                        tuple(cfg.services), lambda second: _time_at(start, second))
     cause = None if cfg.fault in (None, "none") else cfg.fault
@@ -235,7 +243,31 @@ def _build_mesh_fleet(cfg: SimulationConfig, n: int, start: datetime, start_ns: 
     return Fleet(cfg, n, start, start_ns, names, run.nodes, plan, truth, reset)
 
 
-def _truth_extra(plan: traffic.TrafficPlan | mesh.MeshPlan, run: planning.Run, innocent: list) -> dict:
+def _build_inference_fleet(cfg: SimulationConfig, n: int, start: datetime, start_ns: int, names: list,
+                           rng: np.random.Generator) -> Fleet:
+    """build_fleet for inference replicas: the nodes' signals, the fault on one node, blips on the others, and
+    every node's engine run on its (possibly changed) inputs."""
+    seed = int(cfg.seed)
+    run = planning.Run(n, names, [signals.build_node(seed, i, names[i], n) for i in range(cfg.nodes)],
+                       (inference.SERVICE,), lambda second: _time_at(start, second))
+    kind = None if cfg.fault in (None, "none") else cfg.fault
+    onset = int(cfg.fault_at_s) if cfg.fault_at_s is not None else default_onset(n)
+    fault_node = _resolve_node(cfg.fault_node, names, rng)
+    fault_truth, profile = (None, None) if kind is None else \
+        inference.inject(run, kind, fault_node, onset, cfg.fault_duration_s, np.random.default_rng([seed, 5]))
+    innocent = blips.add_blips(run.nodes, names, fault_node if kind else None, n, seed, run.at)
+    requests = [inference.plan_node(seed, node, n, cfg.rate, (kind, profile) if kind and i == fault_node else None)
+                for i, node in enumerate(run.nodes)]
+    plan = inference.InferencePlan(seed, start_ns, int(cfg.flush_interval_s), requests, {})
+    extra = _truth_extra(plan, run, innocent)
+    extra["slo"] = {"file": inference.SPEC_FILE, "spec": inference.SPEC}
+    truth = GroundTruth(seed=seed, start=run.at(0), end=run.at(n), nodes=list(names), services=[inference.SERVICE],
+                        fault=fault_truth, effect=None, fleet_wide=None, counter_reset=None, extra=extra)
+    return Fleet(cfg, n, start, start_ns, names, run.nodes, plan, truth, None)
+
+
+def _truth_extra(plan: traffic.TrafficPlan | mesh.MeshPlan | inference.InferencePlan, run: planning.Run,
+                 innocent: list) -> dict:
     """The ground truth beside the fault and its confounders: the spec the traffic was made for, bursts, blips."""
     return {
         "slo": {"default_tier": traffic.DEFAULT_TIER,
@@ -268,7 +300,8 @@ class _Renderer:
         self.span_heads = [[otlp_json.traces_resource_head([
             ("service.name", svc), ("service.namespace", NAMESPACE), ("host.name", nm), ("k8s.node.name", nm),
             ("k8s.namespace.name", NAMESPACE), ("k8s.pod.name", _pod(fleet.config.seed, svc, i))])
-            for svc in cfg.services] for i, nm in enumerate(fleet.names)] if not cfg.mesh else []
+            for svc in cfg.services] for i, nm in enumerate(fleet.names)] if not (cfg.mesh or cfg.inference) else \
+            inference.span_heads(fleet.names, [_pod(cfg.seed, inference.SERVICE, i) for i in range(len(fleet.names))])
         self.flush = int(cfg.flush_interval_s)
         self.chunk_s = max(1, CHUNK_S // self.flush) * self.flush
         self.chunks = int(math.ceil(fleet.n / self.chunk_s))
@@ -305,6 +338,8 @@ class _Renderer:
                 mlines[j].append(self.line_heads[i] + ",".join(parts) + otlp_json.METRICS_LINE_TAIL)
         if isinstance(f.plan, mesh.MeshPlan):
             tlines = self._mesh_traces(ci, a, b, intervals, stats)
+        elif isinstance(f.plan, inference.InferencePlan):
+            tlines = inference.chunk_spans(f.plan, self.span_heads, a, b, intervals, stats)
         else:
             tlines = self._flat_traces(ci, a, b, intervals, stats)
         mtext = "".join(["\n".join(mlines[j]) + "\n" for j in intervals if mlines[j]])
@@ -402,6 +437,9 @@ def simulate(cfg: SimulationConfig) -> GroundTruth:
     }
     if cfg.mesh:
         truth.extra["config"].update(mesh=True, entry_rate=cfg.rate * cfg.nodes, fault_service=cfg.fault_service)
+    if cfg.inference:
+        truth.extra["config"].update(inference=True)
+        (out / inference.SPEC_FILE).write_text(inference.SPEC)
     truth.write(out / TRUTH_FILE)
     return truth
 

@@ -6,9 +6,10 @@ direction says which way of moving hurts requests; attribution only counts movem
 was perfectly flat in its baseline from producing an infinite anomaly score on the first jitter.
 
 Besides sloscope's own probes, the OpenTelemetry Collector's receivers produce some of these signals under their
-own names (hostmetrics, kubeletstats, and the prometheus receiver scraping dcgm-exporter). Each signal names its
-producers; where two produce one name (`system.disk.io_time`, `system.paging.faults`), they write different
-attribute names, and a series' attributes say which one it came from.
+own names (hostmetrics, kubeletstats, the prometheus receiver scraping dcgm-exporter and the inference engines, and
+the otlp receiver for the GenAI semantic conventions' server metrics). Each signal names its producers; where two
+produce one name (`system.disk.io_time`, `system.paging.faults`), they write different attribute names, and a
+series' attributes say which one it came from.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Iterable
 class Instrument(str, Enum):
     GAUGE = "gauge"
     COUNTER = "counter"  # OTLP Sum, monotonic; stored as per-interval deltas
-    HISTOGRAM = "histogram"  # OTLP exponential histogram; stored as per-interval deltas
+    # OTLP exponential histogram (or explicit-bucket, where Signal.explicit_buckets); stored as per-interval deltas
+    HISTOGRAM = "histogram"
 
 
 class Direction(str, Enum):
@@ -32,8 +34,9 @@ class Direction(str, Enum):
 
 OWN = "sloscope"  # the producer of what sloscope's own probes (through its node collector) emit
 # The OpenTelemetry Collector receivers whose metrics the catalog names, as their configuration calls them.
-HOSTMETRICS, KUBELETSTATS, PROMETHEUS = "hostmetrics", "kubeletstats", "prometheus"
-PRODUCERS = (OWN, HOSTMETRICS, KUBELETSTATS, PROMETHEUS)
+HOSTMETRICS, KUBELETSTATS, PROMETHEUS, OTLP = "hostmetrics", "kubeletstats", "prometheus", "otlp"
+REQUESTS = "requests"  # what the stored requests themselves say (INFERENCE_LOAD): derived, not received
+PRODUCERS = (OWN, HOSTMETRICS, KUBELETSTATS, PROMETHEUS, OTLP, REQUESTS)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,14 @@ class Signal:
     # Data point attributes that name what uses the measured thing at the moment, not the thing: not kept, so
     # that the series goes on when its user changes (dcgm-exporter's pod mapping, at every rollout).
     dropped_attributes: tuple[str, ...] = ()
+    # A histogram its producers write with explicit buckets (a Prometheus histogram through the prometheus receiver,
+    # an SDK's default aggregation): kept, its buckets folded onto the store's scale-0 slots, count and sum exact.
+    explicit_buckets: bool = False
+
+    @property
+    def derived(self) -> bool:
+        """Derived from the stored requests, not received (INFERENCE_LOAD): the decoders keep no point of its name."""
+        return self.producers[0].name == REQUESTS
 
     @property
     def attributes(self) -> tuple[str, ...]:
@@ -131,6 +142,66 @@ def _dcgm(name, unit, noise_floor, description):
                    noise_floor=noise_floor, description=description, producer=PROMETHEUS,
                    node_attribute=DCGM_NODE_LABEL, blank_from=DCGM_BLANK_FROM, dropped_attributes=DCGM_TENANT_LABELS)
 
+
+# An inference engine's /metrics as the prometheus receiver delivers them by its defaults: a histogram's _bucket,
+# _sum and _count series become one explicit-bucket histogram under the base name, a counter keeps its _total
+# (TGI's and Triton's counters never had one) and a gauge stays a gauge, names as the engine wrote them, colons and
+# all. The receiver makes the scrape target the resource (service.name: the job, service.instance.id: the
+# instance), with the pod and its node (k8s.pod.name, k8s.namespace.name, k8s.node.name) where
+# kubernetes_sd_configs with role pod or the k8sattributes processor name them. The pod is kept among the series'
+# attributes: two replicas of one model on a node are two series, not one whose counters jump between them, and a
+# series whose resource names no node can be placed on its pod's (enrich/pods.py).
+ENGINE_RESOURCE = POD_RESOURCE
+VLLM, SGLANG, TGI, TRITON = "vLLM", "SGLang", "TGI", "Triton"
+VLLM_LABELS = ("model_name", "engine")  # the served model; the engine core's index ("0") in a data-parallel server
+SGLANG_LABELS = ("model_name",)  # its tokenizer manager's metrics
+# Its scheduler's: one series per engine type (unified, prefill, decode) and parallel rank.
+SGLANG_SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank", "dp_rank")
+TRITON_LABELS = ("model", "version")
+# The usual swings, minute to minute, of a healthy engine's means, each the noise floor of the signals that measure
+# it: the time to a first token moves with the prompts' lengths by some tens of milliseconds, the time between
+# tokens with the batch's size by a few, and a whole request's time (and its decode) with the answers' lengths by
+# about a second. A request or two waits now and then as a batch fills, and the running batch follows the offered
+# load by a few requests.
+FIRST_TOKEN_FLOOR_S, PER_TOKEN_FLOOR_S, WHOLE_REQUEST_FLOOR_S = 0.05, 0.005, 1.0
+WAITING_FLOOR, RUNNING_FLOOR = 2.0, 4.0
+# A healthy engine preempts (or retracts) no request; a few a minute in a burst are no change yet.
+PREEMPTION_FLOOR = 0.1
+# Tokens per second: prompts arrive whole, so prefill throughput swings by some thousand tokens a second where
+# generation, a token per running request per step, moves by a few hundred.
+PROMPT_TOKENS_FLOOR, GENERATION_TOKENS_FLOOR = 1000.0, 200.0
+# Triton's cumulative microseconds per second of wall time: a twentieth of a second more spent in the queue or a
+# compute phase each second (one request in twenty waiting throughout) is worth calling a change.
+TRITON_DURATION_FLOOR_US = 5e4
+
+
+def _engine(engine, name, instrument, unit, labels, noise_floor, description, harmful=Direction.UP):
+    return _signal(name, instrument, unit, labels, f"{engine} through the prometheus receiver", harmful=harmful,
+                   noise_floor=noise_floor, description=description, producer=PROMETHEUS,
+                   resource_attributes=ENGINE_RESOURCE, explicit_buckets=instrument == "histogram")
+
+
+# The OpenTelemetry GenAI semantic conventions' server metrics (gen-ai-metrics.md), which an inference server's SDK
+# sends over OTLP: histograms in seconds, explicit-bucket by the SDKs' default aggregation (exponential ones are
+# read as well). The k8sattributes processor adds the pod and its node, as it does for the spans.
+GENAI_LABELS = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.system", "gen_ai.request.model",
+                "gen_ai.response.model", "server.address", "server.port")
+
+
+def _genai(name, noise_floor, description, labels=GENAI_LABELS):
+    return _signal(name, "histogram", "s", labels,
+                   "an inference server's OpenTelemetry SDK (GenAI semantic conventions) through the otlp receiver",
+                   noise_floor=noise_floor, description=description, producer=OTLP,
+                   resource_attributes=ENGINE_RESOURCE, explicit_buckets=True)
+
+
+# What an inference service's own requests say of the load on its engine, per node and service at the analysis'
+# steps (analytics/sql/inference_load.sql): its columns and the signals they are. They tell a surge of arrivals,
+# which the engine's queue follows, from a fault under a steady load.
+INFERENCE_LOAD = {"arrivals": "sloscope.inference.arrivals", "prompt_tokens": "sloscope.inference.prompt_tokens",
+                  "queue_s": "sloscope.inference.queue_time"}
+SERVICE_ATTRIBUTE = "service.name"
+_FROM_REQUESTS = "derived from the service's stored requests that give token timings (docs/inference.md)"
 
 SIGNALS: tuple[Signal, ...] = (
     _signal("sloscope.syscall.duration", "histogram", "s", ["syscall.name", "process.pid"],
@@ -240,6 +311,108 @@ SIGNALS: tuple[Signal, ...] = (
     _dcgm("DCGM_FI_PROF_DRAM_ACTIVE", "1", 0.05, "HBM bandwidth utilization, 0..1 (field 1005)"),
     _dcgm("DCGM_FI_DEV_FB_USED", "MiBy", 256.0, "framebuffer in use, MiB (field 252)"),
     _dcgm("DCGM_FI_DEV_GPU_TEMP", "Cel", 2.0, "GPU temperature (field 150)"),
+    # --- inference engines' metrics as the prometheus receiver writes them: histograms read as their mean per step,
+    # counters as a rate per second. Where an engine renamed one, both names are signals: each engine's release
+    # writes one of them ---
+    _engine(VLLM, "vllm:time_to_first_token_seconds", "histogram", "s", VLLM_LABELS, FIRST_TOKEN_FLOOR_S,
+            "time from a request's arrival to its first token"),
+    _engine(VLLM, "vllm:inter_token_latency_seconds", "histogram", "s", VLLM_LABELS, PER_TOKEN_FLOOR_S,
+            "time between two output tokens of a request (vLLM 0.11 and later)"),
+    _engine(VLLM, "vllm:time_per_output_token_seconds", "histogram", "s", VLLM_LABELS, PER_TOKEN_FLOOR_S,
+            "time between two output tokens of a request (before vLLM 0.11, which renamed it "
+            "vllm:inter_token_latency_seconds)"),
+    _engine(VLLM, "vllm:request_time_per_output_token_seconds", "histogram", "s", VLLM_LABELS, PER_TOKEN_FLOOR_S,
+            "a request's decode time over its output tokens after the first"),
+    _engine(VLLM, "vllm:request_queue_time_seconds", "histogram", "s", VLLM_LABELS, FIRST_TOKEN_FLOOR_S,
+            "time a request waited to be scheduled"),
+    _engine(VLLM, "vllm:request_prefill_time_seconds", "histogram", "s", VLLM_LABELS, FIRST_TOKEN_FLOOR_S,
+            "time from a request's scheduling to its first token"),
+    _engine(VLLM, "vllm:request_decode_time_seconds", "histogram", "s", VLLM_LABELS, WHOLE_REQUEST_FLOOR_S,
+            "time from a request's first token to its last"),
+    _engine(VLLM, "vllm:e2e_request_latency_seconds", "histogram", "s", VLLM_LABELS, WHOLE_REQUEST_FLOOR_S,
+            "time from a request's arrival to its last token"),
+    _engine(VLLM, "vllm:num_requests_waiting", "gauge", "{request}", VLLM_LABELS, WAITING_FLOOR,
+            "requests waiting to be scheduled"),
+    _engine(VLLM, "vllm:num_requests_running", "gauge", "{request}", VLLM_LABELS, RUNNING_FLOOR,
+            "requests in the running batch"),
+    _engine(VLLM, "vllm:kv_cache_usage_perc", "gauge", "1", VLLM_LABELS, 0.05,
+            "share of the KV cache in use, 0..1 despite its name (vLLM 0.9.2 and later)"),
+    _engine(VLLM, "vllm:gpu_cache_usage_perc", "gauge", "1", VLLM_LABELS, 0.05,
+            "share of the GPU KV cache in use, 0..1 (before vLLM 0.9.2, which renamed it vllm:kv_cache_usage_perc)"),
+    _engine(VLLM, "vllm:num_preemptions_total", "counter", "{preemption}", VLLM_LABELS, PREEMPTION_FLOOR,
+            "requests preempted (their KV cache given up, to be recomputed) for lack of KV cache"),
+    # Prompt work takes steps from decoding: more of it slows every running request's tokens.
+    _engine(VLLM, "vllm:prompt_tokens_total", "counter", "{token}", VLLM_LABELS, PROMPT_TOKENS_FLOOR,
+            "prompt tokens processed (prefill throughput)"),
+    # An engine that slows emits fewer tokens, as interconnect bytes fall when a link is contended.
+    _engine(VLLM, "vllm:generation_tokens_total", "counter", "{token}", VLLM_LABELS, GENERATION_TOKENS_FLOOR,
+            "output tokens generated (decode throughput)", harmful="down"),
+    _engine(SGLANG, "sglang:time_to_first_token_seconds", "histogram", "s", SGLANG_LABELS, FIRST_TOKEN_FLOOR_S,
+            "time from a request's arrival to its first token"),
+    _engine(SGLANG, "sglang:inter_token_latency_seconds", "histogram", "s", SGLANG_LABELS, PER_TOKEN_FLOOR_S,
+            "time between two output tokens of a request"),
+    _engine(SGLANG, "sglang:time_per_output_token_seconds", "histogram", "s", SGLANG_LABELS, PER_TOKEN_FLOOR_S,
+            "time between two output tokens of a request (older SGLang; now sglang:inter_token_latency_seconds)"),
+    _engine(SGLANG, "sglang:queue_time_seconds", "histogram", "s", SGLANG_SCHEDULER_LABELS, FIRST_TOKEN_FLOOR_S,
+            "time a request waited in the scheduler's queue"),
+    _engine(SGLANG, "sglang:e2e_request_latency_seconds", "histogram", "s", SGLANG_LABELS, WHOLE_REQUEST_FLOOR_S,
+            "time from a request's arrival to its last token"),
+    _engine(SGLANG, "sglang:num_queue_reqs", "gauge", "{request}", SGLANG_SCHEDULER_LABELS, WAITING_FLOOR,
+            "requests waiting in the scheduler's queue"),
+    _engine(SGLANG, "sglang:num_running_reqs", "gauge", "{request}", SGLANG_SCHEDULER_LABELS, RUNNING_FLOOR,
+            "requests in the running batch"),
+    _engine(SGLANG, "sglang:token_usage", "gauge", "1", SGLANG_SCHEDULER_LABELS, 0.05,
+            "share of the KV cache's token slots in use, 0..1"),
+    _engine(SGLANG, "sglang:num_retracted_requests_total", "counter", "{request}", SGLANG_SCHEDULER_LABELS,
+            PREEMPTION_FLOOR, "requests retracted from the running batch (their KV cache given up) for lack of room"),
+    _engine(SGLANG, "sglang:prompt_tokens_total", "counter", "{token}", SGLANG_LABELS, PROMPT_TOKENS_FLOOR,
+            "prompt tokens processed (prefill throughput)"),
+    _engine(SGLANG, "sglang:generation_tokens_total", "counter", "{token}", SGLANG_LABELS, GENERATION_TOKENS_FLOOR,
+            "output tokens generated (decode throughput)", harmful="down"),
+    _engine(TGI, "tgi_request_queue_duration", "histogram", "s", (), FIRST_TOKEN_FLOOR_S,
+            "time a request waited in the router's queue"),
+    # TGI's time per token is its inference time over the generated tokens, so it takes in the prefill.
+    _engine(TGI, "tgi_request_mean_time_per_token_duration", "histogram", "s", (), PER_TOKEN_FLOOR_S,
+            "a request's inference time over its generated tokens, prefill included"),
+    _engine(TGI, "tgi_request_inference_duration", "histogram", "s", (), WHOLE_REQUEST_FLOOR_S,
+            "time from a request's first batch to its last token"),
+    _engine(TGI, "tgi_request_duration", "histogram", "s", (), WHOLE_REQUEST_FLOOR_S,
+            "time from a request's arrival to its response"),
+    _engine(TGI, "tgi_queue_size", "gauge", "{request}", (), WAITING_FLOOR, "requests waiting in the router's queue"),
+    _engine(TGI, "tgi_batch_current_size", "gauge", "{request}", (), RUNNING_FLOOR, "requests in the running batch"),
+    _engine(TRITON, "nv_inference_queue_duration_us", "counter", "us", TRITON_LABELS, TRITON_DURATION_FLOOR_US,
+            "time requests waited in the scheduler's queue (cumulative microseconds)"),
+    _engine(TRITON, "nv_inference_compute_input_duration_us", "counter", "us", TRITON_LABELS,
+            TRITON_DURATION_FLOOR_US, "time spent taking in requests' input tensors (cumulative microseconds)"),
+    _engine(TRITON, "nv_inference_compute_infer_duration_us", "counter", "us", TRITON_LABELS,
+            TRITON_DURATION_FLOOR_US, "time spent running the model (cumulative microseconds)"),
+    _engine(TRITON, "nv_inference_compute_output_duration_us", "counter", "us", TRITON_LABELS,
+            TRITON_DURATION_FLOOR_US, "time spent writing requests' output tensors (cumulative microseconds)"),
+    _engine(TRITON, "nv_inference_request_duration_us", "counter", "us", TRITON_LABELS, TRITON_DURATION_FLOOR_US,
+            "time from a request's arrival to its response (cumulative microseconds)"),
+    # Served work, as the generation tokens above: a server that slows completes fewer.
+    _engine(TRITON, "nv_inference_count", "counter", "{inference}", TRITON_LABELS, 1.0,
+            "inferences performed (a batch of n counts n)", harmful="down"),
+    _engine(TRITON, "nv_inference_request_success", "counter", "{request}", TRITON_LABELS, 1.0,
+            "requests served successfully", harmful="down"),
+    _engine(TRITON, "nv_inference_pending_request_count", "gauge", "{request}", TRITON_LABELS, WAITING_FLOOR,
+            "requests received and not yet executing"),
+    # --- the GenAI semantic conventions' server metrics, from an instrumented inference server's SDK ---
+    _genai("gen_ai.server.time_to_first_token", FIRST_TOKEN_FLOOR_S,
+           "time to a successful response's first token"),
+    _genai("gen_ai.server.time_per_output_token", PER_TOKEN_FLOOR_S,
+           "a request's time after its first token over its output tokens after the first"),
+    _genai("gen_ai.server.request.duration", WHOLE_REQUEST_FLOOR_S, "time to a request's last output token",
+           labels=(*GENAI_LABELS, "error.type")),
+    # --- derived from the requests (INFERENCE_LOAD) ---
+    _signal(INFERENCE_LOAD["arrivals"], "gauge", "{request}/s", [SERVICE_ATTRIBUTE], _FROM_REQUESTS, noise_floor=1.0,
+            description="requests arriving at an inference service, per second", producer=REQUESTS),
+    _signal(INFERENCE_LOAD["prompt_tokens"], "gauge", "{token}/s", [SERVICE_ATTRIBUTE], _FROM_REQUESTS,
+            noise_floor=PROMPT_TOKENS_FLOOR, description="prompt tokens arriving at an inference service, per second",
+            producer=REQUESTS),
+    _signal(INFERENCE_LOAD["queue_s"], "gauge", "s", [SERVICE_ATTRIBUTE], _FROM_REQUESTS,
+            noise_floor=FIRST_TOKEN_FLOOR_S, description="the mean time its requests waited in the engine's queue",
+            producer=REQUESTS),
 )
 
 BY_NAME: dict[str, Signal] = {s.name: s for s in SIGNALS}

@@ -27,6 +27,26 @@ REQUESTS = "sloscope_requests_total"
 REQUEST_ERRORS = "sloscope_request_errors_total"
 REQUEST_LABELS = ("tier", "service", "node")
 
+
+@dataclass(frozen=True)
+class TokenFamily:
+    """A histogram of one of an inference request's token timings (slo_spec.TOKEN_SLIS), over the requests whose
+    spans give it (receiver/token_timings.py), by REQUEST_LABELS; its bounds include every tier's threshold for it
+    (latency_buckets.buckets_for(spec, sli))."""
+
+    sli: str
+    name: str
+    short: str  # as titles name it
+    what: str  # what it times, as descriptions say it
+
+
+TOKEN_FAMILIES = (
+    TokenFamily("ttft", "sloscope_request_ttft_seconds", "TTFT", "time to first token"),
+    TokenFamily("tpot", "sloscope_request_tpot_seconds", "TPOT", "time per output token"),
+    TokenFamily("queue", "sloscope_request_queue_seconds", "queue time", "time in the queue"),
+)
+TOKEN_FAMILY = {f.sli: f for f in TOKEN_FAMILIES}
+
 # --- current RCA result ------------------------------------------------------------------------------------------
 INCIDENT_CAUSE_SCORE = "sloscope_incident_cause_score"
 INCIDENT_LABELS = ("tier", "service", "node", "cause")
@@ -156,7 +176,8 @@ def exported_series() -> frozenset[str]:
     """Every series name a scrape can carry, histogram series spelled out (the ingest counters, whose names
     come from the store, are matched by INGEST_PREFIX instead)."""
     names = {REQUESTS, REQUEST_ERRORS, INCIDENT_CAUSE_SCORE, SERIES_DROPPED, EXPORTER_ERRORS, REMEDIATION_ACTIONS}
-    names.update(h + s for h in (REQUEST_DURATION, *(f.name for f in SIGNAL_HISTOGRAMS)) for s in HISTOGRAM_SUFFIXES)
+    names.update(h + s for h in (REQUEST_DURATION, *(f.name for f in (*TOKEN_FAMILIES, *SIGNAL_HISTOGRAMS)))
+                 for s in HISTOGRAM_SUFFIXES)
     names.update(g.name for g in GAUGES)
     names.update(c.name for c in COUNTERS)
     return frozenset(names)

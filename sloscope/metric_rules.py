@@ -27,7 +27,8 @@ class MetricRule:
     node_attribute: str = ""  # a point attribute naming the node where the resource names none
     blank_from: float = math.inf  # values from here up are no measurement
     dropped_attributes: frozenset[str] = frozenset()  # point attributes not kept (catalog.Signal says why)
-    # Explicit-bucket histograms are kept only for declared metrics: the catalog's histograms are exponential.
+    # Explicit-bucket histograms are kept only where the catalog's signal says its producers write them (the inference
+    # engines' Prometheus histograms) and for declared metrics: sloscope's own histograms are exponential.
     explicit_histograms: bool = False
     low: float = -VALUE_LIMIT  # the values kept lie strictly between low and high
     high: float = VALUE_LIMIT
@@ -44,10 +45,10 @@ class MetricRule:
 def _catalog_rule(s: catalog.Signal) -> MetricRule:
     low, high = UNIT_RANGES.get(s.unit, (-VALUE_LIMIT, VALUE_LIMIT))
     return MetricRule(s.instrument is catalog.Instrument.COUNTER, s.resource_attributes, s.node_attribute,
-                      s.blank_from, frozenset(s.dropped_attributes), low=low, high=high)
+                      s.blank_from, frozenset(s.dropped_attributes), s.explicit_buckets, low, high)
 
 
-_CATALOG_RULES = {s.name: _catalog_rule(s) for s in catalog.SIGNALS}
+_CATALOG_RULES = {s.name: _catalog_rule(s) for s in catalog.SIGNALS if not s.derived}
 # The family of metrics named by a prefix whose every member a spec may declare, read by one rule:
 # dcgm-exporter's fields, placed, filtered and keyed as the catalog's DCGM fields are.
 FAMILY_PREFIX = catalog.DCGM_PREFIX

@@ -58,6 +58,13 @@ class SpanColumns(Columns):
     end_ns: list = field(default_factory=list)
     status_code: list = field(default_factory=list)
     failed: list = field(default_factory=list)
+    # An inference request's token timings (receiver/token_timings.py), None where its span gives none.
+    model: list = field(default_factory=list)
+    ttft_ms: list = field(default_factory=list)
+    tpot_ms: list = field(default_factory=list)
+    queue_ms: list = field(default_factory=list)
+    prompt_tokens: list = field(default_factory=list)
+    output_tokens: list = field(default_factory=list)
 
 
 @dataclass

@@ -42,6 +42,26 @@ class SpecError(ConfigError):
     """A spec that cannot be used; the message says where and what was expected."""
 
 
+# An inference request's token objectives (docs/slo-spec.md), beside latency: time to first token, time per output
+# token and time in the queue, each judged on the requests whose spans give it (receiver/token_timings.py).
+TOKEN_SLIS = ("ttft", "tpot", "queue")
+TOKEN_NAMES = {"ttft": "time to first token", "tpot": "time per output token", "queue": "queue time"}
+
+
+@dataclass(frozen=True)
+class TokenObjective:
+    """A tier's objective on one of TOKEN_SLIS: that time at `percentile` no more than `threshold_ms`."""
+
+    sli: str
+    percentile: float
+    threshold_ms: float
+
+    @property
+    def allowance(self) -> float:
+        """The share of requests the percentile allows above the threshold (p95: 0.05)."""
+        return 1.0 - self.percentile / 100.0
+
+
 @dataclass(frozen=True)
 class TierObjective:
     name: str
@@ -51,6 +71,10 @@ class TierObjective:
     # Where given, the services the tier is judged at instead of its traces' entry (docs/tiers.md), each with its
     # own percentile, threshold_ms and availability (the tier's where it gives none).
     services: tuple["ServiceObjective", ...] = ()
+    tokens: tuple[TokenObjective, ...] = ()  # in TOKEN_SLIS order, those the tier gives
+
+    def token(self, sli: str) -> TokenObjective | None:
+        return next((t for t in self.tokens if t.sli == sli), None)
 
     @property
     def error_budget(self) -> float:
@@ -128,17 +152,24 @@ def _mapping(value, where: str, required: tuple[str, ...], optional: tuple[str, 
 def _tier(name, body, where: str) -> TierObjective:
     if not isinstance(name, str) or not TIER_NAME.match(name):
         raise SpecError(f"{where}: tier names are lower-case [a-z0-9._-], at most 63 characters; got {name!r}")
-    body = _mapping(body, f"{where}.{name}", ("latency", "availability"), ("services",))
+    body = _mapping(body, f"{where}.{name}", ("latency", "availability"), ("services", *TOKEN_SLIS))
     latency = _mapping(body["latency"], f"{where}.{name}.latency", ("percentile", "threshold_ms"))
     tier = TierObjective(
         name=name,
         percentile=_percentile(latency["percentile"], f"{where}.{name}.latency.percentile"),
         threshold_ms=_threshold(latency["threshold_ms"], f"{where}.{name}.latency.threshold_ms"),
         availability=_availability(body["availability"], f"{where}.{name}.availability"),
+        tokens=tuple(_token(sli, body[sli], f"{where}.{name}.{sli}") for sli in TOKEN_SLIS if sli in body),
     )
     if "services" not in body:
         return tier
     return replace(tier, services=_services(tier, body["services"], f"{where}.{name}.services"))
+
+
+def _token(sli: str, body, where: str) -> TokenObjective:
+    body = _mapping(body, where, ("percentile", "threshold_ms"))
+    return TokenObjective(sli, _percentile(body["percentile"], f"{where}.percentile"),
+                          _threshold(body["threshold_ms"], f"{where}.threshold_ms"))
 
 
 def _percentile(value, where: str) -> float:
@@ -318,8 +349,9 @@ def _declared_evidence(n: int, body, source: str, known: dict, seen: dict) -> tu
     named = key_at(source, body, "metric", f"evidence[{n}].metric")
     if not isinstance(metric, str) or not METRIC_NAME.match(metric):
         raise SpecError(f"{named}: {metric!r} is not a valid OTLP or Prometheus metric name")
-    if metric in catalog.BY_NAME:
-        raise SpecError(f"{named}: {metric!r} is a catalog signal, read already (docs/catalog.md, docs/taxonomy.md)")
+    if metric in taxonomy.BUILT_IN.evidence_signals:
+        raise SpecError(f"{named}: {metric!r} is a catalog signal that a built-in cause reads already "
+                        "(docs/catalog.md, docs/taxonomy.md)")
     if cause_id not in known:
         raise SpecError(f"{at(source, body, 'cause')}: evidence[{n}].cause: unknown cause {cause_id!r}: define it "
                         f"under causes: (layer, physical, remediation), or use one of {', '.join(known)}")

@@ -34,7 +34,7 @@ class Evidence:
         if not all(str(attributes.get(k)) == v for k, v in self.where):
             return False
         sig = catalog.BY_NAME.get(self.signal)
-        return sig is None or sig.producer_of(attributes).name == self.producer
+        return sig is None or self.producer == SPEC_PRODUCER or sig.producer_of(attributes).name == self.producer
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,9 @@ class Cause:
     # Causes whose movement explains this one's signals (they sit downstream of them): the score keeps only
     # what the best of those leaves unexplained.
     explained_by: tuple[str, ...] = ()
+    # Every measure must have moved: the cause is as strong as its weakest measure's best series (load is more
+    # arrivals *and* a queue that followed them; either alone is something else).
+    requires_all: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,15 +103,17 @@ CAUSES: tuple[Cause, ...] = (
     # Kernel-busy time (NVML) says a kernel ran all the time; SM activity (DCGM) says how many SMs had work.
     # Either path's signal is evidence on its own; a node with both gives both. dcgm-exporter's own fields,
     # scraped by the Collector, count only where sloscope's probes do not run.
+    # More requests keep a GPU busier: where a surge of arrivals explains it (inference_queue), it is load.
     Cause("gpu_sm_contention", "gpu",
           _measure("gpu.sm_busy", _ev("sloscope.gpu.kernel.busy.max"), _ev("sloscope.gpu.sm.active"),
                    _ev("hw.gpu.utilization"), _ev("DCGM_FI_PROF_SM_ACTIVE", 2), _ev("DCGM_FI_DEV_GPU_UTIL", 2)),
           "SM time-slice preemption, warp-scheduler contention (co-tenant kernels)",
-          "shift new requests away from {node} (GPU saturated)"),
+          "shift new requests away from {node} (GPU saturated)", explained_by=("inference_queue",)),
     Cause("gpu_memory_bandwidth", "gpu",
           _measure("gpu.hbm_bandwidth", _ev("sloscope.gpu.dram.active"), _ev("DCGM_FI_PROF_DRAM_ACTIVE", 2)),
           "HBM channel arbitration / bandwidth saturation",
-          "shift new requests away from {node} (HBM bandwidth saturated); check co-tenant memory-bound jobs"),
+          "shift new requests away from {node} (HBM bandwidth saturated); check co-tenant memory-bound jobs",
+          explained_by=("inference_queue",)),
     Cause("gpu_memory_leak", "gpu",
           _measure("gpu.framebuffer_growth", _ev("hw.gpu.memory.usage", feature="growth"),
                    _ev("DCGM_FI_DEV_FB_USED", 2, feature="growth")),
@@ -169,7 +174,9 @@ CAUSES: tuple[Cause, ...] = (
                    _ev("system.cpu.utilization", 2, state="steal"), _ev("k8s.node.cpu.usage", 2),
                    _ev("k8s.pod.cpu.usage", 3), _ev("container.cpu.usage", 3)),
           "CPU run-queue contention (noisy neighbour)",
-          "move the noisy neighbour off {node} or pin the inference pods' CPUs"),
+          "move the noisy neighbour off {node} or pin the inference pods' CPUs",
+          # an engine that tokenizes and schedules on the CPU keeps it busier under more arrivals: load
+          explained_by=("inference_queue",)),
     # Stalls on memory and major faults are reclaim itself; memory in use and working sets only approach it.
     Cause("memory_pressure", "memory",
           _measure("memory.reclaim", _ev("sloscope.pressure.stall", pressure__resource="memory"),
@@ -185,6 +192,37 @@ CAUSES: tuple[Cause, ...] = (
           # A syscall that waits for the disk, a CPU, memory reclaim or a lost packet is slow because of
           # them, not because of its own path.
           explained_by=("disk_io", "cpu_contention", "memory_pressure", "network_loss")),
+    # --- the inference engine (docs/inference.md): its queue, its KV cache, its batches ---
+    # Load, not a fault: arrivals grew and the engine's queue followed. An engine slowed by a fault under steady
+    # arrivals queues too, but its arrivals did not move, and neither does this cause.
+    Cause("inference_queue", "inference",
+          _measure("inference.arrivals", _ev("sloscope.inference.arrivals"))
+          + _measure("inference.queue", _ev("vllm:num_requests_waiting"), _ev("sglang:num_queue_reqs"),
+                     _ev("tgi_queue_size"), _ev("nv_inference_pending_request_count"),
+                     _ev("vllm:request_queue_time_seconds", 2), _ev("sglang:queue_time_seconds", 2),
+                     _ev("tgi_request_queue_duration", 2), _ev("sloscope.inference.queue_time", 2)),
+          "more requests than the engine's batches serve: they wait in its queue",
+          "add replicas of the model server on {node} or lower its batch limit (max_num_seqs): its requests queue",
+          requires_all=True),
+    # A KV cache that fills preempts running sequences, which are recomputed later: every token slows. A surge of
+    # arrivals fills it too, where more replicas are the fix.
+    Cause("kv_cache_pressure", "inference",
+          _measure("inference.kv_cache", _ev("vllm:kv_cache_usage_perc"), _ev("vllm:gpu_cache_usage_perc"),
+                   _ev("sglang:token_usage"))
+          + _measure("inference.preemptions", _ev("vllm:num_preemptions_total"),
+                     _ev("sglang:num_retracted_requests_total")),
+          "KV cache near full: running sequences are preempted and recomputed",
+          "lower max_num_seqs (or max_model_len) of the model server on {node}, or move it to a GPU with more memory",
+          {"vllm:kv_cache_usage_perc": 0.9, "vllm:gpu_cache_usage_perc": 0.9, "sglang:token_usage": 0.9},
+          explained_by=("inference_queue",)),
+    # Long prompts prefilled in the batches that decode: each decode step waits for their prefill. More arrivals
+    # bring more prompt tokens too, which is load.
+    Cause("prefill_interference", "inference",
+          _measure("inference.prompt_load", _ev("sloscope.inference.prompt_tokens")),
+          "long prompts prefilled beside decoding sequences: every decode step waits for them",
+          "enable chunked prefill (or lower max_num_batched_tokens) on {node}'s model server, or route long "
+          "prompts to replicas of their own",
+          explained_by=("inference_queue",)),
 )
 
 BY_ID: dict[str, Cause] = {c.id: c for c in CAUSES}
@@ -242,11 +280,11 @@ class Taxonomy:
 
     def reading(self, metric: str) -> tuple[catalog.Direction, float] | None:
         """(harmful direction, noise floor) of a catalog or declared signal; None for any other metric."""
-        sig = catalog.BY_NAME.get(metric)
-        if sig is not None:
-            return sig.harmful, sig.noise_floor
         declared = next((s for s in self.signals if s.name == metric), None)
-        return None if declared is None else (declared.harmful, declared.noise_floor)
+        if declared is not None:
+            return declared.harmful, declared.noise_floor
+        sig = catalog.BY_NAME.get(metric)
+        return None if sig is None else (sig.harmful, sig.noise_floor)
 
 
 BUILT_IN = Taxonomy()

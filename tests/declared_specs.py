@@ -8,7 +8,7 @@ tiers:
     latency: {percentile: 95, threshold_ms: 200}
     availability: 99.5
 """
-QUEUE = "causes:\n  inference_queue: {layer: runtime, physical: queued, remediation: 'scale {node}'}\n"
-QUEUE_TIME = TIERS + QUEUE + "evidence:\n  - {metric: 'vllm:request_queue_time_seconds', cause: inference_queue, " \
+QUEUE = "causes:\n  batch_queue: {layer: runtime, physical: queued, remediation: 'scale {node}'}\n"
+QUEUE_TIME = TIERS + QUEUE + "evidence:\n  - {metric: 'myllm:queue_time_seconds', cause: batch_queue, " \
     "harmful: up}\n"
 BOUNDS = [0.3, 0.5, 0.8, 1.0, 2.5, 5.0]

@@ -16,7 +16,13 @@ CREATE TABLE IF NOT EXISTS sloscope_sli_rollup (
     window_start  TIMESTAMP,
     requests      BIGINT NOT NULL DEFAULT 0,
     failures      BIGINT NOT NULL DEFAULT 0,
-    slow          BIGINT NOT NULL DEFAULT 0
+    slow          BIGINT NOT NULL DEFAULT 0,
+    ttft_requests BIGINT NOT NULL DEFAULT 0,
+    ttft_slow     BIGINT NOT NULL DEFAULT 0,
+    tpot_requests BIGINT NOT NULL DEFAULT 0,
+    tpot_slow     BIGINT NOT NULL DEFAULT 0,
+    queue_requests BIGINT NOT NULL DEFAULT 0,
+    queue_slow    BIGINT NOT NULL DEFAULT 0
 )
 ;
 CREATE TABLE IF NOT EXISTS sloscope_step_rollup (
@@ -33,3 +39,16 @@ CREATE TABLE IF NOT EXISTS sloscope_step_rollup (
     step          TIMESTAMP,
     value         DOUBLE NOT NULL DEFAULT 0
 )
+;
+-- A table made before the token objectives gains their columns (DuckDB adds no NOT NULL column to a table).
+ALTER TABLE sloscope_sli_rollup ADD COLUMN IF NOT EXISTS ttft_requests BIGINT DEFAULT 0
+;
+ALTER TABLE sloscope_sli_rollup ADD COLUMN IF NOT EXISTS ttft_slow BIGINT DEFAULT 0
+;
+ALTER TABLE sloscope_sli_rollup ADD COLUMN IF NOT EXISTS tpot_requests BIGINT DEFAULT 0
+;
+ALTER TABLE sloscope_sli_rollup ADD COLUMN IF NOT EXISTS tpot_slow BIGINT DEFAULT 0
+;
+ALTER TABLE sloscope_sli_rollup ADD COLUMN IF NOT EXISTS queue_requests BIGINT DEFAULT 0
+;
+ALTER TABLE sloscope_sli_rollup ADD COLUMN IF NOT EXISTS queue_slow BIGINT DEFAULT 0

@@ -1,4 +1,4 @@
--- sloscope store, schema version 6 (older versions are migrated by migrate_to_N.sql). Times are UTC; counters and histograms are per-interval deltas.
+-- sloscope store, schema version 7 (older versions are migrated by migrate_to_N.sql). Times are UTC; counters and histograms are per-interval deltas.
 CREATE TABLE IF NOT EXISTS meta (
     key   VARCHAR PRIMARY KEY,
     value VARCHAR NOT NULL
@@ -7,7 +7,8 @@ CREATE TABLE IF NOT EXISTS meta (
 -- One row per SERVER span (a request). The tier is already resolved against the SLO spec's allow-list. Ids are
 -- unsigned 64-bit words, the id's bytes big-endian (analytics/ids.py): the trace id in hex is
 -- printf('%016x%016x', trace_hi, trace_lo), the span id printf('%016x', span_id). parent_id is NULL for a trace's
--- root (docs/traces.md says how the graph is read from parents).
+-- root (docs/traces.md says how the graph is read from parents). An inference request's token timings (model to
+-- output_tokens, docs/inference.md) are NULL where its span gives none.
 CREATE TABLE IF NOT EXISTS requests (
     trace_hi    UBIGINT NOT NULL,
     trace_lo    UBIGINT NOT NULL,
@@ -24,7 +25,13 @@ CREATE TABLE IF NOT EXISTS requests (
     route       VARCHAR,
     status_code SMALLINT,
     failed      BOOLEAN NOT NULL,
-    parent_id   UBIGINT
+    parent_id   UBIGINT,
+    model         VARCHAR,
+    ttft_ms       DOUBLE,
+    tpot_ms       DOUBLE,
+    queue_ms      DOUBLE,
+    prompt_tokens BIGINT,
+    output_tokens BIGINT
 );
 
 -- Every span that is not a SERVER span (OTLP SpanKind: 1 INTERNAL, 3 CLIENT, 4 PRODUCER, 5 CONSUMER), with what the
@@ -126,4 +133,19 @@ CREATE TABLE IF NOT EXISTS retired_requests (
     seconds  DOUBLE NOT NULL,
     failed   BIGINT NOT NULL,
     PRIMARY KEY (tier, service, node, bound_ms)
+);
+
+-- The token timings (TTFT, TPOT, queue time: `measure` as slo_spec.TOKEN_SLIS names them) of the requests retention
+-- deleted, counted per tier, service and node at each bound of /metrics' token families as retired_requests counts
+-- their durations (sloscope/latency_buckets.py, a measure's own bounds; 'Infinity' for all of them): the requests
+-- that gave the timing at or under the bound, and their seconds of it.
+CREATE TABLE IF NOT EXISTS retired_token_requests (
+    measure  VARCHAR NOT NULL,
+    tier     VARCHAR NOT NULL,
+    service  VARCHAR NOT NULL,
+    node     VARCHAR NOT NULL,
+    bound_ms DOUBLE NOT NULL,
+    requests BIGINT NOT NULL,
+    seconds  DOUBLE NOT NULL,
+    PRIMARY KEY (measure, tier, service, node, bound_ms)
 );

@@ -43,6 +43,13 @@ tiers:
     latency: {percentile: 50, threshold_ms: 12000}
     availability: 99
 """
+# CUSTOM_SPEC with token objectives (docs/slo-spec.md) on one tier: every alert the rules may define.
+TOKEN_SPEC = CUSTOM_SPEC.replace("""    availability: 99.95
+""", """    availability: 99.95
+    ttft: {percentile: 99, threshold_ms: 400}
+    tpot: {percentile: 95, threshold_ms: 40}
+    queue: {percentile: 99, threshold_ms: 300}
+""")
 
 
 def promtool(*args, cwd=None):
@@ -143,7 +150,7 @@ def series_names(expr: str) -> set[str]:
     return {w for w in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", text) if w not in PROMQL_WORDS}
 
 
-@pytest.mark.parametrize("spec_text", [None, CUSTOM_SPEC], ids=["built-in", "custom"])
+@pytest.mark.parametrize("spec_text", [None, CUSTOM_SPEC, TOKEN_SPEC], ids=["built-in", "custom", "tokens"])
 def test_rules_name_only_exported_or_recorded_series(spec_text):
     spec = load_spec(None) if spec_text is None else parse_spec(spec_text)
     doc = rules_dict(spec)
@@ -332,7 +339,7 @@ def test_severities_and_runbook_base_are_configurable():
 
 def test_every_alert_has_a_section_in_the_runbooks_page():
     headings = {line[4:].strip() for line in RUNBOOKS.read_text().splitlines() if line.startswith("### ")}
-    assert set(alert_names(parse_spec(CUSTOM_SPEC))) == headings
+    assert set(alert_names(parse_spec(TOKEN_SPEC))) == headings
 
 
 def test_cli_writes_a_prometheus_rule(tmp_path, capsys):

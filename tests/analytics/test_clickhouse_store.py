@@ -548,7 +548,7 @@ def test_a_declared_explicit_histogram_the_collector_wrote_is_evidence_as_in_duc
     counts[30:] = [[row[0], row[1] - 15, row[2] + 30, *row[3:]] for row in counts[30:]]
     points = [(T0 + k * 5 * S, 0.1 * sum(row) + 0.01 * k, BOUNDS, row) for k, row in enumerate(counts)]
     scrape = prometheus_scrape("10.4.2.31:8000", [explicit_histogram(
-        "vllm:request_queue_time_seconds", T0 - 60 * S, points, {"model_name": "llama-3.1-8b"})], job="vllm")
+        "myllm:queue_time_seconds", T0 - 60 * S, points, {"model_name": "llama-3.1-8b"})], job="vllm")
     scrape["resourceMetrics"][0]["resource"]["attributes"].append(attr("k8s.node.name", "n1"))
     spec = tmp_path / "slo.yaml"
     spec.write_text(QUEUE_TIME)
@@ -564,7 +564,7 @@ def test_a_declared_explicit_histogram_the_collector_wrote_is_evidence_as_in_duc
         engine = signal_steps(ch, window, known, evidence_only=True).sort("step")
     with Store(tmp_path / "x.duckdb", read_only=True) as duck:
         stored = signal_steps(duck, window, known, evidence_only=True).sort("step")
-    assert set(stored["metric"]) == {"vllm:request_queue_time_seconds"} and stored.height >= 18
+    assert set(stored["metric"]) == {"myllm:queue_time_seconds"} and stored.height >= 18
     assert engine.select("node", "metric", "attributes", "step").equals(
         stored.select("node", "metric", "attributes", "step"))
     assert np.allclose(engine["value"].to_numpy(), stored["value"].to_numpy(), rtol=1e-12)

@@ -83,7 +83,7 @@ def metric_requests() -> list[dict]:
     retransmits = counter("sloscope.tcp.retransmits", T0 - S, [(T0 + i * S, 10 * i) for i in range(5)])
     runqueue = exp_histogram("sloscope.cpu.runqueue.delay", T0 - S,
                              [(T0 + i * S, 3 * i, 0.5 * i, 0, [i, 2 * i]) for i in range(1, 4)])
-    queue_time = explicit_histogram("vllm:request_queue_time_seconds", T0 - S,
+    queue_time = explicit_histogram("myllm:queue_time_seconds", T0 - S,
                                     [(T0 + i * S, 1.5 * i, BOUNDS, [i, 1, 0, 0, 0, 0, i]) for i in range(1, 4)])
     unknown = gauge("not.in.the.catalog", [(T0, 1.0)])
     return [metrics([temperature, retransmits]), metrics([runqueue, queue_time, unknown], node="gpu-node-2")]
@@ -142,7 +142,7 @@ def test_a_metrics_file_of_gauges_sums_and_histograms_loads_as_its_json_lines_do
     metrics_stored = {metric for table in ("samples", "histograms") for metric in
                       {row[2] for row in rows[table]}}
     assert metrics_stored == {"hw.gpu.temperature", "sloscope.tcp.retransmits", "sloscope.cpu.runqueue.delay",
-                              "vllm:request_queue_time_seconds"}
+                              "myllm:queue_time_seconds"}
     assert rows["counters"]["points_not_in_catalog"] == 1
 
 

@@ -1,7 +1,7 @@
 """A store written by an older version is brought to the current schema when it is opened for writing, its rows
 kept: version 1 had no requests.pod_ip, versions 1 and 2 kept the ids as hex text, versions 1 to 3 kept one
 cumulative state per (node, metric, attributes) whatever its kind, versions 1 to 4 kept no count of the requests
-retention deleted."""
+retention deleted, versions 1 to 5 no trace graph, versions 1 to 6 no token timings."""
 
 from __future__ import annotations
 
@@ -23,6 +23,11 @@ VERSION_3_STATE = """CREATE TABLE cumulative_state (node VARCHAR NOT NULL, metri
 
 def _older_store(db, version: int) -> None:
     with Store(db) as store:
+        for column in ("model", "ttft_ms", "tpot_ms", "queue_ms", "prompt_tokens", "output_tokens"):
+            store.con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
+        store.con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])
+        if version == 6:
+            return
         store.con.execute("DROP TABLE spans")
         store.con.execute("ALTER TABLE requests DROP COLUMN parent_id")
         store.con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])
@@ -47,17 +52,19 @@ def _older_store(db, version: int) -> None:
         store.con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)])
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6])
 def test_an_older_store_is_migrated_with_its_rows(tmp_path, version):
     db = tmp_path / f"v{version}.duckdb"
     _older_store(db, version)
     with pytest.raises(StoreError, match=f"schema version {version}, .* migrates it"):
         Store(db, read_only=True)  # a reader does not migrate: it says why it cannot read
     with Store(db) as store:
-        assert store.meta("schema_version") == str(SCHEMA_VERSION) == "6"
+        assert store.meta("schema_version") == str(SCHEMA_VERSION) == "7"
         assert store.rows("SELECT count(*) FROM spans") == [(0,)]  # the trace graph's, new in 6
         columns = dict(store.rows("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'requests'"))
         assert columns["parent_id"] == "UBIGINT"
+        assert [columns[c] for c in ("model", "ttft_ms", "tpot_ms", "queue_ms", "prompt_tokens", "output_tokens")] == [
+            "VARCHAR", "DOUBLE", "DOUBLE", "DOUBLE", "BIGINT", "BIGINT"]  # new in 7
         assert store.rows("SELECT count(*) FROM retired_requests") == [(0,)]
         if version >= 4:
             return

@@ -36,13 +36,13 @@ tiers:
     latency: {percentile: 95, threshold_ms: 200}
     availability: 99.5
 causes:
-  inference_queue:
+  batch_queue:
     layer: runtime
     physical: requests wait in the inference server's queue (its running batch is full)
     remediation: add inference replicas beside {node}, or lower their max batch size
 evidence:
-  - metric: "vllm:num_requests_waiting"
-    cause: inference_queue
+  - metric: "myllm:requests_waiting"
+    cause: batch_queue
     harmful: up
     threshold: 16
     noise_floor: 1
@@ -54,7 +54,7 @@ def _vllm(node, rng, queued):
     waiting = [(T0 + s * S, (40.0 + rng.gauss(0, 2)) if queued and s >= FAULT_AT else float(rng.randint(0, 2)))
                for s in range(0, MINUTES * 60, 5)]
     request = prometheus_scrape(f"10.4.{NODES.index(node)}.9:8000", [
-        gauge("vllm:num_requests_waiting", "", waiting, {"model_name": "llama-3.1-8b"})], job="vllm")
+        gauge("myllm:requests_waiting", "", waiting, {"model_name": "llama-3.1-8b"})], job="vllm")
     request["resourceMetrics"][0]["resource"]["attributes"].append(attr("k8s.node.name", node))
     return request
 
@@ -89,10 +89,10 @@ def test_rca_names_the_declared_cause_on_the_right_node(fleet, capsys):
     incidents = json.loads(capsys.readouterr().out)["incidents"]
     assert incidents and {i["node"] for i in incidents} == {FAULTY}
     top = incidents[0]["causes"][0]
-    assert top["cause"] == "inference_queue" and top["layer"] == "runtime" and top["score"] >= 0.5
+    assert top["cause"] == "batch_queue" and top["layer"] == "runtime" and top["score"] >= 0.5
     assert top["remediation"].startswith(f"add inference replicas beside {FAULTY}")
     ev = top["evidence"][0]
-    assert ev["signal"] == "vllm:num_requests_waiting" and ev["source"] == "slo_spec"
+    assert ev["signal"] == "myllm:requests_waiting" and ev["source"] == "slo_spec"
     assert ev["attributes"]["model_name"] == "llama-3.1-8b" and ev["observed"] > 16 > ev["baseline"]
 
 
@@ -109,7 +109,7 @@ def test_the_report_shows_the_declared_cause_and_its_metric(fleet):
     db, spec = fleet
     with Store(db, read_only=True) as store:
         html = render(store, load_spec(spec))
-    assert "inference_queue" in html and "vllm:num_requests_waiting" in html
+    assert "batch_queue" in html and "myllm:requests_waiting" in html
 
 
 def test_the_dashboards_show_any_cause_the_analysis_ranks_declared_ones_included(fleet):
@@ -140,7 +140,7 @@ def test_serve_keeps_the_metrics_its_spec_declares(tmp_path):
         proc.communicate(timeout=60)
     with Store(tmp_path / "s.duckdb", read_only=True) as store:
         rows = store.rows("SELECT DISTINCT node, metric FROM samples")
-    assert rows == [(FAULTY, "vllm:num_requests_waiting")]
+    assert rows == [(FAULTY, "myllm:requests_waiting")]
 
 
 def _lines_until_listening(proc):

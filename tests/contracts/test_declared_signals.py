@@ -22,30 +22,30 @@ from tests.receiver_otlp import cumulative, explicit_histogram, gauge, prometheu
 
 DECLARED = TIERS + """\
 causes:
-  inference_queue:
+  batch_queue:
     layer: runtime
     physical: requests wait in the inference server's queue (its batch is full)
     remediation: add inference replicas beside {node}, or lower their max batch size
     explained_by: [gpu_sm_contention]
-  kv_cache_pressure:
+  cache_thrash:
     layer: gpu
     physical: the KV cache is full, so the server preempts and recomputes sequences
     remediation: give the model on {node} more KV cache blocks
 evidence:
-  - metric: "vllm:num_requests_waiting"
-    cause: inference_queue
+  - metric: "myllm:requests_waiting"
+    cause: batch_queue
     harmful: up
     threshold: 16
     noise_floor: 1
-  - metric: nv_inference_queue_duration_us
-    cause: inference_queue
+  - metric: myllm_queue_duration_us
+    cause: batch_queue
     harmful: up
     where: {model: resnet50}
-  - metric: "vllm:gpu_cache_usage_perc"
-    cause: kv_cache_pressure
+  - metric: "myllm:cache_usage_ratio"
+    cause: cache_thrash
     harmful: up
     threshold: 0.95
-  - metric: "vllm:gpu_cache_usage_perc"
+  - metric: "myllm:cache_usage_ratio"
     cause: gpu_memory_leak
     harmful: up
 """
@@ -54,19 +54,19 @@ T0 = 1_764_410_400_000_000_000
 
 def test_a_spec_adds_its_causes_and_evidence_to_the_taxonomy():
     known = parse_spec(DECLARED).taxonomy
-    queue = known.by_id["inference_queue"]
-    assert [ev.signal for ev in queue.evidence] == ["vllm:num_requests_waiting", "nv_inference_queue_duration_us"]
+    queue = known.by_id["batch_queue"]
+    assert [ev.signal for ev in queue.evidence] == ["myllm:requests_waiting", "myllm_queue_duration_us"]
     assert {ev.producer for ev in queue.evidence} == {taxonomy.SPEC_PRODUCER}
     assert queue.evidence[1].where == (("model", "resnet50"),)
-    assert queue.seed_threshold == {"vllm:num_requests_waiting": 16.0} and queue.explained_by == ("gpu_sm_contention",)
+    assert queue.seed_threshold == {"myllm:requests_waiting": 16.0} and queue.explained_by == ("gpu_sm_contention",)
     # evidence for a built-in cause is added to its own
     leak = known.by_id["gpu_memory_leak"]
     assert leak.evidence[:-1] == taxonomy.BY_ID["gpu_memory_leak"].evidence
-    assert leak.evidence[-1].signal == "vllm:gpu_cache_usage_perc"
-    assert known.declared_metrics == {"vllm:num_requests_waiting", "nv_inference_queue_duration_us",
-                                      "vllm:gpu_cache_usage_perc"}
-    assert known.reading("vllm:num_requests_waiting") == (catalog.Direction.UP, 1.0)
-    assert set(known.by_id) == set(taxonomy.CAUSE_IDS) | {"inference_queue", "kv_cache_pressure"}
+    assert leak.evidence[-1].signal == "myllm:cache_usage_ratio"
+    assert known.declared_metrics == {"myllm:requests_waiting", "myllm_queue_duration_us",
+                                      "myllm:cache_usage_ratio"}
+    assert known.reading("myllm:requests_waiting") == (catalog.Direction.UP, 1.0)
+    assert set(known.by_id) == set(taxonomy.CAUSE_IDS) | {"batch_queue", "cache_thrash"}
 
 
 def test_a_spec_without_declarations_has_the_built_in_taxonomy():
@@ -80,19 +80,19 @@ def _error(text: str) -> str:
 
 
 @pytest.mark.parametrize("evidence, line, complaint", [
-    ("  - {metric: 'vllm:x', cause: inference_queue, harmful: up}\n  - {metric: 'vllm:y', cause: nowhere, "
+    ("  - {metric: 'vllm:x', cause: batch_queue, harmful: up}\n  - {metric: 'vllm:y', cause: nowhere, "
      "harmful: up}\n", 10, "unknown cause 'nowhere'"),
-    ("  - metric: 'vllm:x'\n    cause: inference_queue\n    harmful: upward\n", 11, "expected up or down"),
-    ("  - {metric: '9lives', cause: inference_queue, harmful: up}\n", 9, "not a valid OTLP or Prometheus"),
-    ("  - {metric: 'vllm x', cause: inference_queue, harmful: up}\n", 9, "not a valid OTLP or Prometheus"),
-    ("  - {metric: 'vllm:x', cause: inference_queue, harmful: up}\n  - metric: 'vllm:x'\n"
-     "    cause: inference_queue\n    harmful: up\n", 10, "declared for inference_queue twice (first on line 9)"),
-    ("  - metric: 'vllm:x'\n    cause: inference_queue\n    harmful: up\n    threshold: lots\n", 12,
+    ("  - metric: 'vllm:x'\n    cause: batch_queue\n    harmful: upward\n", 11, "expected up or down"),
+    ("  - {metric: '9lives', cause: batch_queue, harmful: up}\n", 9, "not a valid OTLP or Prometheus"),
+    ("  - {metric: 'vllm x', cause: batch_queue, harmful: up}\n", 9, "not a valid OTLP or Prometheus"),
+    ("  - {metric: 'vllm:x', cause: batch_queue, harmful: up}\n  - metric: 'vllm:x'\n"
+     "    cause: batch_queue\n    harmful: up\n", 10, "declared for batch_queue twice (first on line 9)"),
+    ("  - metric: 'vllm:x'\n    cause: batch_queue\n    harmful: up\n    threshold: lots\n", 12,
      "threshold: expected a number"),
-    ("  - metric: 'vllm:x'\n    cause: inference_queue\n    harmful: up\n    noise_floor: -1\n", 12,
+    ("  - metric: 'vllm:x'\n    cause: batch_queue\n    harmful: up\n    noise_floor: -1\n", 12,
      "noise_floor: expected a number of at least 0"),
-    ("  - {metric: system.cpu.utilization, cause: inference_queue, harmful: up}\n", 9, "is a catalog signal"),
-    ("  - {metric: 'vllm:x', cause: inference_queue, harmful: up}\n  - {metric: 'vllm:x', cause: disk_io, "
+    ("  - {metric: system.cpu.utilization, cause: batch_queue, harmful: up}\n", 9, "is a catalog signal"),
+    ("  - {metric: 'vllm:x', cause: batch_queue, harmful: up}\n  - {metric: 'vllm:x', cause: disk_io, "
      "harmful: down}\n", 10, "declared with two readings"),
 ])
 def test_an_invalid_declaration_is_refused_naming_its_line(evidence, line, complaint):
@@ -103,30 +103,30 @@ def test_an_invalid_declaration_is_refused_naming_its_line(evidence, line, compl
 @pytest.mark.parametrize("causes, line, complaint", [
     ("  disk_io: {layer: storage, physical: disk, remediation: x}\n", 7, "is a built-in cause"),
     ("  Inference-Queue: {layer: runtime, physical: q, remediation: x}\n", 7, "cause ids are lower-case"),
-    ("  inference_queue: {layer: runtime, physical: q, remediation: 'scale {pod}'}\n", 7,
+    ("  batch_queue: {layer: runtime, physical: q, remediation: 'scale {pod}'}\n", 7,
      "only {node} may stand in braces"),
-    ("  inference_queue: {layer: runtime, physical: q, remediation: x, explained_by: [nowhere]}\n", 7,
+    ("  batch_queue: {layer: runtime, physical: q, remediation: x, explained_by: [nowhere]}\n", 7,
      "unknown cause 'nowhere'"),
-    ("  inference_queue: {layer: runtime, physical: q, remediation: x}\n"
+    ("  batch_queue: {layer: runtime, physical: q, remediation: x}\n"
      "  idle_cause: {layer: runtime, physical: q, remediation: x}\n", 8, "no evidence names it"),
-    ("  inference_queue: {layer: runtime, remediation: x}\n", 7, "missing key 'physical'"),
+    ("  batch_queue: {layer: runtime, remediation: x}\n", 7, "missing key 'physical'"),
 ])
 def test_an_invalid_cause_is_refused_naming_its_line(causes, line, complaint):
-    message = _error(TIERS + "causes:\n" + causes + "evidence:\n  - {metric: 'vllm:x', cause: inference_queue, "
+    message = _error(TIERS + "causes:\n" + causes + "evidence:\n  - {metric: 'vllm:x', cause: batch_queue, "
                      "harmful: up}\n")
     assert message.startswith(f"slo.yaml:{line}: ") and complaint in message, message
 
 
 def test_a_key_given_twice_is_refused_with_its_line_rather_than_the_last_winning():
-    message = _error(TIERS + QUEUE + "evidence:\n  - metric: 'vllm:x'\n    cause: inference_queue\n"
+    message = _error(TIERS + QUEUE + "evidence:\n  - metric: 'vllm:x'\n    cause: batch_queue\n"
                      "    harmful: up\n    harmful: down\n")
     assert message.startswith("slo.yaml:12: not valid YAML: duplicate key 'harmful' (first on line 11)"), message
 
 
 VLLM = prometheus_scrape("10.4.2.31:8000", [
-    gauge("vllm:num_requests_waiting", "", [(T0, 21.0)], {"model_name": "llama-3.1-8b"}),
-    gauge("vllm:num_requests_running", "", [(T0, 64.0)], {"model_name": "llama-3.1-8b"}),
-    cumulative("nv_inference_queue_duration_us", "", T0 - 10**12, [(T0, 4.2e9)],
+    gauge("myllm:requests_waiting", "", [(T0, 21.0)], {"model_name": "llama-3.1-8b"}),
+    gauge("myllm:requests_running", "", [(T0, 64.0)], {"model_name": "llama-3.1-8b"}),
+    cumulative("myllm_queue_duration_us", "", T0 - 10**12, [(T0, 4.2e9)],
                {"model": "resnet50", "version": "1"}),
 ], job="vllm", times=[T0])
 
@@ -134,9 +134,9 @@ VLLM = prometheus_scrape("10.4.2.31:8000", [
 def test_the_decoders_keep_the_declared_metrics_and_only_them():
     declared = parse_spec(DECLARED).taxonomy.declared_metrics
     kept = Decoder(declared=declared).decode(VLLM).points
-    assert set(kept.metric) == {"vllm:num_requests_waiting", "nv_inference_queue_duration_us"}
+    assert set(kept.metric) == {"myllm:requests_waiting", "myllm_queue_duration_us"}
     by_name = dict(zip(kept.metric, zip(kept.is_sum, kept.cumulative)))
-    assert by_name == {"vllm:num_requests_waiting": (False, False), "nv_inference_queue_duration_us": (True, True)}
+    assert by_name == {"myllm:requests_waiting": (False, False), "myllm_queue_duration_us": (True, True)}
     body = ParseDict(VLLM, ExportMetricsServiceRequest()).SerializeToString()
     batch, skips = Decoders(declared).decode("metrics", body, False)
     assert sorted(batch.points.metric) == sorted(kept.metric) and skips["points_not_in_catalog"] == 3
@@ -146,13 +146,13 @@ def test_the_decoders_keep_the_declared_metrics_and_only_them():
 def test_the_rules_alert_on_declared_causes_like_the_built_in_ones():
     spec = parse_spec(DECLARED)
     names = alert_names(spec)
-    assert {"SloscopeCauseInferenceQueue", "SloscopeCauseKvCachePressure"} <= set(names)
-    assert set(alert_names(parse_spec(TIERS))) == set(names) - {"SloscopeCauseInferenceQueue",
-                                                                 "SloscopeCauseKvCachePressure"}
+    assert {"SloscopeCauseBatchQueue", "SloscopeCauseCacheThrash"} <= set(names)
+    assert set(alert_names(parse_spec(TIERS))) == set(names) - {"SloscopeCauseBatchQueue",
+                                                                 "SloscopeCauseCacheThrash"}
     rule = next(r for g in rules_dict(spec)["groups"] for r in g.get("rules", [])
-                if r.get("alert") == "SloscopeCauseInferenceQueue")
-    assert rule["labels"]["cause"] == "inference_queue" and rule["labels"]["action"] == NOTIFY
-    assert 'cause="inference_queue"' in rule["expr"]
+                if r.get("alert") == "SloscopeCauseBatchQueue")
+    assert rule["labels"]["cause"] == "batch_queue" and rule["labels"]["action"] == NOTIFY
+    assert 'cause="batch_queue"' in rule["expr"]
     assert rule["annotations"]["runbook_url"].endswith("runbooks.md#declared-causes")
     assert rule["annotations"]["remediation"].startswith("Add inference replicas beside {{ $labels.node }}")
 
@@ -160,9 +160,9 @@ def test_the_rules_alert_on_declared_causes_like_the_built_in_ones():
 @pytest.mark.parametrize("encoding", ["json", "protobuf"])
 def test_a_declared_histogram_keeps_its_count_and_sum_with_its_buckets_on_the_stores_scale(encoding):
     request = prometheus_scrape("10.4.2.31:8000", [
-        explicit_histogram("vllm:request_queue_time_seconds", T0 - 10**12,
+        explicit_histogram("myllm:queue_time_seconds", T0 - 10**12,
                            [(T0, 19.5, BOUNDS, [3, 4, 0, 2, 0, 0, 1])], {"model_name": "llama-3.1-8b"}),
-        explicit_histogram("vllm:request_queue_time_seconds", T0 - 10**12,
+        explicit_histogram("myllm:queue_time_seconds", T0 - 10**12,
                            [(T0, None, BOUNDS, [1, 0, 0, 0, 0, 0, 0])], {"model_name": "other"}),
     ], job="vllm")
     declared = parse_spec(QUEUE_TIME).taxonomy.declared_metrics
@@ -173,7 +173,7 @@ def test_a_declared_histogram_keeps_its_count_and_sum_with_its_buckets_on_the_st
         batch, skips = Decoders(declared).decode(
             "metrics", ParseDict(request, ExportMetricsServiceRequest()).SerializeToString(), False)
     h = batch.histograms
-    assert h.metric == ["vllm:request_queue_time_seconds"] and h.count == [10] and h.sum == [19.5]
+    assert h.metric == ["myllm:queue_time_seconds"] and h.count == [10] and h.sum == [19.5]
     assert h.cumulative == [True]
     # (0, 0.3] and (0.3, 0.5] land in (0.25, 0.5]; (0.8, 1] in (0.5, 1]; (5, inf) at 5's (4, 8]
     slot = {2.0**j: j - HISTOGRAM_OFFSET for j in range(-3, 4)}
@@ -190,7 +190,7 @@ def test_a_declared_histogram_keeps_its_count_and_sum_with_its_buckets_on_the_st
 ])
 def test_an_explicit_histogram_point_that_does_not_add_up_is_refused_alone(bounds, counts, total, reason,
                                                                              complaint):
-    point = explicit_histogram("vllm:request_queue_time_seconds", T0 - 10**12, [(T0, 1.0, bounds, counts)], {})
+    point = explicit_histogram("myllm:queue_time_seconds", T0 - 10**12, [(T0, 1.0, bounds, counts)], {})
     point["histogram"]["dataPoints"][0]["count"] = str(total)
     decoder = Decoder(declared=parse_spec(QUEUE_TIME).taxonomy.declared_metrics)
     batch = decoder.decode(prometheus_scrape("10.4.2.31:8000", [point], job="vllm", times=[T0]))
@@ -204,6 +204,6 @@ def test_the_rules_of_a_spec_with_declared_causes_pass_promtool(tmp_path):
     spec.write_text(DECLARED)
     out = tmp_path / "rules.yml"
     assert main(["rules", "--slo", str(spec), "-o", str(out)]) == 0
-    assert "SloscopeCauseKvCachePressure" in out.read_text()
+    assert "SloscopeCauseCacheThrash" in out.read_text()
     checked = subprocess.run(["promtool", "check", "rules", str(out)], capture_output=True, text=True, timeout=120)
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -325,7 +325,7 @@ def test_a_request_without_spans_gives_an_empty_frame_of_the_spans_shape():
 
 def test_the_columns_are_handed_over_once_and_outlive_the_decoder():
     body = sdk_like_request().SerializeToString()
-    table = otlp_spans.span_table(body)
+    table, _ = otlp_spans.spans_and_counts(body)
     with pytest.raises(ValueError, match="3 tiers expected"):
         table.batch(["standard"])
     resolve_tiers(table, TierResolver(TIERS, "standard"))

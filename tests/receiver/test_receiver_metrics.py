@@ -156,12 +156,14 @@ def test_a_scrape_that_names_no_node_anywhere_is_kept_on_the_unknown_node_and_co
 
 
 def test_every_receiver_signal_has_a_producer_a_unit_and_a_noise_floor():
-    receivers = [s for s in catalog.SIGNALS if s.producers[0].name != catalog.OWN]
+    receivers = [s for s in catalog.SIGNALS if s.producers[0].name != catalog.OWN and not s.derived]
     assert {s.producers[0].name for s in receivers} == {catalog.HOSTMETRICS, catalog.KUBELETSTATS,
-                                                         catalog.PROMETHEUS}
+                                                         catalog.PROMETHEUS, catalog.OTLP}
     for s in receivers:
         assert s.unit and s.noise_floor > 0 and s.producers[0].source.startswith(
-            ("hostmetrics receiver", "kubeletstats receiver", "dcgm-exporter through the prometheus receiver")), s
+            ("hostmetrics receiver", "kubeletstats receiver", "dcgm-exporter through the prometheus receiver",
+             *(f"{engine} through the prometheus receiver" for engine in ("vLLM", "SGLang", "TGI", "Triton")),
+             "an inference server's OpenTelemetry SDK (GenAI semantic conventions) through the otlp receiver")), s
 
 
 def test_stored_receiver_series_read_in_their_own_units_beside_sloscopes(tmp_path):

@@ -61,6 +61,8 @@ def write_requests(store, rows):
         s.end_ns.append(int(start * 1e9 + ms * 1e6))
         s.status_code.append(status)
         s.failed.append(status >= 500)
+        for column in (s.model, s.ttft_ms, s.tpot_ms, s.queue_ms, s.prompt_tokens, s.output_tokens):
+            column.append(None)
     resolve_tiers(s, TierResolver.from_spec(SPEC))
     store.write(Frames.of(batch))
 

@@ -7,6 +7,11 @@
 -- 64 characters is the default tier, Unicode whitespace stripped, then the allow-list.
 -- The exporter's earlier releases wrote span kinds and status codes by their proto names (SPAN_KIND_SERVER,
 -- STATUS_CODE_ERROR), later ones as Server and Error: a table kept across an upgrade holds both.
+-- An inference request's token timings are read as receiver/token_timings.py reads them, from the text the exporter
+-- stores: a time is seconds, or a Rust Debug duration's text ("1.25ms"), the first of its attribute names given,
+-- left out where negative, not finite or past the span's duration (by SLACK_MS, 1 ms); a token count an integer in
+-- [0, 2**31). The exporter stores every value as text, so a number written as a string reads as the number here,
+-- where the decoders count it invalid.
 -- Parameters: allowed_tiers, default_tier, since, until.
 SELECT TraceId AS trace_id,
        SpanId AS span_id,
@@ -45,6 +50,38 @@ SELECT TraceId AS trace_id,
              tier_stripped,
              {default_tier:String})) AS tier,
        SloscopeStatusCode AS status_code,
-       StatusCode IN ('Error', 'STATUS_CODE_ERROR') OR ifNull(status_code >= 500, false) AS failed
+       StatusCode IN ('Error', 'STATUS_CODE_ERROR') OR ifNull(status_code >= 500, false) AS failed,
+       nullIf(substringUTF8(multiIf(mapContains(SpanAttributes, 'gen_ai.response.model'),
+                                    SpanAttributes['gen_ai.response.model'], SpanAttributes['gen_ai.request.model']),
+                            1, 253), '') AS model,
+       -- TTFT, queue time, TPOT as given, decode time: in milliseconds, NULL where absent or left out
+       arrayMap(t -> if(isFinite(t) AND t >= 0 AND t <= duration_ms + 1.0, t, NULL), arrayMap(text -> if(
+           match(text, '^[0-9]+(\\.[0-9]+)?(ns|µs|us|ms|s)$'),
+           toFloat64(extract(text, '^[0-9.]+')) * transform(extract(text, '[a-zµ]+$'), ['ns', 'µs', 'us', 'ms', 's'],
+                                                            [1e-6, 1e-3, 1e-3, 1.0, 1e3], 1e3),
+           toFloat64OrNull(text) * 1e3), [
+           multiIf(mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'),
+                   SpanAttributes['gen_ai.latency.time_to_first_token'], NULL),
+           multiIf(mapContains(SpanAttributes, 'gen_ai.latency.time_in_queue'),
+                   SpanAttributes['gen_ai.latency.time_in_queue'],
+                   mapContains(SpanAttributes, 'queue_time'), SpanAttributes['queue_time'], NULL),
+           multiIf(mapContains(SpanAttributes, 'time_per_token'), SpanAttributes['time_per_token'], NULL),
+           multiIf(mapContains(SpanAttributes, 'gen_ai.latency.time_in_model_decode'),
+                   SpanAttributes['gen_ai.latency.time_in_model_decode'], NULL)])) AS token_times,
+       token_times[1] AS ttft_ms,
+       token_times[2] AS queue_ms,
+       arrayMap(text -> if(toInt64OrNull(text) BETWEEN 0 AND 2147483647, toInt64OrNull(text), NULL), [
+           multiIf(mapContains(SpanAttributes, 'gen_ai.usage.input_tokens'), SpanAttributes['gen_ai.usage.input_tokens'],
+                   mapContains(SpanAttributes, 'gen_ai.usage.prompt_tokens'),
+                   SpanAttributes['gen_ai.usage.prompt_tokens'], NULL),
+           multiIf(mapContains(SpanAttributes, 'gen_ai.usage.output_tokens'),
+                   SpanAttributes['gen_ai.usage.output_tokens'],
+                   mapContains(SpanAttributes, 'gen_ai.usage.completion_tokens'),
+                   SpanAttributes['gen_ai.usage.completion_tokens'], NULL)]) AS token_counts,
+       token_counts[1] AS prompt_tokens,
+       token_counts[2] AS output_tokens,
+       -- per output token after the first: as given, else the decode time, else the rest of the request, over them
+       coalesce(token_times[3], if(output_tokens >= 2, coalesce(token_times[4],
+                greatest(duration_ms - ttft_ms, 0.0)) / (output_tokens - 1), NULL)) AS tpot_ms
 FROM otel_traces
 WHERE Timestamp >= {since:DateTime64(6)} AND Timestamp < {until:DateTime64(6)}

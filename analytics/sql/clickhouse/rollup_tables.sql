@@ -17,7 +17,13 @@ CREATE TABLE IF NOT EXISTS sloscope_sli_rollup (
     window_start DateTime64(6, 'UTC') DEFAULT chunk_start,
     requests Int64 DEFAULT 0,
     failures Int64 DEFAULT 0,
-    slow Int64 DEFAULT 0
+    slow Int64 DEFAULT 0,
+    ttft_requests Int64 DEFAULT 0,
+    ttft_slow Int64 DEFAULT 0,
+    tpot_requests Int64 DEFAULT 0,
+    tpot_slow Int64 DEFAULT 0,
+    queue_requests Int64 DEFAULT 0,
+    queue_slow Int64 DEFAULT 0
 ) ENGINE = MergeTree
 PARTITION BY toDate(chunk_start)
 ORDER BY (parameters, chunk_start, batch)
@@ -42,3 +48,16 @@ PARTITION BY toDate(chunk_start)
 ORDER BY (parameters, chunk_start, batch, node_key)
 TTL toDateTime(chunk_start) + INTERVAL 8 DAY
 SETTINGS ttl_only_drop_parts = 1
+;
+-- A table made before the token objectives gains their columns.
+ALTER TABLE sloscope_sli_rollup ADD COLUMN IF NOT EXISTS ttft_requests Int64 DEFAULT 0
+;
+ALTER TABLE sloscope_sli_rollup ADD COLUMN IF NOT EXISTS ttft_slow Int64 DEFAULT 0
+;
+ALTER TABLE sloscope_sli_rollup ADD COLUMN IF NOT EXISTS tpot_requests Int64 DEFAULT 0
+;
+ALTER TABLE sloscope_sli_rollup ADD COLUMN IF NOT EXISTS tpot_slow Int64 DEFAULT 0
+;
+ALTER TABLE sloscope_sli_rollup ADD COLUMN IF NOT EXISTS queue_requests Int64 DEFAULT 0
+;
+ALTER TABLE sloscope_sli_rollup ADD COLUMN IF NOT EXISTS queue_slow Int64 DEFAULT 0

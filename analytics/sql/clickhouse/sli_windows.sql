@@ -18,7 +18,17 @@ SELECT tier,
            span_key, duration_ms > if(has({service_keys:Array(String)}, concat(tier, ' ', service)),
                                       {service_thresholds_ms:Array(Float64)}[
                                           indexOf({service_keys:Array(String)}, concat(tier, ' ', service))],
-                                      {thresholds_ms:Array(Float64)}[indexOf({tiers:Array(String)}, tier)])))) AS slow
+                                      {thresholds_ms:Array(Float64)}[indexOf({tiers:Array(String)}, tier)])))) AS slow,
+       toInt64(arrayUniq(groupArrayIf(span_key, ttft_ms IS NOT NULL))) AS ttft_requests,
+       toInt64(arrayUniq(groupArrayIf(
+           span_key, ttft_ms > {ttft_thresholds_ms:Array(Float64)}[indexOf({tiers:Array(String)}, tier)]))) AS ttft_slow,
+       toInt64(arrayUniq(groupArrayIf(span_key, tpot_ms IS NOT NULL))) AS tpot_requests,
+       toInt64(arrayUniq(groupArrayIf(
+           span_key, tpot_ms > {tpot_thresholds_ms:Array(Float64)}[indexOf({tiers:Array(String)}, tier)]))) AS tpot_slow,
+       toInt64(arrayUniq(groupArrayIf(span_key, queue_ms IS NOT NULL))) AS queue_requests,
+       toInt64(arrayUniq(groupArrayIf(
+           span_key, queue_ms > {queue_thresholds_ms:Array(Float64)}[indexOf({tiers:Array(String)}, tier)])))
+           AS queue_slow
 FROM {{judged_requests}}
 WHERE has({tiers:Array(String)}, tier)
 GROUP BY tier, service, node, window_start
