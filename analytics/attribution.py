@@ -336,6 +336,12 @@ def _seed_exceeded(cause: taxonomy.Cause, signal: str, direction: float, baselin
         direction * baseline
 
 
+def _in_harmful_range(cause: taxonomy.Cause, signal: str, direction: float, observed: float | None) -> bool:
+    """Whether the signal's level reached the range where its movement is evidence for the cause at all."""
+    level = cause.harmful_from.get(signal)
+    return level is None or (observed is not None and direction * observed >= direction * level)
+
+
 def _evidence_signal(ev: taxonomy.Evidence) -> str:
     return ev.signal + GROWTH_SUFFIX if ev.feature == "growth" else ev.signal
 
@@ -466,6 +472,8 @@ def _score_series(cause: taxonomy.Cause, ev: taxonomy.Evidence, row: dict, attri
     magnitude = _magnitude(min(row["z_observed"], row["z_at_break"]))
     if _seed_exceeded(cause, signal, row["direction"], row["baseline"], row["observed"]):
         magnitude = max(magnitude, 0.9)
+    if not _in_harmful_range(cause, signal, row["direction"], row["observed"]):
+        magnitude = 0.0
     onset = row["onset"]
     tolerance = max(window.precedence_tolerance, timedelta(seconds=COARSE_INTERVALS * (row.get("resolution_s") or 0.0)))
     if onset is None:

@@ -1551,33 +1551,38 @@ static int fill_batch(Batch *b, Decoder *d, const Slice *tiers)
         return -1;
     }
     times_as_stored(d);
-    int rc = batch_own(b, views.data) | batch_own(b, bytes.data) |
-             batch_fixed(b, "L", "trace_hi", d->trace_hi.data, NULL) |
-             batch_fixed(b, "L", "trace_lo", d->trace_lo.data, NULL) |
-             batch_fixed(b, "L", "span_id", d->span_id.data, NULL) |
-             batch_fixed(b, "L", "parent_id", d->parent_id.data, d->parent_valid.data) |
-             batch_fixed(b, "C", "kind", d->kind.data, NULL) |
-             batch_fixed(b, "tsu:", "start_time", d->start_ns.data, NULL) |
-             batch_fixed(b, "g", "duration_ms", d->end_ns.data, NULL);
+    /* One statement per column: the columns' order is the order of the calls, and C leaves the order in which
+     * the operands of one `|` are evaluated to the compiler. */
+    int rc = batch_own(b, views.data);
+    rc |= batch_own(b, bytes.data);
+    rc |= batch_fixed(b, "L", "trace_hi", d->trace_hi.data, NULL);
+    rc |= batch_fixed(b, "L", "trace_lo", d->trace_lo.data, NULL);
+    rc |= batch_fixed(b, "L", "span_id", d->span_id.data, NULL);
+    rc |= batch_fixed(b, "L", "parent_id", d->parent_id.data, d->parent_valid.data);
+    rc |= batch_fixed(b, "C", "kind", d->kind.data, NULL);
+    rc |= batch_fixed(b, "tsu:", "start_time", d->start_ns.data, NULL);
+    rc |= batch_fixed(b, "g", "duration_ms", d->end_ns.data, NULL);
     for (size_t k = 0; k < sizeof text_order / sizeof *text_order; k++) {
         TextColumn *c = &d->text[text_order[k]];
         rc |= batch_views(b, TEXT_COLUMNS[text_order[k]], c->views.data, c->bytes.data, (int64_t)c->bytes.len,
                           c->valid.data);
     }
     TextColumn *route = &d->text[COL_ROUTE], *peer = &d->text[COL_PEER];
-    rc |= batch_views(b, "tier", views.data, bytes.data, (int64_t)bytes.len, NULL) |
-          batch_views(b, "route", route->views.data, route->bytes.data, (int64_t)route->bytes.len,
-                      route->valid.data) |
-          batch_fixed(b, "s", "status_code", d->status_code.data, d->status_valid.data) |
-          batch_booleans(b, "failed", d->failed.data) |
-          batch_views(b, "peer", peer->views.data, peer->bytes.data, (int64_t)peer->bytes.len, peer->valid.data);
+    rc |= batch_views(b, "tier", views.data, bytes.data, (int64_t)bytes.len, NULL);
+    rc |= batch_views(b, "route", route->views.data, route->bytes.data, (int64_t)route->bytes.len, route->valid.data);
+    rc |= batch_fixed(b, "s", "status_code", d->status_code.data, d->status_valid.data);
+    rc |= batch_booleans(b, "failed", d->failed.data);
+    rc |= batch_views(b, "peer", peer->views.data, peer->bytes.data, (int64_t)peer->bytes.len, peer->valid.data);
     rc |= batch_tokens(b, &d->tokens, d->rows);
     Buf *bufs[] = {&d->trace_hi, &d->trace_lo, &d->span_id, &d->parent_id, &d->parent_valid, &d->kind,
                    &d->start_ns, &d->end_ns, &d->status_code, &d->status_valid, &d->failed};
     for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++)
         rc |= hand_over(b, bufs[k]);
-    for (int k = 0; k < N_TEXT; k++)
-        rc |= hand_over(b, &d->text[k].views) | hand_over(b, &d->text[k].bytes) | hand_over(b, &d->text[k].valid);
+    for (int k = 0; k < N_TEXT; k++) {
+        rc |= hand_over(b, &d->text[k].views);
+        rc |= hand_over(b, &d->text[k].bytes);
+        rc |= hand_over(b, &d->text[k].valid);
+    }
     return rc;
 }
 

@@ -45,6 +45,9 @@ class Cause:
     physical: str
     remediation: str  # formatted with node=
     seed_threshold: dict = field(default_factory=dict)  # signal -> absolute level that is harmful by itself
+    # signal -> the level from which its movement is evidence at all: below it the signal moved within a harmless
+    # range (a KV cache filling from a tenth to a third still has room, and preempts nothing)
+    harmful_from: dict = field(default_factory=dict)
     # Causes whose movement explains this one's signals (they sit downstream of them): the score keeps only
     # what the best of those leaves unexplained.
     explained_by: tuple[str, ...] = ()
@@ -214,7 +217,8 @@ CAUSES: tuple[Cause, ...] = (
           "KV cache near full: running sequences are preempted and recomputed",
           "lower max_num_seqs (or max_model_len) of the model server on {node}, or move it to a GPU with more memory",
           {"vllm:kv_cache_usage_perc": 0.9, "vllm:gpu_cache_usage_perc": 0.9, "sglang:token_usage": 0.9},
-          explained_by=("inference_queue",)),
+          explained_by=("inference_queue",),
+          harmful_from={"vllm:kv_cache_usage_perc": 0.8, "vllm:gpu_cache_usage_perc": 0.8, "sglang:token_usage": 0.8}),
     # Long prompts prefilled in the batches that decode: each decode step waits for their prefill. More arrivals
     # bring more prompt tokens too, which is load.
     Cause("prefill_interference", "inference",
