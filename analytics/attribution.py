@@ -51,6 +51,7 @@ from sloscope.times import rfc3339
 
 from sloscope.analytics.cumulative import SERIES
 from sloscope.analytics.errors import StoreError
+from sloscope.analytics.inference_load import load_steps
 from sloscope.analytics.store_api import StoreReader
 
 THRESHOLD = 3.0  # robust z above which a step counts as anomalous
@@ -145,27 +146,8 @@ def signal_steps(store: StoreReader, window: Window, known: Taxonomy = BUILT_IN,
     params["seed"], names = _series_names(store, params)
     steps = store.computed("signal_steps", {**params, "step_s": window.step_s})
     steps = steps.join(names, on="series").select(STEP_COLUMNS)
-    load = _inference_load(store, {**params, "step_s": window.step_s}).with_columns(  # the store's integer type
-        pl.col("series").reinterpret(signed=steps.schema["series"].is_signed_integer()),
-        pl.col("step").cast(steps.schema["step"]))
+    load = load_steps(store, {**params, "step_s": window.step_s}, steps.schema)
     return pl.concat([steps, _growth_series(steps, window.step_s, known.growth_signals), load])
-
-
-def _inference_load(store: StoreReader, params: dict) -> pl.DataFrame:
-    """The load on each inference service's engine, from its own requests (inference_load.sql), as series of
-    the catalog's INFERENCE_LOAD signals with the service as their attribute: what tells a surge of arrivals from
-    a fault. Their integers are hashes of their names, as signal_series.sql's are."""
-    load = store.frame(store.sql("inference_load"), params)
-    if load.is_empty():
-        return pl.DataFrame(schema={"series": pl.UInt64, **{c: pl.Categorical for c in SERIES},
-                                    "step": pl.Datetime("us"), "value": pl.Float64}).select(STEP_COLUMNS)
-    long = load.unpivot(index=["node", "service", "step"], on=list(catalog.INFERENCE_LOAD), variable_name="column",
-                        value_name="value").drop_nulls("value")
-    named = long.with_columns(
-        metric=pl.col("column").replace_strict(catalog.INFERENCE_LOAD, return_dtype=pl.String),
-        attributes=pl.struct(pl.col("service").alias(catalog.SERVICE_ATTRIBUTE)).struct.json_encode())
-    return named.with_columns(series=pl.struct(SERIES).hash(params["seed"])).with_columns(
-        pl.col(SERIES).cast(pl.Categorical), value=pl.col("value").cast(pl.Float64)).select(STEP_COLUMNS)
 
 
 def signal_step_s(resolution_s: float) -> float:
@@ -494,27 +476,6 @@ def _score_series(cause: taxonomy.Cause, ev: taxonomy.Evidence, row: dict, attri
     parts = {"magnitude": round(magnitude, 3), "precedence": precedence, "consistency": round(consistency, 3),
              "locality": round(1.0 - fleet_share, 3)}
     return {"score": score, "evidence": evidence, "parts": parts}
-
-
-def evidence_still_moved(scores: pl.DataFrame, recent_steps: pl.DataFrame, node: str, cause: dict,
-                         recent: Window) -> bool:
-    """Whether a series of `cause`'s evidence on `node` is still anomalous in `recent_steps` (the median of its
-    robust z above THRESHOLD), against the baseline in `scores`. A growth feature is followed on its level: a
-    leak's memory stays up."""
-    for ev in cause["evidence"]:
-        attributes = json.dumps(ev["attributes"], sort_keys=True)
-        base = [r for r in scores.filter((pl.col("node") == node) & (pl.col("metric") == ev["signal"]))
-                .iter_rows(named=True) if json.loads(r["attributes"]) == ev["attributes"]]
-        if not base:
-            continue
-        values = [v for a, v in recent_steps.filter(
-            (pl.col("node") == node) & (pl.col("metric") == ev["signal"]) & (pl.col("step") >= recent.incident_start))
-            .select("attributes", "value").iter_rows() if json.dumps(json.loads(a), sort_keys=True) == attributes]
-        if values:
-            z = [(v - base[0]["baseline"]) * base[0]["direction"] / base[0]["scale"] for v in values]
-            if sorted(z)[len(z) // 2] > THRESHOLD:
-                return True
-    return False
 
 
 def _round(value: float | None) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -14,8 +15,8 @@ from sloscope.catalog import EVERY_NODE
 from sloscope.durations import parse_duration
 from sloscope.times import parse_time, rfc3339
 
-from sloscope.analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, Fleet, Window, diagnose,
-                                            evidence_still_moved, fleet_movement, series_scores, signal_step_s,
+from sloscope.analytics.attribution import (BASELINE, CANDIDATES, CLEAR_CAUSE_FLOOR, LOOKBACK, THRESHOLD, Fleet,
+                                            Window, diagnose, fleet_movement, series_scores, signal_step_s,
                                             signal_steps, steps_params)
 from sloscope.analytics.graph import Entry, Windows, culprits, described, service_graph
 from sloscope.analytics.localize import culprit_causes
@@ -469,3 +470,24 @@ def _no_cause_lines(diagnosis: dict) -> list[str]:
         where = f"{c['node']}: " if "node" in c else ""
         lines.append(f"      {where}{c['cause']:<22} score {c['score']:.2f}: {'; '.join(c['falls_short'])}")
     return lines
+
+
+def evidence_still_moved(scores: pl.DataFrame, recent_steps: pl.DataFrame, node: str, cause: dict,
+                         recent: Window) -> bool:
+    """Whether a series of `cause`'s evidence on `node` is still anomalous in `recent_steps` (the median of its
+    robust z above THRESHOLD), against the baseline in `scores`. A growth feature is followed on its level: a
+    leak's memory stays up."""
+    for ev in cause["evidence"]:
+        attributes = json.dumps(ev["attributes"], sort_keys=True)
+        base = [r for r in scores.filter((pl.col("node") == node) & (pl.col("metric") == ev["signal"]))
+                .iter_rows(named=True) if json.loads(r["attributes"]) == ev["attributes"]]
+        if not base:
+            continue
+        values = [v for a, v in recent_steps.filter(
+            (pl.col("node") == node) & (pl.col("metric") == ev["signal"]) & (pl.col("step") >= recent.incident_start))
+            .select("attributes", "value").iter_rows() if json.dumps(json.loads(a), sort_keys=True) == attributes]
+        if values:
+            z = [(v - base[0]["baseline"]) * base[0]["direction"] / base[0]["scale"] for v in values]
+            if sorted(z)[len(z) // 2] > THRESHOLD:
+                return True
+    return False
